@@ -1,0 +1,57 @@
+// Two-stage greedy argmax over fp32 logits [n_rows, vocab]. Ties break to the lowest index;
+// NaN never wins (a row of only NaN gives -1). Deterministic.
+// argmax_partial: chunk c of row r covers [c*cs, min((c+1)*cs, vocab)), cs =
+//   ceil_div(vocab, chunks); writes part_val/part_idx[r, c]. Grid (chunks, n_rows), block 256.
+// argmax_final: tokens[r] = best of part_*[r, 0..chunks). Grid (n_rows), block 32.
+#include "common.cuh"
+#include <limits.h>
+
+__device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+
+__device__ __forceinline__ void warp_best(float &bv, int &bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, v, i);
+    }
+}
+
+extern "C" __global__ void argmax_partial(const float *__restrict__ logits,
+                                          float *__restrict__ part_val, int *__restrict__ part_idx,
+                                          int vocab, int n_rows, int chunks) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int c = blockIdx.x, r = blockIdx.y;
+    if (c >= chunks || r >= n_rows) return;
+    const int cs = (vocab + chunks - 1) / chunks;
+    const int lo = c * cs, hi = min(vocab, lo + cs);
+    const float *row = logits + (size_t)r * vocab;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, row[i], i);
+    warp_best(bv, bi);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) better(bv, bi, sv[w], si[w]);
+        part_val[(size_t)r * chunks + c] = bv;
+        part_idx[(size_t)r * chunks + c] = bi;
+    }
+}
+
+extern "C" __global__ void argmax_final(const float *__restrict__ part_val,
+                                        const int *__restrict__ part_idx, int *__restrict__ tokens,
+                                        int n_rows, int chunks) {
+    const int r = blockIdx.x;
+    if (r >= n_rows) return;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+        better(bv, bi, part_val[(size_t)r * chunks + c], part_idx[(size_t)r * chunks + c]);
+    warp_best(bv, bi);
+    if (threadIdx.x == 0) tokens[r] = bi == INT_MAX ? -1 : bi;
+}
