@@ -1,0 +1,104 @@
+"""The kern command: run | test | bench | serve | verify | cut | kernels.
+
+Imports stay inside each subcommand so `kern verify` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NOT_LANDED = {
+    "bench": "kern bench (per-call pricing on real shapes) has not landed yet",
+    "serve": "kern serve (the OpenAI-compatible server) has not landed yet",
+    "cut": "kern cut (pipeline stages) has not landed yet",
+    "kernels": "kern kernels (list and rebuild a manifest's modules) has not landed yet",
+}
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import json
+
+    from kern.manifest.verify import verify_path
+
+    failed = False
+    results = []
+    for path in args.paths:
+        r = verify_path(path)
+        if r.verified is not None:
+            v = r.verified
+            n_prog = len(v.manifest.programs)
+            results.append({"path": path, "ok": True, "programs": n_prog, "calls": v.ncalls,
+                            "launches": v.launches})
+            if not args.json:
+                print(f"{path}: ok, {n_prog} programs, {v.ncalls} calls, {v.launches} launches")
+        else:
+            failed = True
+            results.append({"path": path, "ok": False,
+                            "problems": [{"where": p.where, "what": p.what} for p in r.problems]})
+            if not args.json:
+                print(f"{path}: manifest failed verification:")
+                for p in r.problems:
+                    print(f"  {p}")
+    if args.json:
+        print(json.dumps(results if len(results) != 1 else results[0], indent=2))
+    return 1 if failed else 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kern.run_cmd import main as run_main
+
+    return run_main(args)
+
+
+def _test(args: argparse.Namespace) -> int:
+    from kern.harness.cli import main as test_main
+
+    return test_main(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kern", description="An LLM inference engine: a model is a manifest.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("verify", help="check manifests (every problem, each naming its place)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="manifest.json or a folder holding one")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=_verify)
+
+    p = sub.add_parser("run", help="generate text with a model (default: the embedded model)")
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    p.set_defaults(fn=_run)
+
+    p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")
+    p.add_argument("--reference", required=True, metavar="A")
+    p.add_argument("--candidate", required=True, metavar="B")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_test)
+
+    for name, why in NOT_LANDED.items():
+        p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(fn=lambda a, why=why: (print(why), 2)[1])
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

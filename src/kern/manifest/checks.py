@@ -1,0 +1,461 @@
+"""The verifier's checks: pure functions over the manifest that yield problems.
+
+Numbered as in DESIGN.md ("What kern verify checks"). Each names its place."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from math import prod
+
+from .context import Context
+from .expr import ExprError, evaluate, names
+from .limits import CUDA, EXTERNS, INT32_MAX, MAX_BYTES
+from .model import DTYPE_BYTES, INPUT_ROLES, BufArg, Launch, StateArg, ValueArg
+from .problems import Problem
+from .types import SCALARS, Param
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HF = re.compile(r"^hf:[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[^@\s]+(@[A-Za-z0-9_.-]+)?$")
+_ROLE_DTYPES = {"token": ("i32",), "position": ("i32",), "slot": ("i32",), "seq_len": ("i32",),
+                "cu_seqlens": ("i32",), "tokens": ("i32",), "logits": ("f32", "bf16", "f16")}
+
+
+# 2. vars and constants -------------------------------------------------------------------
+def vars_and_constants(c: Context) -> Iterator[Problem]:
+    for name, var in c.m.vars.items():
+        if var.max < 1:
+            yield Problem(f"vars.{name}.max", f"must be >= 1, got {var.max}")
+        if name in c.m.constants:
+            yield Problem(f"vars.{name}", "a constant has the same name")
+
+
+# 3. buffers --------------------------------------------------------------------------------
+def buffers(c: Context) -> Iterator[Problem]:
+    m = c.m
+    for name, b in m.buffers.items():
+        where = f"buffers.{name}"
+        dims: list[tuple[int, int]] = []
+        for i, d in enumerate(b.shape):
+            r = c.bounds(d, f"{where}.shape[{i}]")
+            if r is None:
+                continue
+            if r[0] < 1:
+                yield Problem(f"{where}.shape[{i}]", f"must be >= 1 at the var minima, got {r[0]}")
+            dims.append(r)
+        if len(dims) == len(b.shape):
+            elems = prod(hi for _, hi in dims)
+            nbytes = elems * DTYPE_BYTES[b.dtype]
+            if nbytes > MAX_BYTES:
+                yield Problem(where, f"{nbytes} bytes at the var bounds overflows a 64-bit size")
+            elif m.target.device == "cuda" and elems > INT32_MAX:
+                yield Problem(where, f"{elems} elements at the var bounds overflow 32-bit indexing")
+        if b.fill is not None:
+            want_kind = "input" if b.fill in INPUT_ROLES else "output"
+            if b.kind != want_kind:
+                yield Problem(f"{where}.fill", f"role {b.fill!r} belongs on an {want_kind} buffer, not {b.kind}")
+            if b.dtype not in _ROLE_DTYPES[b.fill]:
+                yield Problem(f"{where}.fill", f"role {b.fill!r} needs dtype {' or '.join(_ROLE_DTYPES[b.fill])}, got {b.dtype}")
+        if b.domain is not None:
+            yield from _domain(c, where, b)
+        if b.kind == "weight" and not b.bind:
+            yield Problem(where, "a weight buffer needs bind (the checkpoint tensors it holds)")
+        if b.bind and b.kind != "weight":
+            yield Problem(f"{where}.bind", f"only weight buffers bind checkpoint tensors, this is {b.kind}")
+        for i, seg in enumerate(b.bind or []):
+            for axis in ("rows", "cols"):
+                rng = getattr(seg, axis)
+                if rng is not None and not (0 <= rng[0] < rng[1]):
+                    yield Problem(f"{where}.bind[{i}].{axis}", f"range must satisfy 0 <= lo < hi, got {list(rng)}")
+        if b.kind == "peer":
+            if b.of is None:
+                yield Problem(where, "a peer buffer names the exported buffer it mirrors (of)")
+            elif b.of not in m.buffers:
+                yield Problem(f"{where}.of", f"no buffer named {b.of!r}")
+            if m.topology.ranks < 2:
+                yield Problem(where, "peer buffers need a topology of 2 or more ranks")
+        elif b.of is not None:
+            yield Problem(f"{where}.of", f"only peer buffers have of, this is {b.kind}")
+        if b.kind == "pointers":
+            if not b.entries:
+                yield Problem(where, "a pointers buffer lists the buffers whose addresses it holds (entries)")
+            for i, e in enumerate(b.entries or []):
+                if e not in m.buffers and e not in m.states:
+                    yield Problem(f"{where}.entries[{i}]", f"no buffer or state named {e!r}")
+            if b.dtype != "u64":
+                yield Problem(f"{where}.dtype", f"a pointers buffer holds u64 addresses, got {b.dtype}")
+        elif b.entries is not None:
+            yield Problem(f"{where}.entries", f"only pointers buffers have entries, this is {b.kind}")
+
+
+def _domain(c: Context, where: str, b) -> Iterator[Problem]:
+    d = b.domain
+    if b.dtype not in ("i32", "u32", "i64", "u64", "i8", "u8"):
+        yield Problem(f"{where}.domain", f"a domain bounds integer values, the buffer is {b.dtype}")
+    if d.range is not None:
+        lo = c.value(d.range[0], f"{where}.domain.range[0]")
+        hi = c.value(d.range[1], f"{where}.domain.range[1]")
+        if lo is not None and hi is not None and lo >= hi:
+            yield Problem(f"{where}.domain.range", f"empty range [{lo}, {hi})")
+    if d.index_into is not None:
+        st = c.m.states.get(d.index_into)
+        if st is None:
+            yield Problem(f"{where}.domain.index_into", f"no state named {d.index_into!r}")
+        elif st.bytes_per_token is None:
+            yield Problem(f"{where}.domain.index_into", f"state {d.index_into!r} is not paged (no bytes_per_token)")
+        if d.stride is None:
+            yield Problem(f"{where}.domain", "index_into needs stride (tokens per page)")
+        else:
+            s = c.value(d.stride, f"{where}.domain.stride")
+            if s is not None and s < 1:
+                yield Problem(f"{where}.domain.stride", f"must be >= 1, got {s}")
+    elif d.stride is not None:
+        yield Problem(f"{where}.domain.stride", "stride only goes with index_into")
+    if d.range is None and d.index_into is None:
+        yield Problem(f"{where}.domain", "a domain gives range or index_into")
+
+
+# 4. states ---------------------------------------------------------------------------------
+def states(c: Context) -> Iterator[Problem]:
+    for name, s in c.m.states.items():
+        given = [k for k in ("bytes_per_token", "bytes_per_seq", "bytes") if getattr(s, k) is not None]
+        if len(given) != 1:
+            yield Problem(f"states.{name}", "declare exactly one of bytes_per_token, bytes_per_seq, bytes"
+                          + (f"; got {', '.join(given)}" if given else ""))
+        for k in given:
+            v = c.value(getattr(s, k), f"states.{name}.{k}")
+            if v is not None and v < 1:
+                yield Problem(f"states.{name}.{k}", f"must be >= 1, got {v}")
+
+
+# 5. modules --------------------------------------------------------------------------------
+def modules(c: Context) -> Iterator[Problem]:
+    used = {l.module for op in c.m.ops.values() for l in op.impl.launches}
+    for name, mod in c.m.modules.items():
+        where = f"modules.{name}"
+        if not _HEX64.match(mod.sha256):
+            yield Problem(f"{where}.sha256", f"expected 64 lowercase hex digits, got {mod.sha256!r}")
+        src = mod.source
+        if src.startswith("hf:"):
+            if not _HF.match(src):
+                yield Problem(f"{where}.source", f"malformed hf source {src!r}: expected hf:org/repo/path[@rev]")
+        elif "://" in src:
+            if not src.startswith("https://") or len(src) <= len("https://"):
+                yield Problem(f"{where}.source", f"only https:// URLs are fetched, got {src!r}")
+        elif not src or src.startswith("/") or ".." in src.split("/"):
+            yield Problem(f"{where}.source", f"a path must be relative to the manifest and stay inside its folder, got {src!r}")
+        if name not in used:
+            yield Problem(where, "declared and unused (no launch names it)")
+
+
+# 6 + 7. launches and op dataflow -----------------------------------------------------------
+def ops(c: Context) -> Iterator[Problem]:
+    for oname, op in c.m.ops.items():
+        params = c.params.get(oname)
+        if params is None:
+            continue
+        by_name = {p.name: p for p in params}
+        written: set[str] = set()
+        for li, launch in enumerate(op.impl.launches):
+            where = f"ops.{oname}.impl.launches[{li}]"
+            ext = launch.entry.removeprefix("extern:") if launch.entry.startswith("extern:") else None
+            if ext is None:
+                if launch.module is None:
+                    yield Problem(where, f"entry {launch.entry!r} needs a module")
+                elif launch.module not in c.m.modules:
+                    yield Problem(f"{where}.module", f"no module named {launch.module!r}")
+            else:
+                if launch.module is not None:
+                    yield Problem(f"{where}.module", "extern entries are library calls and name no module")
+                if ext not in EXTERNS:
+                    yield Problem(f"{where}.entry", f"unknown extern {ext!r}; known: {', '.join(sorted(EXTERNS))}")
+            if launch.cooperative and c.m.target.device != "cuda":
+                yield Problem(f"{where}.cooperative", "cooperative launches need a cuda target")
+            args = launch.args if launch.args is not None else [p.name for p in params]
+            passed: list[Param | None] = []
+            for ai, a in enumerate(args):
+                if isinstance(a, str):
+                    if a not in by_name:
+                        yield Problem(f"{where}.args[{ai}]", f"no param named {a!r}")
+                        passed.append(None)
+                    else:
+                        passed.append(by_name[a])
+                else:
+                    passed.append(None)
+            if ext in EXTERNS:
+                kinds, writes = EXTERNS[ext]
+                if len(args) != len(kinds):
+                    yield Problem(f"{where}.args", f"extern {ext} takes {len(kinds)} args, got {len(args)}")
+                else:
+                    for ai, (want, p) in enumerate(zip(kinds, passed)):
+                        got = p.kind if p is not None else "scalar"
+                        if got != want:
+                            yield Problem(f"{where}.args[{ai}]", f"extern {ext} expects a {want} here, got {got}")
+                default_writes = [args[i] for i in writes if i < len(args) and isinstance(args[i], str)]
+            else:
+                default_writes = [p.name for p in passed if p is not None and p.writes]
+            writes = launch.writes if launch.writes is not None else default_writes
+            for w in writes:
+                p = by_name.get(w)
+                if p is None:
+                    yield Problem(f"{where}.writes", f"no param named {w!r}")
+                elif not p.writes:
+                    yield Problem(f"{where}.writes", f"writes through param {w!r}, declared {p}")
+                elif w not in args:
+                    yield Problem(f"{where}.writes", f"writes param {w!r} but is not passed it")
+                written.add(w)
+        for p in params:
+            if p.direction == "out" and p.name not in written:
+                yield Problem(f"ops.{oname}.params", f"out param {p.name!r} is never written by a launch")
+
+
+def _launch_geometry(c: Context, where: str, launch: Launch, scal_max: dict, scal_min: dict) -> Iterator[Problem]:
+    cuda = c.m.target.device == "cuda"
+    if launch.entry.startswith("extern:"):
+        return
+    for key in ("grid", "block"):
+        dims = getattr(launch, key)
+        if not 1 <= len(dims) <= 3:
+            yield Problem(f"{where} {key}", f"needs 1 to 3 dimensions, got {len(dims)}")
+            continue
+        his = []
+        for i, d in enumerate(dims):
+            r = c.bounds(d, f"{where} {key}[{i}]", scal_max, scal_min)
+            if r is None:
+                his = None
+                continue
+            if r[0] < 1:
+                yield Problem(f"{where} {key}[{i}]", f"is {r[0]} at the var minima; must be >= 1")
+            if his is not None:
+                his.append(r[1])
+            if cuda and r[1] > CUDA[key][i]:
+                yield Problem(f"{where} {key}[{i}]", f"is {r[1]} at the var maxima; the device allows {CUDA[key][i]}")
+        if cuda and key == "block" and his and prod(his) > CUDA["threads"]:
+            yield Problem(f"{where} block", f"{prod(his)} threads per block; the device allows {CUDA['threads']}")
+    r = c.bounds(launch.shared_mem, f"{where} shared_mem", scal_max, scal_min)
+    if r is not None and cuda and r[1] > CUDA["shared_mem"]:
+        yield Problem(f"{where} shared_mem", f"{r[1]} bytes at the var maxima; the device allows {CUDA['shared_mem']}")
+
+
+# 8. calls ----------------------------------------------------------------------------------
+def calls(c: Context) -> Iterator[Problem]:
+    m = c.m
+    cuda = m.target.device == "cuda"
+    for where, call in m.calls():
+        op = m.ops.get(call.op)
+        if op is None:
+            yield Problem(where, f"no op named {call.op!r}")
+            continue
+        params = c.params.get(call.op)
+        if params is None:
+            continue
+        if len(call.args) != len(params):
+            yield Problem(where, f"op takes {len(params)} args ({', '.join(p.name for p in params)}), got {len(call.args)}")
+            continue
+        scal_max: dict[str, int] = {}
+        scal_min: dict[str, int] = {}
+        for i, (p, a) in enumerate(zip(params, call.args)):
+            w = f"{where} arg {i}"
+            if p.kind == "buffer":
+                if not isinstance(a, BufArg):
+                    yield Problem(w, f"expects {p}, got {_argdesc(a)}")
+                    continue
+                b = m.buffers.get(a.buf)
+                if b is None:
+                    yield Problem(w, f"no buffer named {a.buf!r}")
+                    continue
+                if b.dtype != p.dtype:
+                    yield Problem(w, f"expects {p}, got buffer {a.buf!r} of {b.dtype}")
+                if p.writes and b.kind in ("input", "weight"):
+                    yield Problem(w, f"param {p.name!r} is {p}: writes to {b.kind} buffer {a.buf!r}")
+                if a.offset is not None or a.shape is not None:
+                    yield from _view(c, w, a, b, cuda)
+            elif p.kind == "state":
+                if not isinstance(a, StateArg):
+                    yield Problem(w, f"expects {p}, got {_argdesc(a)}")
+                elif a.state not in m.states:
+                    yield Problem(w, f"no state named {a.state!r}")
+            else:
+                if not isinstance(a, ValueArg):
+                    yield Problem(w, f"expects a {p.dtype} value, got {_argdesc(a)}")
+                    continue
+                v = a.value
+                if p.dtype == "f32":
+                    if isinstance(v, str) or not isinstance(v, (int, float)):
+                        r = c.bounds(v, w)
+                    continue
+                if isinstance(v, float):
+                    yield Problem(w, f"expects an integer {p.dtype}, got {v!r}")
+                    continue
+                r = c.bounds(v, w)
+                if r is None:
+                    continue
+                lo, hi = SCALARS[p.dtype]
+                for val, at in ((r[0], "minima"), (r[1], "maxima")):
+                    if not lo <= val <= hi:
+                        yield Problem(w, f"value {val} at the var {at} does not fit {p.dtype}")
+                scal_max[p.name], scal_min[p.name] = r[1], r[0]
+        for li, launch in enumerate(op.impl.launches):
+            yield from _launch_geometry(c, f"{where} launch {li}", launch, scal_max, scal_min)
+
+
+def _argdesc(a) -> str:
+    if isinstance(a, BufArg):
+        return f"buffer {a.buf!r}"
+    if isinstance(a, StateArg):
+        return f"state {a.state!r}"
+    return f"value {a.value!r}"
+
+
+def _view(c: Context, w: str, a: BufArg, b, cuda: bool) -> Iterator[Problem]:
+    for env, at in ((c.at_max, "maxima"), (c.at_min, "minima")):
+        try:
+            total = prod(evaluate(d, env) for d in b.shape)
+            off = evaluate(a.offset, env) if a.offset is not None else 0
+            if a.shape is not None:
+                size = prod(evaluate(d, env) for d in a.shape)
+            else:
+                size = total - off
+        except ExprError as exc:
+            yield Problem(w, f"view does not resolve: {exc}")
+            return
+        if off < 0 or off + size > total:
+            yield Problem(w, f"view [{off}, {off + size}) of buffer {a.buf!r} is outside its {total} elements at the var {at}")
+            return
+        if cuda and (off * DTYPE_BYTES[b.dtype]) % 16:
+            yield Problem(w, f"offset {off} of buffer {a.buf!r} is not 16-byte aligned")
+            return
+
+
+# 9. programs -------------------------------------------------------------------------------
+def programs(c: Context) -> Iterator[Problem]:
+    m = c.m
+    if not m.programs:
+        yield Problem("programs", "no programs")
+        return
+    if not any(p.batch is not None for p in m.programs.values()):
+        yield Problem("programs", "no program steps a batch (give one a batch)")
+    written_anywhere: set[str] = set()
+    for pname, prog in m.programs.items():
+        if prog.once and prog.batch is not None:
+            yield Problem(f"programs.{pname}", "a once program runs at load and steps no batch")
+        if prog.batch is not None:
+            c.bounds(prog.batch.groups, f"programs.{pname}.batch.groups")
+            c.bounds(prog.batch.rows, f"programs.{pname}.batch.rows")
+        for _, reads, writes in _accesses(c, pname):
+            written_anywhere.update(writes)
+    for pname, prog in m.programs.items():
+        ready = {n for n, b in m.buffers.items() if b.kind in ("input", "weight", "pointers", "peer")}
+        for where, reads, writes in _accesses(c, pname):
+            for r in reads:
+                b = m.buffers[r]
+                if r in ready:
+                    continue
+                if b.kind == "carry":
+                    if r not in written_anywhere:
+                        yield Problem(where, f"reads carry buffer {r!r}, which no program writes")
+                    continue
+                yield Problem(where, f"reads {b.kind} buffer {r!r} before anything in program {pname!r} writes it")
+                ready.add(r)  # report once
+            ready.update(writes)
+    for name, b in m.buffers.items():
+        if b.kind == "output" and name not in written_anywhere:
+            yield Problem(f"buffers.{name}", "output buffer is never written by any program")
+
+
+def _accesses(c: Context, pname: str):
+    """(where, buffers read, buffers written) for each call of a program, in order."""
+    m = c.m
+    for i, call in enumerate(m.programs[pname].calls):
+        params = c.params.get(call.op)
+        if params is None or call.op not in m.ops or len(params) != len(call.args):
+            continue
+        reads, writes = [], []
+        for p, a in zip(params, call.args):
+            if p.kind == "buffer" and isinstance(a, BufArg) and a.buf in m.buffers:
+                if p.direction in ("in", "inout"):
+                    reads.append(a.buf)
+                if p.writes:
+                    writes.append(a.buf)
+        yield f"programs.{pname}.calls[{i}] (op {call.op})", reads, writes
+
+
+# 10. unused declarations, topology ---------------------------------------------------------
+def unused(c: Context) -> Iterator[Problem]:
+    m = c.m
+    used_bufs: set[str] = set()
+    used_states: set[str] = set()
+    used_ops: set[str] = set()
+    used_names: set[str] = set()
+    for _, call in m.calls():
+        used_ops.add(call.op)
+        for a in call.args:
+            if isinstance(a, BufArg):
+                used_bufs.add(a.buf)
+                for e in [a.offset, *(a.shape or [])]:
+                    if e is not None:
+                        used_names.update(names(e))
+            elif isinstance(a, StateArg):
+                used_states.add(a.state)
+            elif not isinstance(a.value, float):
+                used_names.update(names(a.value))
+    for b in m.buffers.values():
+        used_bufs.update(b.entries or [])
+        used_states.update(b.entries or [])
+        if b.of:
+            used_bufs.add(b.of)
+        for d in b.shape:
+            used_names.update(names(d))
+        if b.domain is not None:
+            for e in [*(b.domain.range or ()), b.domain.stride]:
+                if e is not None:
+                    used_names.update(names(e))
+            if b.domain.index_into:
+                used_states.add(b.domain.index_into)
+    for s in m.states.values():
+        for e in (s.bytes_per_token, s.bytes_per_seq, s.bytes):
+            if e is not None:
+                used_names.update(names(e))
+    for op in m.ops.values():
+        for l in op.impl.launches:
+            for e in [*l.grid, *l.block, l.shared_mem, *(a.value for a in l.args or [] if isinstance(a, ValueArg))]:
+                if not isinstance(e, float):
+                    used_names.update(names(e))
+    for p in m.programs.values():
+        if p.batch is not None:
+            used_names.update(names(p.batch.groups))
+            used_names.update(names(p.batch.rows))
+    for e in m.constants.values():
+        used_names.update(names(e))
+    for n in m.buffers:
+        if n not in used_bufs:
+            yield Problem(f"buffers.{n}", "declared and unused (no call passes it)")
+    for n in m.states:
+        if n not in used_states:
+            yield Problem(f"states.{n}", "declared and unused (no call passes it)")
+    for n in m.ops:
+        if n not in used_ops:
+            yield Problem(f"ops.{n}", "declared and unused (no call invokes it)")
+    for n in m.vars:
+        if n not in used_names:
+            yield Problem(f"vars.{n}", "declared and unused (no expression names it)")
+    for n in m.constants:
+        if n not in used_names:
+            yield Problem(f"constants.{n}", "declared and unused (no expression names it)")
+    # Names used that exist nowhere are reported where they are evaluated.
+
+
+def topology(c: Context) -> Iterator[Problem]:
+    t = c.m.topology
+    if t.ranks < 1:
+        yield Problem("topology.ranks", f"must be >= 1, got {t.ranks}")
+        return
+    if not 0 <= t.rank < t.ranks:
+        yield Problem("topology.rank", f"must lie in [0, {t.ranks}), got {t.rank}")
+    for g, lists in t.groups.items():
+        seen: list[int] = sorted(r for lst in lists for r in lst)
+        if seen != list(range(t.ranks)):
+            yield Problem(f"topology.groups.{g}", f"must place every rank 0..{t.ranks - 1} exactly once, got {seen}")
+
+
+ALL = (vars_and_constants, buffers, states, modules, ops, calls, programs, unused, topology)

@@ -1,0 +1,107 @@
+"""Integer expressions over named values: literal, name, mul, add, ceil_div."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from .model import Add, CeilDiv, Expr, Mul
+
+
+class ExprError(Exception):
+    """An expression does not resolve; the message names the reason."""
+
+
+def names(e: Expr) -> Iterator[str]:
+    """Every name an expression refers to."""
+    if isinstance(e, str):
+        yield e
+    elif isinstance(e, Mul):
+        for x in e.mul:
+            yield from names(x)
+    elif isinstance(e, Add):
+        for x in e.add:
+            yield from names(x)
+    elif isinstance(e, CeilDiv):
+        yield from names(e.ceil_div[0])
+        yield from names(e.ceil_div[1])
+
+
+def evaluate(e: Expr, env: Mapping[str, int]) -> int:
+    """The value of e with names looked up in env; ExprError names what is missing."""
+    if isinstance(e, bool):
+        raise ExprError(f"{e!r} is not an integer")
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        try:
+            return env[e]
+        except KeyError:
+            raise ExprError(f"unknown name {e!r}") from None
+    if isinstance(e, Mul):
+        out = 1
+        for x in e.mul:
+            out *= evaluate(x, env)
+        return out
+    if isinstance(e, Add):
+        return sum(evaluate(x, env) for x in e.add)
+    if isinstance(e, CeilDiv):
+        a, b = evaluate(e.ceil_div[0], env), evaluate(e.ceil_div[1], env)
+        if b <= 0:
+            raise ExprError(f"ceil_div by {b}")
+        return -(-a // b)
+    raise ExprError(f"not an expression: {e!r}")
+
+
+def is_monotone(e: Expr) -> bool:
+    """True when e only grows with its names (no negative literals), so the var bounds
+    bound its value: evaluating at the maxima gives the maximum, at the minima the minimum."""
+    if isinstance(e, int):
+        return e >= 0
+    if isinstance(e, str):
+        return True
+    if isinstance(e, Mul):
+        return all(is_monotone(x) for x in e.mul)
+    if isinstance(e, Add):
+        return all(is_monotone(x) for x in e.add)
+    if isinstance(e, CeilDiv):
+        return is_monotone(e.ceil_div[0]) and isinstance(e.ceil_div[1], int)
+    return False
+
+
+def resolve_constants(constants: Mapping[str, Expr]) -> tuple[dict[str, int], dict[str, str]]:
+    """Values of constants that may refer to each other.
+
+    Returns (values, errors): errors maps a constant to why it does not resolve (an unknown
+    name, or a cycle listed in order)."""
+    values: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    state: dict[str, int] = {}  # 1 = visiting, 2 = done
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = path[path.index(name):] + [name]
+            for n in cycle[:-1]:
+                errors.setdefault(n, "constants refer to each other in a cycle: " + " -> ".join(cycle))
+            return
+        state[name] = 1
+        expr = constants[name]
+        for dep in names(expr):
+            if dep in constants:
+                visit(dep, path + [name])
+        state[name] = 2
+        if name in errors:
+            return
+        bad = [d for d in names(expr) if d in errors]
+        if bad:
+            errors[name] = f"depends on constant {bad[0]!r}, which does not resolve"
+            return
+        try:
+            values[name] = evaluate(expr, values)
+        except ExprError as exc:
+            errors[name] = str(exc)
+
+    for n in constants:
+        visit(n, [])
+    return values, errors

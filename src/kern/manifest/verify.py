@@ -1,0 +1,86 @@
+"""The verifier: run every check, report every problem, or hand out a Verified manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import checks
+from .context import build
+from .load import parse
+from .model import Manifest
+from .problems import ManifestError, Problem
+from .types import Param
+
+_TOKEN = object()
+
+
+class Verified:
+    """A manifest that passed every check. Only verify() makes one; the runtime takes only this."""
+
+    __slots__ = ("manifest", "constants", "params", "base_dir")
+
+    def __init__(self, manifest: Manifest, constants: dict[str, int], params: dict[str, list[Param]],
+                 base_dir: Path, *, _token: object = None):
+        if _token is not _TOKEN:
+            raise TypeError("a Verified manifest comes only from kern.manifest.verify()")
+        self.manifest = manifest
+        self.constants = constants
+        self.params = params
+        self.base_dir = base_dir
+
+    @property
+    def launches(self) -> int:
+        return sum(len(self.manifest.ops[c.op].impl.launches) for _, c in self.manifest.calls())
+
+    @property
+    def ncalls(self) -> int:
+        return sum(len(p.calls) for p in self.manifest.programs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    verified: Verified | None
+    problems: list[Problem]
+
+
+def check(m: Manifest, base_dir: Path = Path(".")) -> Report:
+    """Run every check on a parsed manifest."""
+    ctx = build(m)
+    problems = list(ctx.problems)
+    ctx.problems = problems  # checks record unresolvable expressions here, in order
+    for fn in checks.ALL:
+        try:
+            problems.extend(fn(ctx))
+        except Exception as exc:  # a verifier bug must still not hide the other problems
+            problems.append(Problem(f"verifier check {fn.__name__}", f"internal error {type(exc).__name__}: {exc}"))
+    problems = list(dict.fromkeys(problems))
+    if problems:
+        return Report(None, problems)
+    return Report(Verified(m, ctx.consts, ctx.params, base_dir, _token=_TOKEN), [])
+
+
+def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Path(".")) -> Report:
+    m, problems = parse(text, where)
+    if m is None:
+        return Report(None, problems)
+    return check(m, base_dir)
+
+
+def verify_path(path: str | Path) -> Report:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "manifest.json"
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        return Report(None, [Problem(str(p), f"cannot read: {exc.strerror or exc}")])
+    return verify_text(data, str(p), p.parent)
+
+
+def load_verified(path: str | Path) -> Verified:
+    """Verify a manifest file or folder; raise ManifestError listing every problem."""
+    r = verify_path(path)
+    if r.verified is None:
+        raise ManifestError(str(path), r.problems)
+    return r.verified
