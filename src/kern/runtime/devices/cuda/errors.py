@@ -1,0 +1,18 @@
+"""Errors of the CUDA device. Each says what failed, where, and who has to act."""
+
+
+class CudaUnavailable(RuntimeError):
+    """This machine cannot run CUDA: no bindings, no driver or no GPU (the message says which)."""
+
+
+class CudaError(RuntimeError):
+    """A driver or library call failed: names the call, the code and the object it acted on."""
+
+    def __init__(self, call: str, code: int, name: str, where: str = ""):
+        self.call, self.code, self.name, self.where = call, code, name, where
+        at = f" ({where})" if where else ""
+        super().__init__(f"{call} failed with {name} [{code}]{at}")
+
+
+class ParamLayoutError(ValueError):
+    """A kernel's parameters in the cubin differ from its declared parameter kinds."""

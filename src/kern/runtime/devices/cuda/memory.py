@@ -1,0 +1,108 @@
+"""Device memory and streams: allocate, free, copy (H2D, D2H, D2D), set bytes.
+
+Device addresses are plain ints. Host buffers are numpy arrays (C-contiguous) or bytes.
+Copies on a stream are asynchronous for the device but take pageable host memory, so the host
+side is done when the call returns; `copy_to_host` synchronises the stream before reading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kern.runtime.devices.cuda.driver import call, drv
+
+
+class Stream:
+    """A non-blocking CUDA stream (graph capture needs one)."""
+
+    def __init__(self) -> None:
+        flags = drv().CUstream_flags.CU_STREAM_NON_BLOCKING
+        self.handle = call("cuStreamCreate", flags)
+
+    def synchronize(self) -> None:
+        call("cuStreamSynchronize", self.handle, where="stream")
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            call("cuStreamDestroy", self.handle)
+            self.handle = None
+
+
+@dataclass(slots=True)
+class DeviceBuffer:
+    """`nbytes` of device memory at `ptr` (cuMemAlloc)."""
+
+    ptr: int
+    nbytes: int
+    label: str = ""
+    freed: bool = field(default=False)
+
+    def free(self) -> None:
+        if not self.freed:
+            call("cuMemFree", self.ptr, where=f"buffer {self.label!r}")
+            self.freed = True
+
+
+def alloc(nbytes: int, label: str = "") -> DeviceBuffer:
+    if nbytes <= 0:
+        raise ValueError(f"buffer {label!r}: cannot allocate {nbytes} bytes")
+    ptr = call("cuMemAlloc", nbytes, where=f"buffer {label!r}, {nbytes} bytes")
+    return DeviceBuffer(int(ptr), nbytes, label)
+
+
+def _host(arr: Any) -> tuple[int, int, Any]:
+    """(address, nbytes, keep-alive) of a C-contiguous host buffer."""
+    if isinstance(arr, (bytes, bytearray, memoryview)):
+        arr = np.frombuffer(arr, dtype=np.uint8)
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+        raise TypeError("host buffers must be C-contiguous numpy arrays or bytes")
+    return int(arr.ctypes.data), arr.nbytes, arr
+
+
+def _stream(stream: Stream | None) -> Any:
+    return stream.handle if stream is not None else 0
+
+
+def copy_to_device(dst: int, src: Any, stream: Stream | None = None) -> None:
+    addr, n, _keep = _host(src)
+    if n:
+        call("cuMemcpyHtoDAsync", dst, addr, n, _stream(stream), where=f"H2D {n} bytes to {dst:#x}")
+    if stream is None:
+        call("cuCtxSynchronize")
+
+
+def copy_to_host(dst: np.ndarray, src: int, stream: Stream | None = None) -> np.ndarray:
+    """Fill `dst` from device address `src` (dst.nbytes bytes) and return it."""
+    addr, n, _keep = _host(dst)
+    if not dst.flags.writeable:
+        raise TypeError("copy_to_host needs a writeable array")
+    if n:
+        call("cuMemcpyDtoHAsync", addr, src, n, _stream(stream), where=f"D2H {n} bytes from {src:#x}")
+    if stream is not None:
+        stream.synchronize()
+    else:
+        call("cuCtxSynchronize")
+    return dst
+
+
+def copy_device(dst: int, src: int, nbytes: int, stream: Stream | None = None) -> None:
+    if nbytes:
+        call("cuMemcpyDtoDAsync", dst, src, nbytes, _stream(stream),
+             where=f"D2D {nbytes} bytes {src:#x} -> {dst:#x}")
+
+
+def memset(dst: int, byte: int, nbytes: int, stream: Stream | None = None) -> None:
+    if nbytes:
+        call("cuMemsetD8Async", dst, byte & 0xFF, nbytes, _stream(stream),
+             where=f"memset {nbytes} bytes at {dst:#x}")
+
+
+def to_device(arr: np.ndarray, label: str = "") -> DeviceBuffer:
+    """Allocate a buffer holding a copy of `arr`."""
+    arr = np.ascontiguousarray(arr)
+    buf = alloc(max(arr.nbytes, 1), label)
+    copy_to_device(buf.ptr, arr)
+    return buf
