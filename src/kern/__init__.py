@@ -1,0 +1,10 @@
+"""kern: an LLM inference engine where a model is a manifest."""
+
+__version__ = "0.1.0"
+
+
+def load(*args, **kwargs):
+    """Load a model (see kern.api.load)."""
+    from .api import load as _load
+
+    return _load(*args, **kwargs)

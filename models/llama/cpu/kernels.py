@@ -116,7 +116,8 @@ def _attend(q, pos_rows, pages, phys, layer, heads, kv_heads, head_dim, page_tok
     qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)  # [kvh, n, g, d]
     s = np.einsum("hngd,hkd->hngk", qg, k) * np.float32(1.0 / np.sqrt(head_dim))
     mask = np.arange(ctx)[None, :] > pos_rows[:, None]  # [n, ctx]
-    s[:, mask] = -np.inf
+    if mask.any():
+        s = np.where(mask[None, :, None, :], np.float32(-np.inf), s)
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)

@@ -1,0 +1,125 @@
+"""The serving protocol, derived from a verified manifest: which program steps (groups, rows),
+which buffer carries which role, and which inputs are page tables into which paged state.
+
+kern run, kern serve and the harness drive the runtime only through this, never by names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .expr import evaluate
+from .model import INPUT_ROLES, BufArg
+from .verify import Verified
+
+
+class ProtocolError(ValueError):
+    """The manifest cannot serve what was asked; names the program, var or role."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageTable:
+    buffer: str
+    state: str
+    page_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stepper:
+    """One program that steps a batch."""
+
+    program: str
+    groups_var: str | None  # the var set to the number of sequences (None: fixed)
+    groups_max: int
+    rows: int | None  # rows per group when fixed (decode: 1); None when ragged
+    rows_var: str | None  # the var set to the total rows when ragged
+    rows_max: int
+    inputs: dict[str, str]  # role -> buffer
+    outputs: dict[str, str]  # role -> buffer
+    page_tables: tuple[PageTable, ...]
+
+    @property
+    def ragged(self) -> bool:
+        return self.rows is None
+
+    def vars_for(self, groups: int, rows: int) -> dict[str, int]:
+        """The var values for a step of `groups` sequences and `rows` rows in all."""
+        if groups < 1 or groups > self.groups_max:
+            raise ProtocolError(f"program {self.program!r}: {groups} sequences is outside the var bound "
+                                f"{self.groups_var or 'groups'} <= {self.groups_max}")
+        if rows < 1 or rows > self.rows_max:
+            raise ProtocolError(f"program {self.program!r}: {rows} rows is outside the var bound "
+                                f"{self.rows_var or 'rows'} <= {self.rows_max}")
+        out = {}
+        if self.groups_var:
+            out[self.groups_var] = groups
+        if self.rows_var:
+            out[self.rows_var] = rows
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Protocol:
+    steppers: tuple[Stepper, ...]
+    once: tuple[str, ...]
+    paged_states: dict[str, int]  # paged state -> tokens per page
+
+    def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
+        """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
+
+        A fixed-rows program that matches exactly is preferred (decode is groups x 1 row)."""
+        if rows_per_group is not None:
+            for s in self.steppers:
+                if s.rows == rows_per_group and groups <= s.groups_max:
+                    return s
+        total = None if rows_per_group is None else groups * rows_per_group
+        for s in self.steppers:
+            if s.ragged and groups <= s.groups_max and (total is None or total <= s.rows_max):
+                return s
+        raise ProtocolError(f"no program steps {groups} sequences of {rows_per_group or 'ragged'} rows")
+
+    @property
+    def max_chunk(self) -> int:
+        return max((s.rows_max for s in self.steppers if s.ragged), default=1)
+
+
+def derive(v: Verified) -> Protocol:
+    m = v.manifest
+    env_max = dict(v.constants)
+    for name, var in m.vars.items():
+        env_max[name] = var.max
+    steppers = []
+    paged = {}
+    for name, st in m.states.items():
+        if st.bytes_per_token is not None:
+            paged[name] = 0
+    for pname, prog in m.programs.items():
+        if prog.batch is None:
+            continue
+        touched: list[str] = []
+        for call in prog.calls:
+            for a in call.args:
+                if isinstance(a, BufArg) and a.buf not in touched:
+                    touched.append(a.buf)
+        inputs, outputs, tables = {}, {}, []
+        for bname in touched:
+            b = m.buffers[bname]
+            if b.fill is not None:
+                side = inputs if b.fill in INPUT_ROLES else outputs
+                if b.fill in side:
+                    raise ProtocolError(f"program {pname!r} touches two buffers of role {b.fill!r}: "
+                                        f"{side[b.fill]!r} and {bname!r}")
+                side[b.fill] = bname
+            elif b.kind == "input" and b.domain is not None and b.domain.index_into:
+                stride = evaluate(b.domain.stride, env_max)
+                tables.append(PageTable(bname, b.domain.index_into, stride))
+                paged[b.domain.index_into] = stride
+        g, r = prog.batch.groups, prog.batch.rows
+        gvar = g if isinstance(g, str) and g in m.vars else None
+        rvar = r if isinstance(r, str) and r in m.vars else None
+        fixed_rows = None if rvar else evaluate(r, env_max)
+        steppers.append(Stepper(
+            program=pname, groups_var=gvar, groups_max=evaluate(g, env_max), rows=fixed_rows, rows_var=rvar,
+            rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
+            inputs=inputs, outputs=outputs, page_tables=tuple(tables)))
+    once = tuple(n for n, p in m.programs.items() if p.once)
+    return Protocol(tuple(steppers), once, paged)

@@ -1,0 +1,72 @@
+"""The two things the pool hands out, each made only by the pool after its checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kern.pool.radix import Node
+
+
+class Lease:
+    """A live request's memory: for each paged state its pages in token order, for each
+    per-sequence state one slot, plus pages promised for its worst case (`reserved`).
+
+    `tokens` are the tokens whose state is written (restored from a checkpoint, or written by
+    the runtime after `extend`). Pages [len(tokens) // page_tokens:] are the lease's own and
+    only it writes them; earlier pages may be shared with checkpoints and other leases.
+    Read-only outside the pool.
+    """
+
+    __slots__ = ("id", "tokens", "units", "reserved", "alive", "_index")
+
+    def __init__(self, id: int, tokens: list[int], units: list[list[int]], reserved: int, index: dict[str, int]):
+        self.id = id
+        self.tokens = tokens
+        self.units = units  # per kind (layout.kinds order): pages, or [slot]
+        self.reserved = reserved  # pages promised per paged state, not yet handed out
+        self.alive = True
+        self._index = index
+
+    def page_table(self, state: str) -> list[int]:
+        """Physical page indices of a paged state, in token order (do not mutate)."""
+        return self.units[self._index[state]]
+
+    def slot(self, state: str) -> int:
+        return self.units[self._index[state]][0]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id}, tokens={len(self.tokens)}, reserved={self.reserved})"
+
+
+class Checkpoint:
+    """A finished request's state, frozen: its tokens and where their state lives, on the
+    device (`units`, per kind), in host memory (`host`, host units per kind), or both."""
+
+    __slots__ = ("id", "tokens", "units", "host", "node")
+
+    def __init__(self, id: int, tokens: tuple[int, ...], units: tuple[tuple[int, ...], ...] | None):
+        self.id = id
+        self.tokens = tokens
+        self.units = units
+        self.host: tuple[tuple[int, ...], ...] | None = None
+        self.node: Node | None = None
+
+    @property
+    def on_device(self) -> bool:
+        return self.units is not None
+
+    @property
+    def parked(self) -> bool:
+        return self.host is not None
+
+    @property
+    def alive(self) -> bool:
+        return self.units is not None or self.host is not None
+
+    def __repr__(self) -> str:
+        where = "+".join(w for w, on in (("device", self.on_device), ("host", self.parked)) if on) or "gone"
+        return f"Checkpoint(id={self.id}, tokens={len(self.tokens)}, {where})"

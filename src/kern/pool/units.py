@@ -1,0 +1,97 @@
+"""Books of one kind of unit (the pages of one paged state, or the slots of one per-sequence
+state) over a range of chunk places: which units are free, who holds the rest.
+
+Holders are counted per unit: `refs` counts every holder (leases and checkpoints), `lrefs`
+the leases among them. `cached` counts units held by checkpoints only (what eviction could
+give back), each shared unit once. Free units sit in a min-heap, so units are handed out
+lowest first and high chunk places drain empty, ready to be remapped.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+
+from kern.pool.states import UnitKind
+
+
+class Books:
+    __slots__ = ("kind", "per_chunk", "free", "refs", "lrefs", "vmap", "used", "pending", "reserved", "cached")
+
+    def __init__(self, kind: UnitKind, places: int) -> None:
+        self.kind = kind
+        self.per_chunk = kind.per_chunk
+        n = places * kind.per_chunk
+        self.free: list[int] = []  # heap
+        self.refs = [0] * n
+        self.lrefs = [0] * n
+        self.vmap = [-1] * places  # place -> physical chunk, -1 when nothing is mapped there
+        self.used = [0] * places  # units of each place that are not free
+        self.pending = [False] * places  # mapped in the books, not yet done by the runtime
+        self.reserved = 0  # units promised to leases, not yet handed out
+        self.cached = 0
+
+    # -- chunk places ------------------------------------------------------------------
+    def map(self, place: int, chunk: int, ready: bool) -> None:
+        assert self.vmap[place] == -1, (self.kind.name, place)
+        self.vmap[place] = chunk
+        if ready:
+            self.open(place)
+        else:
+            self.pending[place] = True
+
+    def open(self, place: int) -> None:
+        self.pending[place] = False
+        pc = self.per_chunk
+        for u in range(place * pc, place * pc + pc):
+            heappush(self.free, u)
+
+    def unmap(self, places: list[int]) -> None:
+        pc = self.per_chunk
+        gone = {p for p in places}
+        self.free = [u for u in self.free if u // pc not in gone]
+        heapify(self.free)
+        for p in places:
+            assert self.used[p] == 0 and not self.pending[p], (self.kind.name, p)
+            self.vmap[p] = -1
+
+    def hole(self) -> int:
+        """Lowest place with nothing mapped."""
+        return self.vmap.index(-1)
+
+    def empty_places(self) -> list[tuple[int, int]]:
+        """(place, chunk) of mapped places with every unit free, highest place first."""
+        return [
+            (p, self.vmap[p])
+            for p in range(len(self.vmap) - 1, -1, -1)
+            if self.vmap[p] >= 0 and self.used[p] == 0 and not self.pending[p]
+        ]
+
+    @property
+    def avail(self) -> int:
+        return len(self.free) - self.reserved
+
+    # -- units -------------------------------------------------------------------------
+    def take(self, lease: bool = True) -> int:
+        """Hand out the lowest free unit to one holder (a lease, or a host-side checkpoint)."""
+        u = heappop(self.free)
+        self.used[u // self.per_chunk] += 1
+        self.refs[u] = 1
+        if lease:
+            self.lrefs[u] = 1
+        else:
+            self.cached += 1
+        return u
+
+    def adjust(self, u: int, dr: int, dl: int) -> bool:
+        """Add dr holders, dl of them leases; True when the unit became free."""
+        r0, l0 = self.refs[u], self.lrefs[u]
+        r1, l1 = r0 + dr, l0 + dl
+        assert r1 >= 0 and 0 <= l1 <= r1, (self.kind.name, u, r1, l1)
+        self.refs[u] = r1
+        self.lrefs[u] = l1
+        self.cached += (r1 > 0 and l1 == 0) - (r0 > 0 and l0 == 0)
+        if r1 == 0:
+            self.used[u // self.per_chunk] -= 1
+            heappush(self.free, u)
+            return True
+        return False

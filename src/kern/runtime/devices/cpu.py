@@ -1,0 +1,108 @@
+"""The cpu device: the reference device. Its modules are Python source pinned by sha256;
+their functions get numpy views of the buffers, shaped for the current step."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from ...manifest.expr import evaluate
+from ..lower import Launch, Scalar, StateRef, View
+
+NP = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32, "i8": np.int8, "u8": np.uint8,
+      "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64}
+
+
+class CpuDevice:
+    kind = "cpu"
+
+    def __init__(self) -> None:
+        self.modules: dict[str, types.ModuleType] = {}
+
+    def load_module(self, name: str, data: bytes) -> None:
+        mod = types.ModuleType(f"kern_module_{name}")
+        exec(compile(data, f"<kern module {name}>", "exec"), mod.__dict__)  # noqa: S102 (pinned by sha256)
+        self.modules[name] = mod
+
+    def alloc(self, dtype: str, nelems: int) -> np.ndarray:
+        return np.zeros(nelems, dtype=NP[dtype])
+
+    def alloc_state(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def write(self, storage: np.ndarray, host: np.ndarray, offset: int = 0) -> None:
+        flat = np.ascontiguousarray(host).reshape(-1)
+        storage[offset:offset + flat.size] = flat
+
+    def read(self, storage: np.ndarray, dtype: str, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        n = int(np.prod(shape))
+        return storage[offset:offset + n].reshape(shape).copy()
+
+    def copy_bytes(self, storage: np.ndarray, dst: int, src: int, n: int) -> None:
+        storage[dst:dst + n] = storage[src:src + n]
+
+    def lower(self, launches: list[Launch], buffers: dict[str, np.ndarray], states: dict[str, np.ndarray],
+              consts: dict[str, int]) -> "CpuProgram":
+        return CpuProgram(self, launches, buffers, states, consts)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CpuProgram:
+    """A lowered program on the cpu: each launch a function and argument getters."""
+
+    def __init__(self, dev: CpuDevice, launches: list[Launch], buffers, states, consts) -> None:
+        self.launches = launches
+        views: dict[str, int] = {}
+        uniq: list[View] = []
+        self.steps: list[tuple[Callable, list]] = []
+        for l in launches:
+            if l.entry.startswith("extern:"):
+                raise NotImplementedError(f"{l.where}: the cpu device has no extern {l.entry}")
+            fn = getattr(dev.modules[l.module], l.entry, None)
+            if fn is None:
+                raise AttributeError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
+            getters = []
+            for a in l.args:
+                if isinstance(a, View):
+                    key = repr((a.buffer, a.offset, a.shape))
+                    if key not in views:
+                        views[key] = len(uniq)
+                        uniq.append(a)
+                    getters.append(("view", views[key]))
+                elif isinstance(a, StateRef):
+                    getters.append(("fixed", states[a.state]))
+                elif isinstance(a.value, (int, float)):
+                    getters.append(("fixed", float(a.value) if a.dtype == "f32" else int(a.value)))
+                else:
+                    getters.append(("expr", a))
+            self.steps.append((fn, getters))
+        self.views = uniq
+        self.buffers = buffers
+
+    def resolve(self, env: dict[str, int]) -> list[np.ndarray]:
+        out = []
+        for v in self.views:
+            shape = tuple(d if isinstance(d, int) else evaluate(d, env) for d in v.shape)
+            off = v.offset if isinstance(v.offset, int) else evaluate(v.offset, env)
+            n = 1
+            for d in shape:
+                n *= d
+            out.append(self.buffers[v.buffer][off:off + n].reshape(shape))
+        return out
+
+    def run(self, env: dict[str, int], trace: Callable | None = None) -> None:
+        views = self.resolve(env)
+        for i, (fn, getters) in enumerate(self.steps):
+            args = [views[x] if kind == "view" else x if kind == "fixed" else
+                    (float(evaluate(x.value, env)) if x.dtype == "f32" else evaluate(x.value, env))
+                    for kind, x in getters]
+            if trace is not None:
+                trace(i, "before", args)
+            fn(*args)
+            if trace is not None:
+                trace(i, "after", args)

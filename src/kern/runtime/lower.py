@@ -1,0 +1,118 @@
+"""Lowering: every program to a flat launch list with every argument resolved.
+
+Constants are folded; what depends on a var stays an expression, evaluated per step from the
+step's var values. The result is device-independent: each device turns it into its own
+runnable form (numpy calls on the CPU, packed kernel params and graphs on CUDA)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from ..manifest.expr import evaluate, names
+from ..manifest.model import DTYPE_BYTES, BufArg, Expr, StateArg, ValueArg
+from ..manifest.verify import Verified
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A buffer, or a window of it: offset (elements) and shape may depend on vars."""
+
+    buffer: str
+    dtype: str
+    offset: Expr
+    shape: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateRef:
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    dtype: str  # i32 | u32 | i64 | f32
+    value: Expr | float  # an int expression over vars, or a folded number
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    where: str  # "programs.decode.calls[12] (op rms_norm) launch 0"
+    call: int  # index of the call in its program
+    module: str | None
+    entry: str
+    grid: tuple[Expr, ...]
+    block: tuple[Expr, ...]
+    shared_mem: Expr
+    cooperative: bool
+    pdl: bool
+    args: tuple[View | StateRef | Scalar, ...]
+    writes: tuple[int, ...]  # positions in args the launch writes
+
+
+def fold(e: Expr, consts: dict[str, int]) -> Expr:
+    """Fold an expression to an int when it names no var."""
+    if any(n not in consts for n in names(e)):
+        return e
+    return evaluate(e, consts)
+
+
+def value(e: Expr | float, env: dict[str, int]):
+    if isinstance(e, (int, float)):
+        return e
+    return evaluate(e, env)
+
+
+def lower_program(v: Verified, program: str) -> list[Launch]:
+    m = v.manifest
+    consts = v.constants
+    out: list[Launch] = []
+    for ci, call in enumerate(m.programs[program].calls):
+        op = m.ops[call.op]
+        params = v.params[call.op]
+        bound: dict[str, View | StateRef | Scalar] = {}
+        scal_env: dict[str, Expr] = {}
+        for p, a in zip(params, call.args):
+            if isinstance(a, BufArg):
+                b = m.buffers[a.buf]
+                shape = a.shape if a.shape is not None else b.shape
+                bound[p.name] = View(a.buf, b.dtype, fold(a.offset if a.offset is not None else 0, consts),
+                                     tuple(fold(d, consts) for d in shape))
+            elif isinstance(a, StateArg):
+                bound[p.name] = StateRef(a.state)
+            else:
+                val = a.value if isinstance(a.value, float) and p.dtype == "f32" else fold(a.value, consts)
+                if p.dtype == "f32" and isinstance(val, int):
+                    val = float(val)
+                bound[p.name] = Scalar(p.dtype, val)
+                scal_env[p.name] = val
+        by_name = {p.name: p for p in params}
+        for li, l in enumerate(op.impl.launches):
+            names_ = l.args if l.args is not None else [p.name for p in params]
+            args: list[View | StateRef | Scalar] = []
+            for a in names_:
+                if isinstance(a, str):
+                    args.append(bound[a])
+                else:
+                    args.append(Scalar("f32" if isinstance(a.value, float) else "i32", fold(a.value, consts)
+                                       if not isinstance(a.value, float) else a.value))
+            written = l.writes if l.writes is not None else [n for n in names_ if isinstance(n, str)
+                                                              and by_name[n].writes]
+            writes = tuple(i for i, n in enumerate(names_) if isinstance(n, str) and n in written)
+
+            def geo(e: Expr) -> Expr:
+                # launch geometry may name the op's scalar params: substitute the call's values
+                if isinstance(e, str) and e in scal_env:
+                    return scal_env[e]
+                return fold(e, {**consts, **{k: x for k, x in scal_env.items() if isinstance(x, int)}})
+
+            out.append(Launch(
+                where=f"programs.{program}.calls[{ci}] (op {call.op}) launch {li}", call=ci,
+                module=l.module, entry=l.entry, grid=tuple(geo(g) for g in l.grid),
+                block=tuple(geo(b) for b in l.block), shared_mem=geo(l.shared_mem),
+                cooperative=l.cooperative, pdl=l.pdl, args=tuple(args), writes=writes))
+    return out
+
+
+def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    return DTYPE_BYTES[dtype] * prod(shape)

@@ -1,0 +1,64 @@
+"""Weight binding: each weight buffer's bind segments, laid end to end and cast to its dtype."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from ..manifest.model import Buffer
+from .errors import WeightError
+from .safetensors import Checkpoint
+
+
+def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: Checkpoint, np_dtype) -> dict[str, np.ndarray]:
+    """Host arrays for every weight buffer; one WeightError listing every missing or
+    mis-shaped tensor. weights maps buffer name -> (buffer, resolved shape)."""
+    problems: list[str] = []
+    out: dict[str, np.ndarray] = {}
+    for name, (buf, shape) in weights.items():
+        parts = []
+        ok = True
+        for i, seg in enumerate(buf.bind or []):
+            where = f"buffers.{name}.bind[{i}]"
+            if seg.tensor not in ckpt.tensors:
+                problems.append(f"{where}: checkpoint has no tensor {seg.tensor!r}")
+                ok = False
+                continue
+            t = ckpt.array(seg.tensor)
+            if seg.rows is not None:
+                if seg.rows[1] > t.shape[0]:
+                    problems.append(f"{where}: rows {list(seg.rows)} outside tensor {seg.tensor!r} of shape {list(t.shape)}")
+                    ok = False
+                    continue
+                t = t[seg.rows[0]:seg.rows[1]]
+            if seg.cols is not None:
+                if t.ndim < 2 or seg.cols[1] > t.shape[-1]:
+                    problems.append(f"{where}: cols {list(seg.cols)} outside tensor {seg.tensor!r} of shape {list(t.shape)}")
+                    ok = False
+                    continue
+                t = t[..., seg.cols[0]:seg.cols[1]]
+            if len(shape) >= 2 and tuple(t.shape[1:]) != tuple(shape[1:]):
+                problems.append(f"{where}: tensor {seg.tensor!r} is {list(t.shape)}, the buffer needs "
+                                f"[*, {', '.join(map(str, shape[1:]))}]")
+                ok = False
+                continue
+            parts.append(t.reshape(-1))
+        if not ok:
+            continue
+        total = sum(p.size for p in parts)
+        if total != prod(shape):
+            tensors = ", ".join(repr(s.tensor) for s in buf.bind or [])
+            problems.append(f"buffers.{name}: tensors {tensors} hold {total} elements, the buffer "
+                            f"{list(shape)} needs {prod(shape)}")
+            continue
+        arr = np.empty(total, dtype=np_dtype)
+        at = 0
+        for p in parts:
+            arr[at:at + p.size] = p.astype(np_dtype, copy=False)
+            at += p.size
+        out[name] = arr
+    if problems:
+        raise WeightError(f"checkpoint {ckpt.folder} does not fit the manifest ({len(problems)} problems):\n"
+                          + "\n".join(f"  {p}" for p in problems))
+    return out
