@@ -1,0 +1,60 @@
+"""A small test harness over the device layer: load the documented kernels, move numpy
+arrays, launch and synchronise. Outputs are poisoned (0xFF bytes: NaN in bf16/f32, -1 in i32)
+so an unwritten element never passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cuda_kernel_docs import documented
+from kern.runtime.devices.cuda import memory
+from kern.runtime.devices.cuda.launch import Kernel, Launch, launch, load_module
+from kern.runtime.devices.cuda.memory import DeviceBuffer, Stream
+
+
+class Gpu:
+    def __init__(self, device, cubin_dir: Path):
+        self.device = device
+        self.stream = Stream()
+        self.docs = documented()
+        self.modules = {p.stem: load_module(p.read_bytes(), p.stem) for p in sorted(cubin_dir.glob("*.cubin"))}
+        self._kernels: dict[str, Kernel] = {}
+        self._bufs: list[DeviceBuffer] = []
+
+    def kernel(self, entry: str) -> Kernel:
+        if entry not in self._kernels:
+            module, kinds = self.docs[entry]
+            self._kernels[entry] = self.modules[module].kernel(entry, kinds)
+        return self._kernels[entry]
+
+    def put(self, arr: np.ndarray) -> DeviceBuffer:
+        buf = memory.to_device(np.ascontiguousarray(arr))
+        self._bufs.append(buf)
+        return buf
+
+    def empty(self, nbytes: int, poison: int = 0xFF) -> DeviceBuffer:
+        buf = memory.alloc(max(nbytes, 1))
+        memory.memset(buf.ptr, poison, buf.nbytes)
+        self._bufs.append(buf)
+        return buf
+
+    def get(self, buf: DeviceBuffer, dtype, shape) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self.stream.synchronize()
+        return memory.copy_to_host(out, buf.ptr)
+
+    def make(self, entry: str, grid, block, *args, shared_mem=0, cooperative=False, pdl=False) -> Launch:
+        vals = tuple(a.ptr if isinstance(a, DeviceBuffer) else a for a in args)
+        return Launch(self.kernel(entry), grid, block, vals, shared_mem, cooperative, pdl)
+
+    def run(self, entry: str, grid, block, *args, **kw) -> None:
+        launch(self.make(entry, grid, block, *args, **kw), self.stream)
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        for b in self._bufs:
+            b.free()
+        self.stream.destroy()
