@@ -94,13 +94,20 @@ class Model:
     def __init__(self, manifest: Path, checkpoint: Path, **engine_kw):
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
+        self._tokenizer: Tokenizer | None = None
         self.engine = Engine(self.verified, checkpoint, **engine_kw)
         self.protocol = self.engine.protocol
-        self.tokenizer = Tokenizer(checkpoint)
         self.eos = self._eos_ids(checkpoint)
         (self.state, self.page_tokens), = self.protocol.paged_states.items()
         self.alloc = PageAllocator(self.engine.pages[self.state])
         self.context = self.engine.m.vars["context"].max if "context" in self.engine.m.vars else None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """Loaded on first use: a model can be stepped on token ids without one."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.checkpoint)
+        return self._tokenizer
 
     @staticmethod
     def _eos_ids(folder: Path) -> set[int]:
