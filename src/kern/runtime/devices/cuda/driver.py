@@ -28,7 +28,7 @@ def drv() -> Any:
 
 def error_name(code: Any) -> str:
     try:
-        err, name = drv().cuGetErrorName(code)
+        err, name = drv().cuGetErrorName(drv().CUresult(int(code)))
         return name.decode() if err == 0 and name else f"CUresult {int(code)}"
     except Exception:  # noqa: BLE001 - naming an error must never raise another
         return f"CUresult {int(code)}"

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from kern.runtime.devices.cuda.driver import call, check, drv
 from kern.runtime.devices.cuda.errors import CudaError, ParamLayoutError
 from kern.runtime.devices.cuda.memory import Stream
@@ -61,8 +63,8 @@ class Module:
 
     def __init__(self, image: bytes, name: str):
         self.name = name
-        self._image = bytes(image)  # the driver reads it during the call only; kept for clarity
-        self.handle = call("cuModuleLoadData", self._image, where=f"module {name!r}")
+        self._image = np.frombuffer(bytes(image), dtype=np.uint8)  # alive while the driver reads it
+        self.handle = call("cuModuleLoadData", int(self._image.ctypes.data), where=f"module {name!r}")
 
     def kernel(self, entry: str, kinds: Sequence[str | ParamKind]) -> Kernel:
         declared = parse_kinds(kinds)

@@ -1,8 +1,9 @@
 """Device memory and streams: allocate, free, copy (H2D, D2H, D2D), set bytes.
 
 Device addresses are plain ints. Host buffers are numpy arrays (C-contiguous) or bytes.
-Copies on a stream are asynchronous for the device but take pageable host memory, so the host
-side is done when the call returns; `copy_to_host` synchronises the stream before reading.
+With a stream, copies and memsets are enqueued on it (host buffers are pageable, so the host side
+is done when the call returns); `copy_to_host` synchronises before returning. With no stream,
+each call is synchronous: it runs on the default stream and waits for the whole context.
 """
 
 from __future__ import annotations
@@ -92,12 +93,16 @@ def copy_device(dst: int, src: int, nbytes: int, stream: Stream | None = None) -
     if nbytes:
         call("cuMemcpyDtoDAsync", dst, src, nbytes, _stream(stream),
              where=f"D2D {nbytes} bytes {src:#x} -> {dst:#x}")
+    if stream is None:
+        call("cuCtxSynchronize")
 
 
 def memset(dst: int, byte: int, nbytes: int, stream: Stream | None = None) -> None:
     if nbytes:
         call("cuMemsetD8Async", dst, byte & 0xFF, nbytes, _stream(stream),
              where=f"memset {nbytes} bytes at {dst:#x}")
+    if stream is None:
+        call("cuCtxSynchronize")
 
 
 def to_device(arr: np.ndarray, label: str = "") -> DeviceBuffer:

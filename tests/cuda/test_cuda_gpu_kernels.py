@@ -1,0 +1,273 @@
+"""Each llama kernel on the GPU against a numpy reference (bf16 rounding made explicit).
+Outputs are poisoned before each run, so an unwritten element fails."""
+
+import numpy as np
+import pytest
+
+import cuda_refs as R
+from cuda_refs import BF16
+from kern.runtime.devices.cuda import ParamLayoutError
+
+pytestmark = pytest.mark.gpu
+
+
+def bf(gpu, buf, shape):
+    return R.f32(gpu.get(buf, BF16, shape))
+
+
+def assert_near_bf16(got, ref, max_ulp=1, min_exact=0.99):
+    d = R.ulp_diff(got, ref)
+    assert not np.isnan(got).any(), "unwritten or NaN outputs"
+    assert d.max() <= max_ulp, f"max {d.max()} bf16 ulps at {np.unravel_index(d.argmax(), d.shape)}"
+    assert np.mean(d == 0) >= min_exact, f"only {np.mean(d == 0):.4f} exactly equal"
+
+
+def test_every_documented_kernel_loads_with_its_declared_layout(gpu):
+    for entry in gpu.docs:
+        gpu.kernel(entry)
+
+
+def test_a_wrong_declaration_is_refused_naming_kernel_and_position(gpu):
+    with pytest.raises(ParamLayoutError, match=r"kernel 'rms_norm' param 5: declared i64 \(8 bytes at offset 32\), cubin has 4 bytes at offset 32"):
+        gpu.modules["norm"].kernel("rms_norm", ["ptr", "ptr", "ptr", "i32", "i32", "i64"])
+    with pytest.raises(ParamLayoutError, match="declared 2 params, cubin has 6"):
+        gpu.modules["norm"].kernel("rms_norm", ["ptr", "ptr"])
+    with pytest.raises(ParamLayoutError, match="module 'norm' has no kernel 'nope'"):
+        gpu.modules["norm"].kernel("nope", [])
+
+
+def test_embed_and_gather_last(gpu):
+    rng = np.random.default_rng(0)
+    vocab, hidden, rows = 1000, 1024, 7
+    W = R.rand_bf16(rng, (vocab, hidden))
+    ids = rng.integers(0, vocab, rows).astype(np.int32)
+    dx = gpu.empty(rows * hidden * 2)
+    gpu.run("embed", rows, 256, gpu.put(ids), gpu.put(W), dx, rows, hidden)
+    x = gpu.get(dx, BF16, (rows, hidden))
+    assert np.array_equal(x.view(np.uint16), W[ids].view(np.uint16))
+    cu = np.array([0, 3, 4, 7], np.int32)
+    dy = gpu.empty(3 * hidden * 2)
+    gpu.run("gather_last", 3, 256, dx, gpu.put(cu), dy, 3, hidden)
+    assert np.array_equal(gpu.get(dy, BF16, (3, hidden)).view(np.uint16), x[[2, 3, 6]].view(np.uint16))
+
+
+def test_rms_norm(gpu):
+    rng = np.random.default_rng(1)
+    rows, hidden, eps = 5, 2048, 1e-5
+    x, w = R.rand_bf16(rng, (rows, hidden), 3.0), R.rand_bf16(rng, (hidden,))
+    dy = gpu.empty(rows * hidden * 2)
+    gpu.run("rms_norm", rows, 256, gpu.put(x), gpu.put(w), dy, rows, hidden, eps)
+    assert_near_bf16(bf(gpu, dy, (rows, hidden)), R.rms_norm(x, w, eps))
+
+
+def test_add_rms_norm_stores_the_rounded_residual_and_norms_it(gpu):
+    rng = np.random.default_rng(2)
+    rows, hidden, eps = 4, 576, 1e-6
+    res, x, w = (R.rand_bf16(rng, (rows, hidden)), R.rand_bf16(rng, (rows, hidden)),
+                 R.rand_bf16(rng, (hidden,)))
+    dres, dy = gpu.put(res), gpu.empty(rows * hidden * 2)
+    gpu.run("add_rms_norm", rows, 256, dres, gpu.put(x), gpu.put(w), dy, rows, hidden, eps)
+    new_res = bf(gpu, dres, (rows, hidden))
+    assert np.array_equal(new_res, R.rbf(R.f32(res) + R.f32(x)))
+    assert_near_bf16(bf(gpu, dy, (rows, hidden)), R.rms_norm(new_res, w, eps))
+
+
+@pytest.mark.parametrize("head_dim,theta,factor", [(64, 500000.0, 32.0), (128, 1000000.0, 0.0)])
+def test_rope_table(gpu, head_dim, theta, factor):
+    max_pos = 4096
+    dt = gpu.empty(max_pos * head_dim * 4)
+    gpu.run("rope_table", max_pos, head_dim // 2, dt, max_pos, head_dim, theta, factor, 1.0, 4.0, 8192)
+    t = gpu.get(dt, np.float32, (max_pos, head_dim))
+    ref = R.rope_table(max_pos, head_dim, R.inv_freq(head_dim, theta, factor, 1.0, 4.0, 8192))
+    np.testing.assert_allclose(t, ref, rtol=1e-5, atol=5e-7)
+    assert np.mean(R.rbf(t) == R.rbf(ref)) > 0.999
+
+
+def _table(max_pos, head_dim):
+    return R.rope_table(max_pos, head_dim, R.inv_freq(head_dim, 500000.0, 32.0, 1.0, 4.0, 8192))
+
+
+def test_rope_on_a_fused_qkv_buffer(gpu):
+    rng = np.random.default_rng(3)
+    rows, nq, nkv, hd, max_pos = 6, 8, 2, 64, 4096
+    width = (nq + 2 * nkv) * hd
+    qkv = R.rand_bf16(rng, (rows, width))
+    pos = rng.integers(0, max_pos, rows).astype(np.int32)
+    table = _table(max_pos, hd)
+    d = gpu.put(qkv)
+    gpu.run("rope", (rows, nq + nkv), hd // 2, d.ptr, d.ptr + nq * hd * 2, gpu.put(pos),
+            gpu.put(table), rows, nq, nkv, hd, width, width)
+    out = bf(gpu, d, (rows, width))
+    q = R.f32(qkv[:, : nq * hd]).reshape(rows, nq, hd)
+    k = R.f32(qkv[:, nq * hd : (nq + nkv) * hd]).reshape(rows, nkv, hd)
+    assert np.array_equal(out[:, : nq * hd], R.rope_heads(q, pos, table).reshape(rows, -1))
+    assert np.array_equal(out[:, nq * hd : (nq + nkv) * hd], R.rope_heads(k, pos, table).reshape(rows, -1))
+    assert np.array_equal(out[:, (nq + nkv) * hd :], R.f32(qkv[:, (nq + nkv) * hd :]))  # v untouched
+
+
+def test_qk_norm_rope(gpu):
+    rng = np.random.default_rng(4)
+    rows, nq, nkv, hd, eps, max_pos = 5, 4, 2, 128, 1e-6, 2048
+    q, k = R.rand_bf16(rng, (rows, nq * hd), 2.0), R.rand_bf16(rng, (rows, nkv * hd), 2.0)
+    qw, kw = R.rand_bf16(rng, (hd,)), R.rand_bf16(rng, (hd,))
+    pos = rng.integers(0, max_pos, rows).astype(np.int32)
+    table = _table(max_pos, hd)
+    dq, dk = gpu.put(q), gpu.put(k)
+    gpu.run("qk_norm_rope", (rows, nq + nkv), hd // 2, dq, dk, gpu.put(qw), gpu.put(kw), gpu.put(pos),
+            gpu.put(table), rows, nq, nkv, hd, nq * hd, nkv * hd, eps)
+    for dbuf, src, n, w in ((dq, q, nq, qw), (dk, k, nkv, kw)):
+        normed = R.rms_norm(R.f32(src).reshape(rows, n, hd), w, eps)
+        ref = R.rope_heads(normed, pos, table).reshape(rows, -1)
+        assert_near_bf16(bf(gpu, dbuf, (rows, n * hd)), ref, max_ulp=2, min_exact=0.97)
+
+
+# ---- paged KV: append and attention ----------------------------------------------------
+
+def _kv_view(state_u16, n_layers, nkv, pt, hd):
+    return state_u16.reshape(-1, n_layers, 2, nkv, pt, hd)
+
+
+def test_kv_append_writes_the_documented_page_layout(gpu):
+    rng = np.random.default_rng(5)
+    n_layers, layer, nkv, hd, pt, pps, nq = 3, 1, 2, 64, 16, 4, 4
+    pos = np.concatenate([np.arange(5, 25), np.arange(30, 33)]).astype(np.int32)
+    cu = np.array([0, 20, 23], np.int32)
+    rows, n_seqs = len(pos), 2
+    n_pages = 10
+    page_table = rng.permutation(n_pages)[: n_seqs * pps].astype(np.int32).reshape(n_seqs, pps)
+    width = (nq + 2 * nkv) * hd
+    qkv = R.rand_bf16(rng, (rows, width))
+    state = rng.integers(0, 2**16, n_pages * pt * n_layers * 2 * nkv * hd, dtype=np.uint16)
+    dstate, dqkv = gpu.put(state), gpu.put(qkv)
+    gpu.run("kv_append", (rows, nkv), 32, dqkv.ptr + nq * hd * 2, dqkv.ptr + (nq + nkv) * hd * 2,
+            dstate, gpu.put(page_table), gpu.put(cu), gpu.put(pos), pps, rows, n_seqs, layer,
+            n_layers, nkv, hd, pt, width)
+    ref = _kv_view(state.copy(), n_layers, nkv, pt, hd)
+    kv = qkv.view(np.uint16)
+    for r in range(rows):
+        s = 0 if r < cu[1] else 1
+        phys = page_table[s, pos[r] // pt]
+        for h in range(nkv):
+            ref[phys, layer, 0, h, pos[r] % pt] = kv[r, (nq + h) * hd : (nq + h + 1) * hd]
+            ref[phys, layer, 1, h, pos[r] % pt] = kv[r, (nq + nkv + h) * hd : (nq + nkv + h + 1) * hd]
+    got = gpu.get(dstate, np.uint16, state.shape)
+    assert np.array_equal(got, ref.reshape(-1))
+
+
+def _paged_state(rng, n_seqs, pps, n_layers, nkv, pt, hd):
+    n_pages = n_seqs * pps + 3
+    page_table = rng.permutation(n_pages)[: n_seqs * pps].astype(np.int32).reshape(n_seqs, pps)
+    state = R.rand_bf16(rng, (n_pages, n_layers, 2, nkv, pt, hd))
+    return page_table, state
+
+
+def _attention_ref(q, state, page_table, seq_of_row, pos, layer, nq, nkv, hd, pt):
+    rows, G = len(pos), nq // nkv
+    out = np.zeros((rows, nq * hd))
+    st = state.astype(np.float64)
+    for r in range(rows):
+        s, n = seq_of_row[r], pos[r] + 1
+        t = np.arange(n)
+        pages = page_table[s, t // pt]
+        for hq in range(nq):
+            h = hq // G
+            K = st[pages, layer, 0, h, t % pt]
+            V = st[pages, layer, 1, h, t % pt]
+            sc = K @ q[r, hq * hd : (hq + 1) * hd].astype(np.float64) / np.sqrt(hd)
+            p = np.exp(sc - sc.max())
+            out[r, hq * hd : (hq + 1) * hd] = (p / p.sum()) @ V
+    return out
+
+
+@pytest.mark.parametrize("nq,nkv,hd", [(8, 2, 128), (6, 2, 64), (4, 4, 64)])
+@pytest.mark.parametrize("split_tokens", [64, 4096])
+def test_attention_decode(gpu, nq, nkv, hd, split_tokens):
+    rng = np.random.default_rng(6)
+    n_layers, layer, pt, pps = 2, 1, 16, 20
+    pos = np.array([0, 37, 300], np.int32)
+    rows = len(pos)
+    page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
+    width = (nq + 2 * nkv) * hd
+    qkv = R.rand_bf16(rng, (rows, width), 2.0)
+    n_splits = -(-(int(pos.max()) + 1) // split_tokens)
+    part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 2 * 4)
+    do = gpu.empty(rows * nq * hd * 2)
+    args = (gpu.put(qkv), gpu.put(state), gpu.put(page_table), gpu.put(pos), part_o, part_ml, do,
+            rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
+    gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
+    if n_splits > 1:
+        gpu.run("attention_combine", (rows, nq), hd, part_o, part_ml, do, rows, nq, hd, n_splits)
+    out = bf(gpu, do, (rows, nq * hd))
+    ref = _attention_ref(R.f32(qkv), R.f32(state), page_table, np.arange(rows), pos, layer, nq, nkv, hd, pt)
+    np.testing.assert_allclose(out, ref, atol=1e-2, rtol=1e-2)
+    first = out.copy()  # deterministic: a second run gives the same bits
+    gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
+    if n_splits > 1:
+        gpu.run("attention_combine", (rows, nq), hd, part_o, part_ml, do, rows, nq, hd, n_splits)
+    assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
+
+
+def test_attention_prefill_chunked_over_a_cached_prefix(gpu):
+    rng = np.random.default_rng(7)
+    nq, nkv, hd, n_layers, layer, pt, pps = 8, 2, 64, 1, 0, 16, 4
+    pos = np.concatenate([np.arange(10, 30), np.arange(0, 5)]).astype(np.int32)
+    cu = np.array([0, 20, 25], np.int32)
+    rows, n_seqs = len(pos), 2
+    seq_of_row = np.array([0] * 20 + [1] * 5)
+    page_table, state = _paged_state(rng, n_seqs, pps, n_layers, nkv, pt, hd)
+    q = R.rand_bf16(rng, (rows, nq * hd), 2.0)
+    ref = _attention_ref(R.f32(q), R.f32(state), page_table, seq_of_row, pos, layer, nq, nkv, hd, pt)
+    for split_tokens in (16, 64):
+        n_splits = -(-30 // split_tokens)
+        part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 8)
+        do = gpu.empty(rows * nq * hd * 2)
+        gpu.run("attention_prefill", (rows, nkv, n_splits), 128, gpu.put(q), gpu.put(state),
+                gpu.put(page_table), gpu.put(cu), gpu.put(pos), part_o, part_ml, do, rows, n_seqs,
+                pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, nq * hd)
+        if n_splits > 1:
+            gpu.run("attention_combine", (rows, nq), hd, part_o, part_ml, do, rows, nq, hd, n_splits)
+        np.testing.assert_allclose(bf(gpu, do, (rows, nq * hd)), ref, atol=1e-2, rtol=1e-2)
+
+
+# ---- MLP, projections, sampling -------------------------------------------------------
+
+def test_silu_mul(gpu):
+    rng = np.random.default_rng(8)
+    rows, inter = 3, 4096 + 8
+    gu = R.rand_bf16(rng, (rows, 2 * inter), 3.0)
+    dh = gpu.empty(rows * inter * 2)
+    gpu.run("silu_mul", (rows, -(-inter // 2048)), 256, gpu.put(gu), dh, rows, inter)
+    g, u = R.f32(gu[:, :inter]).astype(np.float64), R.f32(gu[:, inter:])
+    ref = R.rbf(R.rbf(g / (1 + np.exp(-g))) * u)
+    assert_near_bf16(bf(gpu, dh, (rows, inter)), ref)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 11])
+def test_gemv(gpu, rows):
+    rng = np.random.default_rng(9)
+    N, K = 1000, 2048
+    x, W = R.rand_bf16(rng, (rows, K)), R.rand_bf16(rng, (N, K), 0.05)
+    ref = R.f32(x).astype(np.float64) @ R.f32(W).astype(np.float64).T
+    bound = np.abs(R.f32(x)).astype(np.float64) @ np.abs(R.f32(W)).astype(np.float64).T
+    dx, dW = gpu.put(x), gpu.put(W)
+    dy32, dy16 = gpu.empty(rows * N * 4), gpu.empty(rows * N * 2)
+    gpu.run("gemv_f32", -(-N // 8), 256, dx, dW, dy32, rows, N, K)
+    gpu.run("gemv_bf16", -(-N // 8), 256, dx, dW, dy16, rows, N, K)
+    y32 = gpu.get(dy32, np.float32, (rows, N))
+    assert np.all(np.abs(y32 - ref) <= 1e-5 * bound + 1e-6)
+    assert_near_bf16(bf(gpu, dy16, (rows, N)), R.rbf(ref), min_exact=0.98)
+
+
+def test_argmax_ties_go_to_the_lowest_index(gpu):
+    rng = np.random.default_rng(10)
+    n_rows, vocab, chunks = 4, 50021, 128
+    logits = rng.standard_normal((n_rows, vocab)).astype(np.float32)
+    logits[0, [123, 40000]] = 50.0  # tie across chunks
+    logits[1, vocab - 1] = 50.0  # the very last index
+    logits[2, :] = 1.0  # all equal
+    logits[3, ::7] = np.nan  # NaN never wins
+    logits[3, 999] = 50.0
+    pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
+    gpu.run("argmax_partial", (chunks, n_rows), 256, gpu.put(logits), pv, pi, vocab, n_rows, chunks)
+    gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
+    assert gpu.get(tok, np.int32, n_rows).tolist() == [123, vocab - 1, 0, 999]
