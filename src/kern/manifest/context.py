@@ -1,10 +1,10 @@
-"""What every check needs, computed once: constant values, var bounds, parsed params."""
+"""What every check needs, computed once: constant values, var ranges, parsed params."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .expr import ExprError, evaluate, names, resolve_constants
+from .expr import ExprError, interval, names, resolve_constants
 from .model import Expr, Manifest
 from .problems import Problem
 from .types import Param, parse_param
@@ -14,26 +14,23 @@ from .types import Param, parse_param
 class Context:
     m: Manifest
     consts: dict[str, int]
+    ranges: dict[str, tuple[int, int]]  # constants (v, v) and every var (1, max)
     at_max: dict[str, int]  # constants + every var at its max
     at_min: dict[str, int]  # constants + every var at 1
     params: dict[str, list[Param]]  # op name -> parsed params (ops with malformed params absent)
     problems: list[Problem] = field(default_factory=list)
 
-    def value(self, expr: Expr, where: str, env: dict[str, int] | None = None) -> int | None:
-        """Evaluate at the var maxima (or env); on failure record a problem and return None."""
+    def bounds(self, expr: Expr, where: str, extra: dict[str, tuple[int, int]] | None = None
+               ) -> tuple[int, int] | None:
+        """(least, greatest) value of expr over the var ranges (and extra ranges, e.g. a launch's
+        scalar params); when it does not resolve, record a problem at `where` and return None."""
         try:
-            return evaluate(expr, self.at_max if env is None else env)
+            return interval(expr, {**self.ranges, **extra} if extra else self.ranges)
         except ExprError as exc:
-            self.problems.append(Problem(where, str(exc)))
+            broken = [n for n in names(expr) if n in self.m.constants and n not in self.consts]
+            why = f"constant {broken[0]!r} does not resolve" if broken else str(exc)
+            self.problems.append(Problem(where, why))
             return None
-
-    def bounds(self, expr: Expr, where: str, extra_max=None, extra_min=None) -> tuple[int, int] | None:
-        """(value at the var minima, value at the var maxima), or None with a problem."""
-        hi = self.value(expr, where, {**self.at_max, **(extra_max or {})})
-        if hi is None:
-            return None
-        lo = evaluate(expr, {**self.at_min, **(extra_min or {})})
-        return lo, hi
 
 
 def build(m: Manifest) -> Context:
@@ -41,10 +38,13 @@ def build(m: Manifest) -> Context:
     consts, errors = resolve_constants(m.constants)
     for name, why in errors.items():
         problems.append(Problem(f"constants.{name}", why))
+    ranges = {n: (v, v) for n, v in consts.items()}
     at_max = dict(consts)
     at_min = dict(consts)
     for name, var in m.vars.items():
-        at_max[name] = var.max
+        top = max(var.max, 1)  # a max below 1 is reported once, by the vars check
+        ranges[name] = (1, top)
+        at_max[name] = top
         at_min[name] = 1
     params: dict[str, list[Param]] = {}
     for oname, op in m.ops.items():
@@ -64,9 +64,4 @@ def build(m: Manifest) -> Context:
             seen.add(p.name)
         if ok:
             params[oname] = parsed
-    ctx = Context(m, consts, at_max, at_min, params, problems)
-    return ctx
-
-
-def expr_names(expr: Expr) -> list[str]:
-    return list(names(expr))
+    return Context(m, consts, ranges, at_max, at_min, params, problems)

@@ -52,20 +52,39 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
     raise ExprError(f"not an expression: {e!r}")
 
 
-def is_monotone(e: Expr) -> bool:
-    """True when e only grows with its names (no negative literals), so the var bounds
-    bound its value: evaluating at the maxima gives the maximum, at the minima the minimum."""
+def interval(e: Expr, env: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
+    """Bounds (lo, hi) of e when each name lies anywhere in its range in env (interval
+    arithmetic). Exact for expressions that only grow with their names; never too narrow.
+    ExprError names an unknown name or a divisor that can be <= 0."""
+    if isinstance(e, bool):
+        raise ExprError(f"{e!r} is not an integer")
     if isinstance(e, int):
-        return e >= 0
+        return e, e
     if isinstance(e, str):
-        return True
+        try:
+            return env[e]
+        except KeyError:
+            raise ExprError(f"unknown name {e!r}") from None
     if isinstance(e, Mul):
-        return all(is_monotone(x) for x in e.mul)
+        lo = hi = 1
+        for x in e.mul:
+            a, b = interval(x, env)
+            corners = (lo * a, lo * b, hi * a, hi * b)
+            lo, hi = min(corners), max(corners)
+        return lo, hi
     if isinstance(e, Add):
-        return all(is_monotone(x) for x in e.add)
+        lo = hi = 0
+        for x in e.add:
+            a, b = interval(x, env)
+            lo, hi = lo + a, hi + b
+        return lo, hi
     if isinstance(e, CeilDiv):
-        return is_monotone(e.ceil_div[0]) and isinstance(e.ceil_div[1], int)
-    return False
+        (a0, a1), (b0, b1) = interval(e.ceil_div[0], env), interval(e.ceil_div[1], env)
+        if b0 <= 0:
+            raise ExprError(f"ceil_div by {b0}" if b0 == b1 else f"ceil_div by a divisor that can be {b0}")
+        corners = [-(-a // b) for a in (a0, a1) for b in (b0, b1)]
+        return min(corners), max(corners)
+    raise ExprError(f"not an expression: {e!r}")
 
 
 def resolve_constants(constants: Mapping[str, Expr]) -> tuple[dict[str, int], dict[str, str]]:

@@ -46,7 +46,9 @@ def _join(where: str, key: object) -> str:
     return f"{where}.{key}" if where else str(key)
 
 
-def _place(loc: tuple) -> str:
+def _place(loc: tuple, err_type: str = "") -> str:
+    if err_type == "recursion_loop":  # name where the nesting starts, not a path 250 levels deep
+        loc = loc[:next((i for i, p in enumerate(loc) if p in _EXPR_TAGS), len(loc))]
     where = ""
     for part in loc:
         # Union tags (e.g. "buf", "mul", "int") are pydantic's bookkeeping, not places.
@@ -56,6 +58,7 @@ def _place(loc: tuple) -> str:
     return where or "(top level)"
 
 
+_EXPR_TAGS = {"mul", "add", "ceil_div"}
 _TAGS = {"int", "name", "mul", "add", "ceil_div", "buf", "state", "value", "function-after"}
 
 
@@ -65,29 +68,52 @@ def _describe(err: dict) -> str:
         return "unknown field"
     if err["type"] == "missing":
         return "missing required field"
+    if err["type"] == "recursion_loop":
+        return "nested too deeply to read"
     inp = err.get("input")
     if err["type"] not in ("missing",) and not isinstance(inp, (dict, list)):
         msg = f"{msg}, got {inp!r}"
     return msg
 
 
+def _flag_duplicates(found: list[bool]):
+    """A fast object hook that only notes that some object repeats a key."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            found.append(True)
+        return obj
+
+    return hook
+
+
 def parse(text: str | bytes, where: str = "manifest") -> tuple[Manifest | None, list[Problem]]:
     """Parse JSON text into a Manifest; on failure return every problem with its place."""
+    found: list[bool] = []
     try:
-        raw = json.loads(text, object_pairs_hook=_pairs)
+        raw = json.loads(text, object_pairs_hook=_flag_duplicates(found))
     except UnicodeDecodeError as exc:
         return None, [Problem(where, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]
     except json.JSONDecodeError as exc:
         what = "truncated JSON" if exc.pos >= len(exc.doc.rstrip()) else "not valid JSON"
         return None, [Problem(where, f"{what}: {exc.msg} at line {exc.lineno} column {exc.colno}")]
+    except RecursionError:
+        return None, [Problem(where, "not a manifest: JSON nested too deeply to read")]
+    except ValueError as exc:  # e.g. an integer literal with more digits than Python converts
+        return None, [Problem(where, f"not valid JSON: {str(exc).split(':')[0]}")]
     if not isinstance(raw, dict):
         return None, [Problem(where, f"expected a JSON object at the top level, got {type(raw).__name__}")]
-    problems = _duplicates(raw, "")
+    # Only a manifest that repeats a key pays for a second read that names the places.
+    problems = _duplicates(json.loads(text, object_pairs_hook=_pairs), "") if found else []
     try:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
-            problems.append(Problem(_place(err["loc"]), _describe(err)))
+            problems.append(Problem(_place(err["loc"], err["type"]), _describe(err)))
+        return None, problems
+    except RecursionError:
+        problems.append(Problem(where, "expressions nested too deeply to read"))
         return None, problems
     return (None if problems else manifest), problems
 

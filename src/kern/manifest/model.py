@@ -4,19 +4,28 @@ Pydantic v2 was chosen over msgspec because a malformed manifest must list *ever
 at once with its place (pydantic's ValidationError carries all errors with locations;
 msgspec stops at the first), and because it generates the JSON Schema we commit. Its parse
 cost is measured in bench/verify.py.
+
+Validation is strict: JSON `true` is not the integer 1, `"3"` is not 3, `3.0` is not an
+integer, and `"yes"` is not a bool. Pairs (ranges, ceil_div) are fixed-length lists, because
+strict validation of a Python tuple wants a tuple and JSON has only arrays.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 SCHEMA_VERSION = 1
 
 
+T = TypeVar("T")
+Pair = Annotated[list[T], Field(min_length=2, max_length=2)]
+"""[lo, hi] (JSON has no tuples)."""
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # ---- expressions: a closed set (literal, name, mul, ceil_div, add) --------------------------
@@ -31,7 +40,8 @@ class Add(_Strict):
 
 
 class CeilDiv(_Strict):
-    ceil_div: tuple[Expr, Expr]
+    ceil_div: Annotated[list[Expr], Field(min_length=2, max_length=2)]
+    """[a, b]: a divided by b, rounded up."""
 
 
 def _expr_tag(v: object) -> str | None:
@@ -93,14 +103,14 @@ class Var(_Strict):
 
 class BindSegment(_Strict):
     tensor: str
-    rows: tuple[int, int] | None = None
+    rows: Pair[int] | None = None
     """Half-open row range [lo, hi) of the checkpoint tensor (its first axis)."""
-    cols: tuple[int, int] | None = None
+    cols: Pair[int] | None = None
     """Half-open column range [lo, hi) of the checkpoint tensor (its last axis)."""
 
 
 class Domain(_Strict):
-    range: tuple[Expr, Expr] | None = None
+    range: Pair[Expr] | None = None
     """Values lie in [lo, hi)."""
     index_into: str | None = None
     """The values are page indices into this paged state."""

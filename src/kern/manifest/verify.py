@@ -45,15 +45,16 @@ class Report:
 
 
 def check(m: Manifest, base_dir: Path = Path(".")) -> Report:
-    """Run every check on a parsed manifest."""
+    """Run every check on a parsed manifest; report every problem, in check order."""
     ctx = build(m)
     problems = list(ctx.problems)
-    ctx.problems = problems  # checks record unresolvable expressions here, in order
     for fn in checks.ALL:
+        ctx.problems = []  # checks record expressions that do not resolve here
         try:
-            problems.extend(fn(ctx))
+            found = list(fn(ctx))
         except Exception as exc:  # a verifier bug must still not hide the other problems
-            problems.append(Problem(f"verifier check {fn.__name__}", f"internal error {type(exc).__name__}: {exc}"))
+            found = [Problem(f"verifier check {fn.__name__}", f"internal error {type(exc).__name__}: {exc}")]
+        problems += ctx.problems + found
     problems = list(dict.fromkeys(problems))
     if problems:
         return Report(None, problems)
