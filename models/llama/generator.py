@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import manifest_cpu
+from . import manifest_cpu, manifest_cuda
 from .config import ARCHITECTURES, ConfigError, shape_of
 
 HERE = Path(__file__).parent
@@ -24,12 +24,20 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     model = model or config.get("_name_or_path") or shape.arch
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
-    if target != "cpu":
-        raise ConfigError(f"target {target!r}: this generator builds cpu (cuda is being added)")
-    m = manifest_cpu.build(shape, model, **limits)
-    dst = out / "kernels" / "llama_cpu.py"
-    shutil.copyfile(HERE / "cpu" / "kernels.py", dst)
-    m["modules"]["kernels"]["sha256"] = _sha(dst)
+    if target == "cpu":
+        m = manifest_cpu.build(shape, model, **limits)
+        dst = out / "kernels" / "llama_cpu.py"
+        shutil.copyfile(HERE / "cpu" / "kernels.py", dst)
+        m["modules"]["kernels"]["sha256"] = _sha(dst)
+    elif target in ("cuda", "sm_90a"):
+        from .cuda.build import build as build_cubins
+
+        m = manifest_cuda.build(shape, model, **limits)
+        digests = build_cubins(out / "kernels")
+        for name, mod in m["modules"].items():
+            mod["sha256"] = digests[f"{name}.cubin"]
+    else:
+        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda (sm_90a)")
     path = out / "manifest.json"
     path.write_text(json.dumps(m, indent=1) + "\n")
     return path

@@ -18,6 +18,7 @@ from .errors import BoundsError, DeviceError
 from .lower import Launch, lower_program
 from .modules import fetch
 from .safetensors import Checkpoint
+from .dtypes import NP
 from .weights import bind_all
 
 DEFAULT_STATE_BUDGET = 512 << 20
@@ -59,8 +60,6 @@ class Engine:
         if weights_needed:
             if weights is None:
                 raise DeviceError("this manifest binds weights: give the checkpoint folder")
-            from .devices.cpu import NP
-
             ckpt = Checkpoint(weights)
             host_weights = {}
             by_dtype: dict[str, dict] = {}
@@ -74,7 +73,8 @@ class Engine:
                 self.device.write(self.buffers[n], host_weights[n])
         del host_weights
         self.launches: dict[str, list[Launch]] = {p: lower_program(v, p) for p in self.m.programs}
-        self.programs = {p: self.device.lower(ls, self.buffers, self.states, self.consts)
+        self.programs = {p: self.device.lower(ls, self.buffers, self.states, self.consts,
+                                              graph=self.m.programs[p].graph)
                          for p, ls in self.launches.items()}
         for p in self.protocol.once:
             self.run(p, {})
@@ -137,8 +137,7 @@ class Engine:
                 if lo_v < 0 or hi_v >= n:
                     raise BoundsError(f"program {program!r}: page table {buffer!r} holds pages [{lo_v}, {hi_v}], "
                                       f"state {d.index_into!r} has {n} pages; refused before launch")
-        self.device.write(self.buffers[buffer], arr.astype(self.buffers[buffer].dtype, copy=False)
-                          if hasattr(self.buffers[buffer], "dtype") else arr)
+        self.device.write(self.buffers[buffer], np.ascontiguousarray(arr, dtype=NP[b.dtype]))
 
     def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
             trace=None) -> dict[str, int]:

@@ -6,14 +6,11 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
 from ...manifest.expr import evaluate
+from ..dtypes import NP
 from ..lower import Launch, Scalar, StateRef, View
-
-NP = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32, "i8": np.int8, "u8": np.uint8,
-      "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64}
 
 
 class CpuDevice:
@@ -45,7 +42,7 @@ class CpuDevice:
         storage[dst:dst + n] = storage[src:src + n]
 
     def lower(self, launches: list[Launch], buffers: dict[str, np.ndarray], states: dict[str, np.ndarray],
-              consts: dict[str, int]) -> "CpuProgram":
+              consts: dict[str, int], graph: bool = False) -> "CpuProgram":
         return CpuProgram(self, launches, buffers, states, consts)
 
     def synchronize(self) -> None:

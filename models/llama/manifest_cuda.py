@@ -1,0 +1,222 @@
+"""The llama family's manifest for cuda sm_90a: bf16 buffers, the kernels of cuda/KERNELS.md,
+cuBLASLt for prefill projections, CUDA graphs for decode.
+
+Buffer and program names match the cpu manifest (manifest_cpu.py), so kern test can judge this
+manifest span by span against the cpu reference of the same model."""
+
+from __future__ import annotations
+
+from .config import Shape
+from .manifest_cpu import PAGE_TOKENS, _buf, _w, b, v
+
+BF = "bf16"
+SPLIT_TOKENS = 512
+ARGMAX_CHUNKS = 128
+CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "rope")
+
+
+def _op(module, entry, params, grid, block, launches_extra=()):
+    return {"params": list(params), "impl": {"launches": [
+        {"module": module, "entry": entry, "grid": grid, "block": block}, *launches_extra]}}
+
+
+def ops_cuda() -> dict:
+    P = lambda n, d="bf16", dir_="in": f"{n}: {dir_} buffer<{d}>"
+    attn_common = ("layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
+                   "page_tokens: i32", "split_tokens: i32", "q_stride: i32")
+    combine = {"module": "attention", "entry": "attention_combine", "args": ["part_o", "part_ml", "o", "rows",
+               "n_q_heads", "head_dim", "n_splits"], "grid": ["rows", "n_q_heads"], "block": ["head_dim"]}
+    return {
+        "embed": _op("embed", "embed", (P("ids", "i32"), P("W"), P("x", dir_="out"), "rows: i32", "hidden: i32"),
+                     ["rows"], [256]),
+        "gather_last": _op("embed", "gather_last", (P("x"), P("cu_seqlens", "i32"), P("y", dir_="out"),
+                                                   "n_seqs: i32", "hidden: i32"), ["n_seqs"], [256]),
+        "rms_norm": _op("norm", "rms_norm", (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32",
+                                            "eps: f32"), ["rows"], [256]),
+        "add_rms_norm": _op("norm", "add_rms_norm", (P("res", dir_="inout"), P("x"), P("w"), P("y", dir_="out"),
+                                                    "rows: i32", "hidden: i32", "eps: f32"), ["rows"], [256]),
+        "rope_table": _op("rope", "rope_table", (P("table", "f32", "out"), "max_pos: i32", "head_dim: i32",
+                          "theta: f32", "factor: f32", "low_freq_factor: f32", "high_freq_factor: f32",
+                          "original_max_pos: i32"), ["max_pos"], [{"ceil_div": ["head_dim", 2]}]),
+        "rope": _op("rope", "rope", (P("q", dir_="inout"), P("k", dir_="inout"), P("pos", "i32"), P("table", "f32"),
+                    "rows: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32", "q_stride: i32",
+                    "k_stride: i32"), ["rows", {"add": ["n_q_heads", "n_kv_heads"]}],
+                    [{"ceil_div": ["head_dim", 2]}]),
+        "qk_norm_rope": _op("rope", "qk_norm_rope", (P("q", dir_="inout"), P("k", dir_="inout"), P("qw"), P("kw"),
+                            P("pos", "i32"), P("table", "f32"), "rows: i32", "n_q_heads: i32", "n_kv_heads: i32",
+                            "head_dim: i32", "q_stride: i32", "k_stride: i32", "eps: f32"),
+                            ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}]),
+        "kv_append": _op("kv", "kv_append", (P("k"), P("v"), "kv: inout state", P("page_table", "i32"),
+                         P("cu_seqlens", "i32"), P("pos", "i32"), "pages_per_seq: i32", "rows: i32",
+                         "n_seqs: i32", "layer: i32", "n_layers: i32", "n_kv_heads: i32", "head_dim: i32",
+                         "page_tokens: i32", "kv_stride: i32"), ["rows", "n_kv_heads"], [32]),
+        "attention_decode": {"params": [P("q"), "kv: in state", P("page_table", "i32"), P("pos", "i32"),
+                                        P("part_o", "f32", "out"), P("part_ml", "f32", "out"), P("o", dir_="out"),
+                                        "rows: i32", "pages_per_seq: i32", *attn_common, "n_splits: i32"],
+                             "impl": {"launches": [
+                                 {"module": "attention", "entry": "attention_decode",
+                                  "args": ["q", "kv", "page_table", "pos", "part_o", "part_ml", "o", "rows",
+                                           "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads",
+                                           "head_dim", "page_tokens", "split_tokens", "q_stride"],
+                                  "writes": ["part_o", "part_ml"],
+                                  "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]}, combine]}},
+        "attention_prefill": {"params": [P("q"), "kv: in state", P("page_table", "i32"), P("cu_seqlens", "i32"),
+                                         P("pos", "i32"), P("part_o", "f32", "out"), P("part_ml", "f32", "out"),
+                                         P("o", dir_="out"), "rows: i32", "n_seqs: i32", "pages_per_seq: i32",
+                                         *attn_common, "n_splits: i32"],
+                              "impl": {"launches": [
+                                  {"module": "attention", "entry": "attention_prefill",
+                                   "args": ["q", "kv", "page_table", "cu_seqlens", "pos", "part_o", "part_ml", "o",
+                                            "rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+                                            "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride"],
+                                   "writes": ["part_o", "part_ml"],
+                                   "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]}, combine]}},
+        "silu_mul": _op("mlp", "silu_mul", (P("gate_up"), P("h", dir_="out"), "rows: i32", "inter: i32"),
+                        ["rows", {"ceil_div": ["inter", 2048]}], [256]),
+        "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
+                    [{"ceil_div": ["N", 8]}], [256]),
+        "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
+                                                "K: i32"), [{"ceil_div": ["N", 8]}], [256]),
+        "gemm": {"params": [P("x"), P("W"), P("y", dir_="out"), "M: i32", "N: i32", "K: i32"],
+                 "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]}},
+        "argmax": {"params": [P("logits", "f32"), P("part_val", "f32", "out"), P("part_idx", "i32", "out"),
+                              P("tokens", "i32", "out"), "vocab: i32", "n_rows: i32", "chunks: i32"],
+                   "impl": {"launches": [
+                       {"module": "argmax", "entry": "argmax_partial", "args": ["logits", "part_val", "part_idx",
+                        "vocab", "n_rows", "chunks"], "grid": ["chunks", "n_rows"], "block": [256]},
+                       {"module": "argmax", "entry": "argmax_final", "args": ["part_val", "part_idx", "tokens",
+                        "n_rows", "chunks"], "grid": ["n_rows"], "block": [32]}]}},
+    }
+
+
+def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
+          arch: str = "sm_90a") -> dict:
+    context = min(context, s.max_pos)
+    pages = {"ceil_div": ["context", "page_tokens"]}
+    n_splits = max(-(-context // SPLIT_TOKENS), 2)
+    buffers: dict = {
+        "rope": _buf(["context", "head_dim"], "carry"),
+        "embed": _w(["vocab", "hidden"], "model.embed_tokens.weight"),
+        "final_norm": _w(["hidden"], "model.norm.weight"),
+        "lm_head": _w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
+    }
+    for name, bb in list(buffers.items()):
+        if bb["kind"] == "weight":
+            bb["dtype"] = BF
+    for l in range(s.layers):
+        pre = f"model.layers.{l}."
+        w = lambda shape, *t: {**_w(shape, *t), "dtype": BF}
+        buffers[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")
+        buffers[f"ln2.{l}"] = w(["hidden"], pre + "post_attention_layernorm.weight")
+        buffers[f"qkv_w.{l}"] = w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
+        buffers[f"o_w.{l}"] = w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
+        buffers[f"gate_up_w.{l}"] = w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
+                                      pre + "mlp.up_proj.weight")
+        buffers[f"down_w.{l}"] = w(["hidden", "inter"], pre + "mlp.down_proj.weight")
+        if s.qk_norm:
+            buffers[f"q_norm.{l}"] = w(["head_dim"], pre + "self_attn.q_norm.weight")
+            buffers[f"k_norm.{l}"] = w(["head_dim"], pre + "self_attn.k_norm.weight")
+
+    programs: dict = {
+        "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
+            b("rope"), v("context"), v("head_dim"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high),
+            v(s.rope_orig_max)]}]},
+    }
+    for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
+        p = prog[0] + "_"
+        decode = prog == "decode"
+        bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
+        buffers.update({
+            p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "pos": _buf([rows], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+            p + "cu_seqlens": _buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
+                                   domain={"range": [0, {"add": [rows, 1]}]}),
+            p + "page_table": _buf(["seqs", pages], "input", "i32",
+                                   domain={"index_into": "kv", "stride": "page_tokens"}),
+            p + "x": bw([rows, "hidden"]), p + "h": bw([rows, "hidden"]), p + "qkv": bw([rows, "qkv_dim"]),
+            p + "attn": bw([rows, "q_dim"]), p + "attn_out": bw([rows, "hidden"]),
+            p + "gate_up": bw([rows, {"mul": [2, "inter"]}]), p + "act": bw([rows, "inter"]),
+            p + "mlp_out": bw([rows, "hidden"]),
+            p + "part_o": bw([rows, "heads", n_splits, "head_dim"], dtype="f32"),
+            p + "part_ml": bw([rows, "heads", n_splits, 2], dtype="f32"),
+            p + "logits": _buf(["seqs", "vocab"], "output", "f32", fill="logits"),
+            p + "argmax_val": bw(["seqs", ARGMAX_CHUNKS], dtype="f32"),
+            p + "argmax_idx": bw(["seqs", ARGMAX_CHUNKS], dtype="i32"),
+            p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
+        })
+        if not decode:
+            buffers[p + "last"] = bw(["seqs", "hidden"])
+
+        def lin(x, w, y, n, k):
+            if decode:
+                return {"op": "gemv", "args": [b(x), b(w), b(y), v(rows), v(n), v(k)]}
+            return {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(k)]}
+
+        q = {"buf": p + "qkv"}
+        k = {"buf": p + "qkv", "offset": "q_dim"}
+        vv = {"buf": p + "qkv", "offset": {"add": ["q_dim", "kv_dim"]}}
+        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+        for l in range(s.layers):
+            if l == 0:
+                calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
+                                                         v(s.eps)]})
+            else:
+                calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
+                                                             b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
+            calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
+            if s.qk_norm:
+                calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
+                              b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
+                              v("qkv_dim"), v(s.eps)]})
+            else:
+                calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
+                                                     v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
+            calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
+                          b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v("seqs"), v(l), v("layers"),
+                          v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
+            common = [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+                      v(SPLIT_TOKENS), v("qkv_dim"), v(n_splits)]
+            if decode:
+                calls.append({"op": "attention_decode", "args": [q, {"state": "kv"}, b(p + "page_table"),
+                              b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "attn"), v(rows), v(pages),
+                              *common]})
+            else:
+                calls.append({"op": "attention_prefill", "args": [q, {"state": "kv"}, b(p + "page_table"),
+                              b(p + "cu_seqlens"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "attn"),
+                              v(rows), v("seqs"), v(pages), *common]})
+            calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
+                                                         v(rows), v("hidden"), v(s.eps)]})
+            calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
+            calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
+            calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
+                                                     v(rows), v("hidden"), v(s.eps)]})
+        last = p + "h"
+        if not decode:
+            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v("seqs"),
+                                                        v("hidden")]})
+            last = p + "last"
+        calls.append({"op": "gemv_logits", "args": [b(last), b("lm_head"), b(p + "logits"), v("seqs"), v("vocab"),
+                                                    v("hidden")]})
+        calls.append({"op": "argmax", "args": [b(p + "logits"), b(p + "argmax_val"), b(p + "argmax_idx"),
+                                               b(p + "next"), v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]})
+        programs[prog] = {"calls": calls, "graph": decode,
+                          "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
+
+    ops = ops_cuda()
+    del ops["rope" if s.qk_norm else "qk_norm_rope"]
+    return {
+        "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": arch},
+        "constants": {
+            "hidden": s.hidden, "layers": s.layers, "heads": s.heads, "kv_heads": s.kv_heads,
+            "head_dim": s.head_dim, "inter": s.inter, "vocab": s.vocab, "page_tokens": PAGE_TOKENS,
+            "q_dim": {"mul": ["heads", "head_dim"]}, "kv_dim": {"mul": ["kv_heads", "head_dim"]},
+            "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
+        },
+        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context}},
+        "buffers": buffers,
+        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
+        "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in CUBINS},
+        "ops": ops, "programs": programs,
+    }

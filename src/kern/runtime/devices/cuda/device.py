@@ -1,0 +1,148 @@
+"""The cuda device as the engine sees it: buffers in device memory, cubins loaded from bytes
+with their parameter layouts checked, each program lowered to resolved launches, and `graph`
+programs captured once per shape bucket and replayed with one call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ....manifest.expr import evaluate
+from ...dtypes import NP
+from ...errors import DeviceError
+from ...lower import Launch as Planned
+from ...lower import Scalar, StateRef, View
+from ....manifest.model import DTYPE_BYTES
+from . import memory
+from .errors import CudaUnavailable
+from .graphs import GraphCache
+from .launch import Launch, Module, launch
+
+
+class CudaDevice:
+    kind = "cuda"
+
+    def __init__(self, arch: str | None = None, ordinal: int = 0):
+        from .driver import open_device
+
+        try:
+            self.dev = open_device(ordinal)
+        except CudaUnavailable as exc:
+            raise DeviceError(f"manifest targets cuda {arch or ''}: {exc}") from None
+        cc = self.dev.compute_capability
+        if arch and arch.startswith("sm_") and arch[3:5] != f"{cc[0]}{cc[1]}":
+            raise DeviceError(f"manifest targets {arch}, but {self.dev.name} is sm_{cc[0]}{cc[1]}")
+        self.name = self.dev.name
+        self.stream = memory.Stream()
+        self.modules: dict[str, Module] = {}
+        self._blas = None
+
+    @property
+    def blas(self):
+        if self._blas is None:
+            from .cublaslt import CublasLt
+
+            self._blas = CublasLt()
+        return self._blas
+
+    def load_module(self, name: str, data: bytes) -> None:
+        self.modules[name] = Module(data, name)
+
+    def alloc(self, dtype: str, nelems: int):
+        return memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
+
+    def alloc_state(self, nbytes: int):
+        buf = memory.alloc(nbytes, "state")
+        memory.memset(buf.ptr, 0, nbytes)
+        return buf
+
+    def write(self, storage, host: np.ndarray) -> None:
+        memory.copy_to_device(storage.ptr, np.ascontiguousarray(host), self.stream)
+
+    def read(self, storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        return memory.copy_to_host(np.empty(shape, NP[dtype]), storage.ptr, self.stream)
+
+    def lower(self, launches: list[Planned], buffers, states, consts, graph: bool = False) -> "CudaProgram":
+        return CudaProgram(self, launches, buffers, states, graph)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+_KIND = {"i32": "i32", "u32": "u32", "i64": "i64", "f32": "f32"}
+
+
+class CudaProgram:
+    def __init__(self, dev: CudaDevice, launches: list[Planned], buffers, states, graph: bool):
+        self.dev, self.planned, self.buffers, self.states = dev, launches, buffers, states
+        self.graphs = GraphCache(dev.stream) if graph else None
+        self.kernels = []
+        for l in launches:
+            if l.entry.startswith("extern:"):
+                self.kernels.append(None)
+                continue
+            kinds = ["ptr" if isinstance(a, (View, StateRef)) else _KIND[a.dtype] for a in l.args]
+            self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
+        self._cache: dict[tuple, list] = {}
+
+    def _value(self, a, env):
+        if isinstance(a, View):
+            off = a.offset if isinstance(a.offset, int) else evaluate(a.offset, env)
+            return self.buffers[a.buffer].ptr + off * DTYPE_BYTES[a.dtype]
+        if isinstance(a, StateRef):
+            return self.states[a.state].ptr
+        v = a.value if isinstance(a.value, (int, float)) else evaluate(a.value, env)
+        return float(v) if a.dtype == "f32" else int(v)
+
+    def resolve(self, env: dict[str, int]) -> list:
+        """The step's launches: kernel Launches and library calls, every value resolved."""
+        out: list = []
+        for l, k in zip(self.planned, self.kernels):
+            vals = [self._value(a, env) for a in l.args]
+            if k is None:
+                x, w, y, m, n, kk = vals
+                out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk: self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s))
+                continue
+            ev = lambda e: e if isinstance(e, int) else evaluate(e, env)
+            out.append(Launch(k, tuple(ev(g) for g in l.grid), tuple(ev(b) for b in l.block), tuple(vals),
+                              shared_mem=ev(l.shared_mem), cooperative=l.cooperative, pdl=l.pdl))
+        return out
+
+    def _record(self, items: list) -> None:
+        s = self.dev.stream
+        for it in items:
+            if isinstance(it, Launch):
+                launch(it, s)
+            else:
+                it(s)
+
+    def run(self, env: dict[str, int], trace: Callable | None = None) -> None:
+        key = tuple(sorted(env.items()))
+        items = self._cache.get(key)
+        if items is None:
+            items = self._cache[key] = self.resolve(env)
+        if trace is not None:
+            for i, it in enumerate(items):
+                trace(i, "before", None)
+                self._record([it])
+                self.dev.stream.synchronize()
+                trace(i, "after", None)
+        elif self.graphs is not None:
+            self._graph(key, items)
+        else:
+            self._record(items)
+        self.dev.stream.synchronize()
+
+    def _graph(self, key, items) -> None:
+        from .graphs import capture
+
+        g = self.graphs._graphs.get(key)
+        if g is None:
+            g = self.graphs._graphs[key] = capture(self.dev.stream, lambda: self._record(items), label=repr(key))
+        g.replay(self.dev.stream)
+
+    def run_eager(self, env: dict[str, int]) -> None:
+        """Launch the same list one by one (to check graph replay against)."""
+        self._record(self.resolve(env))
+        self.dev.stream.synchronize()
