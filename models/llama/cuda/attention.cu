@@ -64,29 +64,42 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
         }
     }
 
+    // Each warp takes tokens t0 + warp, t0 + warp + 4, ... in order; U of them are loaded
+    // before any is used, so U page-table and K/V loads are in flight at once.
+    constexpr int U = E <= 4 ? 4 : 2;
     const int t0 = z * split_tokens;
     const int t1 = min(p_last + 1, t0 + split_tokens);
-    for (int t = t0 + warp; t < t1; t += ATTN_WARPS) {
-        const int phys = page_table[(size_t)s * pages_per_seq + t / page_tokens];
-        const size_t off = kv_offset(phys, layer, 0, h, t % page_tokens, n_layers, n_kv_heads,
-                                     HD, page_tokens);
-        const size_t voff = off + (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
-        float kf[E], vf[E];
-        Lane<E>::load(reinterpret_cast<const bf16 *>(kv_state + off) + lane * E, kf);
-        Lane<E>::load(reinterpret_cast<const bf16 *>(kv_state + voff) + lane * E, vf);
+    const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
+    for (int tb = t0 + warp; tb < t1; tb += ATTN_WARPS * U) {
+        float kf[U][E], vf[U][E];
 #pragma unroll
-        for (int g = 0; g < ATTN_MAX_G; ++g) {
-            if (g >= G) break;
-            float d = 0.f;
+        for (int u = 0; u < U; ++u) {
+            const int t = tb + u * ATTN_WARPS;
+            if (t < t1) {
+                const int phys = page_table[(size_t)s * pages_per_seq + t / page_tokens];
+                const size_t off = kv_offset(phys, layer, 0, h, t % page_tokens, n_layers,
+                                             n_kv_heads, HD, page_tokens);
+                Lane<E>::load(reinterpret_cast<const bf16 *>(kv_state + off) + lane * E, kf[u]);
+                Lane<E>::load(reinterpret_cast<const bf16 *>(kv_state + off + v_shift) + lane * E, vf[u]);
+            }
+        }
 #pragma unroll
-            for (int e = 0; e < E; ++e) d += qr[g][e] * kf[e];
-            const float sc = warp_sum(d);
-            const float mn = fmaxf(m[g], sc);
-            const float corr = exp2f(m[g] - mn), pr = exp2f(sc - mn);
-            l[g] = l[g] * corr + pr;
+        for (int u = 0; u < U; ++u) {
+            if (tb + u * ATTN_WARPS >= t1) break;
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + pr * vf[e];
-            m[g] = mn;
+            for (int g = 0; g < ATTN_MAX_G; ++g) {
+                if (g >= G) break;
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) d += qr[g][e] * kf[u][e];
+                const float sc = warp_sum(d);
+                const float mn = fmaxf(m[g], sc);
+                const float corr = exp2f(m[g] - mn), pr = exp2f(sc - mn);
+                l[g] = l[g] * corr + pr;
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * corr + pr * vf[u][e];
+                m[g] = mn;
+            }
         }
     }
 
