@@ -11,6 +11,17 @@ class ExprError(Exception):
     """An expression does not resolve; the message names the reason."""
 
 
+LIMIT = 2**128
+"""No size, count or offset comes near this; a product past it (say, constants that square each
+other 40 times) is refused before its digits eat the verifier's time and memory."""
+
+
+def _capped(v: int) -> int:
+    if -LIMIT <= v <= LIMIT:
+        return v
+    raise ExprError(f"a product exceeds 2**128 (|value| has {abs(v).bit_length()} bits)")
+
+
 def names(e: Expr) -> Iterator[str]:
     """Every name an expression refers to."""
     if isinstance(e, str):
@@ -40,7 +51,7 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
     if isinstance(e, Mul):
         out = 1
         for x in e.mul:
-            out *= evaluate(x, env)
+            out = _capped(out * evaluate(x, env))
         return out
     if isinstance(e, Add):
         return sum(evaluate(x, env) for x in e.add)
@@ -70,7 +81,7 @@ def interval(e: Expr, env: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
         for x in e.mul:
             a, b = interval(x, env)
             corners = (lo * a, lo * b, hi * a, hi * b)
-            lo, hi = min(corners), max(corners)
+            lo, hi = _capped(min(corners)), _capped(max(corners))
         return lo, hi
     if isinstance(e, Add):
         lo = hi = 0

@@ -92,6 +92,8 @@ def parse(text: str | bytes, where: str = "manifest") -> tuple[Manifest | None, 
     """Parse JSON text into a Manifest; on failure return every problem with its place."""
     found: list[bool] = []
     try:
+        if isinstance(text, bytes):  # a manifest is UTF-8 (json.loads would also guess UTF-16/32)
+            text = text.decode("utf-8")
         raw = json.loads(text, object_pairs_hook=_flag_duplicates(found))
     except UnicodeDecodeError as exc:
         return None, [Problem(where, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]
