@@ -16,32 +16,29 @@ NOT_LANDED = {
 
 
 def _verify(args: argparse.Namespace) -> int:
+    """`PATH: ok, N programs, M calls, K launches`, or `PATH: manifest failed verification:` and
+    one line per problem; exit 1 when any path fails. --json: a list, one object per path."""
     import json
 
     from kern.manifest.verify import verify_path
 
-    failed = False
     results = []
     for path in args.paths:
         r = verify_path(path)
         if r.verified is not None:
             v = r.verified
-            n_prog = len(v.manifest.programs)
-            results.append({"path": path, "ok": True, "programs": n_prog, "calls": v.ncalls,
-                            "launches": v.launches})
-            if not args.json:
-                print(f"{path}: ok, {n_prog} programs, {v.ncalls} calls, {v.launches} launches")
+            res = {"path": path, "ok": True, "programs": len(v.manifest.programs), "calls": v.ncalls,
+                   "launches": v.launches}
+            lines = [f"{path}: ok, {res['programs']} programs, {v.ncalls} calls, {v.launches} launches"]
         else:
-            failed = True
-            results.append({"path": path, "ok": False,
-                            "problems": [{"where": p.where, "what": p.what} for p in r.problems]})
-            if not args.json:
-                print(f"{path}: manifest failed verification:")
-                for p in r.problems:
-                    print(f"  {p}")
+            res = {"path": path, "ok": False, "problems": [{"where": p.where, "what": p.what} for p in r.problems]}
+            lines = [f"{path}: manifest failed verification:", *(f"  {p}" for p in r.problems)]
+        results.append(res)
+        if not args.json:
+            print("\n".join(lines))
     if args.json:
-        print(json.dumps(results if len(results) != 1 else results[0], indent=2))
-    return 1 if failed else 0
+        print(json.dumps(results, indent=2))
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 def _run(args: argparse.Namespace) -> int:
