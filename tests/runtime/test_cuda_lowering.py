@@ -1,0 +1,95 @@
+"""The cuda lowering, argument resolution and graph buckets, checked on the CPU (no GPU):
+the sm_90a manifest of a tiny llama, lowered onto fake device memory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kern.manifest import load_verified
+from kern.runtime.devices.cuda import device as cuda_device
+from kern.runtime.devices.cuda.launch import Kernel, Launch
+from kern.runtime.devices.cuda.params import parse_kinds
+from kern.runtime.lower import lower_program
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="the sm_90a generator builds cubins with nvcc")
+
+
+class _Mem:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class _Module:
+    def kernel(self, entry, kinds):
+        return Kernel("fake", entry, None, parse_kinds(kinds))
+
+
+class _Dev:
+    def __init__(self, modules):
+        self.modules = {n: _Module() for n in modules}
+        self.stream = None
+
+
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    from kern_models.llama.generator import generate
+
+    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("sm90")
+    generate(cfg, out, target="cuda", model="tiny")
+    return load_verified(out)
+
+
+def _program(v, name):
+    bufs = {n: _Mem(0x100000 * (i + 1)) for i, n in enumerate(v.manifest.buffers)}
+    prog = cuda_device.CudaProgram(_Dev(v.manifest.modules), lower_program(v, name), bufs, {"kv": _Mem(0x7000000)},
+                                   graph=v.manifest.programs[name].graph)
+    return prog, bufs
+
+
+def test_the_sm90_manifest_verifies_and_decode_is_a_graph(sm90):
+    m = sm90.manifest
+    assert m.target.device == "cuda" and m.target.arch == "sm_90a"
+    assert m.programs["decode"].graph and not m.programs["prefill"].graph
+
+
+def test_fused_qkv_views_become_pointer_offsets(sm90):
+    prog, bufs = _program(sm90, "decode")
+    env = {**sm90.constants, "seqs": 3, "context": sm90.manifest.vars["context"].max}
+    items = prog.resolve(env)
+    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
+    q, k = rope.args[0], rope.args[1]
+    assert q == bufs["d_qkv"].ptr
+    assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
+    assert rope.grid == (3, 4 + 2, 1) and rope.block == (8, 1, 1)  # rows x (q + kv heads), head_dim/2
+
+
+def test_prefill_projections_are_library_calls_and_decode_ones_are_gemv(sm90):
+    pre, _ = _program(sm90, "prefill")
+    dec, _ = _program(sm90, "decode")
+    env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512}
+    pre_items = pre.resolve(env)
+    assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
+    dec_items = dec.resolve(env)
+    assert all(isinstance(i, Launch) for i in dec_items)
+    gemvs = [i for i in dec_items if i.kernel.name == "gemv_bf16"]
+    assert len(gemvs) == 4 * 2 and gemvs[0].args[3:] == (2, sm90.constants["qkv_dim"], 64)
+
+
+def test_argmax_runs_in_two_stages_over_the_vocabulary(sm90):
+    dec, bufs = _program(sm90, "decode")
+    items = dec.resolve({**sm90.constants, "seqs": 5, "context": 512})
+    partial, final = items[-2], items[-1]
+    assert partial.kernel.name == "argmax_partial" and partial.grid == (128, 5, 1)
+    assert final.kernel.name == "argmax_final" and final.args[2] == bufs["d_next"].ptr
+
+
+def test_each_shape_bucket_resolves_once(sm90):
+    dec, _ = _program(sm90, "decode")
+    a = dec.resolve({**sm90.constants, "seqs": 1, "context": 512})
+    b = dec.resolve({**sm90.constants, "seqs": 16, "context": 512})
+    assert [i.grid for i in a] != [i.grid for i in b]
