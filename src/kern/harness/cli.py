@@ -1,0 +1,37 @@
+"""kern test: the command. Facts stream one per line; the verdict is the last line; the exit
+code is 0 PASS, 1 FAIL, 2 INCONCLUSIVE (also when the reference itself cannot be judged)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..manifest.problems import ManifestError
+from ..runtime.errors import KernError
+from .judge import HarnessError, Options, judge
+
+
+def main(args) -> int:
+    weights = args.weights
+    if weights is None:
+        from ..api import default_model  # the embedded default checkpoint (found by entry point)
+
+        weights = default_model(progress=not args.json)
+    d = Options()
+    opts = Options(seed=args.seed, seqs=getattr(args, "seqs", None) or d.seqs,
+                   decode_steps=getattr(args, "decode_steps", None) or d.decode_steps,
+                   max_prompt=getattr(args, "max_prompt", None),
+                   limit=getattr(args, "kl_limit", None) or d.limit)
+    say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
+    try:
+        report = judge(args.reference, args.candidate, weights, opts, say)
+    except (HarnessError, ManifestError, KernError) as exc:
+        line = f"INCONCLUSIVE: {exc}"
+        print(json.dumps({"verdict": "INCONCLUSIVE", "exit": 2, "line": line}) if args.json else line)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.verdict.line)
+    sys.stdout.flush()
+    return report.verdict.code

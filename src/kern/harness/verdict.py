@@ -1,0 +1,124 @@
+"""The verdict: pure, from the facts the harness gathered.
+
+FAIL (1): an output outside its declared domain, or an argmax flip whose KL(A||B) exceeds the
+limit on a row where A's own noise shows no flip. The line names the first span that deviates.
+PASS (0), naming the strongest kind that holds: bit-identical (every span and every output),
+logits bit-identical, within the noise floor (every span within its floor, every row's KL
+within the limit), logit evidence (some span beyond its floor, every row's KL within the
+limit). INCONCLUSIVE (2): the workload never runs a program with a changed span, a span
+cannot be replayed and the outputs alone do not decide, or the evidence is insufficient
+(no logits to weigh, or KL above the limit without a flip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFact:
+    label: str
+    ops: str
+    replays: int
+    identical: bool  # every compared byte equal in every replay
+    deviates: bool  # some replay beyond its floor
+    worst: str  # "d_x rel 0.98 (floor 2.4e-04)" or ""
+    first_step: int | None  # the first step where it deviates
+    outside: int  # bytes B wrote outside A's write set (all replays)
+    unreplayable: str = ""  # why it could not be replayed
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    step: int
+    row: int
+    kl: float
+    margin: float
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndToEnd:
+    rows: int
+    has_logits: bool
+    logits_identical: bool
+    tokens_identical: bool
+    max_kl: float
+    flips: tuple[Flip, ...]  # argmax disagreements (A's noise-flipped rows excluded)
+    kl_over_no_flip: int  # rows whose KL exceeds the limit with the argmax kept
+    domain: tuple[str, ...] = ()  # outputs outside their declared domain
+    error: str = ""  # the candidate could not run the workload
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    spans: tuple[SpanFact, ...]
+    e2e: EndToEnd
+    limit: float
+    unfed: tuple[str, ...] = ()  # programs with spans that the workload never ran
+    refused: str = ""  # the candidate is not a runnable manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: str
+    kind: str  # the PASS kind, or the reason
+    line: str
+
+    @property
+    def code(self) -> int:
+        return CODES[self.status]
+
+
+def _culprit(f: Facts) -> str:
+    dev = [s for s in f.spans if s.deviates]
+    if not dev:
+        bad = [s for s in f.spans if s.unreplayable]
+        return (f"; no replayed span deviates ({len(bad)} could not be replayed)" if bad
+                else "; no span deviates")
+    first = min(dev, key=lambda s: (s.first_step if s.first_step is not None else 1 << 30))
+    more = f" (+{len(dev) - 1} more span{'s' if len(dev) > 2 else ''})" if len(dev) > 1 else ""
+    return f"; failing span {first.label} ({first.ops}) at step {first.first_step}: {first.worst}{more}"
+
+
+def decide(f: Facts) -> Verdict:
+    e = f.e2e
+    if f.refused:
+        return Verdict(FAIL, "refused", f"FAIL: the candidate cannot run: {f.refused}")
+    if e.error:
+        return Verdict(FAIL, "crashed", f"FAIL: the candidate failed on the workload: {e.error}{_culprit(f)}")
+    if e.domain:
+        return Verdict(FAIL, "domain", f"FAIL: output outside its declared domain: {e.domain[0]}"
+                       f"{f' (+{len(e.domain) - 1} more)' if len(e.domain) > 1 else ''}{_culprit(f)}")
+    wide = [x for x in e.flips if x.kl > f.limit]
+    if wide:
+        w = max(wide, key=lambda x: x.kl)
+        return Verdict(FAIL, "argmax flip", f"FAIL: argmax flipped beyond the KL limit {f.limit:g} nat in "
+                       f"{len(wide)} of {e.rows} rows (worst KL {w.kl:.3g} at step {w.step} row {w.row}, "
+                       f"A's margin {w.margin:.3g}, A's token ranked {w.rank} by B){_culprit(f)}")
+    if f.unfed:
+        return Verdict(INCONCLUSIVE, "unfed", "INCONCLUSIVE: the workload never runs program"
+                       f"{'s' if len(f.unfed) > 1 else ''} {', '.join(f.unfed)}, which changed")
+    unrep = [s for s in f.spans if s.unreplayable]
+    if all(s.identical for s in f.spans) and not unrep and e.logits_identical and e.tokens_identical:
+        return Verdict(PASS, "bit-identical", f"PASS (bit-identical): {len(f.spans)} spans and {e.rows} output rows "
+                       "equal to the reference byte for byte")
+    if e.logits_identical and e.tokens_identical and e.has_logits:
+        return Verdict(PASS, "logits bit-identical", f"PASS (logits bit-identical): {e.rows} rows of logits and "
+                       f"tokens equal byte for byte; {sum(not s.identical for s in f.spans)} spans differ inside")
+    if not e.has_logits:
+        return Verdict(INCONCLUSIVE, "no logits", "INCONCLUSIVE: the outputs differ and there are no logits to "
+                       "weigh the difference")
+    if e.kl_over_no_flip:
+        return Verdict(INCONCLUSIVE, "kl", f"INCONCLUSIVE: KL exceeds {f.limit:g} nat in {e.kl_over_no_flip} rows "
+                       f"without an argmax flip (max KL {e.max_kl:.3g})")
+    tail = (f"max KL {e.max_kl:.2g} nat over {e.rows} rows, {len(e.flips)} near-tie flip"
+            f"{'' if len(e.flips) == 1 else 's'} within the limit")
+    if not unrep and not any(s.deviates for s in f.spans):
+        return Verdict(PASS, "within the noise floor", f"PASS (within the noise floor): all {len(f.spans)} spans "
+                       f"within their floor; {tail}")
+    why = (f"{sum(s.deviates for s in f.spans)} spans beyond their floor" if any(s.deviates for s in f.spans)
+           else f"{len(unrep)} spans not replayable")
+    return Verdict(PASS, "logit evidence", f"PASS (logit evidence): {why}; {tail}")
