@@ -80,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--seqs", type=int, default=None, help="sequences in the workload (default 6)")
+    p.add_argument("--decode-steps", type=int, default=None, help="decode steps per sequence (default 4)")
+    p.add_argument("--max-prompt", type=int, default=None, help="cap on prompt lengths (a smaller workload)")
+    p.add_argument("--kl-limit", type=float, default=None, help="KL(A||B) limit in nats (default 0.01)")
     p.set_defaults(fn=_test)
 
     for name, why in NOT_LANDED.items():
