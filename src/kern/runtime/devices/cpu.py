@@ -80,6 +80,7 @@ class CpuProgram:
             self.steps.append((fn, getters))
         self.views = uniq
         self.buffers = buffers
+        self._bound: dict[tuple, list] = {}
 
     def resolve(self, env: dict[str, int]) -> list[np.ndarray]:
         out = []
@@ -92,12 +93,22 @@ class CpuProgram:
             out.append(self.buffers[v.buffer][off:off + n].reshape(shape))
         return out
 
+    def bind(self, env: dict[str, int]) -> list[tuple[Callable, list]]:
+        """Every launch with its arguments resolved for this env (cached per shape bucket)."""
+        key = tuple(sorted(env.items()))
+        bound = self._bound.get(key)
+        if bound is None:
+            views = self.resolve(env)
+            bound = [(fn, [views[x] if kind == "view" else x if kind == "fixed" else
+                           (float(evaluate(x.value, env)) if x.dtype == "f32" else evaluate(x.value, env))
+                           for kind, x in getters]) for fn, getters in self.steps]
+            if len(self._bound) >= 64:
+                self._bound.clear()
+            self._bound[key] = bound
+        return bound
+
     def run(self, env: dict[str, int], trace: Callable | None = None) -> None:
-        views = self.resolve(env)
-        for i, (fn, getters) in enumerate(self.steps):
-            args = [views[x] if kind == "view" else x if kind == "fixed" else
-                    (float(evaluate(x.value, env)) if x.dtype == "f32" else evaluate(x.value, env))
-                    for kind, x in getters]
+        for i, (fn, args) in enumerate(self.bind(env)):
             if trace is not None:
                 trace(i, "before", args)
             fn(*args)
