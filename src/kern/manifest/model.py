@@ -25,7 +25,7 @@ Pair = Annotated[list[T], Field(min_length=2, max_length=2)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # ---- expressions: a closed set (literal, name, mul, ceil_div, add) --------------------------
