@@ -116,13 +116,6 @@ def _device(pool: Pool, out: list[Problem]) -> None:
             for u in us:
                 refs[k][u] += 1
                 lrefs[k][u] += 1
-        for b in pool._books:
-            us = lease.units[b.kind.index]
-            own = us[n // pt :] if b.kind.paged else us
-            for u in own:
-                r = b.refs[u]
-                if r != 1:
-                    out.append(Problem(f"{b.kind.name} unit {u}", f"written by {where} but held by {r}"))
     for ckpt in pool.checkpoints():
         if ckpt.units is None:
             continue
@@ -135,6 +128,13 @@ def _device(pool: Pool, out: list[Problem]) -> None:
                 out.append(Problem(f"checkpoint {ckpt.id} {b.kind.name}", f"{len(us)} units for {n} tokens"))
             for u in us:
                 refs[k][u] += 1
+    for lid, lease in pool._leases.items():  # every unit a lease writes has that one holder
+        for b in pool._books:
+            us = lease.units[b.kind.index]
+            for u in us[len(lease.tokens) // pt :] if b.kind.paged else us:
+                r = refs[b.kind.index][u]
+                if r != 1:
+                    out.append(Problem(f"{b.kind.name} unit {u}", f"written by lease {lid} but held by {r}"))
     for b in pool._books:
         _units(b.kind.name, b, refs[b.kind.index], lrefs[b.kind.index], out)
         want = reserved if b.kind.paged else 0
