@@ -10,7 +10,10 @@ from .config import Shape
 from .manifest_cpu import PAGE_TOKENS, _buf, _w, b, v
 
 BF = "bf16"
-SPLIT_TOKENS = 512
+# Context split of attention: decode spreads a sequence's context over many blocks (the
+# kernel walks tokens one warp at a time, so short splits go faster); prefill keeps splits
+# long so its partials stay small for thousands of rows.
+SPLIT_TOKENS = {"prefill": 512, "decode": 64}
 ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "rope")
 
@@ -93,7 +96,6 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
           arch: str = "sm_90a") -> dict:
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
-    n_splits = max(-(-context // SPLIT_TOKENS), 2)
     buffers: dict = {
         "rope": _buf(["context", "head_dim"], "carry"),
         "embed": _w(["vocab", "hidden"], "model.embed_tokens.weight"),
@@ -125,6 +127,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
     for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
         p = prog[0] + "_"
         decode = prog == "decode"
+        split = SPLIT_TOKENS[prog]
+        n_splits = max(-(-context // split), 2)
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
@@ -175,7 +179,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
                           b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v("seqs"), v(l), v("layers"),
                           v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
             common = [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-                      v(SPLIT_TOKENS), v("qkv_dim"), v(n_splits)]
+                      v(split), v("qkv_dim"), v(n_splits)]
             if decode:
                 calls.append({"op": "attention_decode", "args": [q, {"state": "kv"}, b(p + "page_table"),
                               b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "attn"), v(rows), v(pages),

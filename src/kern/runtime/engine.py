@@ -31,7 +31,7 @@ def make_device(v: Verified):
 
         return CpuDevice()
     try:
-        from .devices.cuda import CudaDevice
+        from .devices.cuda.device import CudaDevice
     except ImportError as exc:
         raise DeviceError(f"manifest targets cuda {target.arch or ''}, but the CUDA device cannot load: {exc}. "
                           "Install kern with the cuda extra (pip install 'kern-engine[cuda]') on a machine "
