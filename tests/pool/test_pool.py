@@ -287,8 +287,8 @@ def test_a_remap_never_takes_a_chunk_with_a_live_unit():
     b = grant(p.lease([2], 4)).lease
     p.extend(b, [2, 2])  # page 5: place 2 now holds one live page
     p.free(a)  # places 0, 1 empty; place 2 is not
-    slots = [grant(p.lease([3], 0)).lease for _ in range(5)]  # rec is full (6 slots)
-    r = p.lease([4], 0)
+    slots = [grant(p.lease([3], 1)).lease for _ in range(5)]  # with b: rec is full (6 slots)
+    r = p.lease([4], 1)
     assert isinstance(r, Remap) and r.plan.unmaps == (Unmap(1, "kv", 1),), r
     p.check()
     del slots
