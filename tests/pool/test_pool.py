@@ -281,14 +281,14 @@ def test_cpu_executor_refuses_unmapped_memory_and_poisons_what_leaves():
 
 
 def test_a_remap_never_takes_a_chunk_with_a_live_unit():
-    p = pool(chunks=4, states=(KV, REC))  # kv places 0-2 (pages 0-5), rec place 0
-    a = grant(p.lease([1], 20)).lease
-    p.extend(a, list(range(20)))  # pages 0-4
+    p = pool(chunks=6, states=(KV, REC))  # kv places 0-4 (pages 0-9), rec place 0
+    a = grant(p.lease([1], 32)).lease
+    p.extend(a, list(range(32)))  # pages 0-7
     b = grant(p.lease([2], 4)).lease
-    p.extend(b, [2, 2])  # page 5: place 2 now holds one live page
-    p.free(a)  # places 0, 1 empty; place 2 is not
+    p.extend(b, [2, 2])  # page 8: place 4 now holds one live page
+    p.free(a)  # places 0-3 empty; place 4 is not
     slots = [grant(p.lease([3], 1)).lease for _ in range(5)]  # with b: rec is full (6 slots)
     r = p.lease([4], 1)
-    assert isinstance(r, Remap) and r.plan.unmaps == (Unmap(1, "kv", 1),), r
+    assert isinstance(r, Remap) and r.plan.unmaps == (Unmap(3, "kv", 3),), r
     p.check()
     del slots
