@@ -19,7 +19,7 @@ def main(args) -> int:
         weights = default_model(progress=not args.json)
     d = Options()
     opts = Options(seed=args.seed, seqs=getattr(args, "seqs", None) or d.seqs,
-                   decode_steps=getattr(args, "decode_steps", None) or d.decode_steps,
+                   decode_steps=d.decode_steps if getattr(args, "decode_steps", None) is None else args.decode_steps,
                    max_prompt=getattr(args, "max_prompt", None),
                    limit=getattr(args, "kl_limit", None) or d.limit)
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))

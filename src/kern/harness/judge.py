@@ -243,7 +243,8 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
         if s.deviates or s.unreplayable:
             if shown < 12:
                 state = (f"not replayable: {s.unreplayable}" if s.unreplayable else
-                         f"DEVIATES from step {s.first_step}: {s.worst}")
+                         ("DEVIATES at load" if s.first_step == -1 else
+                          f"DEVIATES from step {s.first_step}") + f": {s.worst}")
                 fact(f"span {s.label} ({s.ops}): {state}" + (f"; {s.outside} bytes written outside A's write set"
                                                              if s.outside else ""))
             shown += 1

@@ -80,7 +80,8 @@ def _culprit(f: Facts) -> str:
                 else "; no span deviates")
     first = min(dev, key=lambda s: (s.first_step if s.first_step is not None else 1 << 30))
     more = f" (+{len(dev) - 1} more span{'s' if len(dev) > 2 else ''})" if len(dev) > 1 else ""
-    return f"; failing span {first.label} ({first.ops}) at step {first.first_step}: {first.worst}{more}"
+    at = "at load" if first.first_step == -1 else f"at step {first.first_step}"
+    return f"; failing span {first.label} ({first.ops}) {at}: {first.worst}{more}"
 
 
 def decide(f: Facts) -> Verdict:
