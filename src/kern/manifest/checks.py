@@ -298,18 +298,17 @@ def _geometry(c: Context, where: str, launch: Launch, scalars: dict | None) -> I
 def calls(c: Context) -> Iterator[Problem]:
     m = c.m
     cuda = m.target.device == "cuda"
+    buffers, states, ranges = m.buffers, m.states, c.ranges
     per_call_geometry = {
         oname: [(li, l) for li, l in enumerate(op.impl.launches)
                 if not l.entry.startswith("extern:")
                 and _uses_params(l, {p.name for p in c.params[oname] if p.kind == "scalar"})]
         for oname, op in m.ops.items() if oname in c.params}
     for where, call in m.calls():
-        op = m.ops.get(call.op)
-        if op is None:
-            yield Problem(where, f"no op named {call.op!r}")
-            continue
         params = c.params.get(call.op)
         if params is None:
+            if call.op not in m.ops:
+                yield Problem(where, f"no op named {call.op!r}")
             continue
         if len(call.args) != len(params):
             yield Problem(where, f"op takes {len(params)} args ({', '.join(p.name for p in params)}), "
@@ -317,41 +316,44 @@ def calls(c: Context) -> Iterator[Problem]:
             continue
         scalars: dict[str, tuple[int, int]] = {}
         for i, (p, a) in enumerate(zip(params, call.args)):
-            w = f"{where} arg {i}"
-            if p.kind == "buffer":
-                if not isinstance(a, BufArg):
-                    yield Problem(w, f"expects {p}, got {_argdesc(a)}")
+            # The hot path formats no place: `where` and the arg index are joined only for a problem.
+            kind = p.kind
+            if kind == "buffer":
+                if type(a) is not BufArg:
+                    yield Problem(f"{where} arg {i}", f"expects {p}, got {_argdesc(a)}")
                     continue
-                b = m.buffers.get(a.buf)
+                b = buffers.get(a.buf)
                 if b is None:
-                    yield Problem(w, f"no buffer named {a.buf!r}")
+                    yield Problem(f"{where} arg {i}", f"no buffer named {a.buf!r}")
                     continue
                 if b.dtype != p.dtype:
-                    yield Problem(w, f"expects {p}, got buffer {a.buf!r} of {b.dtype}")
+                    yield Problem(f"{where} arg {i}", f"expects {p}, got buffer {a.buf!r} of {b.dtype}")
                 if a.offset is not None or a.shape is not None:
-                    yield from _view(c, w, a, b, cuda)
-            elif p.kind == "state":
-                if not isinstance(a, StateArg):
-                    yield Problem(w, f"expects {p}, got {_argdesc(a)}")
-                elif a.state not in m.states:
-                    yield Problem(w, f"no state named {a.state!r}")
+                    yield from _view(c, f"{where} arg {i}", a, b, cuda)
+            elif kind == "state":
+                if type(a) is not StateArg:
+                    yield Problem(f"{where} arg {i}", f"expects {p}, got {_argdesc(a)}")
+                elif a.state not in states:
+                    yield Problem(f"{where} arg {i}", f"no state named {a.state!r}")
             else:
-                if not isinstance(a, ValueArg):
-                    yield Problem(w, f"expects {p}, got {_argdesc(a)}")
+                if type(a) is not ValueArg:
+                    yield Problem(f"{where} arg {i}", f"expects {p}, got {_argdesc(a)}")
                     continue
                 v = a.value
                 if isinstance(v, float):
                     if p.dtype != "f32":
-                        yield Problem(w, f"expects an integer {p.dtype}, got {v!r}")
+                        yield Problem(f"{where} arg {i}", f"expects an integer {p.dtype}, got {v!r}")
                     continue
-                r = c.bounds(v, w)
+                r = ranges.get(v) if type(v) is str else None
+                if r is None:
+                    r = c.bounds(v, f"{where} arg {i}")
                 if r is None or p.dtype == "f32":
                     continue
                 lo, hi = SCALARS[p.dtype]
                 if not lo <= r[0] <= hi:
-                    yield Problem(w, f"value {r[0]} at the var minima does not fit {p.dtype}")
+                    yield Problem(f"{where} arg {i}", f"value {r[0]} at the var minima does not fit {p.dtype}")
                 if not lo <= r[1] <= hi:
-                    yield Problem(w, f"value {r[1]} at the var maxima does not fit {p.dtype}")
+                    yield Problem(f"{where} arg {i}", f"value {r[1]} at the var maxima does not fit {p.dtype}")
                 scalars[p.name] = r
         for li, launch in per_call_geometry.get(call.op, ()):
             if all(n in scalars for e in (*launch.grid, *launch.block, launch.shared_mem) for n in names(e)
@@ -394,6 +396,7 @@ def programs(c: Context) -> Iterator[Problem]:
         return
     if not any(p.batch is not None for p in m.programs.values()):
         yield Problem("programs", "no program steps a batch (give one a batch)")
+    kind_of = {n: b.kind for n, b in m.buffers.items()}
     accesses = {pname: list(_accesses(c, pname)) for pname in m.programs}
     written_anywhere = {b for acc in accesses.values() for _, _, _, writes in acc for b, _ in writes}
     for pname, prog in m.programs.items():
@@ -405,12 +408,14 @@ def programs(c: Context) -> Iterator[Problem]:
                 if r is not None and r[0] < 1:
                     yield Problem(f"programs.{pname}.batch.{key}", f"must be >= 1 at the var minima, got {r[0]}")
             yield from _roles(c, pname, accesses[pname])
-        ready = {n for n, b in m.buffers.items() if b.kind in ("input", "weight", "pointers", "peer")}
-        for where, _, reads, writes in accesses[pname]:
+        ready = {n for n, k in kind_of.items() if k in ("input", "weight", "pointers", "peer")}
+        calls = prog.calls
+        for ci, touched, reads, writes in accesses[pname]:
             for r in reads:
                 if r in ready:
                     continue
-                kind = m.buffers[r].kind
+                kind = kind_of[r]
+                where = f"programs.{pname}.calls[{ci}] (op {calls[ci].op})"
                 if kind == "carry":
                     if r not in written_anywhere:
                         yield Problem(where, f"reads carry buffer {r!r}, which no program writes")
@@ -418,45 +423,48 @@ def programs(c: Context) -> Iterator[Problem]:
                 yield Problem(where, f"reads {kind} buffer {r!r} before anything in program {pname!r} writes it")
                 ready.add(r)  # report once
             for bname, i in writes:
-                kind = m.buffers[bname].kind
+                kind = kind_of[bname]
                 if kind in _NOT_WRITTEN_BY_CALLS:
-                    yield Problem(f"{where} arg {i}", f"writes to {kind} buffer {bname!r}")
+                    yield Problem(f"programs.{pname}.calls[{ci}] (op {calls[ci].op}) arg {i}",
+                                  f"writes to {kind} buffer {bname!r}")
                 ready.add(bname)
-    for name, b in m.buffers.items():
-        if b.kind == "output" and name not in written_anywhere:
+    for name, kind in kind_of.items():
+        if kind == "output" and name not in written_anywhere:
             yield Problem(f"buffers.{name}", "output buffer is never written by any program")
 
 
 def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
     """A stepping program touches at most one buffer per serving role."""
+    fill_of = {n: b.fill for n, b in c.m.buffers.items() if b.fill is not None}
     holder: dict[str, str] = {}
-    for where, touched, _, _ in accesses:
+    for ci, touched, _, _ in accesses:
         for bname in touched:
-            role = c.m.buffers[bname].fill
+            role = fill_of.get(bname)
             if role is None:
                 continue
             if holder.setdefault(role, bname) != bname:
-                yield Problem(where, f"touches buffer {bname!r} of role {role!r}, but program {pname!r} "
-                              f"already has {holder[role]!r} in that role")
+                op = c.m.programs[pname].calls[ci].op
+                yield Problem(f"programs.{pname}.calls[{ci}] (op {op})", f"touches buffer {bname!r} of role "
+                              f"{role!r}, but program {pname!r} already has {holder[role]!r} in that role")
                 holder[role] = bname  # report each extra holder once
 
 
 def _accesses(c: Context, pname: str):
-    """(where, buffers touched, buffers read, (buffer, arg index) written) per call, in order."""
-    m = c.m
-    for i, call in enumerate(m.programs[pname].calls):
+    """(call index, buffers touched, buffers read, (buffer, arg index) written) per call, in order."""
+    buffers = c.m.buffers
+    for ci, call in enumerate(c.m.programs[pname].calls):
         params = c.params.get(call.op)
         if params is None or len(params) != len(call.args):
             continue
         touched, reads, writes = [], [], []
         for ai, (p, a) in enumerate(zip(params, call.args)):
-            if p.kind == "buffer" and isinstance(a, BufArg) and a.buf in m.buffers:
+            if p.kind == "buffer" and type(a) is BufArg and a.buf in buffers:
                 touched.append(a.buf)
                 if p.direction != "out":
                     reads.append(a.buf)
                 if p.direction != "in":
                     writes.append((a.buf, ai))
-        yield f"programs.{pname}.calls[{i}] (op {call.op})", touched, reads, writes
+        yield ci, touched, reads, writes
 
 
 # 10. unused declarations, topology ---------------------------------------------------------
@@ -498,7 +506,8 @@ def unused(c: Context) -> Iterator[Problem]:
         if p.batch is not None:
             exprs.extend((p.batch.groups, p.batch.rows))
     exprs.extend(m.constants.values())
-    used_names = {n for e in exprs for n in names(e)}
+    used_names = {e for e in exprs if type(e) is str}
+    used_names.update(n for e in exprs if type(e) is not str and type(e) is not int for n in names(e))
     for kind, declared, used in (("buffers", m.buffers, used_bufs), ("states", m.states, used_states)):
         for n in declared:
             if n not in used:
