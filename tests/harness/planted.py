@@ -1,0 +1,141 @@
+"""Planted candidates: a generated llama cpu deployment, mutated in a copy.
+
+Manifest mutations edit the JSON; kernel mutations copy the kernels module with one function
+changed into a new module file (new sha256) and point only the affected ops at it, so every
+other op keeps its implementation and the diff stays local."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def variant(base: Path, out: Path, edit: Callable[[dict], None] | None = None,
+            patch: tuple[list[tuple[str, str]], list[str]] | None = None, module: str = "planted") -> Path:
+    """Copy the deployment folder `base` (holding manifest.json) to `out` and mutate it.
+
+    patch = ([(old, new), ...] text replacements of the kernels module, [ops to point at it])."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base, out)
+    m = json.loads((out / "manifest.json").read_text())
+    if patch is not None:
+        reps, ops = patch
+        src = (out / m["modules"]["kernels"]["source"]).read_text()
+        for old, new in reps:
+            assert src.count(old) >= 1, f"planted patch does not apply: {old!r}"
+            src = src.replace(old, new)
+        dst = out / "kernels" / f"{module}.py"
+        dst.write_text(src)
+        m["modules"][module] = {"source": f"kernels/{module}.py", "sha256": _sha(dst)}
+        for op in ops:
+            for launch in m["ops"][op]["impl"]["launches"]:
+                launch["module"] = module
+    if edit is not None:
+        edit(m)
+    (out / "manifest.json").write_text(json.dumps(m, indent=1))
+    return out
+
+
+def _calls(m: dict, program: str):
+    return m["programs"][program]["calls"]
+
+
+def _bufs(call: dict) -> list:
+    return [a.get("buf") for a in call["args"]]
+
+
+# ---- bugs that must FAIL ------------------------------------------------------------------
+
+
+def rope_theta(base: Path, out: Path) -> Path:
+    def edit(m):
+        arg = _calls(m, "rope_init")[0]["args"][1]
+        arg["value"] = arg["value"] / 10
+    return variant(base, out, edit)
+
+
+def residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
+    """The attention residual of one layer: add_rms_norm(x, attn_out, ln2) -> rms_norm(attn_out, ln2)."""
+    def edit(m):
+        for prog in ("prefill", "decode"):
+            for c in _calls(m, prog):
+                if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":
+                    c["op"] = "rms_norm"
+                    c["args"] = c["args"][1:]
+    return variant(base, out, edit)
+
+
+def kv_off_by_one(base: Path, out: Path) -> Path:
+    return variant(base, out, patch=([("off = p % page_tokens", "off = (p + 1) % page_tokens"),
+                                      ("off = pos % page_tokens", "off = (pos + 1) % page_tokens")],
+                                     ["kv_append", "kv_append_decode"]))
+
+
+def gqa_mapping(base: Path, out: Path) -> Path:
+    """Query head h reads kv head h % kv_heads instead of h // (heads / kv_heads)."""
+    return variant(base, out, patch=([
+        ("qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)",
+         "qg = q.reshape(len(pos_rows), g, kv_heads, head_dim).transpose(2, 0, 1, 3)"),
+        ("out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)",
+         "out[:] = o.transpose(1, 2, 0, 3).reshape(len(pos_rows), heads * head_dim)")],
+        ["attention", "attention_decode"]))
+
+
+def lm_head_prenorm(base: Path, out: Path) -> Path:
+    """The LM head reads the residual stream x, not the final norm's output h."""
+    def edit(m):
+        for prog, op in (("prefill", "gather_last"), ("decode", "linear")):
+            last = [c for c in _calls(m, prog) if c["op"] == op][-1]
+            x = last["args"][0]["buf"]
+            last["args"][0]["buf"] = x[:-1] + "x" if x.endswith("_h") else x
+    return variant(base, out, edit)
+
+
+# ---- changes that must PASS ---------------------------------------------------------------
+
+
+def embed_swapped(base: Path, out: Path) -> Path:
+    """An equivalent embedding kernel (fancy indexing instead of np.take): bit-identical."""
+    return variant(base, out, patch=([("    np.take(table, ids, axis=0, out=x)", "    x[:] = table[ids]")], ["embed"]))
+
+
+def reduction_reordered(base: Path, out: Path) -> Path:
+    """Every linear sums its fp32 reduction in two halves: different bits, same numbers."""
+    return variant(base, out, patch=([("def linear(x, w, y):\n    np.matmul(x, w.T, out=y)",
+                                       "def linear(x, w, y):\n    k = x.shape[1] // 2\n"
+                                       "    np.matmul(x[:, :k], w[:, :k].T, out=y)\n"
+                                       "    y += x[:, k:] @ w[:, k:].T")], ["linear"]))
+
+
+def split_norm(base: Path, out: Path, layer: int = 1) -> Path:
+    """The reference side of "a fused norm+residual replacing two calls": one layer's
+    add_rms_norm split into add (a new op in a new module) and rms_norm."""
+    def edit(m):
+        m["ops"]["add"] = {"params": ["res: inout buffer<f32>", "x: in buffer<f32>"],
+                           "impl": {"launches": [{"module": "split", "entry": "add"}]}}
+        for prog in ("prefill", "decode"):
+            calls = _calls(m, prog)
+            for i, c in enumerate(calls):
+                if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":
+                    res, x, w, y, eps = c["args"]
+                    calls[i:i + 1] = [{"op": "add", "args": [res, x]}, {"op": "rms_norm", "args": [res, w, y, eps]}]
+                    break
+    v = variant(base, out, edit)
+    mod = v / "kernels" / "split.py"
+    mod.write_text("def add(res, x):\n    res += x\n")
+    m = json.loads((v / "manifest.json").read_text())
+    m["modules"]["split"] = {"source": "kernels/split.py", "sha256": _sha(mod)}
+    (v / "manifest.json").write_text(json.dumps(m, indent=1))
+    return v
+
+
+FAILS = {"rope_theta": rope_theta, "residual_dropped": residual_dropped, "kv_off_by_one": kv_off_by_one,
+         "gqa_mapping": gqa_mapping, "lm_head_prenorm": lm_head_prenorm}
