@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import load_verified
-from .runtime.engine import Engine
+from .manifest.protocol import derive
+from .runtime.engine import DEFAULT_STATE_BUDGET, Engine
+from .runtime.paging import Paging
 from .runtime.errors import BoundsError, KernError
 from .runtime.modules import cache_dir
 from .tokenizer import Detokenizer, Tokenizer
@@ -65,41 +67,49 @@ class Generation:
     decode_s: float
     finish_reason: str
     decode_steps: int = field(default=0)
+    cached_tokens: int = field(default=0)
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+        return (self.prompt_tokens - self.cached_tokens) / self.prefill_s if self.prefill_s else 0.0
 
     @property
     def decode_tok_s(self) -> float:
         return self.decode_steps / self.decode_s if self.decode_s else 0.0
 
 
-class PageAllocator:
-    """The simplest correct allocator of a paged state's pages (free list, lowest first)."""
+class RawPages:
+    """Pages for stepping a model by hand (tests, benches): take(k) leases k pages from the
+    pool without caching; give(pages) frees them."""
 
-    def __init__(self, n: int):
-        self.free = list(range(n - 1, -1, -1))
+    def __init__(self, paging: Paging, state: str, page_tokens: int):
+        self.paging, self.state, self.page_tokens = paging, state, page_tokens
+        self._leases: dict[tuple[int, ...], object] = {}
 
     def take(self, k: int) -> list[int]:
-        if k > len(self.free):
-            raise KernError(f"out of KV pages: need {k}, {len(self.free)} free")
-        return [self.free.pop() for _ in range(k)]
+        n = k * self.page_tokens
+        lease = self.paging.lease([], n).lease
+        self.paging.extend(lease, [0] * n)
+        pages = list(lease.page_table(self.state))
+        self._leases[tuple(pages)] = lease
+        return pages
 
     def give(self, pages: list[int]) -> None:
-        self.free.extend(reversed(pages))
+        self.paging.pool.free(self._leases.pop(tuple(pages)))
 
 
 class Model:
-    def __init__(self, manifest: Path, checkpoint: Path, **engine_kw):
+    def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET, **engine_kw):
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        self.engine = Engine(self.verified, checkpoint, **engine_kw)
-        self.protocol = self.engine.protocol
-        self.eos = self._eos_ids(checkpoint)
+        self.protocol = derive(self.verified)
         (self.state, self.page_tokens), = self.protocol.paged_states.items()
-        self.alloc = PageAllocator(self.engine.pages[self.state])
+        self.paging = Paging(self.verified, self.page_tokens, state_budget)
+        self.engine = Engine(self.verified, checkpoint, state_sizes=self.paging.sizes, **engine_kw)
+        self.paging.bind(self.engine)
+        self.alloc = RawPages(self.paging, self.state, self.page_tokens)
+        self.eos = self._eos_ids(checkpoint)
         self.context = self.engine.m.vars["context"].max if "context" in self.engine.m.vars else None
 
     @property
@@ -158,17 +168,18 @@ class Model:
                               f"{self.context} (the prompt plus at least one generated token)")
         max_tokens = min(max_tokens, self.context - len(ids)) if self.context else max_tokens
         rng = np.random.Generator(np.random.PCG64(seed))
-        total = len(ids) + max_tokens
-        pages = self.alloc.take(-(-total // self.page_tokens))
+        grant = self.paging.lease(ids, len(ids) + max_tokens)
+        lease = grant.lease
         detok = Detokenizer(self.tokenizer)
         out: list[int] = []
         try:
             t0 = time.perf_counter()
             chunk = self.protocol.max_chunk
-            pos = 0
+            pos = grant.cached  # tokens whose state a cached prefix already holds
             while pos < len(ids):
                 part = ids[pos:pos + chunk]
-                nxt, logits = self.step_rows(part, pos, pages, ragged=True)
+                self.paging.extend(lease, part)
+                nxt, logits = self.step_rows(part, pos, lease.page_table(self.state), ragged=True)
                 pos += len(part)
             t1 = time.perf_counter()
             finish = "length"
@@ -184,12 +195,16 @@ class Model:
                     break
                 if len(out) >= max_tokens:
                     break
-                nxt, logits = self.step_rows([tok], len(ids) + len(out) - 1, pages)
+                self.paging.extend(lease, [tok])
+                nxt, logits = self.step_rows([tok], len(ids) + len(out) - 1, lease.page_table(self.state))
                 steps += 1
             t2 = time.perf_counter()
-        finally:
-            self.alloc.give(pages)
-        return Generation(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, finish, steps)
+        except BaseException:
+            self.paging.pool.free(lease)
+            raise
+        self.paging.pool.checkpoint(lease)  # its pages stay as a cached prefix until evicted
+        return Generation(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, finish, steps,
+                          cached_tokens=grant.cached)
 
     @staticmethod
     def _sample(logits, temperature, rng) -> int:

@@ -100,3 +100,18 @@ def test_greedy_generation_matches_transformers(smollm2, smollm2_model):
     n = min(len(ours), len(gen))
     assert n >= 1
     assert ours[:16] == gen[:16]
+
+
+def test_a_cached_prefix_gives_the_same_tokens_as_a_cold_prompt(smollm2_model):
+    m = smollm2_model
+    system = "You are a careful assistant. Answer in one short sentence. "
+    first = m.generate(system + "What is the largest planet?", max_tokens=12)
+    cold_pool = m.paging.pool
+    warm = m.generate(system + "What is the smallest planet?", max_tokens=12)
+    assert warm.cached_tokens >= 8  # the shared system prompt came from the checkpoint
+    cold_pool.clear()  # forget every checkpoint: the same prompt again, from nothing
+    cold = m.generate(system + "What is the smallest planet?", max_tokens=12)
+    assert cold.cached_tokens == 0
+    assert warm.tokens == cold.tokens
+    assert first.tokens  # the first request ran
+    cold_pool.check()

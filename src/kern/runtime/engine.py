@@ -41,7 +41,7 @@ def make_device(v: Verified):
 
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device=None,
-                 state_budget: int = DEFAULT_STATE_BUDGET):
+                 state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None):
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -53,7 +53,7 @@ class Engine:
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
-        self._alloc_states(state_budget)
+        self._alloc_states(state_budget, state_sizes or {})
         self.buffers = {}
         weights_needed = {n: (b, self.shapes[n]) for n, b in self.m.buffers.items() if b.kind == "weight"}
         host_weights = {}
@@ -79,7 +79,9 @@ class Engine:
         for p in self.protocol.once:
             self.run(p, {})
 
-    def _alloc_states(self, budget: int) -> None:
+    def _alloc_states(self, budget: int, sizes: dict[str, int]) -> None:
+        """Each state's memory: `sizes[name]` bytes when given (the pool's layout), else
+        what the budget holds (pages of a paged state, slots of a per-sequence state)."""
         self.states = {}
         self.pages: dict[str, int] = {}
         self.state_bytes: dict[str, int] = {}
@@ -87,13 +89,12 @@ class Engine:
         for name, st in self.m.states.items():
             if st.bytes_per_token is not None:
                 per_page = evaluate(st.bytes_per_token, self.consts) * max(paged.get(name, 1), 1)
-                n = max(budget // per_page, 1)
-                self.pages[name] = n
-                size = n * per_page
+                size = sizes.get(name, max(budget // per_page, 1) * per_page)
+                self.pages[name] = size // per_page
                 self.state_bytes[name] = per_page
             elif st.bytes_per_seq is not None:
                 per = evaluate(st.bytes_per_seq, self.consts)
-                size = max(budget // per, 1) * per
+                size = sizes.get(name, max(budget // per, 1) * per)
                 self.state_bytes[name] = per
             else:
                 size = evaluate(st.bytes, self.consts)
@@ -158,6 +159,10 @@ class Engine:
     def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
         b = self.m.buffers[buffer]
         return self.device.read(self.buffers[buffer], b.dtype, self.shape(buffer, env))
+
+    def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None:
+        """Copy bytes within a state's memory (a pool plan's page copy)."""
+        self.device.copy_bytes(self.states[state], dst, src, nbytes)
 
     def page_bytes(self, state: str) -> int:
         return self.state_bytes[state]

@@ -63,6 +63,9 @@ class CudaDevice:
     def read(self, storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
         return memory.copy_to_host(np.empty(shape, NP[dtype]), storage.ptr, self.stream)
 
+    def copy_bytes(self, storage, dst: int, src: int, n: int) -> None:
+        memory.copy_device(storage.ptr + dst, storage.ptr + src, n, self.stream)
+
     def lower(self, launches: list[Planned], buffers, states, consts, graph: bool = False) -> "CudaProgram":
         return CudaProgram(self, launches, buffers, states, graph)
 

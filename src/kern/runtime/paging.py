@@ -1,0 +1,99 @@
+"""The pool bound to an engine: the manifest's states become pool declarations, leases give
+page tables, and the pool's plans run on the device's state memory.
+
+The kernels address page p of a paged state at byte p * page_bytes, so chunks hold whole
+pages: chunk_bytes is the smallest multiple of every unit size that is at least 2 MiB."""
+
+from __future__ import annotations
+
+from math import lcm
+
+from ..manifest.expr import evaluate
+from ..manifest.verify import Verified
+from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
+from ..pool.plans import Plan
+from .errors import KernError
+
+MIN_CHUNK = 2 << 20
+
+
+class OutOfMemory(KernError):
+    """The state budget cannot hold a request; says how much it needs and how much there is."""
+
+
+def declarations(v: Verified, page_tokens: int) -> tuple[list[StateDecl], int]:
+    decls, unit = [], 1
+    for name, st in v.manifest.states.items():
+        if st.bytes_per_token is not None:
+            size = evaluate(st.bytes_per_token, v.constants)
+            decls.append(StateDecl(name, "paged", size))
+            unit = lcm(unit, size * page_tokens)
+        elif st.bytes_per_seq is not None:
+            size = evaluate(st.bytes_per_seq, v.constants)
+            decls.append(StateDecl(name, "per_seq", size))
+            unit = lcm(unit, size)
+        else:
+            decls.append(StateDecl(name, "fixed", evaluate(st.bytes, v.constants)))
+    return decls, unit * -(-MIN_CHUNK // unit)
+
+
+class Paging:
+    def __init__(self, v: Verified, page_tokens: int, budget_bytes: int):
+        decls, chunk = declarations(v, page_tokens)
+        budget = max(budget_bytes // chunk, 1) * chunk
+        self.pool = Pool(budget, decls, page_tokens, chunk_bytes=chunk)
+        lay = self.pool.layout
+        self.kinds = {k.name: k for k in lay.kinds}
+        self.sizes = {k.name: lay.range_bytes(k) for k in lay.kinds}
+        self.sizes.update({f.name: f.bytes for f in lay.fixed})
+        self.engine = None
+
+    def bind(self, engine) -> None:
+        """Attach the engine whose state memory the plans act on; run the initial plan."""
+        self.engine = engine
+        self.execute(self.pool.initial_plan)
+
+    def execute(self, plan: Plan) -> None:
+        """Run a plan on the engine's states. Their memory is fully backed, so maps and
+        unmaps only move bookkeeping; copies move page bytes."""
+        if plan.to_host or plan.from_host:
+            raise KernError("this engine has no host tier (pool built with host_bytes=0)")
+        lay = self.pool.layout
+        for c in plan.copies:
+            k = self.kinds[c.state]
+            self.engine.copy_state(c.state, lay.offset(k, c.dst), lay.offset(k, c.src), k.unit_bytes)
+
+    def lease(self, prompt: list[int], reserve: int):
+        """A lease for a request (all or nothing), evicting cached prefixes when asked to."""
+        while True:
+            r = self.pool.lease(prompt, reserve)
+            if isinstance(r, Granted):
+                self.execute(r.plan)
+                return r
+            if isinstance(r, Remap):
+                self.execute(r.plan)
+                self.pool.remapped(r.plan)
+            elif isinstance(r, Evict):
+                plan = self.pool.evict_one()
+                if plan is None:
+                    raise OutOfMemory(f"the state budget cannot hold {reserve} tokens now: live requests hold it")
+                self.execute(plan)
+            elif isinstance(r, NeverFits):
+                raise OutOfMemory(f"a request of {reserve} tokens needs {r.chunks_needed} chunks, the state "
+                                  f"budget has {r.chunks_in_pool}: raise the budget or shorten the request")
+            elif isinstance(r, Wait):
+                raise OutOfMemory(f"the state budget cannot hold {reserve} tokens now: {r.why}")
+
+    def extend(self, lease, tokens: list[int]) -> None:
+        while True:
+            r = self.pool.extend(lease, tokens)
+            if r is None:
+                return
+            if isinstance(r, Remap):
+                self.execute(r.plan)
+                self.pool.remapped(r.plan)
+                continue
+            if isinstance(r, Evict) and (plan := self.pool.evict_one()) is not None:
+                self.execute(plan)
+                continue
+            raise OutOfMemory(f"the state budget cannot grow a request past {len(lease.tokens)} tokens")
