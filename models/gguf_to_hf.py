@@ -148,6 +148,7 @@ def _llama_shape(reader: GGUFReader, meta: dict) -> LlamaShape:
 
 def _config(s: LlamaShape, meta: dict) -> dict:
     return {
+        "_name_or_path": meta.get("general.name") or "llama",
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": s.hidden,
