@@ -16,35 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {
-    "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
-                         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
-    "qwen3-0.6b": dict(arch="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-                       tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-    "llama-3.2-1b": dict(arch="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
-                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                          "original_max_position_embeddings": 8192}),
-}
+from kern_models.llama.random_checkpoint import SHAPES, make
 
 
 def checkpoint(name: str, folder: Path) -> Path:
-    import torch
-    import transformers
-
-    spec = dict(SHAPES[name])
-    arch = spec.pop("arch")
-    torch.manual_seed(0)
-    cls, cfg_cls = ((transformers.LlamaForCausalLM, transformers.LlamaConfig) if arch == "llama"
-                    else (transformers.Qwen3ForCausalLM, transformers.Qwen3Config))
-    cfg = cfg_cls(**spec, max_position_embeddings=4096)
-    with torch.device("cuda"):
-        model = cls(cfg).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    return folder
+    return make(name, folder, device="cuda")
 
 
 def main() -> None:
