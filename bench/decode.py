@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--batch", default="1,16")
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also time transformers with a static cache and torch.compile (reduce-overhead)")
+    ap.add_argument("--prefill", type=int, default=2040, help="prefill length timed once per shape (0: skip)")
     args = ap.parse_args()
 
     import torch
@@ -50,12 +53,23 @@ def main() -> None:
                                                                 attn_implementation="eager").cuda().eval()
         rng = np.random.default_rng(0)
         vocab = cfg["vocab_size"]
+        weight_bytes = sum(int(np.prod(model.engine.shapes[n])) * 2 for n, b in model.engine.m.buffers.items()
+                           if b.kind == "weight" and n != "embed")
+        if args.prefill:
+            results["runs"].append({"shape": name, **prefill(model, ref, rng.integers(0, vocab, args.prefill))})
+            print(json.dumps(results["runs"][-1]), flush=True)
         for batch in [int(b) for b in args.batch.split(",")]:
             prompts = rng.integers(0, vocab, (batch, args.prompt)).astype(np.int32)
             r = run_kern(model, prompts, args.new)
             h = run_hf(ref, prompts, args.new)
             agree = float(np.mean(np.array(r["tokens"])[:, :16] == np.array(h["tokens"])[:, :16]))
+            c = run_compiled(ref, prompts, args.new) if args.compiled else None
             results["runs"].append({
+                **({"hf_compiled_decode_tok_s": round(c["tok_s"], 1), "hf_compiled_step_ms": round(c["step_ms"], 3),
+                    "ratio_kern_over_hf_compiled": round(r["tok_s"] / c["tok_s"], 2)} if c else {}),
+                "weight_bytes_per_step": weight_bytes,
+                "kern_bandwidth_tb_s": round(weight_bytes / (r["step_ms"] * 1e-3) / 1e12, 2),
+                "kern_fraction_of_4_2_tb_s": round(weight_bytes / (r["step_ms"] * 1e-3) / 4.2e12, 3),
                 "shape": name, "batch": batch, "kern_load_s": round(load_s, 2),
                 "kern_decode_tok_s": round(r["tok_s"], 1), "kern_step_ms": round(r["step_ms"], 3),
                 "kern_prefill_ms": round(r["prefill_ms"], 2),
@@ -103,6 +117,62 @@ def run_kern(model, prompts: np.ndarray, new: int) -> dict:
         model.alloc.give(pg)
     steps = new - 2
     return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3, "prefill_ms": prefill_ms, "tokens": toks}
+
+
+def prefill(model, ref, ids) -> dict:
+    """One prefill of len(ids) tokens: kern (one ragged program call) vs one transformers sdpa forward."""
+    import torch
+
+    pages = model.alloc.take(-(-len(ids) // model.page_tokens))
+    ids = [int(i) for i in ids]
+    times = []
+    for _ in range(4):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.step_rows(ids, 0, pages, ragged=True)
+        times.append(time.perf_counter() - t0)
+    model.alloc.give(pages)
+    x = torch.tensor([ids], device="cuda")
+    ref.config._attn_implementation = "sdpa"
+    hf_times = []
+    with torch.no_grad():
+        for _ in range(4):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ref(x, use_cache=False)
+            torch.cuda.synchronize()
+            hf_times.append(time.perf_counter() - t0)
+    ref.config._attn_implementation = "eager"
+    return {"prefill_tokens": len(ids), "kern_prefill_ms": round(min(times[1:]) * 1e3, 2),
+            "hf_sdpa_forward_ms": round(min(hf_times[1:]) * 1e3, 2)}
+
+
+def run_compiled(ref, prompts: np.ndarray, new: int) -> dict:
+    """A hand-written greedy loop over a static cache, the step compiled (reduce-overhead = CUDA graphs)."""
+    import torch
+    from transformers import StaticCache
+
+    batch, plen = prompts.shape
+    cache = StaticCache(config=ref.config, max_cache_len=plen + new + 8)
+    x = torch.tensor(prompts.astype(np.int64), device="cuda")
+
+    def step(tok, pos, cache):
+        return ref(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1:].argmax(-1)
+
+    fn = torch.compile(step, mode="reduce-overhead", fullgraph=False)
+    with torch.no_grad():
+        tok = ref(x, past_key_values=cache, cache_position=torch.arange(plen, device="cuda"),
+                  use_cache=True).logits[:, -1:].argmax(-1)
+        for k in range(3):  # compile and warm up the graphs
+            tok = fn(tok, torch.tensor([plen + k], device="cuda"), cache)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        steps = new - 5
+        for k in range(steps):
+            tok = fn(tok, torch.tensor([plen + 3 + k], device="cuda"), cache)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3}
 
 
 def run_hf(ref, prompts: np.ndarray, new: int) -> dict:
