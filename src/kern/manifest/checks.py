@@ -284,7 +284,8 @@ def _geometry(c: Context, where: str, launch: Launch, scalars: dict | None) -> I
             if his is not None:
                 his.append(r[1])
             if cuda and r[1] > CUDA[key][i]:
-                yield Problem(f"{where}{key}[{i}]", f"is {r[1]} at the var maxima; the device allows {CUDA[key][i]}")
+                at = "" if r[0] == r[1] else " at the var maxima"
+                yield Problem(f"{where}{key}[{i}]", f"is {r[1]}{at}; the device allows {CUDA[key][i]}")
         if cuda and key == "block" and his and prod(his) > CUDA["threads"]:
             yield Problem(f"{where}block", f"{prod(his)} threads per block; the device allows {CUDA['threads']}")
     r = c.bounds(launch.shared_mem, f"{where}shared_mem", scalars)
