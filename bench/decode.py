@@ -98,13 +98,12 @@ def run_kern(model, prompts: np.ndarray, new: int) -> dict:
     for i, pg in enumerate(pages):
         pt[i, :len(pg)] = pg
     toks = [[t] for t in nxt]
-    cu = np.arange(batch + 1, dtype=np.int32)
+    extra = {st.inputs["cu_seqlens"]: np.arange(batch + 1, dtype=np.int32)} if "cu_seqlens" in st.inputs else {}
 
     def step(k):
         env = eng.run(st.program, st.vars_for(batch, batch), {
             st.inputs["token"]: np.array([t[-1] for t in toks], np.int32),
-            st.inputs["position"]: np.full(batch, plen + k, np.int32),
-            st.inputs["cu_seqlens"]: cu, table.buffer: pt})
+            st.inputs["position"]: np.full(batch, plen + k, np.int32), table.buffer: pt, **extra})
         for t, n in zip(toks, eng.read(st.outputs["tokens"], env)):
             t.append(int(n))
 
