@@ -51,5 +51,8 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type")})
     folder = tmp_path_factory.mktemp("tiny_ckpt")
-    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():  # random logits are near-ties everywhere: make the model decisive
+        model.lm_head.weight.mul_(40.0)
+    model.to(torch.bfloat16).save_pretrained(folder)
     return folder

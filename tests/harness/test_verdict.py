@@ -42,6 +42,11 @@ def test_logit_evidence_when_a_span_deviates_but_outputs_agree():
     assert (r.status, r.kind) == ("PASS", "logit evidence")
 
 
+def test_deviating_span_with_near_tie_flips_is_inconclusive():
+    r = v([BAD_SPAN], flips=(Flip(1, 2, 0.002, 0.001, 1),))
+    assert (r.status, r.kind) == ("INCONCLUSIVE", "near ties") and "decode A[9:10)" in r.line
+
+
 def test_wide_flip_fails_and_names_the_span():
     r = v([OK_SPAN, BAD_SPAN], flips=(Flip(2, 0, 0.8, 1.5, 7),), max_kl=0.8)
     assert r.status == "FAIL" and r.code == 1

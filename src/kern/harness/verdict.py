@@ -5,9 +5,11 @@ limit on a row where A's own noise shows no flip. The line names the first span 
 PASS (0), naming the strongest kind that holds: bit-identical (every span and every output),
 logits bit-identical, within the noise floor (every span within its floor, every row's KL
 within the limit), logit evidence (some span beyond its floor, every row's KL within the
-limit). INCONCLUSIVE (2): the workload never runs a program with a changed span, a span
-cannot be replayed and the outputs alone do not decide, or the evidence is insufficient
-(no logits to weigh, or KL above the limit without a flip)."""
+limit; near-tie flips, KL within the limit, are excused by the floor), logit evidence (some
+span beyond its floor or not replayable, every row's KL within the limit, the argmax kept on
+every row). INCONCLUSIVE (2): the workload never runs a program with a changed span, or the
+evidence is insufficient: no logits to weigh, KL above the limit without a flip, or a span
+beyond its floor together with near-tie flips."""
 
 from __future__ import annotations
 
@@ -122,4 +124,8 @@ def decide(f: Facts) -> Verdict:
                        f"within their floor; {tail}")
     why = (f"{sum(s.deviates for s in f.spans)} spans beyond their floor" if any(s.deviates for s in f.spans)
            else f"{len(unrep)} spans not replayable")
-    return Verdict(PASS, "logit evidence", f"PASS (logit evidence): {why}; {tail}")
+    if e.flips:  # near-ties are excused by noise only: with a span beyond its floor they prove nothing
+        return Verdict(INCONCLUSIVE, "near ties", f"INCONCLUSIVE: {why} and the argmax flips at {len(e.flips)} "
+                       f"near-tie rows (KL <= {f.limit:g}): the logits cannot tell{_culprit(f)}")
+    return Verdict(PASS, "logit evidence", f"PASS (logit evidence): {why}; argmax agrees on all {e.rows} rows, "
+                   f"max KL {e.max_kl:.2g} nat")
