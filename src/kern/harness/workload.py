@@ -77,8 +77,9 @@ def boundaries(lim: Limits) -> dict[str, int]:
 def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_prompt: int | None = None) -> Workload:
     rng = np.random.Generator(np.random.PCG64(seed))
     top = min(lim.context - decode_steps, lim.table_width * lim.page_tokens - decode_steps)
-    if max_prompt is not None:
-        top = min(top, max_prompt)
+    # default cap: past one chunk and two pages, so chunked prefill and page crossings are fed,
+    # without prompts as long as the context (minutes on a cpu reference)
+    top = min(top, max_prompt if max_prompt is not None else lim.chunk + 2 * lim.page_tokens)
     if top < 1:
         raise ValueError(f"no prompt fits: context {lim.context}, {decode_steps} decode steps")
     edges = [(k, n) for k, n in boundaries(lim).items() if 1 <= n <= top]
