@@ -1,6 +1,10 @@
 """Time the llama kernels on the GPU (not a test; run by hand on the device):
 
-    PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py
+    PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
+
+Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
+they include) are built and timed beside the working tree's kernels ("new"); gemv is also timed
+with the PDL launch attribute ("new+pdl").
 
 Each case is captured in a CUDA graph of REPS launches cycling through enough copies of its
 inputs to defeat the 60 MB L2, replayed after a warm-up, timed with CUDA events (median of 5).
@@ -53,41 +57,95 @@ def row(name: str, us: float, nbytes: float) -> str:
     return f"{name:<44} {us:9.2f} us  {nbytes / us / 1e3:8.1f} GB/s"
 
 
-def bench_gemv(gpu: Gpu, rng, lines: list[str]) -> None:
-    for name, N, K, entry in [("gemv qkv 3072x2048", 3072, 2048, "gemv_bf16"),
-                              ("gemv o_proj 2048x2048", 2048, 2048, "gemv_bf16"),
-                              ("gemv gate_up 16384x2048", 16384, 2048, "gemv_bf16"),
-                              ("gemv down 2048x8192", 2048, 8192, "gemv_bf16"),
-                              ("gemv_f32 lm_head 128256x2048", 128256, 2048, "gemv_f32")]:
+GEMV_SHAPES = [  # (model, name, N, K, entry)
+    ("llama-1b", "qkv", 3072, 2048, "gemv_bf16"), ("llama-1b", "o_proj", 2048, 2048, "gemv_bf16"),
+    ("llama-1b", "gate_up", 16384, 2048, "gemv_bf16"), ("llama-1b", "down", 2048, 8192, "gemv_bf16"),
+    ("llama-1b", "lm_head", 128256, 2048, "gemv_f32"),
+    ("smollm2-135m", "qkv", 960, 576, "gemv_bf16"), ("smollm2-135m", "o_proj", 576, 576, "gemv_bf16"),
+    ("smollm2-135m", "gate_up", 3072, 576, "gemv_bf16"), ("smollm2-135m", "down", 576, 1536, "gemv_bf16"),
+    ("smollm2-135m", "lm_head", 49152, 576, "gemv_f32"),
+]
+# grid columns per block of each version of gemv (the old kernel: one warp per column)
+GEMV_COLS = {"old": 8}  # others: 16
+
+
+def rand_weights(rng, shape, scale=0.05) -> np.ndarray:
+    """Random bf16 without drawing every element (a random 4M block tiled): not zeros, fast."""
+    n = int(np.prod(shape))
+    base = R.rand_bf16(rng, (min(n, 1 << 22),), scale)
+    return np.resize(base, n).reshape(shape)
+
+
+def bench_gemv(gpus: dict, rng, lines: list[str], row_counts=(1, 16, 32)) -> None:
+    for model, name, N, K, entry in GEMV_SHAPES:
         wbytes = N * K * 2
-        ws = [gpu.put(R.rand_bf16(rng, (N, K), 0.05)) for _ in range(copies(wbytes))]
-        x = gpu.put(R.rand_bf16(rng, (1, K)))
-        y = gpu.empty(N * 4)
-        ls = [gpu.make(entry, -(-N // 8), 256, x, ws[i % len(ws)], y, 1, N, K) for i in range(REPS)]
-        lines.append(row(f"{name} rows=1", time_graph(gpu, ls), wbytes))
+        ws = [gpus["new"].put(rand_weights(rng, (N, K))) for _ in range(copies(wbytes))]
+        for rows in row_counts:
+            if model != "llama-1b" and rows == 32:
+                continue
+            x = gpus["new"].put(R.rand_bf16(rng, (rows, K)))
+            y = gpus["new"].empty(rows * N * 4)
+            res = []
+            for label, gpu in gpus.items():
+                cols = GEMV_COLS.get(label, 16)
+                ls = [gpu.make(entry, -(-N // cols), 256, x, ws[i % len(ws)], y, rows, N, K) for i in range(REPS)]
+                us = time_graph(gpu, ls)
+                res.append(f"{label} {us:8.2f} us {wbytes / us / 1e6:5.2f} TB/s")
+                if label == "new":
+                    try:  # the same launches with the PDL attribute: weight loads overlap the previous launch
+                        ls = [gpu.make(entry, -(-N // cols), 256, x, ws[i % len(ws)], y, rows, N, K, pdl=True)
+                              for i in range(REPS)]
+                        us = time_graph(gpu, ls)
+                        res.append(f"new+pdl {us:8.2f} us {wbytes / us / 1e6:5.2f} TB/s")
+                    except Exception as e:  # noqa: BLE001
+                        res.append(f"pdl failed: {e}")
+            lines.append(f"gemv {model:<12} {name:<8} {N:>6}x{K:<5} rows={rows:<2} " + " | ".join(res))
+            print(lines[-1], flush=True)
         for w in ws:
             w.free()
-        gpu._bufs = [b for b in gpu._bufs if not b.freed]
+        gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
 
 
-def bench_attention(gpu: Gpu, rng, lines: list[str]) -> None:
-    nq, nkv, hd, pt, n_layers = 32, 8, 64, 16, 1
-    for ctx, split in [(1024, 32), (1024, 256), (4096, 64), (4096, 256), (16384, 128), (16384, 512)]:
-        pps = ctx // pt
-        state_bytes = pps * pt * n_layers * 2 * nkv * hd * 2
-        n_copies = copies(state_bytes)
-        states = [gpu.put(R.rand_bf16(rng, (pps, n_layers, 2, nkv, pt, hd))) for _ in range(n_copies)]
-        table = gpu.put(np.arange(pps, dtype=np.int32))
-        pos = gpu.put(np.array([ctx - 1], np.int32))
-        q = gpu.put(R.rand_bf16(rng, (1, nq * hd)))
-        n_splits = -(-ctx // split)
-        po, pm, o = gpu.empty(nq * n_splits * hd * 4), gpu.empty(nq * n_splits * 8), gpu.empty(nq * hd * 2)
-        ls = []
-        for i in range(REPS):
-            ls.append(gpu.make("attention_decode", (1, nkv, n_splits), 128, q, states[i % n_copies], table,
-                               pos, po, pm, o, 1, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd))
-            ls.append(gpu.make("attention_combine", (1, nq), hd, po, pm, o, 1, nq, hd, n_splits))
-        lines.append(row(f"attention_decode+combine ctx={ctx} split={split}", time_graph(gpu, ls), state_bytes))
+def bench_attention(gpus: dict, rng, lines: list[str]) -> None:
+    """Decode attention + combine as the manifest launches them: split 64, n_splits 64 (context
+    4096), every row at position ctx - 1, one layer of state."""
+    pt, n_layers, split, n_splits = 16, 1, 64, 64
+    for model, nq, nkv, hd in [("llama-1b", 32, 8, 64), ("smollm2-135m", 9, 3, 64)]:
+        for rows, ctx in [(1, 16), (1, 160), (1, 1024), (1, 4096), (16, 16), (16, 160), (16, 1024)]:
+            pps = 4096 // pt
+            n_pages = rows * (-(-ctx // pt))
+            state_bytes = n_pages * pt * n_layers * 2 * nkv * hd * 2
+            n_copies = copies(state_bytes)
+            states = [gpus["new"].put(rand_weights(rng, (n_pages, n_layers, 2, nkv, pt, hd), 1.0))
+                      for _ in range(n_copies)]
+            table = np.zeros((rows, pps), np.int32)
+            table[:, : -(-ctx // pt)] = rng.permutation(n_pages).reshape(rows, -1)
+            table = gpus["new"].put(table)
+            pos = gpus["new"].put(np.full(rows, ctx - 1, np.int32))
+            q = gpus["new"].put(R.rand_bf16(rng, (rows, nq * hd)))
+            po = gpus["new"].empty(rows * nq * n_splits * hd * 4)
+            pm = gpus["new"].empty(rows * nq * n_splits * 8)
+            o = gpus["new"].empty(rows * nq * hd * 2)
+            res, outs = [], {}
+            for label, gpu in gpus.items():
+                ls = []
+                for i in range(REPS):
+                    ls.append(gpu.make("attention_decode", (rows, nkv, n_splits), 128, q, states[i % n_copies], table,
+                                       pos, po, pm, o, rows, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd))
+                    ls.append(gpu.make("attention_combine", (rows, nq), hd, po, pm, o, rows, nq, hd, n_splits))
+                us = time_graph(gpu, ls)
+                outs[label] = R.f32(gpu.get(o, R.BF16, (rows, nq * hd)))
+                res.append(f"{label} {us:8.2f} us")
+            gpu = gpus["new"]
+            ls = [gpu.make("attention_decode", (rows, nkv, n_splits), 128, q, states[i % n_copies], table, pos, po, pm,
+                           o, rows, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd) for i in range(REPS)]
+            res.append(f"new decode alone {time_graph(gpu, ls):6.2f} us")
+            diff = float(np.abs(outs["new"] - outs["old"]).max()) if "old" in outs else 0.0
+            lines.append(f"attn {model:<12} rows={rows:<2} ctx={ctx:<5} " + " | ".join(res) + f" | max|new-old| {diff:.3g}")
+            print(lines[-1], flush=True)
+            for st in states:
+                st.free()
+            gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
 
 
 def bench_small(gpu: Gpu, rng, lines: list[str]) -> None:
@@ -151,23 +209,53 @@ def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
 
 def main() -> None:
     import importlib.util
+    import subprocess
+    import sys
     from cuda_kernel_docs import KERNEL_DIR
     spec = importlib.util.spec_from_file_location("b", KERNEL_DIR / "build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     out = Path(tempfile.mkdtemp())
     build.build(out)
-    gpu = Gpu(open_device(0), out)
+    dev = open_device(0)
+    gpus = {"new": Gpu(dev, out)}
+    # optional: earlier versions of some .cu files in _variants/<label>/ (with the headers they
+    # include), timed beside the working tree's kernels ("new")
+    var_root = Path(__file__).resolve().parent / "_variants"
+    if var_root.is_dir():
+        new = gpus.pop("new")
+        for vdir in sorted(p for p in var_root.iterdir() if p.is_dir()):
+            vout = Path(tempfile.mkdtemp())
+            for src in sorted(vdir.glob("*.cu")):
+                subprocess.run(["nvcc", *build.FLAGS, "-I", ".", src.name, "-o", str(vout / f"{src.stem}.cubin")],
+                               cwd=vdir, check=True)
+            for p in out.glob("*.cubin"):
+                if not (vout / p.name).exists():
+                    (vout / p.name).write_bytes(p.read_bytes())
+            gpus[vdir.name] = Gpu(dev, vout)
+        gpus["new"] = new
+    gpu = gpus["new"]
     rng = np.random.default_rng(0)
+    only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
-    for f in (bench_launch_overheads, bench_small, bench_gemv, bench_attention, bench_cublaslt):
+    for f in (bench_gemv, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
+        if only and f.__name__ not in only:
+            continue
         try:
-            f(gpu, lines) if f is bench_launch_overheads else f(gpu, rng, lines)
+            if f is bench_launch_overheads:
+                f(gpu, lines)
+            elif f in (bench_gemv, bench_attention):
+                f(gpus, rng, lines)
+            else:
+                f(gpu, rng, lines)
         except Exception as e:  # noqa: BLE001 - report and go on to the next case
+            import traceback
+            traceback.print_exc()
             lines.append(f"{f.__name__} failed: {e}")
         print(lines[-1], flush=True)
     print("\n".join(lines))
-    gpu.close()
+    for g in gpus.values():
+        g.close()
 
 
 if __name__ == "__main__":

@@ -179,7 +179,8 @@ def _attention_ref(q, state, page_table, seq_of_row, pos, layer, nq, nkv, hd, pt
     return out
 
 
-@pytest.mark.parametrize("nq,nkv,hd", [(8, 2, 128), (6, 2, 64), (4, 4, 64)])
+@pytest.mark.parametrize("nq,nkv,hd", [(8, 2, 128), (6, 2, 64), (4, 4, 64), (9, 3, 64), (32, 8, 64),
+                                      (16, 2, 256), (4, 1, 128)])
 @pytest.mark.parametrize("split_tokens", [64, 4096])
 def test_attention_decode(gpu, nq, nkv, hd, split_tokens):
     rng = np.random.default_rng(6)
@@ -242,20 +243,27 @@ def test_silu_mul(gpu):
     assert_near_bf16(bf(gpu, dh, (rows, inter)), ref)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 11])
-def test_gemv(gpu, rows):
+@pytest.mark.parametrize("rows,N,K", [(1, 1000, 2048), (5, 1000, 2048), (11, 1000, 2048), (16, 1000, 2048),
+                                      (32, 1000, 2048), (40, 1000, 2048), (1, 200, 576), (16, 200, 576),
+                                      (3, 72, 8192), (2, 24, 8)])
+def test_gemv(gpu, rows, N, K):
     rng = np.random.default_rng(9)
-    N, K = 1000, 2048
     x, W = R.rand_bf16(rng, (rows, K)), R.rand_bf16(rng, (N, K), 0.05)
     ref = R.f32(x).astype(np.float64) @ R.f32(W).astype(np.float64).T
     bound = np.abs(R.f32(x)).astype(np.float64) @ np.abs(R.f32(W)).astype(np.float64).T
     dx, dW = gpu.put(x), gpu.put(W)
     dy32, dy16 = gpu.empty(rows * N * 4), gpu.empty(rows * N * 2)
-    gpu.run("gemv_f32", -(-N // 8), 256, dx, dW, dy32, rows, N, K)
-    gpu.run("gemv_bf16", -(-N // 8), 256, dx, dW, dy16, rows, N, K)
+    gpu.run("gemv_f32", -(-N // 16), 256, dx, dW, dy32, rows, N, K)
+    gpu.run("gemv_bf16", -(-N // 16), 256, dx, dW, dy16, rows, N, K)
     y32 = gpu.get(dy32, np.float32, (rows, N))
     assert np.all(np.abs(y32 - ref) <= 1e-5 * bound + 1e-6)
     assert_near_bf16(bf(gpu, dy16, (rows, N)), R.rbf(ref), min_exact=0.98)
+    # deterministic, and each row independent of the others in the batch
+    gpu.run("gemv_f32", -(-N // 16), 256, dx, dW, dy32, rows, N, K)
+    assert np.array_equal(gpu.get(dy32, np.float32, (rows, N)), y32)
+    d1 = gpu.empty(N * 4)
+    gpu.run("gemv_f32", -(-N // 16), 256, gpu.put(x[rows - 1:]), dW, d1, 1, N, K)
+    assert np.array_equal(gpu.get(d1, np.float32, (1, N))[0], y32[rows - 1])
 
 
 def test_argmax_ties_go_to_the_lowest_index(gpu):

@@ -146,18 +146,228 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
         default: break;                                                                 \
     }
 
-extern "C" __global__ void __launch_bounds__(128)
+// ---- decode: tiled over tokens --------------------------------------------------------
+// The block (r, h, z) takes its split's tokens in tiles of DEC_TT = 4096 / head_dim tokens
+// (64, 32, 16). Per tile: the K and V rows of the tile are loaded (8 independent 16-byte loads
+// per thread) into shared memory; scores S[g][t] are computed token-parallel (thread = one
+// token and a subset of the G query heads, all of head_dim in a thread: no shuffles); one warp
+// per head takes the tile's max, exponentiates and sums (fixed order); then P.V with lanes over
+// head_dim and warps over tokens. All warps share one running max per head, so the warps'
+// accumulators are added in warp order at the end. Blocks past the row's context write an
+// empty partial (sum 0) and exit.
+#define DEC_TILE_ELEMS 4096                       // DEC_TT * head_dim
+#define DEC_K_BYTES (64 * (64 + 8) * 2)           // largest padded K tile (head_dim 64)
+#define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
+#define DEC_Q_FLOATS (ATTN_MAX_G * 256)
+#define DEC_P_FLOATS (ATTN_MAX_G * 64)
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+struct DecSmem {
+    alignas(16) unsigned char kv[DEC_K_BYTES + DEC_V_BYTES];  // K tile, V tile; later the merge
+    alignas(16) float q[DEC_Q_FLOATS];                          // q * scale * log2(e)
+    float p[DEC_P_FLOATS];                                       // scores, then probabilities
+    float m[ATTN_MAX_G], l[ATTN_MAX_G], corr[ATTN_MAX_G];
+};
+
+template <int HD>
+__device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                              const int *__restrict__ page_table, int r,
+                              const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
+                              bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
+                              int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
+                              int q_stride, DecSmem &sm) {
+    constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
+    constexpr int KP = HD + 8;                // padded K row (bf16): conflict-free 16-byte reads
+    constexpr int CH = HD / 8;                // 16-byte chunks per row
+    constexpr int E = HD / 32;                // P.V: dims per lane
+    constexpr int NSETS = 128 / TT;           // QK: head subsets
+    constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
+    const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
+    const int G = n_q_heads / n_kv_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t0 = z * split_tokens;
+    const int *pt_row = page_table + (size_t)r * pages_per_seq;
+    // The first tile's page numbers are read together with pos (one round trip, not two);
+    // the table row has pages_per_seq entries, so indexes past it are not read.
+    int page0[LOADS];
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+        const int t = t0 + (tid + i * 128) / CH;
+        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
+    }
+    const int p_last = pos[r];
+    const int t1 = min(p_last + 1, t0 + split_tokens);
+    if (t0 >= t1) {  // past the context: an empty partial
+        if (n_splits > 1 && tid < G) {
+            const size_t slot = ((size_t)r * n_q_heads + h * G + tid) * n_splits + z;
+            part_ml[slot * 2] = -INFINITY;
+            part_ml[slot * 2 + 1] = 0.f;
+        }
+        return;
+    }
+    bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
+    bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
+    const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
+
+    // P.V roles: head gw (and gw + 4), token slice `slice` of TS.
+    const int TS = G >= 4 ? 1 : 4 / G;
+    const int gw = G >= 4 ? warp : warp % G, slice = G >= 4 ? 0 : warp / G;
+    const bool active = slice < TS;
+    float acc[2][E];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
+
+    for (int tb = t0; tb < t1; tb += TT) {
+        const int nt = min(TT, t1 - tb);
+#pragma unroll
+        for (int i = 0; i < LOADS; ++i) {
+            const int c = tid + i * 128, tt = c / CH, ch = c % CH;
+            if (tt < nt) {
+                const int t = tb + tt;
+                const int page = tb == t0 ? page0[i] : pt_row[t / page_tokens];
+                const size_t off = kv_offset(page, layer, 0, h, t % page_tokens,
+                                             n_layers, n_kv_heads, HD, page_tokens) + ch * 16;
+                cp_async16(sK + tt * KP + ch * 8, kv_state + off);
+                cp_async16(sV + tt * HD + ch * 8, kv_state + off + v_shift);
+            }
+        }
+        cp_async_commit();
+        if (tb == t0) {
+            const float qscale = (1.f / sqrtf((float)HD)) * 1.4426950408889634f;
+            const bf16 *qh = q + (size_t)r * q_stride + (size_t)h * G * HD;
+            for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(qh[i]) * qscale;
+            if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
+        // Scores (log2 units): thread = token tt, heads gs, gs + NSETS, ...
+        {
+            const int tt = tid % TT, gs = tid / TT;
+            for (int g = gs; g < G; g += NSETS) {
+                float d = -INFINITY;
+                if (tt < nt) {
+                    d = 0.f;
+                    const float *qg = sm.q + g * HD;
+#pragma unroll 4
+                    for (int ch = 0; ch < CH; ++ch) {
+                        float kf[8];
+                        unpack8(*reinterpret_cast<const uint4 *>(sK + tt * KP + ch * 8), kf);
+                        const float4 qa = *reinterpret_cast<const float4 *>(qg + ch * 8);
+                        const float4 qb = *reinterpret_cast<const float4 *>(qg + ch * 8 + 4);
+                        d += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+                             qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                    }
+                }
+                sm.p[g * TT + tt] = d;
+            }
+        }
+        __syncthreads();
+
+        // Softmax over the tile: one warp per head.
+        for (int g = warp; g < G; g += ATTN_WARPS) {
+            float mx = -INFINITY;
+            for (int i = lane; i < TT; i += 32) mx = fmaxf(mx, sm.p[g * TT + i]);
+            mx = warp_max(mx);
+            const float m_old = sm.m[g], m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int i = lane; i < TT; i += 32) {
+                const float pr = exp2f(sm.p[g * TT + i] - m_new);
+                sm.p[g * TT + i] = pr;
+                sum += pr;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float corr = exp2f(m_old - m_new);
+                sm.corr[g] = corr;
+                sm.l[g] = sm.l[g] * corr + sum;
+                sm.m[g] = m_new;
+            }
+        }
+        __syncthreads();
+
+        // P.V: lanes over head_dim; warp w takes heads w, w + 4 (G >= 4), or head w % G and
+        // every TS-th token starting at w / G (G < 4: TS = 4 / G token slices).
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                if (gw + 4 * j >= G) break;
+                const float corr = sm.corr[gw + 4 * j];
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[j][e] *= corr;
+            }
+#pragma unroll 4
+            for (int tt = slice; tt < nt; tt += TS) {
+                float vf[E];
+                Lane<E>::load(sV + tt * HD + lane * E, vf);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    if (gw + 4 * j >= G) break;
+                    const float pr = sm.p[(gw + 4 * j) * TT + tt];
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[j][e] += pr * vf[e];
+                }
+            }
+        }
+        __syncthreads();  // the next tile overwrites K, V and p
+    }
+
+    // Merge: s_acc[warp][j][HD]; head g sums its token slices in order.
+    float *s_acc = reinterpret_cast<float *>(sm.kv);
+    if (active) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < E; ++e) s_acc[(warp * 2 + j) * HD + lane * E + e] = acc[j][e];
+    }
+    __syncthreads();
+    for (int i = tid; i < G * HD; i += 128) {
+        const int g = i / HD, d = i % HD, hq = h * G + g;
+        float A;
+        if (G >= 4) {
+            A = s_acc[((g & 3) * 2 + (g >> 2)) * HD + d];
+        } else {
+            A = 0.f;
+            for (int sl = 0; sl < TS; ++sl) A += s_acc[((g + G * sl) * 2) * HD + d];
+        }
+        if (n_splits == 1) {
+            o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
+        } else {
+            const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
+            part_o[slot * HD + d] = A;
+            if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 6)
 attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  const int *__restrict__ page_table, const int *__restrict__ pos,
                  float *__restrict__ part_o, float *__restrict__ part_ml, bf16 *__restrict__ o,
                  int rows, int pages_per_seq, int layer, int n_layers, int n_q_heads,
                  int n_kv_heads, int head_dim, int page_tokens, int split_tokens, int q_stride) {
-    __shared__ float smem[ATTN_SMEM];
+    __shared__ DecSmem sm;
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-    ATTN_DISPATCH(q, kv_state, page_table, r, pos[r], part_o, part_ml, o, r, pages_per_seq,
-                  layer, n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride,
-                  smem)
+    pdl_launch_dependents();
+    pdl_wait();
+#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, o, pages_per_seq, layer, \
+                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    switch (head_dim) {
+        case 64: attend_decode<64>(DEC_ARGS); break;
+        case 128: attend_decode<128>(DEC_ARGS); break;
+        case 256: attend_decode<256>(DEC_ARGS); break;
+        default: break;
+    }
+#undef DEC_ARGS
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -176,26 +386,61 @@ attention_prefill(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                   smem)
 }
 
-// o[r, hq, :] = sum_z part_o[r, hq, z, :] * 2^(m_z - M) / sum_z l_z * 2^(m_z - M), z in order.
+// o[r, hq, :] = sum_z part_o[r, hq, z, :] * 2^(m_z - M) / sum_z l_z * 2^(m_z - M), z in order,
+// over the splits with l_z > 0. The split weights are computed once per block (chunks of
+// COMB_CHUNK splits in shared memory), then each thread adds its dims in order z = 0, 1, ...
+#define COMB_CHUNK 256
 extern "C" __global__ void attention_combine(const float *__restrict__ part_o,
                                              const float *__restrict__ part_ml,
                                              bf16 *__restrict__ o, int rows, int n_q_heads,
                                              int head_dim, int n_splits) {
+    __shared__ float s_w[COMB_CHUNK], s_l[COMB_CHUNK], s_red[32];
     const int r = blockIdx.x, hq = blockIdx.y;
+    pdl_launch_dependents();
+    pdl_wait();
     if (r >= rows || hq >= n_q_heads) return;
     const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
+    float mx = -INFINITY;
+    for (int z = threadIdx.x; z < n_splits; z += blockDim.x)
+        if (part_ml[(base + z) * 2 + 1] > 0.f) mx = fmaxf(mx, part_ml[(base + z) * 2]);
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = mx;
+    __syncthreads();
     float M = -INFINITY;
-    for (int z = 0; z < n_splits; ++z)
-        if (part_ml[(base + z) * 2 + 1] > 0.f) M = fmaxf(M, part_ml[(base + z) * 2]);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        for (int z = 0; z < n_splits; ++z) {
-            const float lz = part_ml[(base + z) * 2 + 1];
-            if (!(lz > 0.f)) continue;
-            const float w = exp2f(part_ml[(base + z) * 2] - M);
-            L += lz * w;
-            A += part_o[(base + z) * head_dim + d] * w;
+    for (int w = 0; w < (int)(blockDim.x + 31) >> 5; ++w) M = fmaxf(M, s_red[w]);
+    float L[2] = {0.f, 0.f}, A[2] = {0.f, 0.f};  // dims threadIdx.x and threadIdx.x + blockDim.x
+    for (int c0 = 0; c0 < n_splits; c0 += COMB_CHUNK) {
+        const int cn = min(COMB_CHUNK, n_splits - c0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < cn; i += blockDim.x) {
+            const float lz = part_ml[(base + c0 + i) * 2 + 1];
+            const float w = lz > 0.f ? exp2f(part_ml[(base + c0 + i) * 2] - M) : 0.f;
+            s_w[i] = w;
+            s_l[i] = lz > 0.f ? lz : 0.f;
         }
-        o[(size_t)r * n_q_heads * head_dim + (size_t)hq * head_dim + d] = to_bf(A / L);
+        __syncthreads();
+        for (int j = 0; j < 2; ++j) {
+            const int d = threadIdx.x + j * blockDim.x;
+            if (d >= head_dim) break;
+            // 8 independent loads, then the adds in order z (skipped splits add nothing)
+            for (int i0 = 0; i0 < cn; i0 += 8) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    v[u] = (i0 + u < cn && s_l[i0 + u] > 0.f) ? part_o[(base + c0 + i0 + u) * head_dim + d] : 0.f;
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (i0 + u < cn && s_l[i0 + u] > 0.f) {
+                        L[j] += s_l[i0 + u] * s_w[i0 + u];
+                        A[j] += v[u] * s_w[i0 + u];
+                    }
+                }
+            }
+        }
+    }
+    for (int j = 0; j < 2; ++j) {
+        const int d = threadIdx.x + j * blockDim.x;
+        if (d < head_dim)
+            o[(size_t)r * n_q_heads * head_dim + (size_t)hq * head_dim + d] = to_bf(A[j] / L[j]);
     }
 }

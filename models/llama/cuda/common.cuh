@@ -72,3 +72,12 @@ __device__ __forceinline__ size_t kv_offset(int phys_page, int layer, int kv, in
         ((((size_t)layer * 2 + kv) * n_kv_heads + head) * page_tokens + tok) * head_dim * 2;
     return (size_t)phys_page * page_bytes + in_page;
 }
+
+// Programmatic dependent launch (sm_90). Without the launch attribute both are no-ops.
+// pdl_launch_dependents: the next kernel in the stream may start its prologue now.
+// pdl_wait: block until the previous kernel finished and its writes are visible; call it
+// before reading anything the previous kernel wrote and before the first global write.
+__device__ __forceinline__ void pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
