@@ -15,7 +15,7 @@ BF = "bf16"
 # long so its partials stay small for thousands of rows.
 SPLIT_TOKENS = {"prefill": 512, "decode": 64}
 ARGMAX_CHUNKS = 128
-CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "rope")
+CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
 
 def _op(module, entry, params, grid, block, launches_extra=()):
@@ -63,17 +63,11 @@ def ops_cuda() -> dict:
                                            "head_dim", "page_tokens", "split_tokens", "q_stride"],
                                   "writes": ["part_o", "part_ml"],
                                   "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]}, combine]}},
-        "attention_prefill": {"params": [P("q"), "kv: in state", P("page_table", "i32"), P("cu_seqlens", "i32"),
-                                         P("pos", "i32"), P("part_o", "f32", "out"), P("part_ml", "f32", "out"),
-                                         P("o", dir_="out"), "rows: i32", "n_seqs: i32", "pages_per_seq: i32",
-                                         *attn_common, "n_splits: i32"],
-                              "impl": {"launches": [
-                                  {"module": "attention", "entry": "attention_prefill",
-                                   "args": ["q", "kv", "page_table", "cu_seqlens", "pos", "part_o", "part_ml", "o",
-                                            "rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
-                                            "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride"],
-                                   "writes": ["part_o", "part_ml"],
-                                   "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]}, combine]}},
+        "attention_prefill": _op("prefill_attention", "prefill_attention", (
+            P("q"), "kv: in state", P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"),
+            P("o", dir_="out"), "rows: i32", "n_seqs: i32", "pages_per_seq: i32", "layer: i32", "n_layers: i32",
+            "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32", "page_tokens: i32", "q_stride: i32"),
+            ["n_q_heads", {"add": [{"ceil_div": ["rows", 64]}, "n_seqs"]}], [128]),
         "silu_mul": _op("mlp", "silu_mul", (P("gate_up"), P("h", dir_="out"), "rows: i32", "inter: i32"),
                         ["rows", {"ceil_div": ["inter", 2048]}], [256]),
         "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
@@ -150,6 +144,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
         })
         if not decode:
             buffers[p + "last"] = bw(["seqs", "hidden"])
+            del buffers[p + "part_o"], buffers[p + "part_ml"]  # prefill_attention writes o directly
 
         def lin(x, w, y, n, k):
             if decode:
@@ -186,8 +181,9 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
                               *common]})
             else:
                 calls.append({"op": "attention_prefill", "args": [q, {"state": "kv"}, b(p + "page_table"),
-                              b(p + "cu_seqlens"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "attn"),
-                              v(rows), v("seqs"), v(pages), *common]})
+                              b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows), v("seqs"), v(pages),
+                              v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+                              v("qkv_dim")]})
             calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
             calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
                                                          v(rows), v("hidden"), v(s.eps)]})

@@ -93,3 +93,12 @@ def test_each_shape_bucket_resolves_once(sm90):
     a = dec.resolve({**sm90.constants, "seqs": 1, "context": 512})
     b = dec.resolve({**sm90.constants, "seqs": 16, "context": 512})
     assert [i.grid for i in a] != [i.grid for i in b]
+
+
+def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
+    pre, bufs = _program(sm90, "prefill")
+    items = pre.resolve({**sm90.constants, "tokens": 130, "seqs": 3, "context": 512})
+    attn = [i for i in items if isinstance(i, Launch) and i.kernel.name == "prefill_attention"]
+    assert len(attn) == 2  # one per layer
+    assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)
+    assert attn[0].args[5] == bufs["p_attn"].ptr and attn[0].args[6:8] == (130, 3)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from math import prod
 
 from ..manifest.expr import evaluate, names
-from ..manifest.model import DTYPE_BYTES, BufArg, Expr, StateArg, ValueArg
+from ..manifest.model import DTYPE_BYTES, Add, BufArg, CeilDiv, Expr, Mul, StateArg, ValueArg
 from ..manifest.verify import Verified
 
 
@@ -55,6 +55,19 @@ def fold(e: Expr, consts: dict[str, int]) -> Expr:
     if any(n not in consts for n in names(e)):
         return e
     return evaluate(e, consts)
+
+
+def substitute(e: Expr, env: dict[str, Expr]) -> Expr:
+    """e with every name in env replaced by its expression."""
+    if isinstance(e, str):
+        return env.get(e, e)
+    if isinstance(e, Mul):
+        return Mul(mul=[substitute(x, env) for x in e.mul])
+    if isinstance(e, Add):
+        return Add(add=[substitute(x, env) for x in e.add])
+    if isinstance(e, CeilDiv):
+        return CeilDiv(ceil_div=[substitute(x, env) for x in e.ceil_div])
+    return e
 
 
 def value(e: Expr | float, env: dict[str, int]):
@@ -102,9 +115,8 @@ def lower_program(v: Verified, program: str) -> list[Launch]:
 
             def geo(e: Expr) -> Expr:
                 # launch geometry may name the op's scalar params: substitute the call's values
-                if isinstance(e, str) and e in scal_env:
-                    return scal_env[e]
-                return fold(e, {**consts, **{k: x for k, x in scal_env.items() if isinstance(x, int)}})
+                # (ints, or expressions over vars such as `rows` -> `tokens`), then fold
+                return fold(substitute(e, {k: x for k, x in scal_env.items() if not isinstance(x, float)}), consts)
 
             out.append(Launch(
                 where=f"programs.{program}.calls[{ci}] (op {call.op}) launch {li}", call=ci,
