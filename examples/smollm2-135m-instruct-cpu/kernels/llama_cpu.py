@@ -1,0 +1,160 @@
+"""CPU kernels for the llama family: numpy, fp32 storage and accumulation.
+
+This file is a kern module: a deployment pins it by sha256 like a cubin, and the CPU device
+calls its functions with numpy views of the manifest's buffers (shaped for the current step)
+and plain Python scalars. A paged state arrives as a flat uint8 array of pages; within a
+page the layout is [layer][k=0|v=1][kv_head][token_in_page][head_dim] in f32.
+"""
+
+import numpy as np
+
+
+def embed(ids, table, x):
+    np.take(table, ids, axis=0, out=x)
+
+
+def _norm(x, w, eps, out):
+    var = np.einsum("ij,ij->i", x, x) / x.shape[-1]
+    np.multiply(x, (1.0 / np.sqrt(var + eps))[:, None].astype(np.float32), out=out)
+    out *= w
+
+
+def rms_norm(x, w, y, eps):
+    _norm(x, w, eps, y)
+
+
+def add_rms_norm(res, x, w, y, eps):
+    res += x
+    _norm(res, w, eps, y)
+
+
+def head_rms_norm(qkv, qw, kw, heads, kv_heads, head_dim, eps):
+    """Qwen3's per-head RMSNorm of q and k, in place inside the fused qkv rows."""
+    t = qkv.shape[0]
+    for lo, n, w in ((0, heads, qw), (heads * head_dim, kv_heads, kw)):
+        part = qkv[:, lo:lo + n * head_dim].reshape(t * n, head_dim)
+        out = np.empty_like(part)
+        _norm(part, w, eps, out)
+        qkv[:, lo:lo + n * head_dim] = out.reshape(t, n * head_dim)
+
+
+def linear(x, w, y):
+    np.matmul(x, w.T, out=y)
+
+
+def rope_table(table, theta, factor, low_freq_factor, high_freq_factor, original_max_pos):
+    """cos in [:, :d/2], sin in [:, d/2:], for every position; llama3 scaling when factor > 0."""
+    n, d = table.shape
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    if factor > 0:
+        low_wavelen = original_max_pos / low_freq_factor
+        high_wavelen = original_max_pos / high_freq_factor
+        wavelen = 2 * np.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (original_max_pos / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    freqs = np.outer(np.arange(n, dtype=np.float32), inv).astype(np.float32)
+    table[:, : d // 2] = np.cos(freqs)
+    table[:, d // 2:] = np.sin(freqs)
+
+
+def rope(qkv, pos, table, heads, kv_heads, head_dim):
+    """Rotate-half rope of the q and k heads of the fused qkv rows, in place."""
+    t, half = qkv.shape[0], head_dim // 2
+    cos = table[pos, :half][:, None, :]
+    sin = table[pos, half:][:, None, :]
+    n = heads + kv_heads
+    qk = qkv[:, : n * head_dim].reshape(t, n, head_dim)
+    a = qk[:, :, :half].copy()
+    b = qk[:, :, half:].copy()
+    qk[:, :, :half] = a * cos - b * sin
+    qk[:, :, half:] = b * cos + a * sin
+
+
+def _pages(kv, layers, kv_heads, page_tokens, head_dim):
+    return kv.view(np.float32).reshape(-1, layers, 2, kv_heads, page_tokens, head_dim)
+
+
+def kv_append(qkv, kv, page_table, cu_seqlens, pos, layer, layers, heads, kv_heads, head_dim, page_tokens):
+    """Write each row's k and v at its position in its sequence's pages."""
+    pages = _pages(kv, layers, kv_heads, page_tokens, head_dim)
+    lo = heads * head_dim
+    width = kv_heads * head_dim
+    for s in range(len(cu_seqlens) - 1):
+        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        p = pos[r0:r1]
+        phys = page_table[s][p // page_tokens]
+        off = p % page_tokens
+        k = qkv[r0:r1, lo:lo + width].reshape(-1, kv_heads, head_dim)
+        v = qkv[r0:r1, lo + width:lo + 2 * width].reshape(-1, kv_heads, head_dim)
+        pages[phys, layer, 0, :, off, :] = k
+        pages[phys, layer, 1, :, off, :] = v
+
+
+def kv_append_decode(qkv, kv, page_table, pos, layer, layers, heads, kv_heads, head_dim, page_tokens):
+    """kv_append for one row per sequence (row r belongs to sequence r)."""
+    pages = _pages(kv, layers, kv_heads, page_tokens, head_dim)
+    lo = heads * head_dim
+    width = kv_heads * head_dim
+    rows = np.arange(len(pos))
+    phys = page_table[rows, pos // page_tokens]
+    off = pos % page_tokens
+    pages[phys, layer, 0, :, off, :] = qkv[:, lo:lo + width].reshape(-1, kv_heads, head_dim)
+    pages[phys, layer, 1, :, off, :] = qkv[:, lo + width:lo + 2 * width].reshape(-1, kv_heads, head_dim)
+
+
+def _attend(q, pos_rows, pages, phys, layer, heads, kv_heads, head_dim, page_tokens, out):
+    """q [n, heads, d] at positions pos_rows attends causally to its sequence's cached k/v."""
+    ctx = int(pos_rows.max()) + 1
+    npg = -(-ctx // page_tokens)
+    kv = pages[phys[:npg], layer]  # [npg, 2, kvh, P, d]
+    k = kv[:, 0].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)[:, :ctx]
+    v = kv[:, 1].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)[:, :ctx]
+    g = heads // kv_heads
+    qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)  # [kvh, n, g, d]
+    s = np.einsum("hngd,hkd->hngk", qg, k) * np.float32(1.0 / np.sqrt(head_dim))
+    mask = np.arange(ctx)[None, :] > pos_rows[:, None]  # [n, ctx]
+    if mask.any():
+        s = np.where(mask[None, :, None, :], np.float32(-np.inf), s)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    o = np.einsum("hngk,hkd->hngd", s, v)  # [kvh, n, g, d]
+    out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)
+
+
+def attention(qkv, kv, page_table, cu_seqlens, pos, o, layer, layers, heads, kv_heads, head_dim, page_tokens):
+    """Causal attention of each sequence's rows over its paged k/v (chunked prefill)."""
+    pages = _pages(kv, layers, kv_heads, page_tokens, head_dim)
+    for s in range(len(cu_seqlens) - 1):
+        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        q = qkv[r0:r1, : heads * head_dim].reshape(r1 - r0, heads, head_dim)
+        _attend(q, pos[r0:r1], pages, page_table[s], layer, heads, kv_heads, head_dim, page_tokens, o[r0:r1])
+
+
+def attention_decode(qkv, kv, page_table, pos, o, layer, layers, heads, kv_heads, head_dim, page_tokens):
+    """One query row per sequence over its paged k/v."""
+    pages = _pages(kv, layers, kv_heads, page_tokens, head_dim)
+    for r in range(len(pos)):
+        q = qkv[r:r + 1, : heads * head_dim].reshape(1, heads, head_dim)
+        _attend(q, pos[r:r + 1], pages, page_table[r], layer, heads, kv_heads, head_dim, page_tokens, o[r:r + 1])
+
+
+def silu_mul(gate_up, h):
+    inter = h.shape[1]
+    g = gate_up[:, :inter]
+    np.negative(g, out=h)
+    np.exp(h, out=h)
+    h += 1.0
+    np.divide(g, h, out=h)
+    h *= gate_up[:, inter:]
+
+
+def gather_last(x, cu_seqlens, y):
+    np.take(x, cu_seqlens[1:] - 1, axis=0, out=y)
+
+
+def argmax(logits, tokens):
+    tokens[:] = np.argmax(logits, axis=-1)
