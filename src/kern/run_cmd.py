@@ -8,11 +8,22 @@ from .manifest.problems import ManifestError
 from .runtime.errors import KernError
 
 
+def _auto_target() -> str:
+    """cuda when the driver sees a GPU (and cuda-bindings is installed), else cpu."""
+    try:
+        from .runtime.devices.cuda.driver import open_device
+
+        open_device(0)
+    except Exception:  # noqa: BLE001 - any failure of the probe means: run on the cpu
+        return "cpu"
+    return "cuda"
+
+
 def main(args) -> int:
     from .api import load
 
     try:
-        model = load(args.model, manifest=args.manifest, target=args.target or "cpu")
+        model = load(args.model, manifest=args.manifest, target=args.target or _auto_target())
         dev = model.engine.device.kind
         print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
