@@ -115,3 +115,30 @@ def test_a_cached_prefix_gives_the_same_tokens_as_a_cold_prompt(smollm2_model):
     assert warm.tokens == cold.tokens
     assert first.tokens  # the first request ran
     cold_pool.check()
+
+
+def test_one_prefill_step_of_several_sequences_equals_each_alone(tiny):
+    ckpt, manifest = tiny
+    model = Model(manifest, ckpt)
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, 256, n).tolist() for n in (5, 17, 33)]  # page boundaries +/- 1
+    pages = [model.alloc.take(3) for _ in seqs]
+    try:
+        alone = [model.step_rows(s, 0, pg, ragged=True)[1] for s, pg in zip(seqs, pages)]
+        st = model.protocol.for_rows(3, None)
+        (table,) = st.page_tables
+        pt = np.zeros((3, model.engine.shapes[table.buffer][1]), np.int32)
+        for i, pg in enumerate(pages):
+            pt[i, :len(pg)] = pg
+        rows = sum(len(s) for s in seqs)
+        env = model.engine.run(st.program, st.vars_for(3, rows), {
+            st.inputs["token"]: np.concatenate(seqs).astype(np.int32),
+            st.inputs["position"]: np.concatenate([np.arange(len(s)) for s in seqs]).astype(np.int32),
+            st.inputs["cu_seqlens"]: np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32),
+            table.buffer: pt})
+        together = model.engine.read(st.outputs["logits"], env)
+    finally:
+        for pg in pages:
+            model.alloc.give(pg)
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)
