@@ -14,7 +14,7 @@ from .judge import HarnessError, Options, judge
 def main(args) -> int:
     weights = args.weights
     if weights is None:
-        from ..api import default_model  # the embedded default checkpoint (found by entry point)
+        from ..registry import default_model  # the embedded default checkpoint (found by entry point)
 
         weights = default_model(progress=not args.json)
     d = Options()
