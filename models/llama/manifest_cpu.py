@@ -20,6 +20,32 @@ def _w(shape, *tensors):
     return _buf(shape, "weight", bind=[{"tensor": t} for t in tensors])
 
 
+def weight_buffers(s: Shape, dtype: str) -> dict:
+    """Every checkpoint tensor as a weight buffer of dtype: q/k/v fused into one, gate/up into
+    one, the LM head on the embedding table when tied."""
+    def w(shape, *tensors):
+        return {**_w(shape, *tensors), "dtype": dtype}
+
+    out = {
+        "embed": w(["vocab", "hidden"], "model.embed_tokens.weight"),
+        "final_norm": w(["hidden"], "model.norm.weight"),
+        "lm_head": w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
+    }
+    for l in range(s.layers):
+        pre = f"model.layers.{l}."
+        out[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")
+        out[f"ln2.{l}"] = w(["hidden"], pre + "post_attention_layernorm.weight")
+        out[f"qkv_w.{l}"] = w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
+        out[f"o_w.{l}"] = w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
+        out[f"gate_up_w.{l}"] = w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
+                                  pre + "mlp.up_proj.weight")
+        out[f"down_w.{l}"] = w(["hidden", "inter"], pre + "mlp.down_proj.weight")
+        if s.qk_norm:
+            out[f"q_norm.{l}"] = w(["head_dim"], pre + "self_attn.q_norm.weight")
+            out[f"k_norm.{l}"] = w(["head_dim"], pre + "self_attn.k_norm.weight")
+    return out
+
+
 def b(name):
     return {"buf": name}
 
@@ -64,24 +90,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
     qkv_dim = s.q_dim + 2 * s.kv_dim
-    buffers: dict = {
-        "rope": _buf(["context", "head_dim"], "carry"),
-        "embed": _w(["vocab", "hidden"], "model.embed_tokens.weight"),
-        "final_norm": _w(["hidden"], "model.norm.weight"),
-        "lm_head": _w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
-    }
-    for l in range(s.layers):
-        pre = f"model.layers.{l}."
-        buffers[f"ln1.{l}"] = _w(["hidden"], pre + "input_layernorm.weight")
-        buffers[f"ln2.{l}"] = _w(["hidden"], pre + "post_attention_layernorm.weight")
-        buffers[f"qkv_w.{l}"] = _w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
-        buffers[f"o_w.{l}"] = _w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
-        buffers[f"gate_up_w.{l}"] = _w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
-                                       pre + "mlp.up_proj.weight")
-        buffers[f"down_w.{l}"] = _w(["hidden", "inter"], pre + "mlp.down_proj.weight")
-        if s.qk_norm:
-            buffers[f"q_norm.{l}"] = _w(["head_dim"], pre + "self_attn.q_norm.weight")
-            buffers[f"k_norm.{l}"] = _w(["head_dim"], pre + "self_attn.k_norm.weight")
+    buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [

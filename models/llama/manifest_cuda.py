@@ -7,7 +7,7 @@ manifest span by span against the cpu reference of the same model."""
 from __future__ import annotations
 
 from .config import Shape
-from .manifest_cpu import PAGE_TOKENS, _buf, _w, b, v
+from .manifest_cpu import PAGE_TOKENS, _buf, b, v, weight_buffers
 
 BF = "bf16"
 # Context split of attention: decode spreads a sequence's context over many blocks (the
@@ -94,28 +94,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
           arch: str = "sm_90a") -> dict:
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
-    buffers: dict = {
-        "rope": _buf(["context", "head_dim"], "carry"),
-        "embed": _w(["vocab", "hidden"], "model.embed_tokens.weight"),
-        "final_norm": _w(["hidden"], "model.norm.weight"),
-        "lm_head": _w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
-    }
-    for name, bb in list(buffers.items()):
-        if bb["kind"] == "weight":
-            bb["dtype"] = BF
-    for l in range(s.layers):
-        pre = f"model.layers.{l}."
-        w = lambda shape, *t: {**_w(shape, *t), "dtype": BF}
-        buffers[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")
-        buffers[f"ln2.{l}"] = w(["hidden"], pre + "post_attention_layernorm.weight")
-        buffers[f"qkv_w.{l}"] = w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
-        buffers[f"o_w.{l}"] = w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
-        buffers[f"gate_up_w.{l}"] = w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
-                                      pre + "mlp.up_proj.weight")
-        buffers[f"down_w.{l}"] = w(["hidden", "inter"], pre + "mlp.down_proj.weight")
-        if s.qk_norm:
-            buffers[f"q_norm.{l}"] = w(["head_dim"], pre + "self_attn.q_norm.weight")
-            buffers[f"k_norm.{l}"] = w(["head_dim"], pre + "self_attn.k_norm.weight")
+    buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
