@@ -70,13 +70,16 @@ class Model:
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
         self.protocol = derive(self.verified)
+        if len(self.protocol.paged_states) != 1:
+            raise KernError(f"{manifest}: kern run steps manifests with exactly one paged state, this one has "
+                            f"{len(self.protocol.paged_states)}")
         (self.state, self.page_tokens), = self.protocol.paged_states.items()
         self.paging = Paging(self.verified, self.page_tokens, state_budget)
         self.engine = Engine(self.verified, checkpoint, state_sizes=self.paging.sizes, **engine_kw)
         self.paging.bind(self.engine)
         self.alloc = RawPages(self.paging, self.state, self.page_tokens)
         self.eos = self._eos_ids(checkpoint)
-        self.context = self.engine.m.vars["context"].max if "context" in self.engine.m.vars else None
+        self.context = self.protocol.max_positions
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -130,8 +133,8 @@ class Model:
         if not ids:
             raise BoundsError("empty prompt")
         if self.context is not None and len(ids) >= self.context:
-            raise BoundsError(f"prompt of {len(ids)} tokens does not fit the context bound: var context <= "
-                              f"{self.context} (the prompt plus at least one generated token)")
+            raise BoundsError(f"prompt of {len(ids)} tokens does not fit the context bound of {self.context} "
+                              "positions (the position input's domain; the prompt plus one generated token)")
         max_tokens = min(max_tokens, self.context - len(ids)) if self.context else max_tokens
         rng = np.random.Generator(np.random.PCG64(seed))
         grant = self.paging.lease(ids, len(ids) + max_tokens)

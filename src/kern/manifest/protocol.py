@@ -62,6 +62,7 @@ class Protocol:
     steppers: tuple[Stepper, ...]
     once: tuple[str, ...]
     paged_states: dict[str, int]  # paged state -> tokens per page
+    max_positions: int | None = None  # positions a sequence may reach: the position inputs' domain
 
     def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
         """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
@@ -122,4 +123,7 @@ def derive(v: Verified) -> Protocol:
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
             inputs=inputs, outputs=outputs, page_tables=tuple(tables)))
     once = tuple(n for n, p in m.programs.items() if p.once)
-    return Protocol(tuple(steppers), once, paged)
+    bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
+              if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
+              and m.buffers[s.inputs["position"]].domain.range is not None]
+    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None)
