@@ -61,7 +61,6 @@ class Engine:
             if weights is None:
                 raise DeviceError("this manifest binds weights: give the checkpoint folder")
             ckpt = Checkpoint(weights)
-            host_weights = {}
             by_dtype: dict[str, dict] = {}
             for n, (b, s) in weights_needed.items():
                 by_dtype.setdefault(b.dtype, {})[n] = (b, s)
@@ -70,8 +69,7 @@ class Engine:
         for n, b in self.m.buffers.items():
             self.buffers[n] = self.device.alloc(b.dtype, prod(self.shapes[n]))
             if n in host_weights:
-                self.device.write(self.buffers[n], host_weights[n])
-        del host_weights
+                self.device.write(self.buffers[n], host_weights.pop(n))
         self.launches: dict[str, list[Launch]] = {p: lower_program(v, p) for p in self.m.programs}
         self.programs = {p: self.device.lower(ls, self.buffers, self.states, self.consts,
                                               graph=self.m.programs[p].graph)
