@@ -17,7 +17,7 @@ import numpy as np
 
 from .manifest import load_verified
 from .manifest.protocol import derive
-from .runtime.engine import DEFAULT_STATE_BUDGET, Engine
+from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
 from .runtime.paging import Paging
 from .runtime.errors import BoundsError, KernError
 from .registry import default_model, deployment_for
@@ -74,8 +74,10 @@ class Model:
             raise KernError(f"{manifest}: kern run steps manifests with exactly one paged state, this one has "
                             f"{len(self.protocol.paged_states)}")
         (self.state, self.page_tokens), = self.protocol.paged_states.items()
-        self.paging = Paging(self.verified, self.page_tokens, state_budget)
-        self.engine = Engine(self.verified, checkpoint, state_sizes=self.paging.sizes, **engine_kw)
+        device = engine_kw.pop("device", None) or make_device(self.verified)
+        self.paging = Paging(self.verified, self.page_tokens, state_budget, device.chunk_granularity)
+        self.engine = Engine(self.verified, checkpoint, device=device, state_sizes=self.paging.sizes,
+                             chunk_bytes=self.paging.chunk_bytes, **engine_kw)
         self.paging.bind(self.engine)
         self.alloc = RawPages(self.paging, self.state, self.page_tokens)
         self.eos = self._eos_ids(checkpoint)

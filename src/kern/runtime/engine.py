@@ -41,7 +41,8 @@ def make_device(v: Verified):
 
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device=None,
-                 state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None):
+                 state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None,
+                 chunk_bytes: int | None = None):
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -53,7 +54,7 @@ class Engine:
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
-        self._alloc_states(state_budget, state_sizes or {})
+        self._alloc_states(state_budget, state_sizes or {}, chunk_bytes)
         self.buffers = {}
         weights_needed = {n: (b, self.shapes[n]) for n, b in self.m.buffers.items() if b.kind == "weight"}
         host_weights = {}
@@ -77,9 +78,10 @@ class Engine:
         for p in self.protocol.once:
             self.run(p, {})
 
-    def _alloc_states(self, budget: int, sizes: dict[str, int]) -> None:
-        """Each state's memory: `sizes[name]` bytes when given (the pool's layout), else
-        what the budget holds (pages of a paged state, slots of a per-sequence state)."""
+    def _alloc_states(self, budget: int, sizes: dict[str, int], chunk_bytes: int | None) -> None:
+        """Each state's memory: `sizes[name]` bytes when given (the pool's layout: a virtual
+        range of `chunk_bytes` chunks that the pool's plans map), else what the budget holds
+        (pages of a paged state, slots of a per-sequence state), fully backed."""
         self.states = {}
         self.pages: dict[str, int] = {}
         self.state_bytes: dict[str, int] = {}
@@ -97,7 +99,8 @@ class Engine:
             else:
                 size = evaluate(st.bytes, self.consts)
                 self.state_bytes[name] = size
-            self.states[name] = self.device.alloc_state(size)
+            chunked = chunk_bytes if name in sizes and st.bytes is None else None
+            self.states[name] = self.device.alloc_state(size, chunk_bytes=chunked)
 
     # ---- stepping ----------------------------------------------------------------------
     def env(self, program: str, vars: dict[str, int]) -> dict[str, int]:
@@ -157,6 +160,10 @@ class Engine:
     def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
         b = self.m.buffers[buffer]
         return self.device.read(self.buffers[buffer], b.dtype, self.shape(buffer, env))
+
+    def remap_state(self, state: str, unmap: list[int], map: list[tuple[int, int]]) -> None:
+        """Unmap chunks of a state's virtual range, then map (physical chunk, place) pairs."""
+        self.device.remap(self.states[state], unmap, map)
 
     def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None:
         """Copy bytes within a state's memory (a pool plan's page copy)."""

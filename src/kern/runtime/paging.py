@@ -21,8 +21,10 @@ class OutOfMemory(KernError):
     """The state budget cannot hold a request; says how much it needs and how much there is."""
 
 
-def declarations(v: Verified, page_tokens: int) -> tuple[list[StateDecl], int]:
-    decls, unit = [], 1
+def declarations(v: Verified, page_tokens: int, granularity: int = 1) -> tuple[list[StateDecl], int]:
+    """The pool's state declarations and a chunk size: a multiple of every page and slot size
+    and of the device's mapping granularity, at least 2 MiB."""
+    decls, unit = [], granularity
     for name, st in v.manifest.states.items():
         if st.bytes_per_token is not None:
             size = evaluate(st.bytes_per_token, v.constants)
@@ -38,8 +40,9 @@ def declarations(v: Verified, page_tokens: int) -> tuple[list[StateDecl], int]:
 
 
 class Paging:
-    def __init__(self, v: Verified, page_tokens: int, budget_bytes: int):
-        decls, chunk = declarations(v, page_tokens)
+    def __init__(self, v: Verified, page_tokens: int, budget_bytes: int, granularity: int = 1):
+        decls, chunk = declarations(v, page_tokens, granularity)
+        self.chunk_bytes = chunk
         budget = max(budget_bytes // chunk, 1) * chunk
         self.pool = Pool(budget, decls, page_tokens, chunk_bytes=chunk)
         lay = self.pool.layout
@@ -54,11 +57,18 @@ class Paging:
         self.execute(self.pool.initial_plan)
 
     def execute(self, plan: Plan) -> None:
-        """Run a plan on the engine's states. Their memory is fully backed, so maps and
-        unmaps only move bookkeeping; copies move page bytes."""
+        """Run a plan on the engine's states, in the plan's order: unmap and map chunks in the
+        states' virtual ranges (dynamic chunks are numbered from 0 for the device), then copy
+        page bytes."""
         if plan.to_host or plan.from_host:
             raise KernError("this engine has no host tier (pool built with host_bytes=0)")
         lay = self.pool.layout
+        first = lay.first_dynamic
+        for state in dict.fromkeys([u.state for u in plan.unmaps] + [m.state for m in plan.maps]):
+            if state not in self.kinds:
+                continue  # a fixed state: its memory is its own, for good
+            self.engine.remap_state(state, unmap=[u.vchunk for u in plan.unmaps if u.state == state],
+                                    map=[(m.chunk - first, m.vchunk) for m in plan.maps if m.state == state])
         for c in plan.copies:
             k = self.kinds[c.state]
             self.engine.copy_state(c.state, lay.offset(k, c.dst), lay.offset(k, c.src), k.unit_bytes)

@@ -27,8 +27,13 @@ class CpuDevice:
     def alloc(self, dtype: str, nelems: int) -> np.ndarray:
         return np.zeros(nelems, dtype=NP[dtype])
 
-    def alloc_state(self, nbytes: int) -> np.ndarray:
+    chunk_granularity = 1
+
+    def alloc_state(self, nbytes: int, chunk_bytes: int | None = None) -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
+
+    def remap(self, storage: np.ndarray, unmap: list[int], map: list[tuple[int, int]]) -> None:
+        """Host memory is fully backed: a chunk's place needs no mapping."""
 
     def write(self, storage: np.ndarray, host: np.ndarray, offset: int = 0) -> None:
         flat = np.ascontiguousarray(host).reshape(-1)

@@ -52,10 +52,27 @@ class CudaDevice:
     def alloc(self, dtype: str, nelems: int):
         return memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
 
-    def alloc_state(self, nbytes: int):
+    @property
+    def chunk_granularity(self) -> int:
+        from .vmm import granularity
+
+        return granularity(self.dev)
+
+    def alloc_state(self, nbytes: int, chunk_bytes: int | None = None):
+        """A state's memory: with chunk_bytes, a virtual range of that many-byte chunks whose
+        physical chunks the pool's plans map (remap); else one plain allocation."""
+        if chunk_bytes:
+            from .vmm import VirtualPool
+
+            n = nbytes // chunk_bytes
+            return MappedState(VirtualPool(self.dev, chunk_bytes, n_slots=n, n_chunks=n))
         buf = memory.alloc(nbytes, "state")
         memory.memset(buf.ptr, 0, nbytes)
         return buf
+
+    def remap(self, storage, unmap: list[int], map: list[tuple[int, int]]) -> None:
+        if isinstance(storage, MappedState):
+            storage.pool.apply(unmap=unmap, map=map)
 
     def write(self, storage, host: np.ndarray) -> None:
         memory.copy_to_device(storage.ptr, np.ascontiguousarray(host), self.stream)
@@ -71,6 +88,15 @@ class CudaDevice:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+
+class MappedState:
+    """A state in a virtual-address range (cuMemAddressReserve) whose chunks are mapped
+    (cuMemCreate / cuMemMap) as the pool's plans say."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.ptr = pool.base
 
 
 _KIND = {"i32": "i32", "u32": "u32", "i64": "i64", "f32": "f32"}
