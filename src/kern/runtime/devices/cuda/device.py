@@ -16,7 +16,7 @@ from ...lower import Scalar, StateRef, View
 from ....manifest.model import DTYPE_BYTES
 from . import memory
 from .errors import CudaUnavailable
-from .graphs import GraphCache
+from .graphs import Graph, capture
 from .launch import Launch, Module, launch
 
 
@@ -105,7 +105,8 @@ _KIND = {"i32": "i32", "u32": "u32", "i64": "i64", "f32": "f32"}
 class CudaProgram:
     def __init__(self, dev: CudaDevice, launches: list[Planned], buffers, states, graph: bool):
         self.dev, self.planned, self.buffers, self.states = dev, launches, buffers, states
-        self.graphs = GraphCache(dev.stream) if graph else None
+        self.graph = graph
+        self._graphs: dict[tuple, Graph] = {}  # one captured graph per shape bucket
         self.kernels = []
         for l in launches:
             if l.entry.startswith("extern:"):
@@ -157,19 +158,14 @@ class CudaProgram:
                 self._record([it])
                 self.dev.stream.synchronize()
                 trace(i, "after", None)
-        elif self.graphs is not None:
-            self._graph(key, items)
+        elif self.graph:
+            g = self._graphs.get(key)
+            if g is None:  # first step of this bucket: capture the launch list, then replay it
+                g = self._graphs[key] = capture(self.dev.stream, lambda: self._record(items), label=repr(key))
+            g.replay(self.dev.stream)
         else:
             self._record(items)
         self.dev.stream.synchronize()
-
-    def _graph(self, key, items) -> None:
-        from .graphs import capture
-
-        g = self.graphs._graphs.get(key)
-        if g is None:
-            g = self.graphs._graphs[key] = capture(self.dev.stream, lambda: self._record(items), label=repr(key))
-        g.replay(self.dev.stream)
 
     def run_eager(self, env: dict[str, int]) -> None:
         """Launch the same list one by one (to check graph replay against)."""
