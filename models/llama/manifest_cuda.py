@@ -20,7 +20,11 @@ CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_
 
 # No launch carries the PDL attribute: with it on gemv and decode attention, decode logits
 # went wrong and graph replay differed from eager launches on the H200 (2026-11-29; with
-# KERN_PDL off everything matched). Find that race before turning PDL on.
+# KERN_PDL off everything matched). Find that race before turning PDL on. Suspect first: a PDL
+# kernel is alive while its primary still writes, yet gemv reads x through __ldg and the
+# attention kernels read q / kv_state through `const __restrict__` (non-coherent loads); data
+# written during a kernel's lifetime is not guaranteed visible on that path. Try coherent loads
+# (ld.global.cg) for activations and the KV state in PDL kernels, then re-enable one op at a time.
 def _op(module, entry, params, grid, block, launches_extra=()):
     launch = {"module": module, "entry": entry, "grid": grid, "block": block}
     return {"params": list(params), "impl": {"launches": [launch, *launches_extra]}}
