@@ -32,6 +32,9 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     elif target in ("cuda", "sm_90a"):
         from .cuda.build import build as build_cubins
 
+        if shutil.which("nvcc") is None:
+            raise ConfigError("building the sm_90a kernels needs nvcc (the CUDA toolkit) on PATH")
+
         m = manifest_cuda.build(shape, model, **limits)
         digests = build_cubins(out / "kernels")
         for name, mod in m["modules"].items():

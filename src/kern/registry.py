@@ -39,6 +39,9 @@ def deployment_for(checkpoint: Path, target: str) -> Path:
         if gen.accepts(config):
             key = hashlib.sha256(json.dumps([config, target, ep.value], sort_keys=True).encode()).hexdigest()[:16]
             out = cache_dir() / "deployments" / f"{checkpoint.name}-{target}-{key}"
-            return gen.generate(config, out, target=target, model=config.get("_name_or_path") or checkpoint.name)
+            try:
+                return gen.generate(config, out, target=target, model=config.get("_name_or_path") or checkpoint.name)
+            except (ValueError, RuntimeError, OSError) as exc:  # the generator says why it cannot build
+                raise KernError(f"{cfg_path}: generator {ep.name!r} cannot build a {target} deployment: {exc}") from None
     archs = config.get("architectures")
     raise KernError(f"{cfg_path}: no installed generator builds architectures {archs}")

@@ -9,7 +9,12 @@ from .runtime.errors import KernError
 
 
 def _auto_target() -> str:
-    """cuda when the driver sees a GPU (and cuda-bindings is installed), else cpu."""
+    """cuda when the driver sees a GPU (with cuda-bindings installed) and nvcc can build the
+    kernels, else cpu."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        return "cpu"
     try:
         from .runtime.devices.cuda.driver import open_device
 

@@ -97,3 +97,15 @@ def test_kern_run_reports_a_bad_folder_without_a_traceback(tmp_path):
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert "no installed generator builds architectures ['GPT2LMHeadModel']" in r.stderr
+
+
+def test_a_config_the_generator_cannot_build_is_a_clear_error(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+           "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "kern.cli", "run", str(tmp_path), "--prompt", "hi", "--target", "cpu"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "cannot build a cpu deployment" in r.stderr and "rope type 'yarn'" in r.stderr
