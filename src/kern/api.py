@@ -134,6 +134,8 @@ class Model:
             ids = list(prompt)
         if not ids:
             raise BoundsError("empty prompt")
+        if max_tokens < 1:
+            raise BoundsError(f"max_tokens must be at least 1, got {max_tokens}")
         if self.context is not None and len(ids) >= self.context:
             raise BoundsError(f"prompt of {len(ids)} tokens does not fit the context bound of {self.context} "
                               "positions (the position input's domain; the prompt plus one generated token)")

@@ -53,6 +53,16 @@ def _test(args: argparse.Namespace) -> int:
     return test_main(args)
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kern", description="An LLM inference engine: a model is a manifest.")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -68,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
     p.add_argument("--prompt", default="What is the capital of France?")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=_positive, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
