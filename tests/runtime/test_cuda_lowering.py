@@ -102,3 +102,27 @@ def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     assert len(attn) == 2  # one per layer
     assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)
     assert attn[0].args[5] == bufs["p_attn"].ptr and attn[0].args[6:8] == (130, 3)
+
+
+def test_pooled_states_live_in_a_virtual_range_the_plans_map(monkeypatch):
+    """The cuda device gives a pooled state a VirtualPool of the pool's chunk size and hands it
+    each plan's unmaps and maps (checked here against a stand-in for the driver's VMM)."""
+    from kern.runtime.devices.cuda import vmm
+
+    calls = []
+
+    class FakePool:
+        def __init__(self, device, chunk_bytes, n_slots, n_chunks):
+            calls.append(("new", chunk_bytes, n_slots, n_chunks))
+            self.base = 0x7F0000000000
+
+        def apply(self, unmap=(), map=()):
+            calls.append(("apply", list(unmap), list(map)))
+
+    monkeypatch.setattr(vmm, "VirtualPool", FakePool)
+    dev = object.__new__(cuda_device.CudaDevice)
+    dev.dev = None
+    state = dev.alloc_state(6 << 21, chunk_bytes=2 << 21)
+    assert state.ptr == 0x7F0000000000
+    dev.remap(state, [1], [(0, 2), (3, 1)])
+    assert calls == [("new", 2 << 21, 3, 3), ("apply", [1], [(0, 2), (3, 1)])]
