@@ -18,24 +18,24 @@ ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
 
-# No launch carries the PDL attribute: with it on gemv and decode attention, decode logits
-# went wrong and graph replay differed from eager launches on the H200 (2026-11-29; with
-# KERN_PDL off everything matched). Find that race before turning PDL on. Suspect first: a PDL
-# kernel is alive while its primary still writes, yet gemv reads x through __ldg and the
-# attention kernels read q / kv_state through `const __restrict__` (non-coherent loads); data
-# written during a kernel's lifetime is not guaranteed visible on that path. Try coherent loads
-# (ld.global.cg) for activations and the KV state in PDL kernels, then re-enable one op at a time.
-def _op(module, entry, params, grid, block, launches_extra=()):
+# Decode launches carry the PDL attribute (programmatic dependent launch): each kernel lets
+# the next one start at once (griddepcontrol.launch_dependents), streams its weights, and
+# waits (griddepcontrol.wait) before it reads anything the previous kernel wrote or writes
+# anything; activations and the KV state are read at L2 (ld.global.cg / cp.async.cg), never
+# through the non-coherent path, whose lines may predate the previous kernel's writes (that
+# was the race that made the first PDL attempt wrong, 2026-11-29).
+def _op(module, entry, params, grid, block, launches_extra=(), pdl=False):
     launch = {"module": module, "entry": entry, "grid": grid, "block": block}
+    if pdl:
+        launch["pdl"] = True
     return {"params": list(params), "impl": {"launches": [launch, *launches_extra]}}
 
 
 def ops_cuda() -> dict:
     P = lambda n, d="bf16", dir_="in": f"{n}: {dir_} buffer<{d}>"
+    gemv_grid = [{"ceil_div": ["N", 16]}]
     attn_common = ("layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
                    "page_tokens: i32", "split_tokens: i32", "q_stride: i32")
-    combine = {"module": "attention", "entry": "attention_combine", "args": ["part_o", "part_ml", "o", "rows",
-               "n_q_heads", "head_dim", "n_splits"], "grid": ["rows", "n_q_heads"], "block": ["head_dim"]}
     return {
         "embed": _op("embed", "embed", (P("ids", "i32"), P("W"), P("x", dir_="out"), "rows: i32", "hidden: i32"),
                      ["rows"], [256]),
@@ -56,21 +56,35 @@ def ops_cuda() -> dict:
                             P("pos", "i32"), P("table", "f32"), "rows: i32", "n_q_heads: i32", "n_kv_heads: i32",
                             "head_dim: i32", "q_stride: i32", "k_stride: i32", "eps: f32"),
                             ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}]),
+        "rope_append": _op("rope", "rope_append", (P("q", dir_="inout"), P("k", dir_="inout"), P("v"),
+                           "kv: inout state", P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"),
+                           P("table", "f32"), "pages_per_seq: i32", "rows: i32", "n_seqs: i32", "layer: i32",
+                           "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
+                           "page_tokens: i32", "q_stride: i32", "k_stride: i32"),
+                           ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}], pdl=True),
+        "qk_norm_rope_append": _op("rope", "qk_norm_rope_append", (
+            P("q", dir_="inout"), P("k", dir_="inout"), P("v"), P("qw"), P("kw"), "kv: inout state",
+            P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"), P("table", "f32"), "pages_per_seq: i32",
+            "rows: i32", "n_seqs: i32", "layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32",
+            "head_dim: i32", "page_tokens: i32", "q_stride: i32", "k_stride: i32", "eps: f32"),
+            ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}], pdl=True),
         "kv_append": _op("kv", "kv_append", (P("k"), P("v"), "kv: inout state", P("page_table", "i32"),
                          P("cu_seqlens", "i32"), P("pos", "i32"), "pages_per_seq: i32", "rows: i32",
                          "n_seqs: i32", "layer: i32", "n_layers: i32", "n_kv_heads: i32", "head_dim: i32",
                          "page_tokens: i32", "kv_stride: i32"), ["rows", "n_kv_heads"], [32]),
+        # sem: the split counters, zero between launches (the merging block resets them), so
+        # the launch leaves it as it found it and does not list it among its writes.
         "attention_decode": {"params": [P("q"), "kv: in state", P("page_table", "i32"), P("pos", "i32"),
-                                        P("part_o", "f32", "out"), P("part_ml", "f32", "out"), P("o", dir_="out"),
+                                        P("part_o", "f32", "out"), P("part_ml", "f32", "out"),
+                                        P("sem", "i32", "inout"), P("o", dir_="out"),
                                         "rows: i32", "pages_per_seq: i32", *attn_common, "n_splits: i32"],
                              "impl": {"launches": [
-                                 {"module": "attention", "entry": "attention_decode",
-                                  "args": ["q", "kv", "page_table", "pos", "part_o", "part_ml", "o", "rows",
+                                 {"module": "attention", "entry": "attention_decode", "pdl": True,
+                                  "args": ["q", "kv", "page_table", "pos", "part_o", "part_ml", "sem", "o", "rows",
                                            "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads",
                                            "head_dim", "page_tokens", "split_tokens", "q_stride"],
-                                  "writes": ["part_o", "part_ml"],
-                                  "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]},
-                                 combine]}},
+                                  "writes": ["part_o", "part_ml", "o"],
+                                  "grid": ["rows", "n_kv_heads", "n_splits"], "block": [128]}]}},
         "attention_prefill": _op("prefill_attention", "prefill_attention", (
             P("q"), "kv: in state", P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"),
             P("o", dir_="out"), "rows: i32", "n_seqs: i32", "pages_per_seq: i32", "layer: i32", "n_layers: i32",
@@ -78,8 +92,14 @@ def ops_cuda() -> dict:
             ["n_q_heads", {"add": [{"ceil_div": ["rows", 64]}, "n_seqs"]}], [128]),
         "silu_mul": _op("mlp", "silu_mul", (P("gate_up"), P("h", dir_="out"), "rows: i32", "inter: i32"),
                         ["rows", {"ceil_div": ["inter", 2048]}], [256]),
-        "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
-                    [{"ceil_div": ["N", 16]}], [256]),
+        "norm_gemv": _op("gemv", "norm_gemv_bf16", (P("res"), P("nw"), P("W"), P("y", dir_="out"), "rows: i32",
+                                                    "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
+        "norm_gemv_logits": _op("gemv", "norm_gemv_f32", (P("res"), P("nw"), P("W"), P("y", "f32", "out"),
+                                "rows: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
+        "gemv_residual": _op("gemv", "gemv_residual", (P("x"), P("W"), P("res", dir_="inout"), "rows: i32",
+                                                       "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
+        "silu_gemv_residual": _op("gemv", "silu_gemv_residual", (P("gate_up"), P("W"), P("res", dir_="inout"),
+                                  "rows: i32", "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
                                                 "K: i32"), [{"ceil_div": ["N", 16]}], [256]),
         "gemm": {"params": [P("x"), P("W"), P("y", dir_="out"), "M: i32", "N: i32", "K: i32"],
@@ -87,11 +107,104 @@ def ops_cuda() -> dict:
         "argmax": {"params": [P("logits", "f32"), P("part_val", "f32", "out"), P("part_idx", "i32", "out"),
                               P("tokens", "i32", "out"), "vocab: i32", "n_rows: i32", "chunks: i32"],
                    "impl": {"launches": [
-                       {"module": "argmax", "entry": "argmax_partial", "args": ["logits", "part_val", "part_idx",
+                       {"module": "argmax", "entry": "argmax_partial", "pdl": True, "args": ["logits", "part_val", "part_idx",
                         "vocab", "n_rows", "chunks"], "grid": ["chunks", "n_rows"], "block": [256]},
-                       {"module": "argmax", "entry": "argmax_final", "args": ["part_val", "part_idx", "tokens",
+                       {"module": "argmax", "entry": "argmax_final", "pdl": True, "args": ["part_val", "part_idx", "tokens",
                         "n_rows", "chunks"], "grid": ["n_rows"], "block": [32]}]}},
     }
+
+
+def _qkv_slices(p: str):
+    q = {"buf": p + "qkv"}
+    k = {"buf": p + "qkv", "offset": "q_dim"}
+    vv = {"buf": p + "qkv", "offset": {"add": ["q_dim", "kv_dim"]}}
+    return q, k, vv
+
+
+def _prefill_calls(s: Shape, p: str, pages) -> list:
+    """Prefill, one op per step of the layer: cuBLASLt GEMMs, flash prefill attention. Its
+    calls mirror the cpu reference one to one, so kern test compares every intermediate."""
+    rows = "tokens"
+    q, k, vv = _qkv_slices(p)
+    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
+    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    for l in range(s.layers):
+        if l == 0:
+            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
+                                                     v(s.eps)]})
+        else:
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
+                                                         b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
+        if s.qk_norm:
+            calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
+                          b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
+                          v("qkv_dim"), v(s.eps)]})
+        else:
+            calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
+                                                 v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
+        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
+                      b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v("seqs"), v(l), v("layers"),
+                      v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
+        calls.append({"op": "attention_prefill", "args": [q, {"state": "kv"}, b(p + "page_table"),
+                      b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows), v("seqs"), v(pages),
+                      v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+                      v("qkv_dim")]})
+        calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
+                                                     v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
+        calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
+        calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
+    calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
+                                                 v(rows), v("hidden"), v(s.eps)]})
+    calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v("seqs"),
+                                                v("hidden")]})
+    calls.append({"op": "gemv_logits", "args": [b(p + "last"), b("lm_head"), b(p + "logits"), v("seqs"),
+                                                v("vocab"), v("hidden")]})
+    calls.append(_argmax(p))
+    return calls
+
+
+def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
+    """Decode, six launches a layer (a CUDA graph of PDL launches): each RMSNorm runs inside
+    the projection after it, rope and the KV append are one kernel, attention merges its own
+    context splits, and the o and down projections add into the residual stream x, the down
+    projection forming silu(gate) * up as it reads it."""
+    rows = "seqs"
+    q, k, vv = _qkv_slices(p)
+    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    for l in range(s.layers):
+        calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
+                                                  v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
+        append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
+                  v(rows), v("seqs"), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
+                  v("page_tokens"), v("qkv_dim"), v("qkv_dim")]
+        if s.qk_norm:
+            calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
+                                                                *append, v(s.eps)]})
+        else:
+            calls.append({"op": "rope_append", "args": [q, k, vv, *append]})
+        calls.append({"op": "attention_decode", "args": [
+            q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
+            b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v(n_splits)]})
+        calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
+                                                      v("hidden"), v("q_dim")]})
+        calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
+                                                  b(p + "gate_up"), v(rows), v({"mul": [2, "inter"]}),
+                                                  v("hidden"), v(s.eps)]})
+        calls.append({"op": "silu_gemv_residual", "args": [b(p + "gate_up"), b(f"down_w.{l}"), b(p + "x"),
+                                                           v(rows), v("hidden"), v("inter")]})
+    calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                                     v(rows), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_argmax(p))
+    return calls
+
+
+def _argmax(p: str) -> dict:
+    return {"op": "argmax", "args": [b(p + "logits"), b(p + "argmax_val"), b(p + "argmax_idx"), b(p + "next"),
+                                     v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]}
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
@@ -129,70 +242,21 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             p + "argmax_idx": bw(["seqs", ARGMAX_CHUNKS], dtype="i32"),
             p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
         })
-        if not decode:
+        if decode:
+            for n in ("h", "attn_out", "act", "mlp_out"):  # fused away: see _decode_calls
+                del buffers[p + n]
+            buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
+            calls = _decode_calls(s, p, pages, split, n_splits)
+        else:
             buffers[p + "last"] = bw(["seqs", "hidden"])
             del buffers[p + "part_o"], buffers[p + "part_ml"]  # prefill_attention writes o directly
-
-        def lin(x, w, y, n, k):
-            if decode:
-                return {"op": "gemv", "args": [b(x), b(w), b(y), v(rows), v(n), v(k)]}
-            return {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(k)]}
-
-        q = {"buf": p + "qkv"}
-        k = {"buf": p + "qkv", "offset": "q_dim"}
-        vv = {"buf": p + "qkv", "offset": {"add": ["q_dim", "kv_dim"]}}
-        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
-        for l in range(s.layers):
-            if l == 0:
-                calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
-                                                         v(s.eps)]})
-            else:
-                calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
-                                                             b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
-            calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
-            if s.qk_norm:
-                calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
-                              b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
-                              v("qkv_dim"), v(s.eps)]})
-            else:
-                calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
-                                                     v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
-            calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
-                          b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v("seqs"), v(l), v("layers"),
-                          v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
-            common = [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-                      v(split), v("qkv_dim"), v(n_splits)]
-            if decode:
-                calls.append({"op": "attention_decode", "args": [q, {"state": "kv"}, b(p + "page_table"),
-                              b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "attn"), v(rows), v(pages),
-                              *common]})
-            else:
-                calls.append({"op": "attention_prefill", "args": [q, {"state": "kv"}, b(p + "page_table"),
-                              b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows), v("seqs"), v(pages),
-                              v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-                              v("qkv_dim")]})
-            calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
-                                                         v(rows), v("hidden"), v(s.eps)]})
-            calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
-            calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
-            calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
-                                                     v(rows), v("hidden"), v(s.eps)]})
-        last = p + "h"
-        if not decode:
-            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v("seqs"),
-                                                        v("hidden")]})
-            last = p + "last"
-        calls.append({"op": "gemv_logits", "args": [b(last), b("lm_head"), b(p + "logits"), v("seqs"), v("vocab"),
-                                                    v("hidden")]})
-        calls.append({"op": "argmax", "args": [b(p + "logits"), b(p + "argmax_val"), b(p + "argmax_idx"),
-                                               b(p + "next"), v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]})
+            calls = _prefill_calls(s, p, pages)
         programs[prog] = {"calls": calls, "graph": decode,
                           "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
 
     ops = ops_cuda()
-    del ops["rope" if s.qk_norm else "qk_norm_rope"]
+    for name in (("rope", "rope_append") if s.qk_norm else ("qk_norm_rope", "qk_norm_rope_append")):
+        del ops[name]
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": arch},
         "constants": {

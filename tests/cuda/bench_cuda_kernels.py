@@ -107,8 +107,8 @@ def bench_gemv(gpus: dict, rng, lines: list[str], row_counts=(1, 16, 32)) -> Non
 
 
 def bench_attention(gpus: dict, rng, lines: list[str]) -> None:
-    """Decode attention + combine as the manifest launches them: split 64, n_splits 64 (context
-    4096), every row at position ctx - 1, one layer of state."""
+    """Decode attention as the manifest launches it (the split merge inside): split 64, n_splits
+    64 (context 4096), every row at position ctx - 1, one layer of state."""
     pt, n_layers, split, n_splits = 16, 1, 64, 64
     for model, nq, nkv, hd in [("llama-1b", 32, 8, 64), ("smollm2-135m", 9, 3, 64)]:
         for rows, ctx in [(1, 16), (1, 160), (1, 1024), (1, 4096), (16, 16), (16, 160), (16, 1024)]:
@@ -126,20 +126,16 @@ def bench_attention(gpus: dict, rng, lines: list[str]) -> None:
             po = gpus["new"].empty(rows * nq * n_splits * hd * 4)
             pm = gpus["new"].empty(rows * nq * n_splits * 8)
             o = gpus["new"].empty(rows * nq * hd * 2)
+            sem = gpus["new"].put(np.zeros(rows * nkv, np.int32))
             res, outs = [], {}
             for label, gpu in gpus.items():
                 ls = []
                 for i in range(REPS):
                     ls.append(gpu.make("attention_decode", (rows, nkv, n_splits), 128, q, states[i % n_copies], table,
-                                       pos, po, pm, o, rows, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd))
-                    ls.append(gpu.make("attention_combine", (rows, nq), hd, po, pm, o, rows, nq, hd, n_splits))
+                                       pos, po, pm, sem, o, rows, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd))
                 us = time_graph(gpu, ls)
                 outs[label] = R.f32(gpu.get(o, R.BF16, (rows, nq * hd)))
                 res.append(f"{label} {us:8.2f} us")
-            gpu = gpus["new"]
-            ls = [gpu.make("attention_decode", (rows, nkv, n_splits), 128, q, states[i % n_copies], table, pos, po, pm,
-                           o, rows, pps, 0, n_layers, nq, nkv, hd, pt, split, nq * hd) for i in range(REPS)]
-            res.append(f"new decode alone {time_graph(gpu, ls):6.2f} us")
             diff = float(np.abs(outs["new"] - outs["old"]).max()) if "old" in outs else 0.0
             lines.append(f"attn {model:<12} rows={rows:<2} ctx={ctx:<5} " + " | ".join(res) + f" | max|new-old| {diff:.3g}")
             print(lines[-1], flush=True)

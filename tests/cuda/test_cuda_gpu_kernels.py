@@ -182,7 +182,9 @@ def _attention_ref(q, state, page_table, seq_of_row, pos, layer, nq, nkv, hd, pt
 @pytest.mark.parametrize("nq,nkv,hd", [(8, 2, 128), (6, 2, 64), (4, 4, 64), (9, 3, 64), (32, 8, 64),
                                       (16, 2, 256), (4, 1, 128)])
 @pytest.mark.parametrize("split_tokens", [64, 4096])
-def test_attention_decode(gpu, nq, nkv, hd, split_tokens):
+def test_attention_decode_merges_its_own_splits(gpu, nq, nkv, hd, split_tokens):
+    """One launch: rows with one split write o directly, rows with several merge in the last
+    block to arrive; the split counters are back at zero afterwards."""
     rng = np.random.default_rng(6)
     n_layers, layer, pt, pps = 2, 1, 16, 20
     pos = np.array([0, 37, 300], np.int32)
@@ -190,22 +192,21 @@ def test_attention_decode(gpu, nq, nkv, hd, split_tokens):
     page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
     width = (nq + 2 * nkv) * hd
     qkv = R.rand_bf16(rng, (rows, width), 2.0)
-    n_splits = -(-(int(pos.max()) + 1) // split_tokens)
+    n_splits = -(-(pps * pt) // split_tokens)  # the grid covers the whole table; most blocks idle
     part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 2 * 4)
+    sem = gpu.put(np.zeros(rows * nkv, np.int32))
     do = gpu.empty(rows * nq * hd * 2)
-    args = (gpu.put(qkv), gpu.put(state), gpu.put(page_table), gpu.put(pos), part_o, part_ml, do,
+    args = (gpu.put(qkv), gpu.put(state), gpu.put(page_table), gpu.put(pos), part_o, part_ml, sem, do,
             rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
     gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
-    if n_splits > 1:
-        gpu.run("attention_combine", (rows, nq), hd, part_o, part_ml, do, rows, nq, hd, n_splits)
     out = bf(gpu, do, (rows, nq * hd))
     ref = _attention_ref(R.f32(qkv), R.f32(state), page_table, np.arange(rows), pos, layer, nq, nkv, hd, pt)
     np.testing.assert_allclose(out, ref, atol=1e-2, rtol=1e-2)
+    assert not gpu.get(sem, np.int32, rows * nkv).any()
     first = out.copy()  # deterministic: a second run gives the same bits
-    gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
-    if n_splits > 1:
-        gpu.run("attention_combine", (rows, nq), hd, part_o, part_ml, do, rows, nq, hd, n_splits)
-    assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
+    for _ in range(3):
+        gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
+        assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
 
 
 def test_attention_prefill_chunked_over_a_cached_prefix(gpu):
@@ -264,6 +265,82 @@ def test_gemv(gpu, rows, N, K):
     d1 = gpu.empty(N * 4)
     gpu.run("gemv_f32", -(-N // 16), 256, gpu.put(x[rows - 1:]), dW, d1, 1, N, K)
     assert np.array_equal(gpu.get(d1, np.float32, (1, N))[0], y32[rows - 1])
+
+
+def test_norm_gemv_equals_rms_norm_then_gemv(gpu):
+    rng = np.random.default_rng(11)
+    eps = 1e-5
+    for rows, N, K in ((1, 3072, 2048), (16, 200, 576), (40, 72, 960)):
+        res, nw, W = (R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,)),
+                      R.rand_bf16(rng, (N, K), 0.05))
+        dres, dnw, dW = gpu.put(res), gpu.put(nw), gpu.put(W)
+        dh, y_ref, y = gpu.empty(rows * K * 2), gpu.empty(rows * N * 2), gpu.empty(rows * N * 2)
+        gpu.run("rms_norm", rows, 256, dres, dnw, dh, rows, K, eps)
+        gpu.run("gemv_bf16", -(-N // 16), 256, dh, dW, y_ref, rows, N, K)
+        gpu.run("norm_gemv_bf16", -(-N // 16), 256, dres, dnw, dW, y, rows, N, K, eps)
+        # the fused norm sums squares in another fixed order: 1/rms may differ in its last bit
+        assert_near_bf16(bf(gpu, y, (rows, N)), bf(gpu, y_ref, (rows, N)), max_ulp=2, min_exact=0.95)
+        y32 = gpu.empty(rows * N * 4)
+        gpu.run("norm_gemv_f32", -(-N // 16), 256, dres, dnw, dW, y32, rows, N, K, eps)
+        assert np.array_equal(R.rbf(gpu.get(y32, np.float32, (rows, N))), bf(gpu, y, (rows, N)))
+
+
+def test_gemv_residual_and_silu_gemv_residual_add_into_the_residual(gpu):
+    rng = np.random.default_rng(12)
+    for rows, N, K in ((1, 2048, 8192), (16, 576, 1536), (33, 64, 256)):
+        x, gu = R.rand_bf16(rng, (rows, K)), R.rand_bf16(rng, (rows, 2 * K), 3.0)
+        W, res = R.rand_bf16(rng, (N, K), 0.05), R.rand_bf16(rng, (rows, N))
+        dW = gpu.put(W)
+        # o projection + residual: res = bf16(res + bf16(x @ W^T))
+        y, dres = gpu.empty(rows * N * 2), gpu.put(res)
+        gpu.run("gemv_bf16", -(-N // 16), 256, gpu.put(x), dW, y, rows, N, K)
+        gpu.run("gemv_residual", -(-N // 16), 256, gpu.put(x), dW, dres, rows, N, K)
+        assert np.array_equal(bf(gpu, dres, (rows, N)), R.rbf(R.f32(res) + bf(gpu, y, (rows, N))))
+        # SwiGLU + down projection + residual: the same as silu_mul, gemv, add
+        act, y2, dres2 = gpu.empty(rows * K * 2), gpu.empty(rows * N * 2), gpu.put(res)
+        dgu = gpu.put(gu)
+        gpu.run("silu_mul", (rows, -(-K // 2048)), 256, dgu, act, rows, K)
+        gpu.run("gemv_bf16", -(-N // 16), 256, act, dW, y2, rows, N, K)
+        gpu.run("silu_gemv_residual", -(-N // 16), 256, dgu, dW, dres2, rows, N, K)
+        assert np.array_equal(bf(gpu, dres2, (rows, N)), R.rbf(R.f32(res) + bf(gpu, y2, (rows, N))))
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_append_equals_rope_then_kv_append(gpu, qk_norm):
+    rng = np.random.default_rng(13)
+    n_layers, layer, nq, nkv, hd, pt, pps, max_pos, eps = 2, 1, 8, 2, 128, 16, 4, 64, 1e-6
+    pos = np.array([5, 63, 17], np.int32)
+    rows = n_seqs = len(pos)
+    cu = np.arange(rows + 1, dtype=np.int32)
+    n_pages = n_seqs * pps + 2
+    page_table = rng.permutation(n_pages)[: n_seqs * pps].astype(np.int32).reshape(n_seqs, pps)
+    width = (nq + 2 * nkv) * hd
+    qkv = R.rand_bf16(rng, (rows, width), 2.0)
+    qw, kw = R.rand_bf16(rng, (hd,)), R.rand_bf16(rng, (hd,))
+    state = rng.integers(0, 2**16, n_pages * pt * n_layers * 2 * nkv * hd, dtype=np.uint16)
+    dtab = gpu.put(_table(max_pos, hd))
+    dpt, dcu, dpos = gpu.put(page_table), gpu.put(cu), gpu.put(pos)
+    outs = []
+    for fused in (False, True):
+        d, ds = gpu.put(qkv), gpu.put(state)
+        q, k, v = d.ptr, d.ptr + nq * hd * 2, d.ptr + (nq + nkv) * hd * 2
+        tail = (pps, rows, n_seqs, layer, n_layers, nq, nkv, hd, pt, width, width)
+        if fused and qk_norm:
+            gpu.run("qk_norm_rope_append", (rows, nq + nkv), hd // 2, q, k, v, gpu.put(qw), gpu.put(kw), ds,
+                    dpt, dcu, dpos, dtab, *tail, eps)
+        elif fused:
+            gpu.run("rope_append", (rows, nq + nkv), hd // 2, q, k, v, ds, dpt, dcu, dpos, dtab, *tail)
+        else:
+            if qk_norm:
+                gpu.run("qk_norm_rope", (rows, nq + nkv), hd // 2, q, k, gpu.put(qw), gpu.put(kw), dpos, dtab,
+                        rows, nq, nkv, hd, width, width, eps)
+            else:
+                gpu.run("rope", (rows, nq + nkv), hd // 2, q, k, dpos, dtab, rows, nq, nkv, hd, width, width)
+            gpu.run("kv_append", (rows, nkv), 32, k, v, ds, dpt, dcu, dpos, pps, rows, n_seqs, layer,
+                    n_layers, nkv, hd, pt, width)
+        outs.append((gpu.get(d, np.uint16, qkv.shape), gpu.get(ds, np.uint16, state.shape)))
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
 
 
 def test_argmax_ties_go_to_the_lowest_index(gpu):

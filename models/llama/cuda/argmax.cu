@@ -1,5 +1,6 @@
 // Two-stage greedy argmax over fp32 logits [n_rows, vocab]. Ties break to the lowest index;
-// NaN never wins (a row of only NaN gives -1). Deterministic.
+// NaN never wins (a row of only NaN gives -1). Deterministic. Both stages may be launched
+// with PDL: they wait for the previous kernel before reading and read its output at L2.
 // argmax_partial: chunk c of row r covers [c*cs, min((c+1)*cs, vocab)), cs =
 //   ceil_div(vocab, chunks); writes part_val/part_idx[r, c]. Grid (chunks, n_rows), block 256.
 // argmax_final: tokens[r] = best of part_*[r, 0..chunks). Grid (n_rows), block 32.
@@ -26,12 +27,14 @@ extern "C" __global__ void argmax_partial(const float *__restrict__ logits,
     __shared__ int si[32];
     const int c = blockIdx.x, r = blockIdx.y;
     if (c >= chunks || r >= n_rows) return;
+    pdl_launch_dependents();
+    pdl_wait();
     const int cs = (vocab + chunks - 1) / chunks;
     const int lo = c * cs, hi = min(vocab, lo + cs);
     const float *row = logits + (size_t)r * vocab;
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, row[i], i);
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, __ldcg(row + i), i);
     warp_best(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
@@ -48,10 +51,12 @@ extern "C" __global__ void argmax_final(const float *__restrict__ part_val,
                                         int n_rows, int chunks) {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
+    pdl_launch_dependents();
+    pdl_wait();
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x)
-        better(bv, bi, part_val[(size_t)r * chunks + c], part_idx[(size_t)r * chunks + c]);
+        better(bv, bi, __ldcg(part_val + (size_t)r * chunks + c), __ldcg(part_idx + (size_t)r * chunks + c));
     warp_best(bv, bi);
     if (threadIdx.x == 0) tokens[r] = bi == INT_MAX ? -1 : bi;
 }

@@ -8,9 +8,13 @@
 //   attention_prefill: rows packed by cu_seqlens, s = the sequence that owns r.
 // Each of the 4 warps takes every 4th token of the split; lanes split head_dim; scores are
 // reduced by a fixed xor tree, warps are merged in index order: deterministic.
-// With gridDim.z == 1 the block writes o directly. With gridDim.z > 1 it writes unnormalized
-// partials (part_o[r, hq, z, :], part_ml[r, hq, z, {max, sum}], log2 domain) and
-// attention_combine merges the splits in order z = 0, 1, ... into o.
+// attention_prefill (row-parallel, kept as a cross-check of prefill_attention.cu): with
+// gridDim.z == 1 the block writes o directly; else unnormalized partials (part_o[r, hq, z, :],
+// part_ml[r, hq, z, {max, sum}], log2 domain) that attention_combine merges in order z.
+// attention_decode uses only the n_used = ceil((pos[r] + 1) / split_tokens) splits that hold
+// context: with one it writes o directly; with more, each writes its partial and the last
+// block to arrive (counter sem[r, h], i32, zero between launches, reset by that block) merges
+// them in order z = 0, 1, ...: one launch, the same bits whichever block arrives last.
 // Layout: q [rows, q_stride] (query head hq at column hq*head_dim), o [rows,
 // n_q_heads*head_dim], both bf16. head_dim in {64, 128, 256}; G <= 8.
 // Grid (rows, n_kv_heads, n_splits), block 128. Combine: grid (rows, n_q_heads), block
@@ -173,13 +177,14 @@ struct DecSmem {
     alignas(16) float q[DEC_Q_FLOATS];                          // q * scale * log2(e)
     float p[DEC_P_FLOATS];                                       // scores, then probabilities
     float m[ATTN_MAX_G], l[ATTN_MAX_G], corr[ATTN_MAX_G];
+    int merge;                                                   // this block merges the splits
 };
 
 template <int HD>
 __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                               const int *__restrict__ page_table, int r,
                               const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
-                              bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
+                              int *__restrict__ sem, bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
                               int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
                               int q_stride, DecSmem &sm) {
     constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
@@ -202,15 +207,10 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
     }
     const int p_last = pos[r];
+    // Splits that hold context: the others leave at once and take no part in the merge.
+    const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
+    if (z >= n_used) return;
     const int t1 = min(p_last + 1, t0 + split_tokens);
-    if (t0 >= t1) {  // past the context: an empty partial
-        if (n_splits > 1 && tid < G) {
-            const size_t slot = ((size_t)r * n_q_heads + h * G + tid) * n_splits + z;
-            part_ml[slot * 2] = -INFINITY;
-            part_ml[slot * 2 + 1] = 0.f;
-        }
-        return;
-    }
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
@@ -243,7 +243,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * 1.4426950408889634f;
             const bf16 *qh = q + (size_t)r * q_stride + (size_t)h * G * HD;
-            for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(qh[i]) * qscale;
+            for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(__ldcg(qh + i)) * qscale;
             if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
         }
         cp_async_wait_all();
@@ -338,7 +338,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             A = 0.f;
             for (int sl = 0; sl < TS; ++sl) A += s_acc[((g + G * sl) * 2) * HD + d];
         }
-        if (n_splits == 1) {
+        if (n_used == 1) {
             o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
         } else {
             const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
@@ -346,20 +346,50 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
         }
     }
+    if (n_used == 1) return;
+
+    // The last of the n_used blocks of (r, h) to finish merges them: o[r, hq, :] =
+    // sum_z part_o * 2^(m_z - M) / sum_z l_z * 2^(m_z - M), z = 0, 1, ... in order (the same bits
+    // whichever block is last). sem[r, h] counts arrivals and is reset by the merging block.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int *cnt = sem + (size_t)r * n_kv_heads + h;
+        const bool last = atomicAdd(cnt, 1) == n_used - 1;
+        if (last) atomicExch(cnt, 0);
+        sm.merge = last;
+    }
+    __syncthreads();
+    if (!sm.merge) return;
+    __threadfence();
+    for (int i = tid; i < G * HD; i += 128) {
+        const int g = i / HD, d = i % HD, hq = h * G + g;
+        const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
+        float M = -INFINITY;
+        for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, __ldcg(part_ml + (base + zz) * 2));
+        float L = 0.f, A = 0.f;
+        for (int zz = 0; zz < n_used; ++zz) {
+            const float w = exp2f(__ldcg(part_ml + (base + zz) * 2) - M);
+            L += __ldcg(part_ml + (base + zz) * 2 + 1) * w;
+            A += __ldcg(part_o + (base + zz) * HD + d) * w;
+        }
+        o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / L);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128, 6)
 attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  const int *__restrict__ page_table, const int *__restrict__ pos,
-                 float *__restrict__ part_o, float *__restrict__ part_ml, bf16 *__restrict__ o,
-                 int rows, int pages_per_seq, int layer, int n_layers, int n_q_heads,
-                 int n_kv_heads, int head_dim, int page_tokens, int split_tokens, int q_stride) {
+                 float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
+                 bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
+                 int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
+                 int q_stride) {
     __shared__ DecSmem sm;
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
     pdl_launch_dependents();
     pdl_wait();
-#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, o, pages_per_seq, layer, \
+#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {
         case 64: attend_decode<64>(DEC_ARGS); break;

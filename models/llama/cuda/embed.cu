@@ -7,6 +7,7 @@ extern "C" __global__ void embed(const int *__restrict__ ids, const bf16 *__rest
                                  bf16 *__restrict__ x, int rows, int hidden) {
     const int r = blockIdx.x;
     if (r >= rows) return;
+    pdl_launch_dependents();  // the next kernel may start streaming its weights
     const uint4 *src = reinterpret_cast<const uint4 *>(W + (size_t)ids[r] * hidden);
     uint4 *dst = reinterpret_cast<uint4 *>(x + (size_t)r * hidden);
     for (int i = threadIdx.x; i < (hidden >> 3); i += blockDim.x) dst[i] = src[i];

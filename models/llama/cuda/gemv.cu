@@ -13,7 +13,10 @@
 // for W, and every warp load covers whole 32-byte sectors (8 rows x 64 contiguous bytes).
 // The 8 warps' partial sums are added in warp order through shared memory: fixed order, no
 // atomics, bitwise deterministic for a given (rows, N, K).
-// gemv_bf16 writes bf16 y, gemv_f32 writes fp32 y (LM-head logits).
+// Variants (one template: how x is formed, how y is stored): gemv_bf16 / gemv_f32 store y;
+// norm_gemv_* take x = rmsnorm(res) * nw on the fly (the norm fused in front); gemv_residual
+// adds y into the residual stream; silu_gemv_residual forms x = silu(gate) * up on the fly and
+// adds y into the residual (SwiGLU + down projection + residual add in one launch).
 // K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)), block 256.
 #include "common.cuh"
 
@@ -27,22 +30,19 @@ __device__ __forceinline__ void store(OutT *y, float v);
 template <> __device__ __forceinline__ void store<float>(float *y, float v) { *y = v; }
 template <> __device__ __forceinline__ void store<bf16>(bf16 *y, float v) { *y = to_bf(v); }
 
-// Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile
-// (ORDERED) keeps the loads before a later griddepcontrol.wait; the plain form lets the
-// compiler schedule them (used by the 32-row pass, which waits first: fewer registers).
-template <bool ORDERED>
+// Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
+// the first unit's loads before griddepcontrol.wait.
 __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
     uint4 r;
-    if (ORDERED)
-        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    else
-        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
-__device__ __forceinline__ uint4 ld_ro(const bf16 *p) {
-    return __ldg(reinterpret_cast<const uint4 *>(p));
+// Activations (x, the residual, gate_up) are written by the previous kernel, which under PDL
+// may still be finishing when this one starts: read them coherently at L2 (ld.global.cg),
+// never through the non-coherent / L1 path.
+__device__ __forceinline__ uint4 ld_act(const bf16 *p) {
+    return __ldcg(reinterpret_cast<const uint4 *>(p));
 }
 
 // c[16 x 8] += A[16 x 16] (row) * B[16 x 8] (col), bf16 operands, fp32 accumulate.
@@ -55,56 +55,140 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One pass over rows [r0, r0 + R), R <= 8 * NT.
-template <typename OutT, int NT>
-__device__ __forceinline__ void gemv_pass(const bf16 *__restrict__ x, const bf16 *__restrict__ W,
-                                          OutT *__restrict__ y, int r0, int R, int N, int K,
-                                          float *red) {
+// ---- the x operand: plain, RMS-normed, or SwiGLU ---------------------------------------
+// Each gives the 8 bf16 x values k..k+7 of a row, exactly as the standalone kernel would have
+// stored them (norm.cu, mlp.cu), so fusing changes no bits of x.
+struct XPlain {
+    const bf16 *x;
+    __device__ void prologue(int, int, int, float *) const {}
+    __device__ uint4 load(int row, int k, int K, const float *) const {
+        return ld_act(x + (size_t)row * K + k);
+    }
+};
+
+// x = rmsnorm(res) * w: the block first takes each row's 1/rms (warp w: rows w, w+8, ...;
+// lanes over 16-byte chunks, xor tree: fixed order), then scales on load.
+struct XNorm {
+    const bf16 *res, *w;
+    float eps;
+    __device__ void prologue(int r0, int R, int K, float *rs) const {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        for (int i = warp; i < R; i += GEMV_WARPS) {
+            const bf16 *row = res + (size_t)(r0 + i) * K;
+            float ss = 0.f;
+            for (int c = lane * 8; c < K; c += 256) {
+                float f[8];
+                unpack8(ld_act(row + c), f);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) rs[i] = 1.f / sqrtf(ss / (float)K + eps);
+        }
+    }
+    __device__ uint4 load(int row, int k, int K, const float *rs) const {
+        float f[8], g[8];
+        unpack8(ld_act(res + (size_t)row * K + k), f);
+        unpack8(__ldg(reinterpret_cast<const uint4 *>(w + k)), g);
+        const float r = rs[row];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = g[j] * rbf(f[j] * r);
+        return pack8(f);
+    }
+};
+
+// x = silu(gate) * up from gate_up [rows, 2K] (gate columns first), rounded as mlp.cu.
+struct XSilu {
+    const bf16 *gate_up;
+    __device__ void prologue(int, int, int, float *) const {}
+    __device__ uint4 load(int row, int k, int K, const float *) const {
+        float g[8], u[8];
+        const bf16 *p = gate_up + (size_t)row * 2 * K + k;
+        unpack8(ld_act(p), g);
+        unpack8(ld_act(p + K), u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) g[j] = rbf(g[j] / (1.f + expf(-g[j]))) * u[j];
+        return pack8(g);
+    }
+};
+
+// ---- the output: store bf16, store f32, or add into the residual ------------------------
+struct YBf16 {
+    bf16 *y;
+    __device__ void put(size_t i, float v) const { y[i] = to_bf(v); }
+};
+struct YF32 {
+    float *y;
+    __device__ void put(size_t i, float v) const { y[i] = v; }
+};
+// res = bf16(res + bf16(v)): the projection rounded to bf16, then the residual add, as the
+// unfused add_rms_norm does it. Each element is read and written by one thread only.
+struct YAddRes {
+    bf16 *res;
+    __device__ void put(size_t i, float v) const {
+        res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
+    }
+};
+
+__device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, const bf16 *w1,
+                                        bool ok0, bool ok1, int kb, int t, int K) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < GEMV_KU; ++u) {
+        const int k = kb + 32 * u + 8 * t;
+        a[u] = (ok0 && k < K) ? ld_stream(w0 + k) : zero;
+        b[u] = (ok1 && k < K) ? ld_stream(w1 + k) : zero;
+    }
+}
+
+// One pass over rows [r0, r0 + R), R <= 8 * NT. Each warp's first W unit is loaded before
+// griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
+// weight stream overlaps the previous kernel's tail.
+template <int NT, class X, class Y>
+__device__ __forceinline__ void gemv_pass(const X &xs, const bf16 *__restrict__ W, const Y &ys,
+                                          int r0, int R, int N, int K, float *red, float *rs,
+                                          bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16;
     const bool ok0 = n0 + g < N, ok1 = n0 + g + 8 < N;
     const bf16 *w0 = W + (size_t)min(n0 + g, N - 1) * K;
     const bf16 *w1 = W + (size_t)min(n0 + g + 8, N - 1) * K;
-    const bf16 *xr[NT];
+    int xrow[NT];
     bool okx[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int row = nt * 8 + g;
         okx[nt] = row < R;
-        xr[nt] = x + (size_t)(r0 + (okx[nt] ? row : 0)) * K;
+        xrow[nt] = r0 + (okx[nt] ? row : 0);
     }
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
 
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    // Rows <= 16: each warp's first W loads are issued before griddepcontrol.wait (they
-    // overlap the previous kernel under PDL). 32-row passes wait first.
-    constexpr bool EARLY = NT <= 2;
-    if (!EARLY) pdl_wait();
-    for (int kb = warp * GEMV_UNIT; kb < K; kb += GEMV_WARPS * GEMV_UNIT) {
-        uint4 a[GEMV_KU], b[GEMV_KU];
-#pragma unroll
-        for (int u = 0; u < GEMV_KU; ++u) {
-            const int k = kb + 32 * u + 8 * t;
-            a[u] = (ok0 && k < K) ? ld_stream<EARLY>(w0 + k) : zero;
-            b[u] = (ok1 && k < K) ? ld_stream<EARLY>(w1 + k) : zero;
-        }
-        if (EARLY && kb == warp * GEMV_UNIT) pdl_wait();  // W never depends on the previous kernel; x does
+    uint4 a[GEMV_KU], b[GEMV_KU];
+    int kb = warp * GEMV_UNIT;
+    ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    if (first) pdl_wait();
+    xs.prologue(r0, R, K, rs);
+    __syncthreads();
+    // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
+    while (kb < K) {
 #pragma unroll
         for (int u = 0; u < GEMV_KU; ++u) {
             const int k = kb + 32 * u + 8 * t;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const uint4 xv = (okx[nt] && k < K) ? ld_ro(xr[nt] + k) : zero;
+                const uint4 xv = (okx[nt] && k < K) ? xs.load(xrow[nt], k, K, rs - r0) : zero;
                 mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                 mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
             }
         }
+        kb += GEMV_WARPS * GEMV_UNIT;
+        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
 
-    if (EARLY && warp * GEMV_UNIT >= K) pdl_wait();  // a warp without units: wait before any write
     // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
     // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
 #pragma unroll
@@ -121,33 +205,60 @@ __device__ __forceinline__ void gemv_pass(const bf16 *__restrict__ x, const bf16
             float v = 0.f;
 #pragma unroll
             for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-            store<OutT>(y + (size_t)(r0 + row) * N + col, v);
+            ys.put((size_t)(r0 + row) * N + col, v);
         }
     }
-    __syncthreads();  // red is reused by the next pass
+    __syncthreads();  // red and rs are reused by the next pass
 }
 
-template <typename OutT>
-__device__ __forceinline__ void gemv(const bf16 *__restrict__ x, const bf16 *__restrict__ W,
-                                     OutT *__restrict__ y, int rows, int N, int K) {
+template <class X, class Y>
+__device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, const Y &ys,
+                                     int rows, int N, int K) {
     __shared__ float red[GEMV_WARPS * GEMV_MAX_NT * 4 * 32];
+    __shared__ float rs[8 * GEMV_MAX_NT];
     pdl_launch_dependents();
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
-        if (R <= 8) gemv_pass<OutT, 1>(x, W, y, r0, R, N, K, red);
-        else if (R <= 16) gemv_pass<OutT, 2>(x, W, y, r0, R, N, K, red);
-        else gemv_pass<OutT, 4>(x, W, y, r0, R, N, K, red);
+        const bool first = r0 == 0;
+        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, rs, first);
+        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, rs, first);
+        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, rs, first);
     }
 }
 
+// y = x @ W^T
 extern "C" __global__ void __launch_bounds__(256, 2)
-gemv_bf16(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *__restrict__ y, int rows,
-          int N, int K) {
-    gemv<bf16>(x, W, y, rows, N, K);
+gemv_bf16(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *__restrict__ y,
+                      int rows, int N, int K) {
+    gemv(XPlain{x}, W, YBf16{y}, rows, N, K);
 }
-
 extern "C" __global__ void __launch_bounds__(256, 2)
-gemv_f32(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *__restrict__ y, int rows,
-         int N, int K) {
-    gemv<float>(x, W, y, rows, N, K);
+gemv_f32(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *__restrict__ y,
+                     int rows, int N, int K) {
+    gemv(XPlain{x}, W, YF32{y}, rows, N, K);
+}
+// y = rmsnorm(res) * nw @ W^T: the RMSNorm fused into the projection that follows it.
+extern "C" __global__ void __launch_bounds__(256, 2)
+norm_gemv_bf16(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
+                           const bf16 *__restrict__ W, bf16 *__restrict__ y, int rows, int N, int K,
+                           float eps) {
+    gemv(XNorm{res, nw, eps}, W, YBf16{y}, rows, N, K);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+norm_gemv_f32(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
+                          const bf16 *__restrict__ W, float *__restrict__ y, int rows, int N, int K,
+                          float eps) {
+    gemv(XNorm{res, nw, eps}, W, YF32{y}, rows, N, K);
+}
+// res += x @ W^T: the projection fused with the residual add after it.
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemv_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res,
+                          int rows, int N, int K) {
+    gemv(XPlain{x}, W, YAddRes{res}, rows, N, K);
+}
+// res += (silu(gate) * up) @ W^T, gate_up [rows, 2K]: SwiGLU, down projection, residual add.
+extern "C" __global__ void __launch_bounds__(256, 2)
+silu_gemv_residual(const bf16 *__restrict__ gate_up, const bf16 *__restrict__ W,
+                               bf16 *res, int rows, int N, int K) {
+    gemv(XSilu{gate_up}, W, YAddRes{res}, rows, N, K);
 }

@@ -9,9 +9,10 @@
 // in place (row strides q_stride, k_stride in elements, so q and k may be column slices of
 // one fused qkv buffer). As in transformers, cos and sin are rounded to bf16 and every
 // product and the sum are rounded to bf16.
-// Grids: rope_table (max_pos), block head_dim/2. rope and qk_norm_rope
-// (rows, n_q_heads + n_kv_heads), block head_dim/2 (head_dim/2 a multiple of 32 for
-// qk_norm_rope).
+// rope_append / qk_norm_rope_append also write the rotated k and the v rows to the paged KV
+// state (kv_append fused in: decode's one launch for rope and the cache write).
+// Grids: rope_table (max_pos), block head_dim/2. The others (rows, n_q_heads + n_kv_heads),
+// block head_dim/2 (head_dim/2 a multiple of 32 for the qk_norm variants).
 #include "common.cuh"
 
 extern "C" __global__ void rope_table(float *__restrict__ table, int max_pos, int head_dim,
@@ -58,16 +59,73 @@ __device__ __forceinline__ bf16 *head_ptr(bf16 *q, bf16 *k, int r, int h, int n_
                          : k + (size_t)r * k_stride + (size_t)(h - n_q_heads) * head_dim;
 }
 
+// Where this step's k / v row of kv head kh goes in the paged KV state (kv.cu's layout).
+struct KvAppend {
+    const bf16 *v;
+    char *kv_state;
+    const int *page_table, *cu_seqlens;
+    int pages_per_seq, n_seqs, layer, n_layers, page_tokens;
+    __device__ bf16 *dst(int r, int which, int kh, int p, int n_kv_heads, int head_dim) const {
+        const int s = seq_of_row(cu_seqlens, n_seqs, r);
+        const int phys = page_table[(size_t)s * pages_per_seq + p / page_tokens];
+        return reinterpret_cast<bf16 *>(kv_state + kv_offset(phys, layer, which, kh, p % page_tokens,
+                                                             n_layers, n_kv_heads, head_dim, page_tokens));
+    }
+};
+
+// One head of one row: optional per-head RMSNorm (Qwen3), rope, store back in place; with an
+// append, a k head's rotated row and the matching v row also go to the KV state. Under PDL
+// the block waits for the previous kernel before touching q / k, and reads them at L2.
+template <bool NORM, bool APPEND>
+__device__ __forceinline__ void rope_head(bf16 *q, bf16 *k, const bf16 *qw, const bf16 *kw,
+                                          const int *pos, const float *table, int n_q_heads,
+                                          int n_kv_heads, int head_dim, int q_stride, int k_stride,
+                                          float eps, const KvAppend &app, float *scratch) {
+    const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
+    bf16 *x = head_ptr(q, k, r, h, n_q_heads, head_dim, q_stride, k_stride);
+    const int p = pos[r];
+    float x0 = 0.f, x1 = 0.f;
+    if (i < half) {
+        x0 = to_f(__ldcg(x + i));
+        x1 = to_f(__ldcg(x + i + half));
+    }
+    if (NORM) {
+        const bf16 *w = h < n_q_heads ? qw : kw;
+        const float ss = block_sum(x0 * x0 + x1 * x1, scratch);
+        const float rs = 1.f / sqrtf(ss / (float)head_dim + eps);
+        if (i < half) {
+            x0 = rbf(to_f(w[i]) * rbf(x0 * rs));
+            x1 = rbf(to_f(w[i + half]) * rbf(x1 * rs));
+        }
+    }
+    if (i >= half) return;
+    rotate(x0, x1, table, p, i, head_dim);
+    x[i] = to_bf(x0);
+    x[i + half] = to_bf(x1);
+    if (APPEND && h >= n_q_heads) {
+        const int kh = h - n_q_heads;
+        bf16 *dk = app.dst(r, 0, kh, p, n_kv_heads, head_dim);
+        bf16 *dv = app.dst(r, 1, kh, p, n_kv_heads, head_dim);
+        const bf16 *vr = app.v + (size_t)r * k_stride + (size_t)kh * head_dim;
+        dk[i] = to_bf(x0);
+        dk[i + half] = to_bf(x1);
+        dv[i] = __ldcg(vr + i);
+        dv[i + half] = __ldcg(vr + i + half);
+    }
+}
+
+#define ROPE_GUARD                                                                        \
+    const int r = blockIdx.x, h = blockIdx.y;                                             \
+    if (r >= rows || h >= n_q_heads + n_kv_heads) return; /* whole block leaves together */ \
+    pdl_launch_dependents();                                                              \
+    pdl_wait();
+
 extern "C" __global__ void rope(bf16 *q, bf16 *k, const int *__restrict__ pos,
                                 const float *__restrict__ table, int rows, int n_q_heads,
                                 int n_kv_heads, int head_dim, int q_stride, int k_stride) {
-    const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
-    if (r >= rows || h >= n_q_heads + n_kv_heads || i >= half) return;
-    bf16 *x = head_ptr(q, k, r, h, n_q_heads, head_dim, q_stride, k_stride);
-    float x0 = to_f(x[i]), x1 = to_f(x[i + half]);
-    rotate(x0, x1, table, pos[r], i, head_dim);
-    x[i] = to_bf(x0);
-    x[i + half] = to_bf(x1);
+    ROPE_GUARD
+    rope_head<false, false>(q, k, nullptr, nullptr, pos, table, n_q_heads, n_kv_heads, head_dim,
+                            q_stride, k_stride, 0.f, KvAppend{}, nullptr);
 }
 
 // Qwen3: per-head RMSNorm of q (weight qw[head_dim]) and k (weight kw[head_dim]), then rope.
@@ -77,21 +135,35 @@ extern "C" __global__ void qk_norm_rope(bf16 *q, bf16 *k, const bf16 *__restrict
                                         int n_kv_heads, int head_dim, int q_stride, int k_stride,
                                         float eps) {
     __shared__ float scratch[32];
-    const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = head_dim >> 1;
-    if (r >= rows || h >= n_q_heads + n_kv_heads) return;  // whole block leaves together
-    bf16 *x = head_ptr(q, k, r, h, n_q_heads, head_dim, q_stride, k_stride);
-    const bf16 *w = h < n_q_heads ? qw : kw;
-    float x0 = 0.f, x1 = 0.f;
-    if (i < half) {
-        x0 = to_f(x[i]);
-        x1 = to_f(x[i + half]);
-    }
-    const float ss = block_sum(x0 * x0 + x1 * x1, scratch);
-    const float rs = 1.f / sqrtf(ss / (float)head_dim + eps);
-    if (i >= half) return;
-    x0 = rbf(to_f(w[i]) * rbf(x0 * rs));
-    x1 = rbf(to_f(w[i + half]) * rbf(x1 * rs));
-    rotate(x0, x1, table, pos[r], i, head_dim);
-    x[i] = to_bf(x0);
-    x[i + half] = to_bf(x1);
+    ROPE_GUARD
+    rope_head<true, false>(q, k, qw, kw, pos, table, n_q_heads, n_kv_heads, head_dim, q_stride,
+                           k_stride, eps, KvAppend{}, scratch);
+}
+
+// rope (or qk_norm_rope) fused with kv_append (kv.cu): the k heads' blocks also write the
+// rotated k row and the v row (v: stride k_stride) to the paged KV state.
+extern "C" __global__ void rope_append(bf16 *q, bf16 *k, const bf16 *__restrict__ v,
+                                       char *__restrict__ kv_state, const int *__restrict__ page_table,
+                                       const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                       const float *__restrict__ table, int pages_per_seq, int rows,
+                                       int n_seqs, int layer, int n_layers, int n_q_heads,
+                                       int n_kv_heads, int head_dim, int page_tokens, int q_stride,
+                                       int k_stride) {
+    ROPE_GUARD
+    const KvAppend app{v, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers, page_tokens};
+    rope_head<false, true>(q, k, nullptr, nullptr, pos, table, n_q_heads, n_kv_heads, head_dim,
+                           q_stride, k_stride, 0.f, app, nullptr);
+}
+
+extern "C" __global__ void qk_norm_rope_append(
+    bf16 *q, bf16 *k, const bf16 *__restrict__ v, const bf16 *__restrict__ qw,
+    const bf16 *__restrict__ kw, char *__restrict__ kv_state, const int *__restrict__ page_table,
+    const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const float *__restrict__ table,
+    int pages_per_seq, int rows, int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads,
+    int head_dim, int page_tokens, int q_stride, int k_stride, float eps) {
+    __shared__ float scratch[32];
+    ROPE_GUARD
+    const KvAppend app{v, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers, page_tokens};
+    rope_head<true, true>(q, k, qw, kw, pos, table, n_q_heads, n_kv_heads, head_dim, q_stride,
+                          k_stride, eps, app, scratch);
 }

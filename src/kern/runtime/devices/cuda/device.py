@@ -50,7 +50,11 @@ class CudaDevice:
         self.modules[name] = Module(data, name)
 
     def alloc(self, dtype: str, nelems: int):
-        return memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
+        """Every buffer starts as zeros, as on the cpu device (kernels may rely on it, e.g. a
+        counter that each launch leaves as it found it)."""
+        buf = memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
+        memory.memset(buf.ptr, 0, buf.nbytes)
+        return buf
 
     @property
     def chunk_granularity(self) -> int:
