@@ -40,16 +40,27 @@ __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
 }
 // Activations (x, the residual, gate_up) are written by the previous kernel, which under PDL
 // may still be finishing when this one starts: read them coherently at L2 (ld.global.cg),
-// never through the non-coherent / L1 path.
+// never through the non-coherent / L1 path. The asm is not volatile, so the compiler may batch
+// and hoist these loads freely (a volatile load would be pinned between the volatile mma
+// statements: one L2 round trip per mma); what keeps them after griddepcontrol.wait is that
+// their addresses come from after_wait(), a volatile statement placed after the wait.
 __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
-    return __ldcg(reinterpret_cast<const uint4 *>(p));
+    uint4 r;
+    asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+template <typename T>
+__device__ __forceinline__ T *after_wait(T *p) {
+    uint64_t a;
+    asm volatile("mov.b64 %0, %1;" : "=l"(a) : "l"(reinterpret_cast<uint64_t>(p)) : "memory");
+    return reinterpret_cast<T *>(a);
 }
 
 // c[16 x 8] += A[16 x 16] (row) * B[16 x 8] (col), bf16 operands, fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -60,6 +71,7 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 // stored them (norm.cu, mlp.cu), so fusing changes no bits of x.
 struct XPlain {
     const bf16 *x;
+    __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ void prologue(int, int, int, float *) const {}
     __device__ uint4 load(int row, int k, int K, const float *) const {
         return ld_act(x + (size_t)row * K + k);
@@ -71,6 +83,7 @@ struct XPlain {
 struct XNorm {
     const bf16 *res, *w;
     float eps;
+    __device__ XNorm after() const { return {after_wait(res), w, eps}; }
     __device__ void prologue(int r0, int R, int K, float *rs) const {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         for (int i = warp; i < R; i += GEMV_WARPS) {
@@ -100,6 +113,7 @@ struct XNorm {
 // x = silu(gate) * up from gate_up [rows, 2K] (gate columns first), rounded as mlp.cu.
 struct XSilu {
     const bf16 *gate_up;
+    __device__ XSilu after() const { return {after_wait(gate_up)}; }
     __device__ void prologue(int, int, int, float *) const {}
     __device__ uint4 load(int row, int k, int K, const float *) const {
         float g[8], u[8];
@@ -145,7 +159,7 @@ __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, cons
 // griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
 // weight stream overlaps the previous kernel's tail.
 template <int NT, class X, class Y>
-__device__ __forceinline__ void gemv_pass(const X &xs, const bf16 *__restrict__ W, const Y &ys,
+__device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys,
                                           int r0, int R, int N, int K, float *red, float *rs,
                                           bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -171,6 +185,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs, const bf16 *__restrict__ 
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     if (first) pdl_wait();
+    const X xs = xs0.after();
     xs.prologue(r0, R, K, rs);
     __syncthreads();
     // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
