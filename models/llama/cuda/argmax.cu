@@ -27,8 +27,8 @@ extern "C" __global__ void argmax_partial(const float *__restrict__ logits,
     __shared__ int si[32];
     const int c = blockIdx.x, r = blockIdx.y;
     if (c >= chunks || r >= n_rows) return;
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     const int cs = (vocab + chunks - 1) / chunks;
     const int lo = c * cs, hi = min(vocab, lo + cs);
     const float *row = logits + (size_t)r * vocab;
@@ -51,8 +51,8 @@ extern "C" __global__ void argmax_final(const float *__restrict__ part_val,
                                         int n_rows, int chunks) {
     const int r = blockIdx.x;
     if (r >= n_rows) return;
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x)

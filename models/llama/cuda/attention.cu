@@ -387,8 +387,8 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     __shared__ DecSmem sm;
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {
@@ -426,8 +426,8 @@ extern "C" __global__ void attention_combine(const float *__restrict__ part_o,
                                              int head_dim, int n_splits) {
     __shared__ float s_w[COMB_CHUNK], s_l[COMB_CHUNK], s_red[32];
     const int r = blockIdx.x, hq = blockIdx.y;
-    pdl_launch_dependents();
     pdl_wait();
+    pdl_launch_dependents();
     if (r >= rows || hq >= n_q_heads) return;
     const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
     float mx = -INFINITY;

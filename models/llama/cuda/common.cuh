@@ -74,6 +74,12 @@ __device__ __forceinline__ size_t kv_offset(int phys_page, int layer, int kv, in
 }
 
 // Programmatic dependent launch (sm_90). Without the launch attribute both are no-ops.
+// Kernels trigger their dependents only after their own wait: a kernel that triggered at
+// entry let the next one launch, which triggered at once too, so a chain of kernels sat
+// resident, each waiting on the one before, taking the SM slots the running kernel's later
+// waves needed (measured on the H200: Llama-3.2-1B decode 1.27 -> 1.87 ms a step). Triggering
+// after the wait keeps at most two kernels in flight: the running one and the next one,
+// which prefetches its weights.
 // pdl_launch_dependents: the next kernel in the stream may start its prologue now.
 // pdl_wait: block until the previous kernel finished and its writes are visible; call it
 // before reading anything the previous kernel wrote and before the first global write.

@@ -184,7 +184,10 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    if (first) pdl_wait();
+    if (first) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
     const X xs = xs0.after();
     xs.prologue(r0, R, K, rs);
     __syncthreads();
@@ -231,7 +234,6 @@ __device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, co
                                      int rows, int N, int K) {
     __shared__ float red[GEMV_WARPS * GEMV_MAX_NT * 4 * 32];
     __shared__ float rs[8 * GEMV_MAX_NT];
-    pdl_launch_dependents();
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
         const bool first = r0 == 0;

@@ -117,8 +117,8 @@ __device__ __forceinline__ void rope_head(bf16 *q, bf16 *k, const bf16 *qw, cons
 #define ROPE_GUARD                                                                        \
     const int r = blockIdx.x, h = blockIdx.y;                                             \
     if (r >= rows || h >= n_q_heads + n_kv_heads) return; /* whole block leaves together */ \
-    pdl_launch_dependents();                                                              \
-    pdl_wait();
+    pdl_wait();                                                                           \
+    pdl_launch_dependents();
 
 extern "C" __global__ void rope(bf16 *q, bf16 *k, const int *__restrict__ pos,
                                 const float *__restrict__ table, int rows, int n_q_heads,
