@@ -98,8 +98,8 @@ def ops_cuda() -> dict:
                                 "rows: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "gemv_residual": _op("gemv", "gemv_residual", (P("x"), P("W"), P("res", dir_="inout"), "rows: i32",
                                                        "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
-        "silu_gemv_residual": _op("gemv", "silu_gemv_residual", (P("gate_up"), P("W"), P("res", dir_="inout"),
-                                  "rows: i32", "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
+        "norm_gemv_swiglu": _op("gemv", "norm_gemv_swiglu", (P("res"), P("nw"), P("W"), P("act", dir_="out"),
+                                "rows: i32", "N: i32", "K: i32", "eps: f32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
                                                 "K: i32"), [{"ceil_div": ["N", 16]}], [256]),
         "gemm": {"params": [P("x"), P("W"), P("y", dir_="out"), "M: i32", "N: i32", "K: i32"],
@@ -168,9 +168,9 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
 
 def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
     """Decode, six launches a layer (a CUDA graph of PDL launches): each RMSNorm runs inside
-    the projection after it, rope and the KV append are one kernel, attention merges its own
-    context splits, and the o and down projections add into the residual stream x, the down
-    projection forming silu(gate) * up as it reads it."""
+    the projection after it, the gate/up projection stores silu(gate) * up, rope and the KV
+    append are one kernel, attention merges its own context splits, and the o and down
+    projections add into the residual stream x."""
     rows = "seqs"
     q, k, vv = _qkv_slices(p)
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
@@ -191,11 +191,10 @@ def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
             v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v(n_splits)]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
-        calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
-                                                  b(p + "gate_up"), v(rows), v({"mul": [2, "inter"]}),
-                                                  v("hidden"), v(s.eps)]})
-        calls.append({"op": "silu_gemv_residual", "args": [b(p + "gate_up"), b(f"down_w.{l}"), b(p + "x"),
-                                                           v(rows), v("hidden"), v("inter")]})
+        calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
+                                                         b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
+        calls.append({"op": "gemv_residual", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
+                                                      v("hidden"), v("inter")]})
     calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
                                                      v(rows), v("vocab"), v("hidden"), v(s.eps)]})
     calls.append(_argmax(p))
@@ -243,7 +242,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
         })
         if decode:
-            for n in ("h", "attn_out", "act", "mlp_out"):  # fused away: see _decode_calls
+            for n in ("h", "attn_out", "gate_up", "mlp_out"):  # fused away: see _decode_calls
                 del buffers[p + n]
             buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
             calls = _decode_calls(s, p, pages, split, n_splits)

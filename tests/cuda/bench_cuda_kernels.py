@@ -144,6 +144,41 @@ def bench_attention(gpus: dict, rng, lines: list[str]) -> None:
             gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
 
 
+def bench_fused(gpus: dict, rng, lines: list[str]) -> None:
+    """The decode fusions beside the plain gemv of the same shape (Llama-3.2-1B), without and
+    with the PDL attribute; the old gemv when tests/cuda/_variants/old exists."""
+    hidden, inter, eps = 2048, 8192, 1e-5
+    gpu = gpus["new"]
+    for name, N, K, fused in [("qkv", 3072, 2048, "norm_gemv_bf16"), ("o_proj", 2048, 2048, "gemv_residual"),
+                              ("gate_up", 16384, 2048, "norm_gemv_swiglu"), ("down", 2048, 8192, "gemv_residual")]:
+        ws = [gpu.put(rand_weights(rng, (N, K))) for _ in range(copies(N * K * 2))]
+        for rows in (1, 16):
+            x = gpu.put(R.rand_bf16(rng, (rows, 2 * K)))
+            nw = gpu.put(R.rand_bf16(rng, (K,)))
+            y = gpu.empty(rows * N * 4)
+            res = gpu.put(R.rand_bf16(rng, (rows, N)))
+            out = []
+            for label, g in gpus.items():
+                for pdl in (False, True):
+                    ls = [g.make("gemv_bf16", -(-N // 16), 256, x, ws[i % len(ws)], y, rows, N, K, pdl=pdl)
+                          for i in range(REPS)]
+                    out.append(f"{label} gemv{'+pdl' if pdl else ''} {time_graph(g, ls):7.2f}")
+            for pdl in (False, True):
+                if fused == "norm_gemv_swiglu":  # N outputs of gate_up are N/2 act columns, 8 a block
+                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K, eps,
+                                            pdl=pdl)
+                elif fused.startswith("norm"):
+                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N, K, eps, pdl=pdl)
+                else:
+                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, ws[i % len(ws)], res, rows, N, K, pdl=pdl)
+                out.append(f"{fused}{'+pdl' if pdl else ''} {time_graph(gpu, [mk(i) for i in range(REPS)]):7.2f}")
+            lines.append(f"fused {name:<8} {N:>6}x{K:<5} rows={rows:<2} us: " + " | ".join(out))
+            print(lines[-1], flush=True)
+        for w in ws:
+            w.free()
+        gpu._bufs = [b for b in gpu._bufs if not b.freed]
+
+
 def bench_small(gpu: Gpu, rng, lines: list[str]) -> None:
     hidden, inter, vocab = 2048, 8192, 128256
     x, w, y = gpu.put(R.rand_bf16(rng, (1, hidden))), gpu.put(R.rand_bf16(rng, (hidden,))), gpu.empty(hidden * 2)
@@ -234,13 +269,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
-    for f in (bench_gemv, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
+    for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
         if only and f.__name__ not in only:
             continue
         try:
             if f is bench_launch_overheads:
                 f(gpu, lines)
-            elif f in (bench_gemv, bench_attention):
+            elif f in (bench_gemv, bench_fused, bench_attention):
                 f(gpus, rng, lines)
             else:
                 f(gpu, rng, lines)

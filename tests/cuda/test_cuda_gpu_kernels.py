@@ -285,24 +285,29 @@ def test_norm_gemv_equals_rms_norm_then_gemv(gpu):
         assert np.array_equal(R.rbf(gpu.get(y32, np.float32, (rows, N))), bf(gpu, y, (rows, N)))
 
 
-def test_gemv_residual_and_silu_gemv_residual_add_into_the_residual(gpu):
+def test_gemv_residual_adds_the_rounded_projection_into_the_residual(gpu):
     rng = np.random.default_rng(12)
     for rows, N, K in ((1, 2048, 8192), (16, 576, 1536), (33, 64, 256)):
-        x, gu = R.rand_bf16(rng, (rows, K)), R.rand_bf16(rng, (rows, 2 * K), 3.0)
-        W, res = R.rand_bf16(rng, (N, K), 0.05), R.rand_bf16(rng, (rows, N))
-        dW = gpu.put(W)
-        # o projection + residual: res = bf16(res + bf16(x @ W^T))
+        x, W, res = R.rand_bf16(rng, (rows, K)), R.rand_bf16(rng, (N, K), 0.05), R.rand_bf16(rng, (rows, N))
+        dx, dW = gpu.put(x), gpu.put(W)
         y, dres = gpu.empty(rows * N * 2), gpu.put(res)
-        gpu.run("gemv_bf16", -(-N // 16), 256, gpu.put(x), dW, y, rows, N, K)
-        gpu.run("gemv_residual", -(-N // 16), 256, gpu.put(x), dW, dres, rows, N, K)
+        gpu.run("gemv_bf16", -(-N // 16), 256, dx, dW, y, rows, N, K)
+        gpu.run("gemv_residual", -(-N // 16), 256, dx, dW, dres, rows, N, K)
         assert np.array_equal(bf(gpu, dres, (rows, N)), R.rbf(R.f32(res) + bf(gpu, y, (rows, N))))
-        # SwiGLU + down projection + residual: the same as silu_mul, gemv, add
-        act, y2, dres2 = gpu.empty(rows * K * 2), gpu.empty(rows * N * 2), gpu.put(res)
-        dgu = gpu.put(gu)
-        gpu.run("silu_mul", (rows, -(-K // 2048)), 256, dgu, act, rows, K)
-        gpu.run("gemv_bf16", -(-N // 16), 256, act, dW, y2, rows, N, K)
-        gpu.run("silu_gemv_residual", -(-N // 16), 256, dgu, dW, dres2, rows, N, K)
-        assert np.array_equal(bf(gpu, dres2, (rows, N)), R.rbf(R.f32(res) + bf(gpu, y2, (rows, N))))
+
+
+def test_norm_gemv_swiglu_equals_norm_gemv_then_silu_mul(gpu):
+    rng = np.random.default_rng(14)
+    eps = 1e-5
+    for rows, inter, K in ((1, 8192, 2048), (16, 1536, 576), (33, 104, 256)):
+        res, nw = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,))
+        W = R.rand_bf16(rng, (2 * inter, K), 0.05)
+        dres, dnw, dW = gpu.put(res), gpu.put(nw), gpu.put(W)
+        gu, act_ref, act = gpu.empty(rows * 2 * inter * 2), gpu.empty(rows * inter * 2), gpu.empty(rows * inter * 2)
+        gpu.run("norm_gemv_bf16", -(-2 * inter // 16), 256, dres, dnw, dW, gu, rows, 2 * inter, K, eps)
+        gpu.run("silu_mul", (rows, -(-inter // 2048)), 256, gu, act_ref, rows, inter)
+        gpu.run("norm_gemv_swiglu", -(-inter // 8), 256, dres, dnw, dW, act, rows, inter, K, eps)
+        assert np.array_equal(gpu.get(act, np.uint16, (rows, inter)), gpu.get(act_ref, np.uint16, (rows, inter)))
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -15,8 +15,8 @@
 // atomics, bitwise deterministic for a given (rows, N, K).
 // Variants (one template: how x is formed, how y is stored): gemv_bf16 / gemv_f32 store y;
 // norm_gemv_* take x = rmsnorm(res) * nw on the fly (the norm fused in front); gemv_residual
-// adds y into the residual stream; silu_gemv_residual forms x = silu(gate) * up on the fly and
-// adds y into the residual (SwiGLU + down projection + residual add in one launch).
+// adds y into the residual stream; norm_gemv_swiglu multiplies gate and up rows side by side
+// and stores silu(gate) * up (norm + gate/up projection + SwiGLU in one launch).
 // K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)), block 256.
 #include "common.cuh"
 
@@ -38,15 +38,16 @@ __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
-// Activations (x, the residual, gate_up) are written by the previous kernel, which under PDL
-// may still be finishing when this one starts: read them coherently at L2 (ld.global.cg),
-// never through the non-coherent / L1 path. The asm is not volatile, so the compiler may batch
-// and hoist these loads freely (a volatile load would be pinned between the volatile mma
-// statements: one L2 round trip per mma); what keeps them after griddepcontrol.wait is that
-// their addresses come from after_wait(), a volatile statement placed after the wait.
+// Activations (x, the residual) are written by the previous kernel, which under PDL may still
+// be finishing when this kernel starts. Plain (weak, L1-cached) loads after griddepcontrol.wait
+// see its writes; the non-coherent path (ld.global.nc / __ldg) does not promise that, since this
+// kernel's lifetime began before the writes. The asm is not volatile, so the compiler may batch
+// and hoist these loads (a volatile load is pinned between the mma statements: one round trip
+// per mma); what keeps them after the wait is that their addresses come from after_wait(), a
+// volatile statement placed after it.
 __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     uint4 r;
-    asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
@@ -66,37 +67,53 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// ---- the x operand: plain, RMS-normed, or SwiGLU ---------------------------------------
+// ---- the x operand: plain or RMS-normed -------------------------------------------------
 // Each gives the 8 bf16 x values k..k+7 of a row, exactly as the standalone kernel would have
-// stored them (norm.cu, mlp.cu), so fusing changes no bits of x.
+// stored them (norm.cu), so fusing changes no bits of x.
 struct XPlain {
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
-    __device__ void prologue(int, int, int, float *) const {}
+    template <int NT>
+    __device__ void prologue(int, int, int, float *, float *) const {}
     __device__ uint4 load(int row, int k, int K, const float *) const {
         return ld_act(x + (size_t)row * K + k);
     }
 };
 
-// x = rmsnorm(res) * w: the block first takes each row's 1/rms (warp w: rows w, w+8, ...;
-// lanes over 16-byte chunks, xor tree: fixed order), then scales on load.
+// x = rmsnorm(res) * w: the block first takes 1/rms of each of its rows (all 256 threads over
+// 16-byte chunks, every row's loads issued together; lanes by xor tree, then warps in order:
+// fixed order), then scales x as it loads it.
 struct XNorm {
     const bf16 *res, *w;
     float eps;
     __device__ XNorm after() const { return {after_wait(res), w, eps}; }
-    __device__ void prologue(int r0, int R, int K, float *rs) const {
+    template <int NT>
+    __device__ void prologue(int r0, int R, int K, float *rs, float *red) const {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        for (int i = warp; i < R; i += GEMV_WARPS) {
-            const bf16 *row = res + (size_t)(r0 + i) * K;
-            float ss = 0.f;
-            for (int c = lane * 8; c < K; c += 256) {
-                float f[8];
-                unpack8(ld_act(row + c), f);
+        float ss[8 * NT];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+        for (int i = 0; i < 8 * NT; ++i) ss[i] = 0.f;
+        for (int c = threadIdx.x * 8; c < K; c += 256 * 8) {
+#pragma unroll
+            for (int i = 0; i < 8 * NT; ++i) {
+                if (i < R) {
+                    float f[8];
+                    unpack8(ld_act(res + (size_t)(r0 + i) * K + c), f);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) ss[i] += f[j] * f[j];
+                }
             }
-            ss = warp_sum(ss);
-            if (lane == 0) rs[i] = 1.f / sqrtf(ss / (float)K + eps);
+        }
+#pragma unroll
+        for (int i = 0; i < 8 * NT; ++i) {
+            const float t = warp_sum(ss[i]);
+            if (lane == 0) red[warp * 32 + i] = t;
+        }
+        __syncthreads();
+        if (threadIdx.x < R) {
+            float t = 0.f;
+            for (int wi = 0; wi < GEMV_WARPS; ++wi) t += red[wi * 32 + threadIdx.x];
+            rs[threadIdx.x] = 1.f / sqrtf(t / (float)K + eps);
         }
     }
     __device__ uint4 load(int row, int k, int K, const float *rs) const {
@@ -110,37 +127,38 @@ struct XNorm {
     }
 };
 
-// x = silu(gate) * up from gate_up [rows, 2K] (gate columns first), rounded as mlp.cu.
-struct XSilu {
-    const bf16 *gate_up;
-    __device__ XSilu after() const { return {after_wait(gate_up)}; }
-    __device__ void prologue(int, int, int, float *) const {}
-    __device__ uint4 load(int row, int k, int K, const float *) const {
-        float g[8], u[8];
-        const bf16 *p = gate_up + (size_t)row * 2 * K + k;
-        unpack8(ld_act(p), g);
-        unpack8(ld_act(p + K), u);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = rbf(g[j] / (1.f + expf(-g[j]))) * u[j];
-        return pack8(g);
-    }
-};
-
 // ---- the output: store bf16, store f32, or add into the residual ------------------------
+// Which W rows a block multiplies and where its sums go. The plain outputs: a block takes 16
+// consecutive rows of W (outputs n0 .. n0+15, n0 = 16 * blockIdx.x).
 struct YBf16 {
+    static constexpr bool SWIGLU = false;
     bf16 *y;
     __device__ void put(size_t i, float v) const { y[i] = to_bf(v); }
 };
 struct YF32 {
+    static constexpr bool SWIGLU = false;
     float *y;
     __device__ void put(size_t i, float v) const { y[i] = v; }
 };
 // res = bf16(res + bf16(v)): the projection rounded to bf16, then the residual add, as the
 // unfused add_rms_norm does it. Each element is read and written by one thread only.
 struct YAddRes {
+    static constexpr bool SWIGLU = false;
     bf16 *res;
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
+    }
+};
+
+// SwiGLU in the epilogue: W is gate_up [2N, K] (gate rows, then up rows); a block takes gate
+// rows c0 .. c0+7 and the matching up rows N + c0 .. (c0 = 8 * blockIdx.x) and stores
+// act = bf16(bf16(silu(bf16(gate))) * bf16(up)) [rows, N], as gemv + silu_mul would.
+struct YSwiGLU {
+    static constexpr bool SWIGLU = true;
+    bf16 *act;
+    __device__ void put(size_t i, float gate, float up) const {
+        const float g = rbf(gate);
+        act[i] = to_bf(rbf(g / (1.f + expf(-g))) * rbf(up));
     }
 };
 
@@ -164,10 +182,14 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                                           bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16;
-    const bool ok0 = n0 + g < N, ok1 = n0 + g + 8 < N;
-    const bf16 *w0 = W + (size_t)min(n0 + g, N - 1) * K;
-    const bf16 *w1 = W + (size_t)min(n0 + g + 8, N - 1) * K;
+    // W rows of mma rows g and g + 8: outputs n0 + g and n0 + g + 8, or (SwiGLU) the gate and
+    // up rows of output n0 + g.
+    const int n0 = blockIdx.x * (Y::SWIGLU ? 8 : 16);
+    const int row0 = n0 + g, row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
+    const bool ok0 = row0 < N, ok1 = Y::SWIGLU ? row0 < N : row1 < N;
+    const int last = Y::SWIGLU ? 2 * N - 1 : N - 1;
+    const bf16 *w0 = W + (size_t)min(row0, last) * K;
+    const bf16 *w1 = W + (size_t)min(row1, last) * K;
     int xrow[NT];
     bool okx[NT];
 #pragma unroll
@@ -189,7 +211,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         pdl_launch_dependents();
     }
     const X xs = xs0.after();
-    xs.prologue(r0, R, K, rs);
+    xs.template prologue<NT>(r0, R, K, rs, red);
     __syncthreads();
     // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
     while (kb < K) {
@@ -218,12 +240,25 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         const int q = j >> 5, l = j & 31;
         const int nt = q >> 2, i = q & 3;
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
-        if (row < R && col < N) {
-            float v = 0.f;
+        if constexpr (Y::SWIGLU) {  // i = 0, 1: gate sums; i + 2: the up sums of the same (row, output)
+            const int col = n0 + (l >> 2);
+            if (i < 2 && row < R && col < N) {
+                float gs = 0.f, us = 0.f;
 #pragma unroll
-            for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-            ys.put((size_t)(r0 + row) * N + col, v);
+                for (int w = 0; w < GEMV_WARPS; ++w) {
+                    gs += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                    us += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
+                }
+                ys.put((size_t)(r0 + row) * N + col, gs, us);
+            }
+        } else {
+            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
+            if (row < R && col < N) {
+                float v = 0.f;
+#pragma unroll
+                for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                ys.put((size_t)(r0 + row) * N + col, v);
+            }
         }
     }
     __syncthreads();  // red and rs are reused by the next pass
@@ -273,9 +308,10 @@ gemv_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res,
                           int rows, int N, int K) {
     gemv(XPlain{x}, W, YAddRes{res}, rows, N, K);
 }
-// res += (silu(gate) * up) @ W^T, gate_up [rows, 2K]: SwiGLU, down projection, residual add.
+// act = silu(gate) * up, [gate | up] = (rmsnorm(res) * nw) @ W^T, W = gate_up [2N, K]: the
+// post-attention norm, the gate/up projection and SwiGLU in one launch. Grid ceil_div(N, 8).
 extern "C" __global__ void __launch_bounds__(256, 2)
-silu_gemv_residual(const bf16 *__restrict__ gate_up, const bf16 *__restrict__ W,
-                               bf16 *res, int rows, int N, int K) {
-    gemv(XSilu{gate_up}, W, YAddRes{res}, rows, N, K);
+norm_gemv_swiglu(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
+                 bf16 *__restrict__ act, int rows, int N, int K, float eps) {
+    gemv(XNorm{res, nw, eps}, W, YSwiGLU{act}, rows, N, K);
 }
