@@ -14,6 +14,11 @@ BF = "bf16"
 # kernel walks tokens one warp at a time, so short splits go faster); prefill keeps splits
 # long so its partials stay small for thousands of rows.
 SPLIT_TOKENS = {"prefill": 512, "decode": 64}
+# Decode fuses each RMSNorm into the projection after it only for hidden sizes up to this:
+# every block of that projection re-takes the row's norm, which costs more than the launch it
+# saves once the rows are long and the blocks many (H200, 2026-11-29: Llama-3.2-1B's gate/up
+# 31 us fused vs 20 us plain; SmolLM2-135M and Qwen3-0.6B decode faster fused).
+FUSED_NORM_MAX_HIDDEN = 1024
 ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
@@ -98,6 +103,12 @@ def ops_cuda() -> dict:
                                 "rows: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "gemv_residual": _op("gemv", "gemv_residual", (P("x"), P("W"), P("res", dir_="inout"), "rows: i32",
                                                        "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
+        "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
+                    gemv_grid, [256], pdl=True),
+        "gemv_swiglu": _op("gemv", "gemv_swiglu", (P("x"), P("W"), P("act", dir_="out"), "rows: i32", "N: i32",
+                           "K: i32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
+        "rms_norm_pdl": _op("norm", "rms_norm", (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32",
+                                                "eps: f32"), ["rows"], [256], pdl=True),
         "norm_gemv_swiglu": _op("gemv", "norm_gemv_swiglu", (P("res"), P("nw"), P("W"), P("act", dir_="out"),
                                 "rows: i32", "N: i32", "K: i32", "eps: f32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
@@ -173,10 +184,18 @@ def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
     projections add into the residual stream x."""
     rows = "seqs"
     q, k, vv = _qkv_slices(p)
+    fused = s.hidden <= FUSED_NORM_MAX_HIDDEN
+
+    def normed(w, norm_w, y, n, op, plain_op):
+        """y = (rms_norm(x) * norm_w) @ w^T in one launch, or a norm into h and a plain gemv."""
+        if fused:
+            return [{"op": op, "args": [b(p + "x"), b(norm_w), b(w), b(y), v(rows), v(n), v("hidden"), v(s.eps)]}]
+        return [{"op": "rms_norm_pdl", "args": [b(p + "x"), b(norm_w), b(p + "h"), v(rows), v("hidden"), v(s.eps)]},
+                {"op": plain_op, "args": [b(p + "h"), b(w), b(y), v(rows), v(n), v("hidden")]}]
+
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
     for l in range(s.layers):
-        calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
-                                                  v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
+        calls += normed(f"qkv_w.{l}", f"ln1.{l}", p + "qkv", "qkv_dim", "norm_gemv", "gemv")
         append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
                   v(rows), v("seqs"), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
                   v("page_tokens"), v("qkv_dim"), v("qkv_dim")]
@@ -191,12 +210,10 @@ def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
             v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v(n_splits)]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
-        calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
-                                                         b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
+        calls += normed(f"gate_up_w.{l}", f"ln2.{l}", p + "act", "inter", "norm_gemv_swiglu", "gemv_swiglu")
         calls.append({"op": "gemv_residual", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("inter")]})
-    calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
-                                                     v(rows), v("vocab"), v("hidden"), v(s.eps)]})
+    calls += normed("lm_head", "final_norm", p + "logits", "vocab", "norm_gemv_logits", "gemv_logits")
     calls.append(_argmax(p))
     return calls
 
@@ -242,8 +259,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
         })
         if decode:
-            for n in ("h", "attn_out", "gate_up", "mlp_out"):  # fused away: see _decode_calls
-                del buffers[p + n]
+            for n in ("attn_out", "gate_up", "mlp_out") + (("h",) if s.hidden <= FUSED_NORM_MAX_HIDDEN else ()):
+                del buffers[p + n]  # fused away: see _decode_calls
             buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
             calls = _decode_calls(s, p, pages, split, n_splits)
         else:
@@ -253,9 +270,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
         programs[prog] = {"calls": calls, "graph": decode,
                           "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
 
-    ops = ops_cuda()
-    for name in (("rope", "rope_append") if s.qk_norm else ("qk_norm_rope", "qk_norm_rope_append")):
-        del ops[name]
+    used = {c["op"] for prog in programs.values() for c in prog["calls"]}
+    ops = {name: op for name, op in ops_cuda().items() if name in used}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": arch},
         "constants": {

@@ -308,6 +308,12 @@ def test_norm_gemv_swiglu_equals_norm_gemv_then_silu_mul(gpu):
         gpu.run("silu_mul", (rows, -(-inter // 2048)), 256, gu, act_ref, rows, inter)
         gpu.run("norm_gemv_swiglu", -(-inter // 8), 256, dres, dnw, dW, act, rows, inter, K, eps)
         assert np.array_equal(gpu.get(act, np.uint16, (rows, inter)), gpu.get(act_ref, np.uint16, (rows, inter)))
+        # without the norm in front: gemv_swiglu equals gemv_bf16 over gate_up, then silu_mul
+        dx = gpu.put(R.rand_bf16(rng, (rows, K)))
+        gpu.run("gemv_bf16", -(-2 * inter // 16), 256, dx, dW, gu, rows, 2 * inter, K)
+        gpu.run("silu_mul", (rows, -(-inter // 2048)), 256, gu, act_ref, rows, inter)
+        gpu.run("gemv_swiglu", -(-inter // 8), 256, dx, dW, act, rows, inter, K)
+        assert np.array_equal(gpu.get(act, np.uint16, (rows, inter)), gpu.get(act_ref, np.uint16, (rows, inter)))
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

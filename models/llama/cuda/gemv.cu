@@ -39,15 +39,16 @@ __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
     return r;
 }
 // Activations (x, the residual) are written by the previous kernel, which under PDL may still
-// be finishing when this kernel starts. Plain (weak, L1-cached) loads after griddepcontrol.wait
-// see its writes; the non-coherent path (ld.global.nc / __ldg) does not promise that, since this
-// kernel's lifetime began before the writes. The asm is not volatile, so the compiler may batch
+// be finishing when this kernel starts: read them at L2 (ld.global.cg). Neither the
+// non-coherent path (__ldg) nor plain L1-cached loads are safe here: with plain loads, eager
+// PDL launches on the H200 read stale lines (a decode row's logits came out as NaN), since the
+// SM's L1 may hold lines from before the previous kernel's writes. The asm is not volatile, so the compiler may batch
 // and hoist these loads (a volatile load is pinned between the mma statements: one round trip
 // per mma); what keeps them after the wait is that their addresses come from after_wait(), a
 // volatile statement placed after it.
 __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     uint4 r;
-    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
@@ -307,6 +308,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 gemv_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res,
                           int rows, int N, int K) {
     gemv(XPlain{x}, W, YAddRes{res}, rows, N, K);
+}
+// act = silu(gate) * up, [gate | up] = x @ W^T, W = gate_up [2N, K]. Grid ceil_div(N, 8).
+extern "C" __global__ void __launch_bounds__(256, 2)
+gemv_swiglu(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *__restrict__ act, int rows,
+            int N, int K) {
+    gemv(XPlain{x}, W, YSwiGLU{act}, rows, N, K);
 }
 // act = silu(gate) * up, [gate | up] = (rmsnorm(res) * nw) @ W^T, W = gate_up [2N, K]: the
 // post-attention norm, the gate/up projection and SwiGLU in one launch. Grid ceil_div(N, 8).

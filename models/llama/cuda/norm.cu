@@ -2,7 +2,8 @@
 // Numerics follow transformers' LlamaRMSNorm: fp32 mean of squares, x * 1/sqrt(var + eps)
 // rounded to bf16, then times the bf16 weight (rounded to bf16 again).
 // Layout: x, res, y are [rows, hidden] row-major bf16; w is [hidden]. hidden % 8 == 0.
-// Grid (rows), block 256 (any multiple of 32 up to 1024 works).
+// Grid (rows), block 256 (any multiple of 32 up to 1024 works). rms_norm may be launched with
+// PDL: it waits for the previous kernel and reads x at L2.
 #include "common.cuh"
 
 __device__ __forceinline__ void norm_row(const bf16 *src, const bf16 *w, bf16 *y, int hidden,
@@ -14,7 +15,7 @@ __device__ __forceinline__ void norm_row(const bf16 *src, const bf16 *w, bf16 *y
     float ss = 0.f;
     for (int i = threadIdx.x; i < n8; i += blockDim.x) {
         float f[8];
-        unpack8(s8[i], f);
+        unpack8(__ldcg(s8 + i), f);
 #pragma unroll
         for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
     }
@@ -22,7 +23,7 @@ __device__ __forceinline__ void norm_row(const bf16 *src, const bf16 *w, bf16 *y
     const float r = 1.f / sqrtf(total / (float)hidden + eps);
     for (int i = threadIdx.x; i < n8; i += blockDim.x) {
         float f[8], g[8];
-        unpack8(s8[i], f);
+        unpack8(__ldcg(s8 + i), f);
         unpack8(w8[i], g);
 #pragma unroll
         for (int j = 0; j < 8; ++j) f[j] = g[j] * rbf(f[j] * r);
@@ -35,6 +36,8 @@ extern "C" __global__ void rms_norm(const bf16 *__restrict__ x, const bf16 *__re
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     if (r >= rows) return;
+    pdl_wait();
+    pdl_launch_dependents();
     norm_row(x + (size_t)r * hidden, w, y + (size_t)r * hidden, hidden, eps, scratch);
 }
 
