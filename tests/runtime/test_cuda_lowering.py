@@ -61,14 +61,14 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
     prog, bufs = _program(sm90, "decode")
     env = {**sm90.constants, "seqs": 3, "context": sm90.manifest.vars["context"].max}
     items = prog.resolve(env)
-    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
+    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope_append")
     q, k = rope.args[0], rope.args[1]
     assert q == bufs["d_qkv"].ptr
     assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
     assert rope.grid == (3, 4 + 2, 1) and rope.block == (8, 1, 1)  # rows x (q + kv heads), head_dim/2
 
 
-def test_prefill_projections_are_library_calls_and_decode_ones_are_gemv(sm90):
+def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
     pre, _ = _program(sm90, "prefill")
     dec, _ = _program(sm90, "decode")
     env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512}
@@ -76,8 +76,16 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_gemv(sm90):
     assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
     dec_items = dec.resolve(env)
     assert all(isinstance(i, Launch) for i in dec_items)
-    gemvs = [i for i in dec_items if i.kernel.name == "gemv_bf16"]
-    assert len(gemvs) == 4 * 2 and gemvs[0].args[3:] == (2, sm90.constants["qkv_dim"], 64)
+    names = [i.kernel.name for i in dec_items]
+    # a layer: norm+qkv, rope+kv append, attention (splits merged inside), o+residual,
+    # norm+gate/up+SwiGLU, down+residual
+    layer = ["norm_gemv_bf16", "rope_append", "attention_decode", "gemv_residual", "norm_gemv_swiglu",
+             "gemv_residual"]
+    assert names == ["embed", *layer * 2, "norm_gemv_f32", "argmax_partial", "argmax_final"]
+    qkv = dec_items[1]
+    assert qkv.args[4:7] == (2, sm90.constants["qkv_dim"], 64)
+    # every launch after the first may start before the previous one ends (PDL)
+    assert [i.pdl for i in dec_items] == [False] + [True] * (len(dec_items) - 1)
 
 
 def test_argmax_runs_in_two_stages_over_the_vocabulary(sm90):
@@ -126,3 +134,21 @@ def test_pooled_states_live_in_a_virtual_range_the_plans_map(monkeypatch):
     assert state.ptr == 0x7F0000000000
     dev.remap(state, [1], [(0, 2), (3, 1)])
     assert calls == [("new", 2 << 21, 3, 3), ("apply", [1], [(0, 2), (3, 1)])]
+
+
+def test_long_rows_keep_the_norm_its_own_launch(tmp_path):
+    """Past hidden 1024 every block re-taking the row's norm costs more than a launch, so the
+    decode layer runs rms_norm, then the plain projection (measured: docs/perf.md)."""
+    from kern_models.llama.generator import generate
+    from kern_models.llama.manifest_cuda import FUSED_NORM_MAX_HIDDEN
+
+    hidden = FUSED_NORM_MAX_HIDDEN + 64
+    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=hidden, num_hidden_layers=1, num_attention_heads=8,
+               num_key_value_heads=2, intermediate_size=256, vocab_size=256, max_position_embeddings=512,
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    generate(cfg, tmp_path, target="cuda", model="long-rows")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert [c["op"] for c in m["programs"]["decode"]["calls"]] == [
+        "embed", "rms_norm_pdl", "gemv", "rope_append", "attention_decode", "gemv_residual", "rms_norm_pdl",
+        "gemv_swiglu", "gemv_residual", "rms_norm_pdl", "gemv_logits", "argmax"]
+    load_verified(tmp_path / "manifest.json")
