@@ -146,49 +146,56 @@ def prefill(model, ref, ids) -> dict:
             "hf_sdpa_forward_ms": round(min(hf_times[1:]) * 1e3, 2)}
 
 
-def run_compiled(ref, prompts: np.ndarray, new: int) -> dict:
-    """A hand-written greedy loop over a static cache, the step compiled (reduce-overhead = CUDA graphs)."""
+def run_compiled(ref, prompts: np.ndarray, new: int, device: str = "cuda", mode: str | None = "reduce-overhead") -> dict:
+    """A hand-written greedy loop over a static cache, the step compiled (reduce-overhead = CUDA graphs).
+    Returns the greedy tokens too (tests/bench/test_decode_peers.py runs it on the CPU, mode None)."""
     import torch
     from transformers import StaticCache
 
     batch, plen = prompts.shape
     cache = StaticCache(config=ref.config, max_cache_len=plen + new + 8)
-    x = torch.tensor(prompts.astype(np.int64), device="cuda")
+    x = torch.tensor(prompts.astype(np.int64), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step(tok, pos, cache):
         return ref(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1:].argmax(-1)
 
-    fn = torch.compile(step, mode="reduce-overhead", fullgraph=False)
+    fn = torch.compile(step, mode=mode, fullgraph=False) if mode else step
     with torch.no_grad():
-        tok = ref(x, past_key_values=cache, cache_position=torch.arange(plen, device="cuda"),
+        tok = ref(x, past_key_values=cache, cache_position=torch.arange(plen, device=device),
                   use_cache=True).logits[:, -1:].argmax(-1)
+        toks = [tok]
         for k in range(3):  # compile and warm up the graphs
-            tok = fn(tok, torch.tensor([plen + k], device="cuda"), cache)
-        torch.cuda.synchronize()
+            tok = fn(tok, torch.tensor([plen + k], device=device), cache)
+            toks.append(tok.clone())
+        sync()
         t0 = time.perf_counter()
         steps = new - 5
         for k in range(steps):
-            tok = fn(tok, torch.tensor([plen + 3 + k], device="cuda"), cache)
-        torch.cuda.synchronize()
+            tok = fn(tok, torch.tensor([plen + 3 + k], device=device), cache)
+            toks.append(tok.clone())  # graph outputs are overwritten by the next replay
+        sync()
         dt = time.perf_counter() - t0
-    return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3}
+    return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3,
+            "tokens": torch.cat(toks, 1).cpu().numpy().tolist()}
 
 
-def run_hf(ref, prompts: np.ndarray, new: int) -> dict:
+def run_hf(ref, prompts: np.ndarray, new: int, device: str = "cuda") -> dict:
     import torch
 
-    x = torch.tensor(prompts.astype(np.int64), device="cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    x = torch.tensor(prompts.astype(np.int64), device=device)
     with torch.no_grad():
         out = ref(x, use_cache=True)
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
         toks = [tok]
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(new - 2):
             out = ref(tok, past_key_values=cache, use_cache=True)
             cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
             toks.append(tok)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
     steps = new - 2
     return {"tok_s": prompts.shape[0] * steps / dt, "step_ms": dt / steps * 1e3,
