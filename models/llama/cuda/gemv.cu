@@ -17,18 +17,14 @@
 // norm_gemv_* take x = rmsnorm(res) * nw on the fly (the norm fused in front); gemv_residual
 // adds y into the residual stream; norm_gemv_swiglu multiplies gate and up rows side by side
 // and stores silu(gate) * up (norm + gate/up projection + SwiGLU in one launch).
-// K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)), block 256.
+// K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)) (the SwiGLU kernels:
+// ceil_div(N, 8), N their output width), block 256.
 #include "common.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit
 #define GEMV_UNIT (32 * GEMV_KU)     // K elements per warp unit
 #define GEMV_MAX_NT 4                // row tiles of 8 per pass: 32 rows
-
-template <typename OutT>
-__device__ __forceinline__ void store(OutT *y, float v);
-template <> __device__ __forceinline__ void store<float>(float *y, float v) { *y = v; }
-template <> __device__ __forceinline__ void store<bf16>(bf16 *y, float v) { *y = to_bf(v); }
 
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
@@ -42,10 +38,10 @@ __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
 // be finishing when this kernel starts: read them at L2 (ld.global.cg). Neither the
 // non-coherent path (__ldg) nor plain L1-cached loads are safe here: with plain loads, eager
 // PDL launches on the H200 read stale lines (a decode row's logits came out as NaN), since the
-// SM's L1 may hold lines from before the previous kernel's writes. The asm is not volatile, so the compiler may batch
-// and hoist these loads (a volatile load is pinned between the mma statements: one round trip
-// per mma); what keeps them after the wait is that their addresses come from after_wait(), a
-// volatile statement placed after it.
+// SM's L1 may hold lines from before the previous kernel's writes. The asm is not volatile, so
+// the compiler may batch and hoist these loads (a volatile load is pinned between the mma
+// statements: one round trip per mma); what keeps them after the wait is that their addresses
+// come from after_wait(), a volatile statement placed after it.
 __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     uint4 r;
     asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
