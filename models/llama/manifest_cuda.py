@@ -17,18 +17,20 @@ SPLIT_TOKENS = {"prefill": 512, "decode": 64}
 # Decode fuses each RMSNorm into the projection after it only for hidden sizes up to this:
 # every block of that projection re-takes the row's norm, which costs more than the launch it
 # saves once the rows are long and the blocks many (H200, 2026-11-29: Llama-3.2-1B's gate/up
-# 31 us fused vs 20 us plain; SmolLM2-135M and Qwen3-0.6B decode faster fused).
+# 31 us fused vs 20 us plain, and its decode step 1.37 -> 1.22 ms unfused). For SmolLM2-135M and
+# Qwen3-0.6B (hidden 576, 1024) only fused decode has been measured so far (docs/perf.md).
 FUSED_NORM_MAX_HIDDEN = 1024
 ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
 
-# Decode launches carry the PDL attribute (programmatic dependent launch): each kernel lets
-# the next one start at once (griddepcontrol.launch_dependents), streams its weights, and
-# waits (griddepcontrol.wait) before it reads anything the previous kernel wrote or writes
-# anything; activations and the KV state are read at L2 (ld.global.cg / cp.async.cg), never
-# through the non-coherent path, whose lines may predate the previous kernel's writes (that
-# was the race that made the first PDL attempt wrong, 2026-11-29).
+# Decode launches after the first carry the PDL attribute (programmatic dependent launch): a
+# kernel may start while the one before it finishes, streams its weights, and waits
+# (griddepcontrol.wait) before it reads anything the previous kernel wrote or writes anything;
+# only then does it let the next one start (griddepcontrol.launch_dependents), so at most two
+# are in flight. Activations and the KV state are read at L2 (ld.global.cg / cp.async.cg):
+# neither the non-coherent path nor L1 is safe, their lines may predate the previous kernel's
+# writes (the race that made the first PDL attempt wrong; see docs/perf.md).
 def _op(module, entry, params, grid, block, launches_extra=(), pdl=False):
     launch = {"module": module, "entry": entry, "grid": grid, "block": block}
     if pdl:
