@@ -144,6 +144,19 @@ def test_pooled_states_live_in_a_virtual_range_the_plans_map(monkeypatch):
     assert calls == [("new", 2 << 21, 3, 3), ("apply", [1], [(0, 2), (3, 1)])]
 
 
+def test_cuda_buffers_start_zeroed(monkeypatch):
+    """Kernels may keep counters in a buffer that every launch leaves at zero (decode
+    attention's split counters), so a fresh buffer must be zeros, as on the cpu device."""
+    from kern.runtime.devices.cuda import memory
+
+    done = []
+    monkeypatch.setattr(memory, "alloc", lambda n, label="": memory.DeviceBuffer(0x5000, n, label))
+    monkeypatch.setattr(memory, "memset", lambda dst, byte, n, stream=None: done.append((dst, byte, n)))
+    dev = object.__new__(cuda_device.CudaDevice)
+    buf = dev.alloc("i32", 6)
+    assert done == [(0x5000, 0, 24)] and buf.nbytes == 24
+
+
 def test_long_rows_keep_the_norm_its_own_launch(tmp_path):
     """Past hidden 1024 every block re-taking the row's norm costs more than a launch, so the
     decode layer runs rms_norm, then the plain projection (measured: docs/perf.md)."""
