@@ -3,8 +3,9 @@
     PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
-they include) are built and timed beside the working tree's kernels ("new"); gemv is also timed
-with the PDL launch attribute ("new+pdl").
+they include) are built and timed beside the working tree's kernels ("new"); so is the working
+tree built with extra flags, given as arguments LABEL=FLAGS (e.g. staged=-DGEMV_STAGE_ELEMS=16000).
+gemv is also timed with the PDL launch attribute ("new+pdl").
 
 Each case is captured in a CUDA graph of REPS launches cycling through enough copies of its
 inputs to defeat the 60 MB L2, replayed after a warm-up, timed with CUDA events (median of 5).
@@ -163,15 +164,29 @@ def bench_fused(gpus: dict, rng, lines: list[str]) -> None:
                     ls = [g.make("gemv_bf16", -(-N // 16), 256, x, ws[i % len(ws)], y, rows, N, K, pdl=pdl)
                           for i in range(REPS)]
                     out.append(f"{label} gemv{'+pdl' if pdl else ''} {time_graph(g, ls):7.2f}")
-            for pdl in (False, True):
-                if fused == "norm_gemv_swiglu":  # N outputs of gate_up are N/2 act columns, 8 a block
-                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K, eps,
-                                            pdl=pdl)
-                elif fused.startswith("norm"):
-                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N, K, eps, pdl=pdl)
-                else:
-                    mk = lambda i: gpu.make(fused, -(-N // 16), 256, x, ws[i % len(ws)], res, rows, N, K, pdl=pdl)
-                out.append(f"{fused}{'+pdl' if pdl else ''} {time_graph(gpu, [mk(i) for i in range(REPS)]):7.2f}")
+            first = None
+            for label, g in gpus.items():
+                if "gemv" not in g.modules:
+                    continue
+                for pdl in (False, True):
+                    if fused == "norm_gemv_swiglu":  # N outputs of gate_up are N/2 act columns, 8 a block
+                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K,
+                                              eps, pdl=pdl)
+                    elif fused.startswith("norm"):
+                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N, K, eps,
+                                              pdl=pdl)
+                    else:
+                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, ws[i % len(ws)], res, rows, N, K, pdl=pdl)
+                    try:
+                        us = time_graph(g, [mk(i) for i in range(REPS)])
+                    except Exception as e:  # noqa: BLE001 - an older variant may lack the entry
+                        out.append(f"{label} {fused}: {type(e).__name__}")
+                        break
+                    out.append(f"{label} {fused}{'+pdl' if pdl else ''} {us:7.2f}")
+                if not fused.endswith("residual"):  # y is overwritten, not accumulated: compare
+                    got = g.get(y, np.uint16, (rows * (N // 2 if fused == "norm_gemv_swiglu" else N),))
+                    first = got if first is None else first
+                    out.append("same as first" if np.array_equal(got, first) else "DIFFERS from first")
             lines.append(f"fused {name:<8} {N:>6}x{K:<5} rows={rows:<2} us: " + " | ".join(out))
             print(lines[-1], flush=True)
         for w in ws:
@@ -265,9 +280,14 @@ def main() -> None:
                     (vout / p.name).write_bytes(p.read_bytes())
             gpus[vdir.name] = Gpu(dev, vout)
         gpus["new"] = new
+    for arg in [a for a in sys.argv[1:] if "=" in a]:  # LABEL=FLAGS: the working tree, other flags
+        label, flags = arg.split("=", 1)
+        vout = Path(tempfile.mkdtemp())
+        build.build(vout, extra=tuple(flags.split()))
+        gpus[label] = Gpu(dev, vout)
     gpu = gpus["new"]
     rng = np.random.default_rng(0)
-    only = sys.argv[1:]
+    only = [a for a in sys.argv[1:] if "=" not in a]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
     for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
         if only and f.__name__ not in only:

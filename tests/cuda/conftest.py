@@ -4,6 +4,7 @@ fixtures build the llama cubins with nvcc once per session and load them."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from functools import cache
 
@@ -43,7 +44,8 @@ def cubin_dir(tmp_path_factory):
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     out = tmp_path_factory.mktemp("cubins")
-    build.build(out, nvcc)
+    # KERN_CUDA_DEFINES="-DGEMV_STAGE_ELEMS=16000": run the kernel tests on an experimental build
+    build.build(out, nvcc, tuple(os.environ.get("KERN_CUDA_DEFINES", "").split()))
     return out
 
 

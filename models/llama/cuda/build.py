@@ -36,13 +36,14 @@ def nvcc_release(nvcc: str) -> str:
     return m.group(2)
 
 
-def build(out_dir: Path, nvcc: str = "nvcc") -> dict[str, str]:
-    """Compile every kernel source; return {cubin name: sha256}."""
+def build(out_dir: Path, nvcc: str = "nvcc", extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Compile every kernel source; return {cubin name: sha256}. `extra` flags (e.g. -D...) are
+    for experiments only: the pinned digests are those of the plain build."""
     out_dir.mkdir(parents=True, exist_ok=True)
     digests = {}
     for src in sources():
         cubin = out_dir / f"{src.stem}.cubin"
-        cmd = [nvcc, *FLAGS, "-I", ".", src.name, "-o", str(cubin.resolve())]
+        cmd = [nvcc, *FLAGS, *extra, "-I", ".", src.name, "-o", str(cubin.resolve())]
         done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"nvcc failed on {src.name}:\n{done.stderr}")

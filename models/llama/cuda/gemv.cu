@@ -25,6 +25,14 @@
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit
 #define GEMV_UNIT (32 * GEMV_KU)     // K elements per warp unit
 #define GEMV_MAX_NT 4                // row tiles of 8 per pass: 32 rows
+// Experimental, off in the pinned build (and then compiled out entirely): with
+// -DGEMV_STAGE_ELEMS=16000 a pass whose rows fit stages x once in shared memory (formed by all
+// 256 threads, norm applied), and the mma loop reads it there instead of each lane loading and
+// forming its x from L2. tests/cuda/bench_cuda_kernels.py times that build beside this one.
+#ifndef GEMV_STAGE_ELEMS
+#define GEMV_STAGE_ELEMS 0
+#endif
+#define GEMV_XPAD 32                 // staged row padding (elements): rows g, g+1 on other banks
 
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
@@ -170,13 +178,23 @@ __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, cons
     }
 }
 
+// x values k..k+7 of row `row` for the mma: from the staged copy, or formed from memory.
+template <class X>
+__device__ __forceinline__ uint4 x_operand(const X &xs, const bf16 *xsm, bool staged, int row, int r0,
+                                           int k, int K, const float *rs) {
+    if constexpr (GEMV_STAGE_ELEMS > 0) {
+        if (staged) return *reinterpret_cast<const uint4 *>(xsm + (size_t)(row - r0) * (K + GEMV_XPAD) + k);
+    }
+    return xs.load(row, k, K, rs - r0);
+}
+
 // One pass over rows [r0, r0 + R), R <= 8 * NT. Each warp's first W unit is loaded before
 // griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
 // weight stream overlaps the previous kernel's tail.
 template <int NT, class X, class Y>
 __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys,
                                           int r0, int R, int N, int K, float *red, float *rs,
-                                          bool first) {
+                                          bf16 *xsm, bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     // W rows of mma rows g and g + 8: outputs n0 + g and n0 + g + 8, or (SwiGLU) the gate and
@@ -210,6 +228,18 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     const X xs = xs0.after();
     xs.template prologue<NT>(r0, R, K, rs, red);
     __syncthreads();
+    bool staged = false;
+    if constexpr (GEMV_STAGE_ELEMS > 0) {
+        const int ld = K + GEMV_XPAD, n8 = K >> 3;
+        staged = R * ld <= GEMV_STAGE_ELEMS;
+        if (staged) {
+            for (int i = threadIdx.x; i < R * n8; i += blockDim.x) {
+                const int row = i / n8, c = (i - row * n8) * 8;
+                *reinterpret_cast<uint4 *>(xsm + (size_t)row * ld + c) = xs.load(r0 + row, c, K, rs - r0);
+            }
+            __syncthreads();
+        }
+    }
     // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
     while (kb < K) {
 #pragma unroll
@@ -217,7 +247,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
             const int k = kb + 32 * u + 8 * t;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const uint4 xv = (okx[nt] && k < K) ? xs.load(xrow[nt], k, K, rs - r0) : zero;
+                const uint4 xv = (okx[nt] && k < K) ? x_operand(xs, xsm, staged, xrow[nt], r0, k, K, rs) : zero;
                 mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                 mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
             }
@@ -266,12 +296,17 @@ __device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, co
                                      int rows, int N, int K) {
     __shared__ float red[GEMV_WARPS * GEMV_MAX_NT * 4 * 32];
     __shared__ float rs[8 * GEMV_MAX_NT];
+#if GEMV_STAGE_ELEMS > 0
+    __shared__ __align__(16) bf16 xsm[GEMV_STAGE_ELEMS];
+#else
+    bf16 *xsm = nullptr;
+#endif
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
         const bool first = r0 == 0;
-        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, rs, first);
-        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, rs, first);
-        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, rs, first);
+        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
+        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
+        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
     }
 }
 
