@@ -168,15 +168,18 @@ def bench_fused(gpus: dict, rng, lines: list[str]) -> None:
             for label, g in gpus.items():
                 if "gemv" not in g.modules:
                     continue
+                # a build whose blocks walk column tiles gets about two blocks an SM
+                tiles = -(-N // 16)
+                grid = min(tiles, 2 * gpu.device.multiprocessors) if "stride" in label else tiles
                 for pdl in (False, True):
                     if fused == "norm_gemv_swiglu":  # N outputs of gate_up are N/2 act columns, 8 a block
-                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K,
+                        mk = lambda i: g.make(fused, grid, 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K,
                                               eps, pdl=pdl)
                     elif fused.startswith("norm"):
-                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, nw, ws[i % len(ws)], y, rows, N, K, eps,
+                        mk = lambda i: g.make(fused, grid, 256, x, nw, ws[i % len(ws)], y, rows, N, K, eps,
                                               pdl=pdl)
                     else:
-                        mk = lambda i: g.make(fused, -(-N // 16), 256, x, ws[i % len(ws)], res, rows, N, K, pdl=pdl)
+                        mk = lambda i: g.make(fused, grid, 256, x, ws[i % len(ws)], res, rows, N, K, pdl=pdl)
                     try:
                         us = time_graph(g, [mk(i) for i in range(REPS)])
                     except Exception as e:  # noqa: BLE001 - an older variant may lack the entry

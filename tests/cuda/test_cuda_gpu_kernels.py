@@ -1,6 +1,8 @@
 """Each llama kernel on the GPU against a numpy reference (bf16 rounding made explicit).
 Outputs are poisoned before each run, so an unwritten element fails."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -314,6 +316,21 @@ def test_norm_gemv_swiglu_equals_norm_gemv_then_silu_mul(gpu):
         gpu.run("silu_mul", (rows, -(-inter // 2048)), 256, gu, act_ref, rows, inter)
         gpu.run("gemv_swiglu", -(-inter // 8), 256, dx, dW, act, rows, inter, K)
         assert np.array_equal(gpu.get(act, np.uint16, (rows, inter)), gpu.get(act_ref, np.uint16, (rows, inter)))
+
+
+@pytest.mark.skipif("GEMV_TILE_STRIDE=1" not in os.environ.get("KERN_CUDA_DEFINES", ""),
+                    reason="only for the experimental build KERN_CUDA_DEFINES=-DGEMV_TILE_STRIDE=1")
+def test_gemv_blocks_walk_their_column_tiles_when_the_grid_is_smaller(gpu):
+    rng = np.random.default_rng(15)
+    eps = 1e-5
+    for rows, N, K in ((1, 1000, 2048), (16, 200, 576), (40, 72, 960)):
+        res, nw, W = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,)), R.rand_bf16(rng, (2 * N, K), 0.05)
+        dres, dnw, dW = gpu.put(res), gpu.put(nw), gpu.put(W)
+        for entry, tiles, width in (("norm_gemv_bf16", -(-N // 16), N), ("norm_gemv_swiglu", -(-N // 8), N)):
+            full, few = gpu.empty(rows * width * 2), gpu.empty(rows * width * 2)
+            gpu.run(entry, tiles, 256, dres, dnw, dW, full, rows, N, K, eps)
+            gpu.run(entry, 3, 256, dres, dnw, dW, few, rows, N, K, eps)
+            assert np.array_equal(gpu.get(few, np.uint16, (rows, width)), gpu.get(full, np.uint16, (rows, width)))
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -33,6 +33,12 @@
 #define GEMV_STAGE_ELEMS 0
 #endif
 #define GEMV_XPAD 32                 // staged row padding (elements): rows g, g+1 on other banks
+// Experimental, off in the pinned build: with -DGEMV_TILE_STRIDE=1 a block walks its column
+// tiles blockIdx.x, + gridDim.x, ... so a grid smaller than ceil_div(N, 16) takes the norm and
+// the staged x once per block for several tiles.
+#ifndef GEMV_TILE_STRIDE
+#define GEMV_TILE_STRIDE 0
+#endif
 
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
@@ -199,9 +205,11 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     const int g = lane >> 2, t = lane & 3;
     // W rows of mma rows g and g + 8: outputs n0 + g and n0 + g + 8, or (SwiGLU) the gate and
     // up rows of output n0 + g.
-    const int n0 = blockIdx.x * (Y::SWIGLU ? 8 : 16);
-    const int row0 = n0 + g, row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
-    const bool ok0 = row0 < N, ok1 = Y::SWIGLU ? row0 < N : row1 < N;
+    constexpr int COLS = Y::SWIGLU ? 8 : 16;
+    int tile = blockIdx.x;
+    int n0 = tile * COLS;
+    int row0 = n0 + g, row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
+    bool ok0 = row0 < N, ok1 = Y::SWIGLU ? row0 < N : row1 < N;
     const int last = Y::SWIGLU ? 2 * N - 1 : N - 1;
     const bf16 *w0 = W + (size_t)min(row0, last) * K;
     const bf16 *w1 = W + (size_t)min(row1, last) * K;
@@ -213,10 +221,6 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         okx[nt] = row < R;
         xrow[nt] = r0 + (okx[nt] ? row : 0);
     }
-    float c[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
-
     const uint4 zero = make_uint4(0, 0, 0, 0);
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
@@ -241,54 +245,74 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         }
     }
     // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
-    while (kb < K) {
+    for (;;) {  // column tiles (one, unless GEMV_TILE_STRIDE)
+        float c[NT][4];
 #pragma unroll
-        for (int u = 0; u < GEMV_KU; ++u) {
-            const int k = kb + 32 * u + 8 * t;
+        for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+        while (kb < K) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const uint4 xv = (okx[nt] && k < K) ? x_operand(xs, xsm, staged, xrow[nt], r0, k, K, rs) : zero;
-                mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
-                mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
-            }
-        }
-        kb += GEMV_WARPS * GEMV_UNIT;
-        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    }
-
-    // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
-    // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
+            for (int u = 0; u < GEMV_KU; ++u) {
+                const int k = kb + 32 * u + 8 * t;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * GEMV_MAX_NT * 4 + nt * 4 + i) * 32 + lane] = c[nt][i];
-    __syncthreads();
-    for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
-        const int q = j >> 5, l = j & 31;
-        const int nt = q >> 2, i = q & 3;
-        const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        if constexpr (Y::SWIGLU) {  // i = 0, 1: gate sums; i + 2: the up sums of the same (row, output)
-            const int col = n0 + (l >> 2);
-            if (i < 2 && row < R && col < N) {
-                float gs = 0.f, us = 0.f;
-#pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) {
-                    gs += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-                    us += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint4 xv = (okx[nt] && k < K) ? x_operand(xs, xsm, staged, xrow[nt], r0, k, K, rs) : zero;
+                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
+                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
                 }
-                ys.put((size_t)(r0 + row) * N + col, gs, us);
             }
-        } else {
-            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
-            if (row < R && col < N) {
-                float v = 0.f;
+            kb += GEMV_WARPS * GEMV_UNIT;
+            if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+        }
+
+        // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
+        // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
 #pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-                ys.put((size_t)(r0 + row) * N + col, v);
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[(warp * GEMV_MAX_NT * 4 + nt * 4 + i) * 32 + lane] = c[nt][i];
+        __syncthreads();
+        for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
+            const int q = j >> 5, l = j & 31;
+            const int nt = q >> 2, i = q & 3;
+            const int row = nt * 8 + 2 * (l & 3) + (i & 1);
+            if constexpr (Y::SWIGLU) {  // i = 0, 1: gate sums; i + 2: the up sums of the same (row, output)
+                const int col = n0 + (l >> 2);
+                if (i < 2 && row < R && col < N) {
+                    float gs = 0.f, us = 0.f;
+#pragma unroll
+                    for (int w = 0; w < GEMV_WARPS; ++w) {
+                        gs += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                        us += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
+                    }
+                    ys.put((size_t)(r0 + row) * N + col, gs, us);
+                }
+            } else {
+                const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
+                if (row < R && col < N) {
+                    float v = 0.f;
+#pragma unroll
+                    for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                    ys.put((size_t)(r0 + row) * N + col, v);
+                }
             }
         }
+        __syncthreads();  // red (and rs) are reused by the next tile or pass
+        if constexpr (GEMV_TILE_STRIDE == 0) {
+            break;
+        } else {
+            tile += gridDim.x;
+            if (tile * COLS >= N) break;
+            n0 = tile * COLS;
+            row0 = n0 + g;
+            row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
+            ok0 = row0 < N;
+            ok1 = Y::SWIGLU ? row0 < N : row1 < N;
+            w0 = W + (size_t)min(row0, last) * K;
+            w1 = W + (size_t)min(row1, last) * K;
+            kb = warp * GEMV_UNIT;
+            ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+        }
     }
-    __syncthreads();  // red and rs are reused by the next pass
 }
 
 template <class X, class Y>
