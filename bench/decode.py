@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true",
                     help="also time transformers with a static cache and torch.compile (reduce-overhead)")
     ap.add_argument("--prefill", type=int, default=2040, help="prefill length timed once per shape (0: skip)")
+    ap.add_argument("--decode-split", type=int, default=None,
+                    help="context tokens per decode attention block (default: the generator's)")
     args = ap.parse_args()
 
     import torch
@@ -45,7 +47,8 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp())
         ckpt = checkpoint(name, tmp / "ckpt")
         cfg = json.loads((ckpt / "config.json").read_text())
-        man = generate(cfg, tmp / "deploy", target="cuda", model=name)
+        split = {"decode_split": args.decode_split} if args.decode_split else {}
+        man = generate(cfg, tmp / "deploy", target="cuda", model=name, **split)
         t0 = time.perf_counter()
         model = Model(man, ckpt, state_budget=4 << 30)
         load_s = time.perf_counter() - t0

@@ -226,7 +226,8 @@ def _argmax(p: str) -> dict:
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
-          arch: str = "sm_90a") -> dict:
+          arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"]) -> dict:
+    """decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
     buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
@@ -239,7 +240,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
     for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
         p = prog[0] + "_"
         decode = prog == "decode"
-        split = SPLIT_TOKENS[prog]
+        split = decode_split if prog == "decode" else SPLIT_TOKENS[prog]
         n_splits = max(-(-context // split), 2)
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({

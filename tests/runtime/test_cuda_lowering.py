@@ -14,14 +14,14 @@ from kern.runtime.devices.cuda.params import parse_kinds
 from kern.runtime.lower import lower_program
 
 
-def _cuda_manifest(cfg: dict, out, model: str):
+def _cuda_manifest(cfg: dict, out, model: str, **limits):
     """The generator's sm_90a manifest without building cubins (no nvcc needed): modules are
     pinned to the recorded digests, which is all the lowering reads (it never loads a cubin)."""
     from kern_models.llama import manifest_cuda
     from kern_models.llama.config import shape_of
     from kern_models.llama.cuda.build import read_recorded
 
-    m = manifest_cuda.build(shape_of(cfg), model)
+    m = manifest_cuda.build(shape_of(cfg), model, **limits)
     _, digests = read_recorded()
     for name, mod in m["modules"].items():
         mod["sha256"] = digests[f"{name}.cubin"]
@@ -170,3 +170,17 @@ def test_long_rows_keep_the_norm_its_own_launch(tmp_path):
     assert [c.op for c in v.manifest.programs["decode"].calls] == [
         "embed", "rms_norm_pdl", "gemv", "rope_append", "attention_decode", "gemv_residual", "rms_norm_pdl",
         "gemv_swiglu", "gemv_residual", "rms_norm_pdl", "gemv_logits", "argmax"]
+
+
+def test_decode_attention_split_is_a_generator_choice(tmp_path):
+    """The decode attention grid covers the context bound in splits of decode_split tokens."""
+    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+    for split, z in ((64, 8), (256, 2)):
+        out = tmp_path / str(split)
+        out.mkdir()
+        v = _cuda_manifest(cfg, out, "tiny", context=512, decode_split=split)
+        prog, _ = _program(v, "decode")
+        items = prog.resolve({**v.constants, "seqs": 2, "context": 512})
+        att = next(i for i in items if i.kernel.name == "attention_decode")
+        assert att.grid == (2, 2, z) and att.args[-2] == split  # split_tokens, then q_stride
