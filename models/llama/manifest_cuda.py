@@ -31,16 +31,17 @@ CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_
 # are in flight. Activations and the KV state are read at L2 (ld.global.cg / cp.async.cg):
 # neither the non-coherent path nor L1 is safe, their lines may predate the previous kernel's
 # writes (the race that made the first PDL attempt wrong; see docs/perf.md).
-def _op(module, entry, params, grid, block, launches_extra=(), pdl=False):
+def _op(module, entry, params, grid, block, pdl=False):
     launch = {"module": module, "entry": entry, "grid": grid, "block": block}
     if pdl:
         launch["pdl"] = True
-    return {"params": list(params), "impl": {"launches": [launch, *launches_extra]}}
+    return {"params": list(params), "impl": {"launches": [launch]}}
 
 
 def ops_cuda() -> dict:
     P = lambda n, d="bf16", dir_="in": f"{n}: {dir_} buffer<{d}>"
     gemv_grid = [{"ceil_div": ["N", 16]}]
+    norm = (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32", "eps: f32")
     attn_common = ("layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
                    "page_tokens: i32", "split_tokens: i32", "q_stride: i32")
     return {
@@ -48,8 +49,7 @@ def ops_cuda() -> dict:
                      ["rows"], [256]),
         "gather_last": _op("embed", "gather_last", (P("x"), P("cu_seqlens", "i32"), P("y", dir_="out"),
                                                    "n_seqs: i32", "hidden: i32"), ["n_seqs"], [256]),
-        "rms_norm": _op("norm", "rms_norm", (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32",
-                                            "eps: f32"), ["rows"], [256]),
+        "rms_norm": _op("norm", "rms_norm", norm, ["rows"], [256]),
         "add_rms_norm": _op("norm", "add_rms_norm", (P("res", dir_="inout"), P("x"), P("w"), P("y", dir_="out"),
                                                     "rows: i32", "hidden: i32", "eps: f32"), ["rows"], [256]),
         "rope_table": _op("rope", "rope_table", (P("table", "f32", "out"), "max_pos: i32", "head_dim: i32",
@@ -109,8 +109,7 @@ def ops_cuda() -> dict:
                     gemv_grid, [256], pdl=True),
         "gemv_swiglu": _op("gemv", "gemv_swiglu", (P("x"), P("W"), P("act", dir_="out"), "rows: i32", "N: i32",
                            "K: i32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
-        "rms_norm_pdl": _op("norm", "rms_norm", (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32",
-                                                "eps: f32"), ["rows"], [256], pdl=True),
+        "rms_norm_pdl": _op("norm", "rms_norm", norm, ["rows"], [256], pdl=True),  # decode, unfused
         "norm_gemv_swiglu": _op("gemv", "norm_gemv_swiglu", (P("res"), P("nw"), P("W"), P("act", dir_="out"),
                                 "rows: i32", "N: i32", "K: i32", "eps: f32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
