@@ -14,12 +14,6 @@ BF = "bf16"
 # kernel walks tokens one warp at a time, so short splits go faster); prefill keeps splits
 # long so its partials stay small for thousands of rows.
 SPLIT_TOKENS = {"prefill": 512, "decode": 64}
-# Decode fuses each RMSNorm into the projection after it only for hidden sizes up to this:
-# every block of that projection re-takes the row's norm, which costs more than the launch it
-# saves once the rows are long and the blocks many (H200, 2026-11-29: Llama-3.2-1B's gate/up
-# 31 us fused vs 20 us plain, and its decode step 1.37 -> 1.22 ms unfused). For SmolLM2-135M and
-# Qwen3-0.6B (hidden 576, 1024) only fused decode has been measured so far (docs/perf.md).
-FUSED_NORM_MAX_HIDDEN = 1024
 ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
@@ -63,12 +57,6 @@ def ops_cuda() -> dict:
                             P("pos", "i32"), P("table", "f32"), "rows: i32", "n_q_heads: i32", "n_kv_heads: i32",
                             "head_dim: i32", "q_stride: i32", "k_stride: i32", "eps: f32"),
                             ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}]),
-        "rope_append": _op("rope", "rope_append", (P("q", dir_="inout"), P("k", dir_="inout"), P("v"),
-                           "kv: inout state", P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"),
-                           P("table", "f32"), "pages_per_seq: i32", "rows: i32", "n_seqs: i32", "layer: i32",
-                           "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
-                           "page_tokens: i32", "q_stride: i32", "k_stride: i32"),
-                           ["rows", {"add": ["n_q_heads", "n_kv_heads"]}], [{"ceil_div": ["head_dim", 2]}], pdl=True),
         "qk_norm_rope_append": _op("rope", "qk_norm_rope_append", (
             P("q", dir_="inout"), P("k", dir_="inout"), P("v"), P("qw"), P("kw"), "kv: inout state",
             P("page_table", "i32"), P("cu_seqlens", "i32"), P("pos", "i32"), P("table", "f32"), "pages_per_seq: i32",
@@ -107,11 +95,13 @@ def ops_cuda() -> dict:
                                                        "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
         "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
                     gemv_grid, [256], pdl=True),
-        "gemv_swiglu": _op("gemv", "gemv_swiglu", (P("x"), P("W"), P("act", dir_="out"), "rows: i32", "N: i32",
-                           "K: i32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
-        "rms_norm_pdl": _op("norm", "rms_norm", norm, ["rows"], [256], pdl=True),  # decode, unfused
         "norm_gemv_swiglu": _op("gemv", "norm_gemv_swiglu", (P("res"), P("nw"), P("W"), P("act", dir_="out"),
                                 "rows: i32", "N: i32", "K: i32", "eps: f32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
+        "norm_gemv_rope_append": _op("gemv", "norm_gemv_rope_append", (
+            P("res"), P("nw"), P("W"), P("y", dir_="out"), "kv: inout state", P("page_table", "i32"),
+            P("cu_seqlens", "i32"), P("pos", "i32"), P("table", "f32"), "pages_per_seq: i32", "rows: i32",
+            "n_seqs: i32", "layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
+            "page_tokens: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
                                                 "K: i32"), [{"ceil_div": ["N", 16]}], [256]),
         "gemm": {"params": [P("x"), P("W"), P("y", dir_="out"), "M: i32", "N: i32", "K: i32"],
@@ -179,42 +169,39 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
 
 
 def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
-    """Decode, six launches a layer (a CUDA graph of PDL launches): each RMSNorm runs inside
-    the projection after it, the gate/up projection stores silu(gate) * up, rope and the KV
-    append are one kernel, attention merges its own context splits, and the o and down
-    projections add into the residual stream x."""
+    """Decode, five launches a layer (a CUDA graph of PDL launches): the input norm, the qkv
+    projection, rope and the KV append are one kernel; attention merges its own context
+    splits; the o projection adds into the residual stream x; the post-attention norm, the
+    gate/up projection and SwiGLU are one kernel; the down projection adds into x. Models with
+    q/k norms (Qwen3) keep rope apart, after the normed qkv projection: six a layer."""
     rows = "seqs"
     q, k, vv = _qkv_slices(p)
-    fused = s.hidden <= FUSED_NORM_MAX_HIDDEN
-
-    def normed(w, norm_w, y, n, op, plain_op):
-        """y = (rms_norm(x) * norm_w) @ w^T in one launch, or a norm into h and a plain gemv."""
-        if fused:
-            return [{"op": op, "args": [b(p + "x"), b(norm_w), b(w), b(y), v(rows), v(n), v("hidden"), v(s.eps)]}]
-        return [{"op": "rms_norm_pdl", "args": [b(p + "x"), b(norm_w), b(p + "h"), v(rows), v("hidden"), v(s.eps)]},
-                {"op": plain_op, "args": [b(p + "h"), b(w), b(y), v(rows), v(n), v("hidden")]}]
-
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
     for l in range(s.layers):
-        calls += normed(f"qkv_w.{l}", f"ln1.{l}", p + "qkv", "qkv_dim", "norm_gemv", "gemv")
         append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
                   v(rows), v("seqs"), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
-                  v("page_tokens"), v("qkv_dim"), v("qkv_dim")]
+                  v("page_tokens")]
         if s.qk_norm:
+            calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
+                                                      v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
             calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
-                                                                *append, v(s.eps)]})
+                                                                *append, v("qkv_dim"), v("qkv_dim"), v(s.eps)]})
         else:
-            calls.append({"op": "rope_append", "args": [q, k, vv, *append]})
+            calls.append({"op": "norm_gemv_rope_append", "args": [
+                b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append, v("qkv_dim"), v("hidden"),
+                v(s.eps)]})
         calls.append({"op": "attention_decode", "args": [
             q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
             b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
             v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v(n_splits)]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
-        calls += normed(f"gate_up_w.{l}", f"ln2.{l}", p + "act", "inter", "norm_gemv_swiglu", "gemv_swiglu")
+        calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
+                                                         b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
         calls.append({"op": "gemv_residual", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("inter")]})
-    calls += normed("lm_head", "final_norm", p + "logits", "vocab", "norm_gemv_logits", "gemv_logits")
+    calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                                     v(rows), v("vocab"), v("hidden"), v(s.eps)]})
     calls.append(_argmax(p))
     return calls
 
@@ -261,7 +248,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
         })
         if decode:
-            for n in ("attn_out", "gate_up", "mlp_out") + (("h",) if s.hidden <= FUSED_NORM_MAX_HIDDEN else ()):
+            for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _decode_calls
             buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
             calls = _decode_calls(s, p, pages, split, n_splits)

@@ -4,7 +4,7 @@
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
 they include) are built and timed beside the working tree's kernels ("new"); so is the working
-tree built with extra flags, given as arguments LABEL=FLAGS (e.g. staged=-DGEMV_STAGE_ELEMS=16000).
+tree built with extra flags, given as arguments LABEL=FLAGS (e.g. exp=-DNAME=VALUE).
 gemv is also timed with the PDL launch attribute ("new+pdl").
 
 Each case is captured in a CUDA graph of REPS launches cycling through enough copies of its
@@ -168,9 +168,7 @@ def bench_fused(gpus: dict, rng, lines: list[str]) -> None:
             for label, g in gpus.items():
                 if "gemv" not in g.modules:
                     continue
-                # a build whose blocks walk column tiles gets about two blocks an SM
-                tiles = -(-N // 16)
-                grid = min(tiles, 2 * gpu.device.multiprocessors) if "stride" in label else tiles
+                grid = -(-N // 16)
                 for pdl in (False, True):
                     if fused == "norm_gemv_swiglu":  # N outputs of gate_up are N/2 act columns, 8 a block
                         mk = lambda i: g.make(fused, grid, 256, x, nw, ws[i % len(ws)], y, rows, N // 2, K,

@@ -44,7 +44,7 @@ def cubin_dir(tmp_path_factory):
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     out = tmp_path_factory.mktemp("cubins")
-    # KERN_CUDA_DEFINES="-DGEMV_STAGE_ELEMS=16000": run the kernel tests on an experimental build
+    # KERN_CUDA_DEFINES="-DNAME=VALUE ...": run the kernel tests on an experimental build
     build.build(out, nvcc, tuple(os.environ.get("KERN_CUDA_DEFINES", "").split()))
     return out
 

@@ -66,14 +66,14 @@ def test_the_sm90_manifest_verifies_and_decode_is_a_graph(sm90):
 
 
 def test_fused_qkv_views_become_pointer_offsets(sm90):
-    prog, bufs = _program(sm90, "decode")
-    env = {**sm90.constants, "seqs": 3, "context": sm90.manifest.vars["context"].max}
+    prog, bufs = _program(sm90, "prefill")
+    env = {**sm90.constants, "tokens": 5, "seqs": 2, "context": sm90.manifest.vars["context"].max}
     items = prog.resolve(env)
-    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope_append")
+    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
     q, k = rope.args[0], rope.args[1]
-    assert q == bufs["d_qkv"].ptr
+    assert q == bufs["p_qkv"].ptr
     assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
-    assert rope.grid == (3, 4 + 2, 1) and rope.block == (8, 1, 1)  # rows x (q + kv heads), head_dim/2
+    assert rope.grid == (5, 4 + 2, 1) and rope.block == (8, 1, 1)  # rows x (q + kv heads), head_dim/2
 
 
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
@@ -85,13 +85,13 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
     dec_items = dec.resolve(env)
     assert all(isinstance(i, Launch) for i in dec_items)
     names = [i.kernel.name for i in dec_items]
-    # a layer: norm+qkv, rope+kv append, attention (splits merged inside), o+residual,
+    # a layer: norm+qkv+rope+kv append, attention (splits merged inside), o+residual,
     # norm+gate/up+SwiGLU, down+residual
-    layer = ["norm_gemv_bf16", "rope_append", "attention_decode", "gemv_residual", "norm_gemv_swiglu",
-             "gemv_residual"]
+    layer = ["norm_gemv_rope_append", "attention_decode", "gemv_residual", "norm_gemv_swiglu", "gemv_residual"]
     assert names == ["embed", *layer * 2, "norm_gemv_f32", "argmax_partial", "argmax_final"]
     qkv = dec_items[1]
-    assert qkv.args[4:7] == (2, sm90.constants["qkv_dim"], 64)
+    assert qkv.args[10] == 2 and qkv.args[18:20] == (sm90.constants["qkv_dim"], 64)  # rows; N, K
+    assert qkv.grid == (-(-sm90.constants["qkv_dim"] // 16), 1, 1)
     # every launch after the first may start before the previous one ends (PDL)
     assert [i.pdl for i in dec_items] == [False] + [True] * (len(dec_items) - 1)
 
@@ -157,19 +157,19 @@ def test_cuda_buffers_start_zeroed(monkeypatch):
     assert done == [(0x5000, 0, 24)] and buf.nbytes == 24
 
 
-def test_long_rows_keep_the_norm_its_own_launch(tmp_path):
-    """Past hidden 1024 every block re-taking the row's norm costs more than a launch, so the
-    decode layer runs rms_norm, then the plain projection (measured: docs/perf.md)."""
-    from kern_models.llama.manifest_cuda import FUSED_NORM_MAX_HIDDEN
-
-    hidden = FUSED_NORM_MAX_HIDDEN + 64
-    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=hidden, num_hidden_layers=1, num_attention_heads=8,
-               num_key_value_heads=2, intermediate_size=256, vocab_size=256, max_position_embeddings=512,
-               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
-    v = _cuda_manifest(cfg, tmp_path, "long-rows")
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_decode_layers_fuse_the_norms_at_any_width(tmp_path, qk_norm):
+    """Every RMSNorm runs inside the projection after it, also for long rows; only q/k norms
+    (Qwen3) keep rope in a launch of its own."""
+    cfg = dict(architectures=["Qwen3ForCausalLM" if qk_norm else "LlamaForCausalLM"], hidden_size=2048,
+               num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+               intermediate_size=256, vocab_size=256, max_position_embeddings=512, rms_norm_eps=1e-5,
+               rope_theta=10000.0, tie_word_embeddings=True)
+    v = _cuda_manifest(cfg, tmp_path, "wide")
+    head = ["norm_gemv", "qk_norm_rope_append"] if qk_norm else ["norm_gemv_rope_append"]
     assert [c.op for c in v.manifest.programs["decode"].calls] == [
-        "embed", "rms_norm_pdl", "gemv", "rope_append", "attention_decode", "gemv_residual", "rms_norm_pdl",
-        "gemv_swiglu", "gemv_residual", "rms_norm_pdl", "gemv_logits", "argmax"]
+        "embed", *head, "attention_decode", "gemv_residual", "norm_gemv_swiglu", "gemv_residual",
+        "norm_gemv_logits", "argmax"]
 
 
 def test_decode_attention_split_is_a_generator_choice(tmp_path):

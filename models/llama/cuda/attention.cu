@@ -198,8 +198,10 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
-    // The first tile's page numbers are read together with pos (one round trip, not two);
-    // the table row has pages_per_seq entries, so indexes past it are not read.
+    // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
+    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
+    // tile's page numbers are read together with pos (one round trip, not two); the table row
+    // has pages_per_seq entries, so indexes past it are not read.
     int page0[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -225,13 +227,14 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
 
-    for (int tb = t0; tb < t1; tb += TT) {
-        const int nt = min(TT, t1 - tb);
+    // Copy a tile's K and V rows into shared memory (cp.async, at L2): which = 0 all rows but
+    // the one at p_last, 1 only that one (the previous kernel writes it), 2 all.
+    auto load_tile = [&](int tb, int nt, int which) {
 #pragma unroll
         for (int i = 0; i < LOADS; ++i) {
             const int c = tid + i * 128, tt = c / CH, ch = c % CH;
-            if (tt < nt) {
-                const int t = tb + tt;
+            const int t = tb + tt;
+            if (tt < nt && (which == 2 || (t == p_last) == (which == 1))) {
                 const int page = tb == t0 ? page0[i] : pt_row[t / page_tokens];
                 const size_t off = kv_offset(page, layer, 0, h, t % page_tokens,
                                              n_layers, n_kv_heads, HD, page_tokens) + ch * 16;
@@ -240,6 +243,15 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             }
         }
         cp_async_commit();
+    };
+    load_tile(t0, min(TT, t1 - t0), 0);
+    pdl_wait();
+    pdl_launch_dependents();
+    load_tile(t0, min(TT, t1 - t0), 1);
+
+    for (int tb = t0; tb < t1; tb += TT) {
+        const int nt = min(TT, t1 - tb);
+        if (tb != t0) load_tile(tb, nt, 2);
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * 1.4426950408889634f;
             const bf16 *qh = q + (size_t)r * q_stride + (size_t)h * G * HD;
@@ -387,8 +399,8 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     __shared__ DecSmem sm;
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-    pdl_wait();
-    pdl_launch_dependents();
+    // attend_decode calls griddepcontrol.wait / launch_dependents once its first tile's older
+    // K/V rows are on their way.
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {

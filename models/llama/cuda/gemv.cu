@@ -14,32 +14,19 @@
 // The 8 warps' partial sums are added in warp order through shared memory: fixed order, no
 // atomics, bitwise deterministic for a given (rows, N, K).
 // Variants (one template: how x is formed, how y is stored): gemv_bf16 / gemv_f32 store y;
-// norm_gemv_* take x = rmsnorm(res) * nw on the fly (the norm fused in front); gemv_residual
-// adds y into the residual stream; norm_gemv_swiglu multiplies gate and up rows side by side
-// and stores silu(gate) * up (norm + gate/up projection + SwiGLU in one launch).
-// K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)) (the SwiGLU kernels:
-// ceil_div(N, 8), N their output width), block 256.
-#include "common.cuh"
+// norm_gemv_* multiply by rmsnorm(res) * nw, with the 1/rms taken from the same loads and
+// applied to the sums in the epilogue (no pass of its own); gemv_residual adds y into the
+// residual stream; norm_gemv_swiglu multiplies gate and up rows side by side and stores
+// silu(gate) * up; norm_gemv_rope_append rotates q and k head pairs side by side and writes
+// k and v to the paged KV state (norm + qkv projection + rope + KV append in one launch).
+// K % 8 == 0, pointers 16-byte aligned. Grid (ceil_div(N, 16)) (norm_gemv_swiglu:
+// ceil_div(N, 8), N its output width), block 256.
+#include "rope.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit
 #define GEMV_UNIT (32 * GEMV_KU)     // K elements per warp unit
 #define GEMV_MAX_NT 4                // row tiles of 8 per pass: 32 rows
-// Experimental, off in the pinned build (and then compiled out entirely): with
-// -DGEMV_STAGE_ELEMS=16000 a pass whose rows fit stages x once in shared memory (formed by all
-// 256 threads, norm applied), and the mma loop reads it there instead of each lane loading and
-// forming its x from L2. tests/cuda/bench_cuda_kernels.py times that build beside this one.
-#ifndef GEMV_STAGE_ELEMS
-#define GEMV_STAGE_ELEMS 0
-#endif
-#define GEMV_XPAD 32                 // staged row padding (elements): rows g, g+1 on other banks
-// Experimental, off in the pinned build: with -DGEMV_TILE_STRIDE=1 a block walks its column
-// tiles blockIdx.x, + gridDim.x, ... so a grid smaller than ceil_div(N, 16) takes the norm and
-// the staged x once per block for several tiles.
-#ifndef GEMV_TILE_STRIDE
-#define GEMV_TILE_STRIDE 0
-#endif
-
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
 __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
@@ -79,97 +66,121 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 // ---- the x operand: plain or RMS-normed -------------------------------------------------
-// Each gives the 8 bf16 x values k..k+7 of a row, exactly as the standalone kernel would have
-// stored them (norm.cu), so fusing changes no bits of x.
+// load gives the 8 bf16 x values k..k+7 of a row for the mma; each (row, k) is loaded by
+// exactly one lane of the block.
 struct XPlain {
+    static constexpr bool NORM = false;
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
-    template <int NT>
-    __device__ void prologue(int, int, int, float *, float *) const {}
-    __device__ uint4 load(int row, int k, int K, const float *) const {
+    __device__ uint4 load(int row, int k, int K, float &) const {
         return ld_act(x + (size_t)row * K + k);
     }
 };
 
-// x = rmsnorm(res) * w: the block first takes 1/rms of each of its rows (all 256 threads over
-// 16-byte chunks, every row's loads issued together; lanes by xor tree, then warps in order:
-// fixed order), then scales x as it loads it.
+// x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
+// the dot product; the mma takes bf16(nw * res) and the epilogue multiplies the row's sums by
+// 1/rms. The sum of squares comes from the same res loads (each lane sums what it loaded; the
+// epilogue adds lanes, then warps, in a fixed order, the same in every block), so the norm
+// costs no extra pass or round trip. One rounding of x instead of the unfused norm's two
+// (bf16(nw * bf16(res / rms))): the error is of the same size, not the same bits.
 struct XNorm {
+    static constexpr bool NORM = true;
     const bf16 *res, *w;
     float eps;
     __device__ XNorm after() const { return {after_wait(res), w, eps}; }
-    template <int NT>
-    __device__ void prologue(int r0, int R, int K, float *rs, float *red) const {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        float ss[8 * NT];
-#pragma unroll
-        for (int i = 0; i < 8 * NT; ++i) ss[i] = 0.f;
-        for (int c = threadIdx.x * 8; c < K; c += 256 * 8) {
-#pragma unroll
-            for (int i = 0; i < 8 * NT; ++i) {
-                if (i < R) {
-                    float f[8];
-                    unpack8(ld_act(res + (size_t)(r0 + i) * K + c), f);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) ss[i] += f[j] * f[j];
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 8 * NT; ++i) {
-            const float t = warp_sum(ss[i]);
-            if (lane == 0) red[warp * 32 + i] = t;
-        }
-        __syncthreads();
-        if (threadIdx.x < R) {
-            float t = 0.f;
-            for (int wi = 0; wi < GEMV_WARPS; ++wi) t += red[wi * 32 + threadIdx.x];
-            rs[threadIdx.x] = 1.f / sqrtf(t / (float)K + eps);
-        }
-    }
-    __device__ uint4 load(int row, int k, int K, const float *rs) const {
+    __device__ uint4 load(int row, int k, int K, float &ss) const {
         float f[8], g[8];
         unpack8(ld_act(res + (size_t)row * K + k), f);
         unpack8(__ldg(reinterpret_cast<const uint4 *>(w + k)), g);
-        const float r = rs[row];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = g[j] * rbf(f[j] * r);
+        for (int j = 0; j < 8; ++j) {
+            ss += f[j] * f[j];
+            f[j] *= g[j];
+        }
         return pack8(f);
     }
 };
 
-// ---- the output: store bf16, store f32, or add into the residual ------------------------
-// Which W rows a block multiplies and where its sums go. The plain outputs: a block takes 16
-// consecutive rows of W (outputs n0 .. n0+15, n0 = 16 * blockIdx.x).
+// ---- the output ---------------------------------------------------------------------------
+// Plain outputs: the block of tile t = blockIdx.x takes 16 consecutive rows of W (outputs
+// n0 .. n0+15, n0 = 16 t); mma row g is W row n0 + g, mma row g + 8 is W row n0 + g + 8.
 struct YBf16 {
-    static constexpr bool SWIGLU = false;
+    static constexpr bool PAIRED = false;
     bf16 *y;
     __device__ void put(size_t i, float v) const { y[i] = to_bf(v); }
 };
 struct YF32 {
-    static constexpr bool SWIGLU = false;
+    static constexpr bool PAIRED = false;
     float *y;
     __device__ void put(size_t i, float v) const { y[i] = v; }
 };
 // res = bf16(res + bf16(v)): the projection rounded to bf16, then the residual add, as the
 // unfused add_rms_norm does it. Each element is read and written by one thread only.
 struct YAddRes {
-    static constexpr bool SWIGLU = false;
+    static constexpr bool PAIRED = false;
     bf16 *res;
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
     }
 };
 
-// SwiGLU in the epilogue: W is gate_up [2N, K] (gate rows, then up rows); a block takes gate
-// rows c0 .. c0+7 and the matching up rows N + c0 .. (c0 = 8 * blockIdx.x) and stores
-// act = bf16(bf16(silu(bf16(gate))) * bf16(up)) [rows, N], as gemv + silu_mul would.
+// Paired outputs: mma rows g and g + 8 are two W rows one output needs together. wrows names
+// them (false: past the end), put takes their two sums for x row r.
+// SwiGLU: W is gate_up [2N, K] (gate rows, then up rows); tile t takes gate rows 8t .. 8t+7
+// and the matching up rows, and stores act = bf16(bf16(silu(bf16(gate))) * bf16(up)) [rows, N],
+// as gemv + silu_mul would.
 struct YSwiGLU {
-    static constexpr bool SWIGLU = true;
+    static constexpr bool PAIRED = true;
     bf16 *act;
-    __device__ void put(size_t i, float gate, float up) const {
-        const float g = rbf(gate);
-        act[i] = to_bf(rbf(g / (1.f + expf(-g))) * rbf(up));
+    __device__ bool wrows(int tile, int g, int N, int &w0, int &w1) const {
+        w0 = 8 * tile + g;
+        w1 = N + w0;
+        return w0 < N;
+    }
+    __device__ void put(int r, int tile, int g, int N, float gate, float up) const {
+        const float gs = rbf(gate);
+        act[(size_t)r * N + 8 * tile + g] = to_bf(rbf(gs / (1.f + expf(-gs))) * rbf(up));
+    }
+};
+// Rope and the KV append: W is the fused qkv projection [N, K], N = (n_q + 2 n_kv) head_dim
+// (q heads, k heads, v heads). Tile t takes 8 rope pairs (i, i + head_dim/2) of one head, so
+// the epilogue holds both halves of each pair: it rounds them to bf16 (what the unfused gemv
+// stores), rotates q and k (rope.cuh), stores q, k and v into y [rows, N] as gemv + rope would
+// leave them, and writes k and v of this position to the paged KV state, as rope_append does.
+struct YRopeAppend {
+    static constexpr bool PAIRED = true;
+    bf16 *y;
+    const int *pos;
+    const float *table;
+    KvAppend app;
+    int n_q_heads, n_kv_heads, head_dim;
+    __device__ void pair(int tile, int g, int &head, int &i) const {
+        const int per_head = head_dim >> 4;  // tiles a head: (head_dim / 2) / 8 pairs
+        head = tile / per_head;
+        i = (tile - head * per_head) * 8 + g;
+    }
+    __device__ bool wrows(int tile, int g, int N, int &w0, int &w1) const {
+        int head, i;
+        pair(tile, g, head, i);
+        w0 = head * head_dim + i;
+        w1 = w0 + (head_dim >> 1);
+        return w0 < N;
+    }
+    __device__ void put(int r, int tile, int g, int N, float a, float b) const {
+        int head, i;
+        pair(tile, g, head, i);
+        const int half = head_dim >> 1, p = pos[r];
+        float x0 = rbf(a), x1 = rbf(b);
+        if (head < n_q_heads + n_kv_heads) rotate(x0, x1, table, p, i, head_dim);
+        bf16 *yr = y + (size_t)r * N + (size_t)head * head_dim;
+        yr[i] = to_bf(x0);
+        yr[i + half] = to_bf(x1);
+        if (head >= n_q_heads) {
+            const int which = head >= n_q_heads + n_kv_heads;  // 0: k, 1: v
+            bf16 *d = app.dst(r, which, head - n_q_heads - which * n_kv_heads, p, n_kv_heads, head_dim);
+            d[i] = to_bf(x0);
+            d[i + half] = to_bf(x1);
+        }
     }
 };
 
@@ -184,35 +195,29 @@ __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, cons
     }
 }
 
-// x values k..k+7 of row `row` for the mma: from the staged copy, or formed from memory.
-template <class X>
-__device__ __forceinline__ uint4 x_operand(const X &xs, const bf16 *xsm, bool staged, int row, int r0,
-                                           int k, int K, const float *rs) {
-    if constexpr (GEMV_STAGE_ELEMS > 0) {
-        if (staged) return *reinterpret_cast<const uint4 *>(xsm + (size_t)(row - r0) * (K + GEMV_XPAD) + k);
-    }
-    return xs.load(row, k, K, rs - r0);
-}
-
 // One pass over rows [r0, r0 + R), R <= 8 * NT. Each warp's first W unit is loaded before
 // griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
-// weight stream overlaps the previous kernel's tail.
+// weight stream overlaps the previous kernel's tail. `red` holds the warps' sums, `ssr` the
+// warps' sums of squares (X::NORM).
 template <int NT, class X, class Y>
 __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys,
-                                          int r0, int R, int N, int K, float *red, float *rs,
-                                          bf16 *xsm, bool first) {
+                                          int r0, int R, int N, int K, float *red, float *ssr,
+                                          bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    // W rows of mma rows g and g + 8: outputs n0 + g and n0 + g + 8, or (SwiGLU) the gate and
-    // up rows of output n0 + g.
-    constexpr int COLS = Y::SWIGLU ? 8 : 16;
-    int tile = blockIdx.x;
-    int n0 = tile * COLS;
-    int row0 = n0 + g, row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
-    bool ok0 = row0 < N, ok1 = Y::SWIGLU ? row0 < N : row1 < N;
-    const int last = Y::SWIGLU ? 2 * N - 1 : N - 1;
-    const bf16 *w0 = W + (size_t)min(row0, last) * K;
-    const bf16 *w1 = W + (size_t)min(row1, last) * K;
+    const int tile = blockIdx.x, n0 = 16 * tile;
+    int row0, row1;
+    bool ok0, ok1;
+    if constexpr (Y::PAIRED) {
+        ok0 = ok1 = ys.wrows(tile, g, N, row0, row1);
+    } else {
+        row0 = n0 + g;
+        row1 = n0 + g + 8;
+        ok0 = row0 < N;
+        ok1 = row1 < N;
+    }
+    const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
+    const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     int xrow[NT];
     bool okx[NT];
 #pragma unroll
@@ -230,145 +235,117 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         pdl_launch_dependents();
     }
     const X xs = xs0.after();
-    xs.template prologue<NT>(r0, R, K, rs, red);
-    __syncthreads();
-    bool staged = false;
-    if constexpr (GEMV_STAGE_ELEMS > 0) {
-        const int ld = K + GEMV_XPAD, n8 = K >> 3;
-        staged = R * ld <= GEMV_STAGE_ELEMS;
-        if (staged) {
-            for (int i = threadIdx.x; i < R * n8; i += blockDim.x) {
-                const int row = i / n8, c = (i - row * n8) * 8;
-                *reinterpret_cast<uint4 *>(xsm + (size_t)row * ld + c) = xs.load(r0 + row, c, K, rs - r0);
+    float c[NT][4], ss[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = ss[nt] = 0.f;
+    while (kb < K) {
+#pragma unroll
+        for (int u = 0; u < GEMV_KU; ++u) {
+            const int k = kb + 32 * u + 8 * t;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint4 xv = (okx[nt] && k < K) ? xs.load(xrow[nt], k, K, ss[nt]) : zero;
+                mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
+                mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
             }
-            __syncthreads();
         }
+        kb += GEMV_WARPS * GEMV_UNIT;
+        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
-    // rs holds 1/rms of this pass's rows: local row index i -> rs[i]
-    for (;;) {  // column tiles (one, unless GEMV_TILE_STRIDE)
-        float c[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
-        while (kb < K) {
-#pragma unroll
-            for (int u = 0; u < GEMV_KU; ++u) {
-                const int k = kb + 32 * u + 8 * t;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const uint4 xv = (okx[nt] && k < K) ? x_operand(xs, xsm, staged, xrow[nt], r0, k, K, rs) : zero;
-                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
-                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
-                }
-            }
-            kb += GEMV_WARPS * GEMV_UNIT;
-            if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-        }
 
-        // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
-        // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
+    // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
+    // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) red[(warp * GEMV_MAX_NT * 4 + nt * 4 + i) * 32 + lane] = c[nt][i];
-        __syncthreads();
-        for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
-            const int q = j >> 5, l = j & 31;
-            const int nt = q >> 2, i = q & 3;
-            const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-            if constexpr (Y::SWIGLU) {  // i = 0, 1: gate sums; i + 2: the up sums of the same (row, output)
-                const int col = n0 + (l >> 2);
-                if (i < 2 && row < R && col < N) {
-                    float gs = 0.f, us = 0.f;
-#pragma unroll
-                    for (int w = 0; w < GEMV_WARPS; ++w) {
-                        gs += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-                        us += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
-                    }
-                    ys.put((size_t)(r0 + row) * N + col, gs, us);
-                }
-            } else {
-                const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
-                if (row < R && col < N) {
-                    float v = 0.f;
-#pragma unroll
-                    for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-                    ys.put((size_t)(r0 + row) * N + col, v);
-                }
-            }
-        }
-        __syncthreads();  // red (and rs) are reused by the next tile or pass
-        if constexpr (GEMV_TILE_STRIDE == 0) {
-            break;
-        } else {
-            tile += gridDim.x;
-            if (tile * COLS >= N) break;
-            n0 = tile * COLS;
-            row0 = n0 + g;
-            row1 = Y::SWIGLU ? N + n0 + g : n0 + g + 8;
-            ok0 = row0 < N;
-            ok1 = Y::SWIGLU ? row0 < N : row1 < N;
-            w0 = W + (size_t)min(row0, last) * K;
-            w1 = W + (size_t)min(row1, last) * K;
-            kb = warp * GEMV_UNIT;
-            ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+        for (int i = 0; i < 4; ++i) red[(warp * GEMV_MAX_NT * 4 + nt * 4 + i) * 32 + lane] = c[nt][i];
+        if constexpr (X::NORM) {  // x row nt*8 + g: lanes t = 0..3 (xor tree), then warps in order
+            float s = ss[nt];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            if (t == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + g] = s;
         }
     }
+    __syncthreads();
+    for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
+        const int q = j >> 5, l = j & 31;
+        const int nt = q >> 2, i = q & 3;
+        const int row = nt * 8 + 2 * (l & 3) + (i & 1);
+        if (row >= R) continue;
+        float scale = 1.f;
+        if constexpr (X::NORM) {
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
+            scale = 1.f / sqrtf(s / (float)K + xs.eps);
+        }
+        if constexpr (Y::PAIRED) {  // i = 0, 1: sums of W row g; i + 2: those of its partner
+            int w0_, w1_;
+            if (i < 2 && ys.wrows(tile, l >> 2, N, w0_, w1_)) {
+                float as = 0.f, bs = 0.f;
+#pragma unroll
+                for (int w = 0; w < GEMV_WARPS; ++w) {
+                    as += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                    bs += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
+                }
+                ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
+            }
+        } else {
+            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
+            if (col < N) {
+                float v = 0.f;
+#pragma unroll
+                for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                ys.put((size_t)(r0 + row) * N + col, v * scale);
+            }
+        }
+    }
+    __syncthreads();  // red and ssr are reused by the next pass
 }
 
 template <class X, class Y>
 __device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, const Y &ys,
                                      int rows, int N, int K) {
     __shared__ float red[GEMV_WARPS * GEMV_MAX_NT * 4 * 32];
-    __shared__ float rs[8 * GEMV_MAX_NT];
-#if GEMV_STAGE_ELEMS > 0
-    __shared__ __align__(16) bf16 xsm[GEMV_STAGE_ELEMS];
-#else
-    bf16 *xsm = nullptr;
-#endif
+    __shared__ float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
         const bool first = r0 == 0;
-        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
-        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
-        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, rs, xsm, first);
+        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, ssr, first);
+        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, ssr, first);
+        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, ssr, first);
     }
 }
 
 // y = x @ W^T
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemv_bf16(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *__restrict__ y,
-                      int rows, int N, int K) {
+          int rows, int N, int K) {
     gemv(XPlain{x}, W, YBf16{y}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemv_f32(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *__restrict__ y,
-                     int rows, int N, int K) {
+         int rows, int N, int K) {
     gemv(XPlain{x}, W, YF32{y}, rows, N, K);
 }
 // y = rmsnorm(res) * nw @ W^T: the RMSNorm fused into the projection that follows it.
 extern "C" __global__ void __launch_bounds__(256, 2)
 norm_gemv_bf16(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
-                           const bf16 *__restrict__ W, bf16 *__restrict__ y, int rows, int N, int K,
-                           float eps) {
+               const bf16 *__restrict__ W, bf16 *__restrict__ y, int rows, int N, int K,
+               float eps) {
     gemv(XNorm{res, nw, eps}, W, YBf16{y}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(256, 2)
 norm_gemv_f32(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
-                          const bf16 *__restrict__ W, float *__restrict__ y, int rows, int N, int K,
-                          float eps) {
+              const bf16 *__restrict__ W, float *__restrict__ y, int rows, int N, int K,
+              float eps) {
     gemv(XNorm{res, nw, eps}, W, YF32{y}, rows, N, K);
 }
 // res += x @ W^T: the projection fused with the residual add after it.
 extern "C" __global__ void __launch_bounds__(256, 2)
 gemv_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res,
-                          int rows, int N, int K) {
+              int rows, int N, int K) {
     gemv(XPlain{x}, W, YAddRes{res}, rows, N, K);
-}
-// act = silu(gate) * up, [gate | up] = x @ W^T, W = gate_up [2N, K]. Grid ceil_div(N, 8).
-extern "C" __global__ void __launch_bounds__(256, 2)
-gemv_swiglu(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *__restrict__ act, int rows,
-            int N, int K) {
-    gemv(XPlain{x}, W, YSwiGLU{act}, rows, N, K);
 }
 // act = silu(gate) * up, [gate | up] = (rmsnorm(res) * nw) @ W^T, W = gate_up [2N, K]: the
 // post-attention norm, the gate/up projection and SwiGLU in one launch. Grid ceil_div(N, 8).
@@ -376,4 +353,19 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 norm_gemv_swiglu(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
                  bf16 *__restrict__ act, int rows, int N, int K, float eps) {
     gemv(XNorm{res, nw, eps}, W, YSwiGLU{act}, rows, N, K);
+}
+// qkv = (rmsnorm(res) * nw) @ W^T, then rope on q and k and the KV append of k and v: the
+// input norm, the qkv projection, rope and the cache write of a decode layer in one launch.
+// N = (n_q_heads + 2 n_kv_heads) * head_dim, head_dim % 16 == 0; y [rows, N]. Grid
+// ceil_div(N, 16).
+extern "C" __global__ void __launch_bounds__(256, 2)
+norm_gemv_rope_append(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
+                      const bf16 *__restrict__ W, bf16 *__restrict__ y, char *__restrict__ kv_state,
+                      const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
+                      const int *__restrict__ pos, const float *__restrict__ table, int pages_per_seq,
+                      int rows, int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads,
+                      int head_dim, int page_tokens, int N, int K, float eps) {
+    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
+                       page_tokens};
+    gemv(XNorm{res, nw, eps}, W, YRopeAppend{y, pos, table, app, n_q_heads, n_kv_heads, head_dim}, rows, N, K);
 }

@@ -9,11 +9,11 @@
 // in place (row strides q_stride, k_stride in elements, so q and k may be column slices of
 // one fused qkv buffer). As in transformers, cos and sin are rounded to bf16 and every
 // product and the sum are rounded to bf16.
-// rope_append / qk_norm_rope_append also write the rotated k and the v rows to the paged KV
-// state (kv_append fused in: decode's one launch for rope and the cache write).
+// qk_norm_rope_append also writes the rotated k and the v rows to the paged KV state
+// (kv_append fused in: Qwen3 decode's one launch for q/k norms, rope and the cache write).
 // Grids: rope_table (max_pos), block head_dim/2. The others (rows, n_q_heads + n_kv_heads),
 // block head_dim/2 (head_dim/2 a multiple of 32 for the qk_norm variants).
-#include "common.cuh"
+#include "rope.cuh"
 
 extern "C" __global__ void rope_table(float *__restrict__ table, int max_pos, int head_dim,
                                       float theta, float factor, float low_freq_factor,
@@ -42,36 +42,11 @@ extern "C" __global__ void rope_table(float *__restrict__ table, int max_pos, in
     table[(size_t)p * head_dim + half + i] = sinf(f);
 }
 
-// Rotate the pair (x0 = x[i], x1 = x[i + half]) for position p.
-__device__ __forceinline__ void rotate(float &x0, float &x1, const float *table, int p, int i,
-                                       int head_dim) {
-    const float c = rbf(table[(size_t)p * head_dim + i]);
-    const float s = rbf(table[(size_t)p * head_dim + (head_dim >> 1) + i]);
-    const float y0 = rbf(rbf(x0 * c) - rbf(x1 * s));
-    const float y1 = rbf(rbf(x1 * c) + rbf(x0 * s));
-    x0 = y0;
-    x1 = y1;
-}
-
 __device__ __forceinline__ bf16 *head_ptr(bf16 *q, bf16 *k, int r, int h, int n_q_heads,
                                           int head_dim, int q_stride, int k_stride) {
     return h < n_q_heads ? q + (size_t)r * q_stride + (size_t)h * head_dim
                          : k + (size_t)r * k_stride + (size_t)(h - n_q_heads) * head_dim;
 }
-
-// Where this step's k / v row of kv head kh goes in the paged KV state (kv.cu's layout).
-struct KvAppend {
-    const bf16 *v;
-    char *kv_state;
-    const int *page_table, *cu_seqlens;
-    int pages_per_seq, n_seqs, layer, n_layers, page_tokens;
-    __device__ bf16 *dst(int r, int which, int kh, int p, int n_kv_heads, int head_dim) const {
-        const int s = seq_of_row(cu_seqlens, n_seqs, r);
-        const int phys = page_table[(size_t)s * pages_per_seq + p / page_tokens];
-        return reinterpret_cast<bf16 *>(kv_state + kv_offset(phys, layer, which, kh, p % page_tokens,
-                                                             n_layers, n_kv_heads, head_dim, page_tokens));
-    }
-};
 
 // One head of one row: optional per-head RMSNorm (Qwen3), rope, store back in place; with an
 // append, a k head's rotated row and the matching v row also go to the KV state. Under PDL
@@ -140,21 +115,9 @@ extern "C" __global__ void qk_norm_rope(bf16 *q, bf16 *k, const bf16 *__restrict
                            k_stride, eps, KvAppend{}, scratch);
 }
 
-// rope (or qk_norm_rope) fused with kv_append (kv.cu): the k heads' blocks also write the
-// rotated k row and the v row (v: stride k_stride) to the paged KV state.
-extern "C" __global__ void rope_append(bf16 *q, bf16 *k, const bf16 *__restrict__ v,
-                                       char *__restrict__ kv_state, const int *__restrict__ page_table,
-                                       const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
-                                       const float *__restrict__ table, int pages_per_seq, int rows,
-                                       int n_seqs, int layer, int n_layers, int n_q_heads,
-                                       int n_kv_heads, int head_dim, int page_tokens, int q_stride,
-                                       int k_stride) {
-    ROPE_GUARD
-    const KvAppend app{v, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers, page_tokens};
-    rope_head<false, true>(q, k, nullptr, nullptr, pos, table, n_q_heads, n_kv_heads, head_dim,
-                           q_stride, k_stride, 0.f, app, nullptr);
-}
-
+// qk_norm_rope fused with kv_append (kv.cu): the k heads' blocks also write the rotated k
+// row and the v row (v: stride k_stride) to the paged KV state. (Models without q/k norms
+// rotate and append in the qkv projection's epilogue: gemv.cu's norm_gemv_rope_append.)
 extern "C" __global__ void qk_norm_rope_append(
     bf16 *q, bf16 *k, const bf16 *__restrict__ v, const bf16 *__restrict__ qw,
     const bf16 *__restrict__ kw, char *__restrict__ kv_state, const int *__restrict__ page_table,
