@@ -27,6 +27,14 @@
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit
 #define GEMV_UNIT (32 * GEMV_KU)     // K elements per warp unit
 #define GEMV_MAX_NT 4                // row tiles of 8 per pass: 32 rows
+// x rows a lane loads before it stores any (8: one round trip a row tile; fewer: less
+// register pressure, more round trips)
+#ifndef GEMV_STAGE_ROWS
+#define GEMV_STAGE_ROWS 8
+#endif
+#define GEMV_XLD (GEMV_UNIT + 32)    // staged x row (elements): rows g, g+1 on other banks
+#define GEMV_WARP_SMEM 4608          // bytes a warp: 8 staged rows, or its 16 x 32 partial sums
+static_assert(8 * GEMV_XLD * 2 <= GEMV_WARP_SMEM && GEMV_MAX_NT * 4 * 32 * 4 <= GEMV_WARP_SMEM, "");
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
 __device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
@@ -66,34 +74,42 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 // ---- the x operand: plain or RMS-normed -------------------------------------------------
-// load gives the 8 bf16 x values k..k+7 of a row for the mma; each (row, k) is loaded by
-// exactly one lane of the block.
+// Per unit of K, a warp stages the x rows it needs in its own shared-memory tile: lane l loads
+// elements 8l .. 8l+7 of the unit for each row (one coalesced 16-byte load a row, all issued
+// before any is used: one round trip), forms them (form), stores them, and the mma loop reads
+// its operands from there. fetch's address is always valid (the caller clamps k), form zeroes
+// what lies past K.
 struct XPlain {
     static constexpr bool NORM = false;
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
-    __device__ uint4 load(int row, int k, int K, float &) const {
-        return ld_act(x + (size_t)row * K + k);
+    __device__ uint4 weight(int) const { return make_uint4(0, 0, 0, 0); }
+    __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
+    __device__ uint4 form(const uint4 &v, const uint4 &, bool ok, float &) const {
+        return ok ? v : make_uint4(0, 0, 0, 0);
     }
 };
 
 // x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
 // the dot product; the mma takes bf16(nw * res) and the epilogue multiplies the row's sums by
-// 1/rms. The sum of squares comes from the same res loads (each lane sums what it loaded; the
-// epilogue adds lanes, then warps, in a fixed order, the same in every block), so the norm
-// costs no extra pass or round trip. One rounding of x instead of the unfused norm's two
-// (bf16(nw * bf16(res / rms))): the error is of the same size, not the same bits.
+// 1/rms. The sum of squares comes from the same res loads (lanes by xor tree, then the units in
+// order, then the warps in order: the same in every block), so the norm costs no extra pass or
+// round trip. One rounding of x instead of the unfused norm's two (bf16(nw * bf16(res / rms))):
+// the error is of the same size, not the same bits.
 struct XNorm {
     static constexpr bool NORM = true;
     const bf16 *res, *w;
     float eps;
     __device__ XNorm after() const { return {after_wait(res), w, eps}; }
-    __device__ uint4 load(int row, int k, int K, float &ss) const {
+    __device__ uint4 weight(int k) const { return __ldg(reinterpret_cast<const uint4 *>(w + k)); }
+    __device__ uint4 fetch(int row, int k, int K) const { return ld_act(res + (size_t)row * K + k); }
+    __device__ uint4 form(const uint4 &v, const uint4 &nw, bool ok, float &ss) const {
         float f[8], g[8];
-        unpack8(ld_act(res + (size_t)row * K + k), f);
-        unpack8(__ldg(reinterpret_cast<const uint4 *>(w + k)), g);
+        unpack8(v, f);
+        unpack8(nw, g);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+            f[j] = ok ? f[j] : 0.f;
             ss += f[j] * f[j];
             f[j] *= g[j];
         }
@@ -197,15 +213,17 @@ __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, cons
 
 // One pass over rows [r0, r0 + R), R <= 8 * NT. Each warp's first W unit is loaded before
 // griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
-// weight stream overlaps the previous kernel's tail. `red` holds the warps' sums, `ssr` the
-// warps' sums of squares (X::NORM).
+// weight stream overlaps the previous kernel's tail. `xw` is this warp's staging tile (8 rows
+// of GEMV_XLD), later its slice of the reduction (red(w)); `ssr` the warps' sums of squares.
 template <int NT, class X, class Y>
 __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys,
-                                          int r0, int R, int N, int K, float *red, float *ssr,
+                                          int r0, int R, int N, int K, char *smem, float *ssr,
                                           bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int tile = blockIdx.x, n0 = 16 * tile;
+    bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
+    auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
     int row0, row1;
     bool ok0, ok1;
     if constexpr (Y::PAIRED) {
@@ -218,15 +236,6 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     }
     const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
     const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
-    int xrow[NT];
-    bool okx[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int row = nt * 8 + g;
-        okx[nt] = row < R;
-        xrow[nt] = r0 + (okx[nt] ? row : 0);
-    }
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
@@ -235,16 +244,42 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         pdl_launch_dependents();
     }
     const X xs = xs0.after();
-    float c[NT][4], ss[NT];
+    if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;  // this warp's row sums
+    float c[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = ss[nt] = 0.f;
+    for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     while (kb < K) {
+        const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
+        const bool okc = kc < K;
+        const uint4 nw = xs.weight(okc ? kc : 0);
 #pragma unroll
-        for (int u = 0; u < GEMV_KU; ++u) {
-            const int k = kb + 32 * u + 8 * t;
+        for (int nt = 0; nt < NT; ++nt) {
+            __syncwarp();  // the previous tile's reads of xw are done
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const uint4 xv = (okx[nt] && k < K) ? xs.load(xrow[nt], k, K, ss[nt]) : zero;
+            for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
+                uint4 raw[GEMV_STAGE_ROWS];
+#pragma unroll
+                for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
+                    if (nt * 8 + i0 + i < R) raw[i] = xs.fetch(r0 + nt * 8 + i0 + i, okc ? kc : 0, K);
+#pragma unroll
+                for (int i = 0; i < GEMV_STAGE_ROWS; ++i) {
+                    if (nt * 8 + i0 + i < R) {
+                        float ss = 0.f;
+                        *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
+                            xs.form(raw[i], nw, okc, ss);
+                        if constexpr (X::NORM) {
+                            ss = warp_sum(ss);
+                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
+                        }
+                    }
+                }
+            }
+            __syncwarp();
+            // Rows past R hold stale values: they only reach their own mma columns, which the
+            // epilogue drops.
+#pragma unroll
+            for (int u = 0; u < GEMV_KU; ++u) {
+                const uint4 xv = *reinterpret_cast<const uint4 *>(xw + g * GEMV_XLD + 32 * u + 8 * t);
                 mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                 mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
             }
@@ -254,18 +289,12 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     }
 
     // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
-    // red[warp][nt * 4 + i][lane]; then the 8 warps are added in order.
+    // red(warp)[nt * 4 + i][lane]; then the 8 warps are added in order.
+    __syncwarp();  // xw becomes red(warp)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * GEMV_MAX_NT * 4 + nt * 4 + i) * 32 + lane] = c[nt][i];
-        if constexpr (X::NORM) {  // x row nt*8 + g: lanes t = 0..3 (xor tree), then warps in order
-            float s = ss[nt];
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (t == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + g] = s;
-        }
-    }
+        for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
     __syncthreads();
     for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
         const int q = j >> 5, l = j & 31;
@@ -285,8 +314,8 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                 float as = 0.f, bs = 0.f;
 #pragma unroll
                 for (int w = 0; w < GEMV_WARPS; ++w) {
-                    as += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
-                    bs += red[(w * GEMV_MAX_NT * 4 + q + 2) * 32 + l];
+                    as += red(w)[q * 32 + l];
+                    bs += red(w)[(q + 2) * 32 + l];
                 }
                 ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
             }
@@ -295,7 +324,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
             if (col < N) {
                 float v = 0.f;
 #pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) v += red[(w * GEMV_MAX_NT * 4 + q) * 32 + l];
+                for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
                 ys.put((size_t)(r0 + row) * N + col, v * scale);
             }
         }
@@ -306,14 +335,14 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
 template <class X, class Y>
 __device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, const Y &ys,
                                      int rows, int N, int K) {
-    __shared__ float red[GEMV_WARPS * GEMV_MAX_NT * 4 * 32];
+    __shared__ __align__(16) char smem[GEMV_WARPS * GEMV_WARP_SMEM];
     __shared__ float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
         const bool first = r0 == 0;
-        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, red, ssr, first);
-        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, red, ssr, first);
-        else gemv_pass<4>(xs, W, ys, r0, R, N, K, red, ssr, first);
+        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, smem, ssr, first);
+        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, smem, ssr, first);
+        else gemv_pass<4>(xs, W, ys, r0, R, N, K, smem, ssr, first);
     }
 }
 
