@@ -27,10 +27,9 @@
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit
 #define GEMV_UNIT (32 * GEMV_KU)     // K elements per warp unit
 #define GEMV_MAX_NT 4                // row tiles of 8 per pass: 32 rows
-// x rows a lane loads before it stores any (8: one round trip a row tile; fewer: less
-// register pressure, more round trips)
+// Staged x rows a lane loads before it stores any (H200: 4 beat 8, whose registers spill)
 #ifndef GEMV_STAGE_ROWS
-#define GEMV_STAGE_ROWS 8
+#define GEMV_STAGE_ROWS 4
 #endif
 #define GEMV_XLD (GEMV_UNIT + 32)    // staged x row (elements): rows g, g+1 on other banks
 #define GEMV_WARP_SMEM 4608          // bytes a warp: 8 staged rows, or its 16 x 32 partial sums
@@ -74,20 +73,19 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 // ---- the x operand: plain or RMS-normed -------------------------------------------------
-// Per unit of K, a warp stages the x rows it needs in its own shared-memory tile: lane l loads
-// elements 8l .. 8l+7 of the unit for each row (one coalesced 16-byte load a row, all issued
-// before any is used: one round trip), forms them (form), stores them, and the mma loop reads
-// its operands from there. fetch's address is always valid (the caller clamps k), form zeroes
-// what lies past K.
+// A plain x is loaded by the lanes that feed it to the mma, straight from L2 (lane (g, t) loads
+// row g's elements it multiplies). A normed x is staged: per unit of K, a warp puts the x rows
+// it needs in its own shared-memory tile: lane l loads elements 8l .. 8l+7 of the unit for each
+// row (one coalesced 16-byte load a row, GEMV_STAGE_ROWS rows issued before any is used),
+// forms them once (nw * res, and the sum of squares), stores them, and the mma loop reads its
+// operands there. Measured on the H200 (docs/perf.md): staging made the normed projections
+// 25-30% faster and the plain ones slower. fetch's address is always valid (the caller clamps
+// k), form zeroes what lies past K.
 struct XPlain {
     static constexpr bool NORM = false;
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
-    __device__ uint4 weight(int) const { return make_uint4(0, 0, 0, 0); }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
-    __device__ uint4 form(const uint4 &v, const uint4 &, bool ok, float &) const {
-        return ok ? v : make_uint4(0, 0, 0, 0);
-    }
 };
 
 // x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
@@ -249,39 +247,51 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     while (kb < K) {
-        const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
-        const bool okc = kc < K;
-        const uint4 nw = xs.weight(okc ? kc : 0);
+        if constexpr (X::NORM) {
+            const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
+            const bool okc = kc < K;
+            const uint4 nw = xs.weight(okc ? kc : 0);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            __syncwarp();  // the previous tile's reads of xw are done
+            for (int nt = 0; nt < NT; ++nt) {
+                __syncwarp();  // the previous tile's reads of xw are done
 #pragma unroll
-            for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
-                uint4 raw[GEMV_STAGE_ROWS];
+                for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
+                    uint4 raw[GEMV_STAGE_ROWS];
 #pragma unroll
-                for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
-                    if (nt * 8 + i0 + i < R) raw[i] = xs.fetch(r0 + nt * 8 + i0 + i, okc ? kc : 0, K);
+                    for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
+                        if (nt * 8 + i0 + i < R) raw[i] = xs.fetch(r0 + nt * 8 + i0 + i, okc ? kc : 0, K);
 #pragma unroll
-                for (int i = 0; i < GEMV_STAGE_ROWS; ++i) {
-                    if (nt * 8 + i0 + i < R) {
-                        float ss = 0.f;
-                        *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
-                            xs.form(raw[i], nw, okc, ss);
-                        if constexpr (X::NORM) {
+                    for (int i = 0; i < GEMV_STAGE_ROWS; ++i) {
+                        if (nt * 8 + i0 + i < R) {
+                            float ss = 0.f;
+                            *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
+                                xs.form(raw[i], nw, okc, ss);
                             ss = warp_sum(ss);
                             if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
                         }
                     }
                 }
+                __syncwarp();
+                // Rows past R hold stale values: they only reach their own mma columns, which
+                // the epilogue drops.
+#pragma unroll
+                for (int u = 0; u < GEMV_KU; ++u) {
+                    const uint4 xv = *reinterpret_cast<const uint4 *>(xw + g * GEMV_XLD + 32 * u + 8 * t);
+                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
+                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
+                }
             }
-            __syncwarp();
-            // Rows past R hold stale values: they only reach their own mma columns, which the
-            // epilogue drops.
+        } else {  // plain x: each lane loads its own operands (rows g, 8 + g, ...) straight from L2
 #pragma unroll
             for (int u = 0; u < GEMV_KU; ++u) {
-                const uint4 xv = *reinterpret_cast<const uint4 *>(xw + g * GEMV_XLD + 32 * u + 8 * t);
-                mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
-                mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
+                const int k = kb + 32 * u + 8 * t;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int row = nt * 8 + g;
+                    const uint4 xv = (row < R && k < K) ? xs.fetch(r0 + row, k, K) : make_uint4(0, 0, 0, 0);
+                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
+                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
+                }
             }
         }
         kb += GEMV_WARPS * GEMV_UNIT;
