@@ -172,19 +172,26 @@ def run_compiled(ref, prompts: np.ndarray, new: int, device: str = "cuda", mode:
     if mode:
         torch._dynamo.reset()  # a fresh compile for each model and batch, no guard pile-up
     fn = torch.compile(step, mode=mode, fullgraph=False) if mode else step
+
+    def call(tok, pos: int):
+        """One step; its token copied out of the graph's output buffer, which the next replay
+        overwrites (CUDA graph trees are told a new step begins)."""
+        if mode:
+            torch.compiler.cudagraph_mark_step_begin()
+        return fn(tok, torch.tensor([pos], device=device), cache).clone()
     with torch.no_grad():
         tok = ref(x, past_key_values=cache, cache_position=torch.arange(plen, device=device),
                   use_cache=True).logits[:, -1:].argmax(-1)
         toks = [tok]
         for k in range(3):  # compile and warm up the graphs
-            tok = fn(tok, torch.tensor([plen + k], device=device), cache)
-            toks.append(tok.clone())
+            tok = call(tok, plen + k)
+            toks.append(tok)
         sync()
         t0 = time.perf_counter()
         steps = new - 5
         for k in range(steps):
-            tok = fn(tok, torch.tensor([plen + 3 + k], device=device), cache)
-            toks.append(tok.clone())  # graph outputs are overwritten by the next replay
+            tok = call(tok, plen + 3 + k)
+            toks.append(tok)
         sync()
         dt = time.perf_counter() - t0
     return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3,
