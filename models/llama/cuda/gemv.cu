@@ -160,7 +160,7 @@ struct YSwiGLU {
 // (q heads, k heads, v heads). Tile t takes 8 rope pairs (i, i + head_dim/2) of one head, so
 // the epilogue holds both halves of each pair: it rounds them to bf16 (what the unfused gemv
 // stores), rotates q and k (rope.cuh), stores q, k and v into y [rows, N] as gemv + rope would
-// leave them, and writes k and v of this position to the paged KV state, as rope_append does.
+// leave them, and writes k and v of this position to the paged KV state, as qk_norm_rope_append does.
 struct YRopeAppend {
     static constexpr bool PAIRED = true;
     bf16 *y;
