@@ -184,3 +184,23 @@ def test_decode_attention_split_is_a_generator_choice(tmp_path):
         items = prog.resolve({**v.constants, "seqs": 2, "context": 512})
         att = next(i for i in items if i.kernel.name == "attention_decode")
         assert att.grid == (2, 2, z) and att.args[-2] == split  # split_tokens, then q_stride
+
+
+def test_experimental_builds_are_generator_options_that_bring_their_kernel_flags(tmp_path):
+    """Each experiment sizes the launches that need its kernel macro and names that macro, so a
+    manifest always matches the cubins generate() builds for it; the defaults need none."""
+    from kern_models.llama.manifest_cuda import cuda_defines
+
+    assert cuda_defines() == () and cuda_defines(tokens=64, decode_split=64) == ()
+    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=2048, num_hidden_layers=1, num_attention_heads=32,
+               num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, max_position_embeddings=8192,
+               rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True)
+    opts = dict(gemv_tiles_per_block="auto", decode_max_splits=8, stage_plain_max_k=1024)
+    assert cuda_defines(**opts) == ("-DGEMV_TILE_LOOP=1", "-DATTN_DYNAMIC_SPLIT=1", "-DGEMV_STAGE_PLAIN_MAX_K=1024")
+    v = _cuda_manifest(cfg, tmp_path, "wide", context=4096, **opts)
+    prog, _ = _program(v, "decode")
+    grids = {i.kernel.name: i.grid for i in prog.resolve({**v.constants, "seqs": 1, "context": 4096})}
+    # about two blocks a 132-SM GPU for the big projections; the small ones keep a block a tile
+    assert grids["norm_gemv_swiglu"] == (-(-8192 // 24), 1, 1) and grids["norm_gemv_f32"] == (-(-128256 // 480), 1, 1)
+    assert grids["gemv_residual"] == (2048 // 16, 1, 1)
+    assert grids["attention_decode"] == (1, 8, 8)  # 4096 / 64 = 64 splits, capped at 8

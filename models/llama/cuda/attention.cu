@@ -159,6 +159,13 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
 // head_dim and warps over tokens. All warps share one running max per head, so the warps'
 // accumulators are added in warp order at the end. Blocks past the row's context write an
 // empty partial (sum 0) and exit.
+// Experimental, off in the pinned build: with -DATTN_DYNAMIC_SPLIT=1 a row whose context is
+// longer than n_splits * split_tokens takes longer splits instead of leaving tokens out, so a
+// manifest may launch fewer splits than context / split_tokens (the generator's
+// decode_max_splits; fewer blocks that exit at once, at batch 16 thousands a layer).
+#ifndef ATTN_DYNAMIC_SPLIT
+#define ATTN_DYNAMIC_SPLIT 0
+#endif
 #define DEC_TILE_ELEMS 4096                       // DEC_TT * head_dim
 #define DEC_K_BYTES (64 * (64 + 8) * 2)           // largest padded K tile (head_dim 64)
 #define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
@@ -196,12 +203,27 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
     const int G = n_q_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
     // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
-    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
-    // tile's page numbers are read together with pos (one round trip, not two); the table row
-    // has pages_per_seq entries, so indexes past it are not read.
+    // step, and the K/V rows of positions before pos[r] were written by earlier steps.
+#if ATTN_DYNAMIC_SPLIT
+    // A context longer than n_splits * split_tokens gets longer splits (a multiple of the tile),
+    // so the grid's split count can stay small whatever the context.
+    const int p_last = pos[r];
+    int split = split_tokens;
+    if (p_last + 1 > n_splits * split) split = (((p_last + n_splits) / n_splits + TT - 1) / TT) * TT;
+    const int t0 = z * split;
+    int page0[LOADS];
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+        const int t = t0 + (tid + i * 128) / CH;
+        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
+    }
+#else
+    // The first tile's page numbers are read together with pos (one round trip, not two); the
+    // table row has pages_per_seq entries, so indexes past it are not read.
+    const int split = split_tokens;
+    const int t0 = z * split;
     int page0[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -209,10 +231,11 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
     }
     const int p_last = pos[r];
+#endif
     // Splits that hold context: the others leave at once and take no part in the merge.
-    const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
+    const int n_used = min(n_splits, (p_last + split) / split);
     if (z >= n_used) return;
-    const int t1 = min(p_last + 1, t0 + split_tokens);
+    const int t1 = min(p_last + 1, t0 + split);
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1

@@ -31,6 +31,19 @@
 #ifndef GEMV_STAGE_ROWS
 #define GEMV_STAGE_ROWS 4
 #endif
+// Experimental, off in the pinned build: with -DGEMV_TILE_LOOP=1 a block walks the column
+// tiles blockIdx.x, + gridDim.x, ... and loads the next tile's first W unit before the current
+// tile's epilogue, so a grid of about two blocks an SM streams W without pausing. The
+// generator's gemv_tiles_per_block option sizes the grids for that build.
+// Experimental, off in the pinned build: with -DGEMV_STAGE_PLAIN_MAX_K=1024 a plain x is staged
+// too when K <= 1024 (all-staged measured faster on SmolLM2-135M, whose K is 576, and slower on
+// Llama-3.2-1B's K = 2048 and 8192).
+#ifndef GEMV_STAGE_PLAIN_MAX_K
+#define GEMV_STAGE_PLAIN_MAX_K 0
+#endif
+#ifndef GEMV_TILE_LOOP
+#define GEMV_TILE_LOOP 0
+#endif
 #define GEMV_XLD (GEMV_UNIT + 32)    // staged x row (elements): rows g, g+1 on other banks
 #define GEMV_WARP_SMEM 4608          // bytes a warp: 8 staged rows, or its 16 x 32 partial sums
 static_assert(8 * GEMV_XLD * 2 <= GEMV_WARP_SMEM && GEMV_MAX_NT * 4 * 32 * 4 <= GEMV_WARP_SMEM, "");
@@ -86,6 +99,11 @@ struct XPlain {
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
+    // staged (GEMV_STAGE_PLAIN_MAX_K): no weight, x as loaded
+    __device__ uint4 weight(int) const { return make_uint4(0, 0, 0, 0); }
+    __device__ uint4 form(const uint4 &v, const uint4 &, bool ok, float &) const {
+        return ok ? v : make_uint4(0, 0, 0, 0);
+    }
 };
 
 // x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
@@ -121,11 +139,13 @@ struct XNorm {
 struct YBf16 {
     static constexpr bool PAIRED = false;
     bf16 *y;
+    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const { y[i] = to_bf(v); }
 };
 struct YF32 {
     static constexpr bool PAIRED = false;
     float *y;
+    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const { y[i] = v; }
 };
 // res = bf16(res + bf16(v)): the projection rounded to bf16, then the residual add, as the
@@ -133,6 +153,7 @@ struct YF32 {
 struct YAddRes {
     static constexpr bool PAIRED = false;
     bf16 *res;
+    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
     }
@@ -146,6 +167,7 @@ struct YAddRes {
 struct YSwiGLU {
     static constexpr bool PAIRED = true;
     bf16 *act;
+    __device__ int tiles(int N) const { return (N + 7) >> 3; }
     __device__ bool wrows(int tile, int g, int N, int &w0, int &w1) const {
         w0 = 8 * tile + g;
         w1 = N + w0;
@@ -168,6 +190,7 @@ struct YRopeAppend {
     const float *table;
     KvAppend app;
     int n_q_heads, n_kv_heads, head_dim;
+    __device__ int tiles(int N) const { return N >> 4; }
     __device__ void pair(int tile, int g, int &head, int &i) const {
         const int per_head = head_dim >> 4;  // tiles a head: (head_dim / 2) / 8 pairs
         head = tile / per_head;
@@ -219,21 +242,25 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                                           bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x, n0 = 16 * tile;
+    int tile = blockIdx.x, n0 = 16 * tile;
     bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
     auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
     int row0, row1;
     bool ok0, ok1;
-    if constexpr (Y::PAIRED) {
-        ok0 = ok1 = ys.wrows(tile, g, N, row0, row1);
-    } else {
-        row0 = n0 + g;
-        row1 = n0 + g + 8;
-        ok0 = row0 < N;
-        ok1 = row1 < N;
-    }
-    const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
-    const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
+    const bf16 *w0, *w1;
+    auto rows_of = [&](int tl) {  // the W rows of mma rows g and g + 8 in tile tl
+        if constexpr (Y::PAIRED) {
+            ok0 = ok1 = ys.wrows(tl, g, N, row0, row1);
+        } else {
+            row0 = 16 * tl + g;
+            row1 = 16 * tl + g + 8;
+            ok0 = row0 < N;
+            ok1 = row1 < N;
+        }
+        w0 = W + (size_t)(ok0 ? row0 : 0) * K;
+        w1 = W + (size_t)(ok1 ? row1 : 0) * K;
+    };
+    rows_of(tile);
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
@@ -242,12 +269,19 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         pdl_launch_dependents();
     }
     const X xs = xs0.after();
+#if GEMV_TILE_LOOP
+    for (;;) {  // tiles blockIdx.x, + gridDim.x, ...
+#endif
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;  // this warp's row sums
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     while (kb < K) {
+#if GEMV_STAGE_PLAIN_MAX_K > 0
+        if (X::NORM || K <= GEMV_STAGE_PLAIN_MAX_K) {
+#else
         if constexpr (X::NORM) {
+#endif
             const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
             const bool okc = kc < K;
             const uint4 nw = xs.weight(okc ? kc : 0);
@@ -266,8 +300,10 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                             float ss = 0.f;
                             *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
                                 xs.form(raw[i], nw, okc, ss);
-                            ss = warp_sum(ss);
-                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
+                            if constexpr (X::NORM) {
+                                ss = warp_sum(ss);
+                                if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
+                            }
                         }
                     }
                 }
@@ -297,6 +333,16 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         kb += GEMV_WARPS * GEMV_UNIT;
         if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
+#if GEMV_TILE_LOOP
+    // The next tile's first W unit goes out before this tile's epilogue: the weight stream
+    // does not pause while the block reduces and stores.
+    const int next = tile + gridDim.x;
+    if (next < ys.tiles(N)) {
+        rows_of(next);
+        kb = warp * GEMV_UNIT;
+        ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    }
+#endif
 
     // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
     // red(warp)[nt * 4 + i][lane]; then the 8 warps are added in order.
@@ -339,7 +385,13 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
             }
         }
     }
-    __syncthreads();  // red and ssr are reused by the next pass
+    __syncthreads();  // red and ssr are reused by the next tile or pass
+#if GEMV_TILE_LOOP
+    if (next >= ys.tiles(N)) break;
+    tile = next;
+    n0 = 16 * tile;
+    }
+#endif
 }
 
 template <class X, class Y>

@@ -1,0 +1,25 @@
+# One device call for the experimental builds (off in the pinned cubins; each is a generator
+# option that turns on its kernel macro, see models/llama/manifest_cuda.py): the kernel tests on
+# the build with all of them, then decode beside the default build, one option at a time.
+# If one wins: make its macro the default (and its option the generator's default), re-pin
+# (models/llama/cuda/build.py OUT --record), regenerate the examples, run bench/gpu_final.sh.
+source bench/gpu_env.sh || exit 1
+ALL="-DGEMV_TILE_LOOP=1 -DATTN_DYNAMIC_SPLIT=1 -DGEMV_STAGE_PLAIN_MAX_K=1024"
+KERN_CUDA_DEFINES="$ALL" timeout 150 python3 -m pytest tests/cuda/test_cuda_gpu_kernels.py -m gpu -q \
+  -p no:cacheprovider > $OUT/experimental_tests.log 2>&1
+tail -3 $OUT/experimental_tests.log
+run() {  # label, then decode.py options
+  local label=$1; shift
+  timeout 80 python3 bench/decode.py --shapes llama-3.2-1b,smollm2-135m --batch 1,16 --prefill 0 "$@" \
+    > $OUT/decode_$label.log 2>&1
+  grep '^{"' $OUT/decode_$label.log | grep -v '"gpu"' | python3 -c "
+import json, sys
+for l in sys.stdin:
+    d = json.loads(l)
+    print('$label', d['shape'], d['batch'], d['kern_decode_tok_s'], d['kern_step_ms'])"
+}
+run default
+run tiles --gemv-tiles-per-block auto
+run splits --decode-max-splits 8
+run plain --stage-plain-max-k 1024
+run all --gemv-tiles-per-block auto --decode-max-splits 8 --stage-plain-max-k 1024
