@@ -41,11 +41,13 @@ def _op(module, entry, params, grid, block, pdl=False):
 #     longer splits (ATTN_DYNAMIC_SPLIT).
 #   stage_plain_max_k=K: plain gemv x is staged in shared memory too when K <= K
 #     (GEMV_STAGE_PLAIN_MAX_K).
+#   stage_cp_async=True: staged x rows are copied with cp.async, a tile's rows in one round trip
+#     (GEMV_STAGE_CPASYNC).
 GEMV_SMS = 132
-EXPERIMENTS = ("gemv_tiles_per_block", "decode_max_splits", "stage_plain_max_k")
 
 
-def cuda_defines(*, gemv_tiles_per_block=None, decode_max_splits=None, stage_plain_max_k=None, **_) -> tuple:
+def cuda_defines(*, gemv_tiles_per_block=None, decode_max_splits=None, stage_plain_max_k=None,
+                 stage_cp_async=False, **_) -> tuple:
     """The nvcc -D flags a manifest built with these options needs."""
     out = []
     if gemv_tiles_per_block:
@@ -54,6 +56,8 @@ def cuda_defines(*, gemv_tiles_per_block=None, decode_max_splits=None, stage_pla
         out.append("-DATTN_DYNAMIC_SPLIT=1")
     if stage_plain_max_k:
         out.append(f"-DGEMV_STAGE_PLAIN_MAX_K={int(stage_plain_max_k)}")
+    if stage_cp_async:
+        out.append("-DGEMV_STAGE_CPASYNC=1")
     return tuple(out)
 
 
@@ -248,7 +252,8 @@ def _argmax(p: str) -> dict:
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
           arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"], gemv_tiles_per_block=None,
-          decode_max_splits: int | None = None, stage_plain_max_k: int | None = None) -> dict:
+          decode_max_splits: int | None = None, stage_plain_max_k: int | None = None,
+          stage_cp_async: bool = False) -> dict:
     """decode_split: context tokens per decode attention block (bench/decode.py --decode-split);
     the other options are the experimental builds above (cuda_defines gives their nvcc flags)."""
     context = min(context, s.max_pos)

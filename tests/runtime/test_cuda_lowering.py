@@ -195,8 +195,9 @@ def test_experimental_builds_are_generator_options_that_bring_their_kernel_flags
     cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=2048, num_hidden_layers=1, num_attention_heads=32,
                num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, max_position_embeddings=8192,
                rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True)
-    opts = dict(gemv_tiles_per_block="auto", decode_max_splits=8, stage_plain_max_k=1024)
-    assert cuda_defines(**opts) == ("-DGEMV_TILE_LOOP=1", "-DATTN_DYNAMIC_SPLIT=1", "-DGEMV_STAGE_PLAIN_MAX_K=1024")
+    opts = dict(gemv_tiles_per_block="auto", decode_max_splits=8, stage_plain_max_k=1024, stage_cp_async=True)
+    assert cuda_defines(**opts) == ("-DGEMV_TILE_LOOP=1", "-DATTN_DYNAMIC_SPLIT=1", "-DGEMV_STAGE_PLAIN_MAX_K=1024",
+                                    "-DGEMV_STAGE_CPASYNC=1")
     v = _cuda_manifest(cfg, tmp_path, "wide", context=4096, **opts)
     prog, _ = _program(v, "decode")
     grids = {i.kernel.name: i.grid for i in prog.resolve({**v.constants, "seqs": 1, "context": 4096})}

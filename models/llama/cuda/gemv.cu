@@ -41,6 +41,11 @@
 #ifndef GEMV_STAGE_PLAIN_MAX_K
 #define GEMV_STAGE_PLAIN_MAX_K 0
 #endif
+// Experimental, off in the pinned build: with -DGEMV_STAGE_CPASYNC=1 the staged x rows of a tile
+// are copied with cp.async (L2 to shared memory, no registers): all 8 rows in one round trip.
+#ifndef GEMV_STAGE_CPASYNC
+#define GEMV_STAGE_CPASYNC 0
+#endif
 #ifndef GEMV_TILE_LOOP
 #define GEMV_TILE_LOOP 0
 #endif
@@ -68,6 +73,12 @@ __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+}
+// 16 bytes global -> shared at L2 (cp.async.cg); ok = false copies nothing and writes zeros.
+__device__ __forceinline__ void cp_async16_zfill(bf16 *smem, const bf16 *gmem, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0)
+                 : "memory");
 }
 template <typename T>
 __device__ __forceinline__ T *after_wait(T *p) {
@@ -99,6 +110,7 @@ struct XPlain {
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
+    __device__ const bf16 *src(int row, int k, int K) const { return x + (size_t)row * K + k; }
     // staged (GEMV_STAGE_PLAIN_MAX_K): no weight, x as loaded
     __device__ uint4 weight(int) const { return make_uint4(0, 0, 0, 0); }
     __device__ uint4 form(const uint4 &v, const uint4 &, bool ok, float &) const {
@@ -119,6 +131,7 @@ struct XNorm {
     __device__ XNorm after() const { return {after_wait(res), w, eps}; }
     __device__ uint4 weight(int k) const { return __ldg(reinterpret_cast<const uint4 *>(w + k)); }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(res + (size_t)row * K + k); }
+    __device__ const bf16 *src(int row, int k, int K) const { return res + (size_t)row * K + k; }
     __device__ uint4 form(const uint4 &v, const uint4 &nw, bool ok, float &ss) const {
         float f[8], g[8];
         unpack8(v, f);
@@ -288,6 +301,27 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 __syncwarp();  // the previous tile's reads of xw are done
+#if GEMV_STAGE_CPASYNC
+                // every row of the tile in one round trip, straight to shared memory (no registers;
+                // past K the copy reads nothing and fills zeros), then formed in place
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    if (nt * 8 + i < R)
+                        cp_async16_zfill(xw + i * GEMV_XLD + 8 * lane, xs.src(r0 + nt * 8 + i, okc ? kc : 0, K), okc);
+                asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+                if constexpr (X::NORM) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        if (nt * 8 + i < R) {
+                            uint4 *p = reinterpret_cast<uint4 *>(xw + i * GEMV_XLD + 8 * lane);
+                            float ss = 0.f;
+                            *p = xs.form(*p, nw, okc, ss);
+                            ss = warp_sum(ss);
+                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i] += ss;
+                        }
+                    }
+                }
+#else
 #pragma unroll
                 for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
                     uint4 raw[GEMV_STAGE_ROWS];
@@ -307,6 +341,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                         }
                     }
                 }
+#endif
                 __syncwarp();
                 // Rows past R hold stale values: they only reach their own mma columns, which
                 // the epilogue drops.
