@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--decode-max-splits", type=int, default=None, help="experimental: cap on attention splits")
     ap.add_argument("--stage-plain-max-k", type=int, default=None, help="experimental: stage plain gemv x up to this K")
     ap.add_argument("--stage-cp-async", action="store_true", help="experimental: stage gemv x with cp.async")
+    ap.add_argument("--decode-cluster-merge", action="store_true", help="experimental: attention splits merged in a cluster")
     args = ap.parse_args()
 
     import torch
@@ -48,7 +49,8 @@ def main() -> None:
 
     results = {"gpu": torch.cuda.get_device_name(0), "new_tokens": args.new, "prompt_tokens": args.prompt, "runs": []}
     opts = {k: getattr(args, k) for k in ("decode_split", "gemv_tiles_per_block", "decode_max_splits",
-                                          "stage_plain_max_k", "stage_cp_async") if getattr(args, k)}
+                                          "stage_plain_max_k", "stage_cp_async", "decode_cluster_merge")
+            if getattr(args, k)}
     if opts:
         results["generator_options"] = opts  # see models/llama/manifest_cuda.py
     for name in args.shapes.split(","):

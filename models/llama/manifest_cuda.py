@@ -43,17 +43,22 @@ def _op(module, entry, params, grid, block, pdl=False):
 #     (GEMV_STAGE_PLAIN_MAX_K).
 #   stage_cp_async=True: staged x rows are copied with cp.async, a tile's rows in one round trip
 #     (GEMV_STAGE_CPASYNC).
+#   decode_cluster_merge=True: decode attention launches each (row, kv head)'s 8 splits as one
+#     thread-block cluster that merges them in distributed shared memory (ATTN_CLUSTER; implies
+#     decode_max_splits=8, and exactly 8 splits).
 GEMV_SMS = 132
 
 
 def cuda_defines(*, gemv_tiles_per_block=None, decode_max_splits=None, stage_plain_max_k=None,
-                 stage_cp_async=False, **_) -> tuple:
+                 stage_cp_async=False, decode_cluster_merge=False, **_) -> tuple:
     """The nvcc -D flags a manifest built with these options needs."""
     out = []
     if gemv_tiles_per_block:
         out.append("-DGEMV_TILE_LOOP=1")
-    if decode_max_splits:
+    if decode_max_splits or decode_cluster_merge:
         out.append("-DATTN_DYNAMIC_SPLIT=1")
+    if decode_cluster_merge:
+        out.append("-DATTN_CLUSTER=1")
     if stage_plain_max_k:
         out.append(f"-DGEMV_STAGE_PLAIN_MAX_K={int(stage_plain_max_k)}")
     if stage_cp_async:
@@ -70,7 +75,7 @@ def _tiles_per_block(s: Shape) -> dict:
     return {op: max(1, (N // 16) // (2 * GEMV_SMS)) for op, N in n.items()}
 
 
-def ops_cuda(tiles_per_block: dict | None = None) -> dict:
+def ops_cuda(tiles_per_block: dict | None = None, attention_decode_entry: str = "attention_decode") -> dict:
     P = lambda n, d="bf16", dir_="in": f"{n}: {dir_} buffer<{d}>"
     tpb = tiles_per_block or {}
     grid = lambda op, cols=16: [{"ceil_div": ["N", cols * tpb.get(op, 1)]}]
@@ -113,7 +118,7 @@ def ops_cuda(tiles_per_block: dict | None = None) -> dict:
                                         P("sem", "i32", "inout"), P("o", dir_="out"),
                                         "rows: i32", "pages_per_seq: i32", *attn_common, "n_splits: i32"],
                              "impl": {"launches": [
-                                 {"module": "attention", "entry": "attention_decode", "pdl": True,
+                                 {"module": "attention", "entry": attention_decode_entry, "pdl": True,
                                   "args": ["q", "kv", "page_table", "pos", "part_o", "part_ml", "sem", "o", "rows",
                                            "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads",
                                            "head_dim", "page_tokens", "split_tokens", "q_stride"],
@@ -253,7 +258,7 @@ def _argmax(p: str) -> dict:
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
           arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"], gemv_tiles_per_block=None,
           decode_max_splits: int | None = None, stage_plain_max_k: int | None = None,
-          stage_cp_async: bool = False) -> dict:
+          stage_cp_async: bool = False, decode_cluster_merge: bool = False) -> dict:
     """decode_split: context tokens per decode attention block (bench/decode.py --decode-split);
     the other options are the experimental builds above (cuda_defines gives their nvcc flags)."""
     context = min(context, s.max_pos)
@@ -272,6 +277,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
         n_splits = max(-(-context // split), 2)
         if decode and decode_max_splits:
             n_splits = max(min(n_splits, decode_max_splits), 2)
+        if decode and decode_cluster_merge:
+            n_splits = 8  # the cluster size compiled into attention_decode_cluster
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
@@ -305,7 +312,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     tpb = _tiles_per_block(s) if gemv_tiles_per_block else None
-    ops = {name: op for name, op in ops_cuda(tpb).items() if name in used}
+    entry = "attention_decode_cluster" if decode_cluster_merge else "attention_decode"
+    ops = {name: op for name, op in ops_cuda(tpb, entry).items() if name in used}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": arch},
         "constants": {

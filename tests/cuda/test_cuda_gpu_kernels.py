@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cuda_refs as R
+from cuda_kernel_docs import experimental
 from cuda_refs import BF16
 from kern.runtime.devices.cuda import ParamLayoutError
 
@@ -31,7 +32,10 @@ def assert_near_bf16(got, ref, max_ulp=1, min_exact=0.99):
 
 
 def test_every_documented_kernel_loads_with_its_declared_layout(gpu):
+    built = os.environ.get("KERN_CUDA_DEFINES", "")
     for entry in gpu.docs:
+        if entry in experimental() and "-DATTN_CLUSTER=1" not in built.split():
+            continue  # only in its experimental build
         gpu.kernel(entry)
 
 
@@ -237,6 +241,29 @@ def test_attention_decode_with_fewer_splits_than_the_context_needs_takes_longer_
                 width)
         np.testing.assert_allclose(bf(gpu, do, (rows, nq * hd)), ref, atol=1e-2, rtol=1e-2)
         assert not gpu.get(sem, np.int32, rows * nkv).any()
+
+
+@experimental("-DATTN_CLUSTER=1")
+@pytest.mark.parametrize("nq,nkv,hd", [(32, 8, 64), (9, 3, 64), (8, 2, 128), (16, 2, 256)])
+def test_attention_decode_cluster_merges_the_splits_in_shared_memory(gpu, nq, nkv, hd):
+    """The 8 splits of a (row, kv head) are one cluster: the rows below use 1, 2, all 8 splits,
+    and (639 tokens) 8 longer ones."""
+    rng = np.random.default_rng(19)
+    n_layers, layer, pt, pps, split_tokens = 2, 1, 16, 40, 64
+    pos = np.array([3, 100, 511, 639], np.int32)
+    rows = len(pos)
+    page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
+    width = (nq + 2 * nkv) * hd
+    qkv = R.rand_bf16(rng, (rows, width), 2.0)
+    ref = _attention_ref(R.f32(qkv), R.f32(state), page_table, np.arange(rows), pos, layer, nq, nkv, hd, pt)
+    do = gpu.empty(rows * nq * hd * 2)
+    args = (gpu.put(qkv), gpu.put(state), gpu.put(page_table), gpu.put(pos), gpu.empty(4), gpu.empty(4),
+            gpu.empty(4), do, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
+    gpu.run("attention_decode_cluster", (rows, nkv, 8), 128, *args)
+    first = bf(gpu, do, (rows, nq * hd))
+    np.testing.assert_allclose(first, ref, atol=1e-2, rtol=1e-2)
+    gpu.run("attention_decode_cluster", (rows, nkv, 8), 128, *args)
+    assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
 
 
 def test_attention_prefill_chunked_over_a_cached_prefix(gpu):

@@ -205,3 +205,12 @@ def test_experimental_builds_are_generator_options_that_bring_their_kernel_flags
     assert grids["norm_gemv_swiglu"] == (-(-8192 // 24), 1, 1) and grids["norm_gemv_f32"] == (-(-128256 // 480), 1, 1)
     assert grids["gemv_residual"] == (2048 // 16, 1, 1)
     assert grids["attention_decode"] == (1, 8, 8)  # 4096 / 64 = 64 splits, capped at 8
+
+    cl = _cuda_manifest(cfg, tmp_path, "wide", context=4096, decode_cluster_merge=True)
+    att = cl.manifest.ops["attention_decode"].impl.launches[0]
+    assert att.entry == "attention_decode_cluster"
+    assert cuda_defines(decode_cluster_merge=True) == ("-DATTN_DYNAMIC_SPLIT=1", "-DATTN_CLUSTER=1")
+    prog, _ = _program(cl, "decode")
+    att_launch = next(i for i in prog.resolve({**cl.constants, "seqs": 2, "context": 4096})
+                      if i.kernel.name == "attention_decode_cluster")
+    assert att_launch.grid == (2, 8, 8)  # a cluster of 8 splits per (row, kv head)

@@ -166,6 +166,28 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
 #ifndef ATTN_DYNAMIC_SPLIT
 #define ATTN_DYNAMIC_SPLIT 0
 #endif
+// Experimental, off in the pinned build: with -DATTN_CLUSTER=1 (and ATTN_DYNAMIC_SPLIT) the entry
+// attention_decode_cluster launches a row's ATTN_CLUSTER_SPLITS splits of a kv head as one
+// thread-block cluster and merges them through distributed shared memory: no partials in
+// global memory, no counter, no fence.
+#ifndef ATTN_CLUSTER
+#define ATTN_CLUSTER 0
+#endif
+#define ATTN_CLUSTER_SPLITS 8
+#if ATTN_CLUSTER
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// *p, read from the shared memory of block `rank` of this cluster (distributed shared memory).
+__device__ __forceinline__ float remote(const float *p, int rank) {
+    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
+    uint32_t dst;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dst) : "memory");
+    return v;
+}
+#endif
 #define DEC_TILE_ELEMS 4096                       // DEC_TT * head_dim
 #define DEC_K_BYTES (64 * (64 + 8) * 2)           // largest padded K tile (head_dim 64)
 #define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
@@ -187,7 +209,7 @@ struct DecSmem {
     int merge;                                                   // this block merges the splits
 };
 
-template <int HD>
+template <int HD, bool CLUSTER = false>
 __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                               const int *__restrict__ page_table, int r,
                               const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
@@ -234,6 +256,15 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
 #endif
     // Splits that hold context: the others leave at once and take no part in the merge.
     const int n_used = min(n_splits, (p_last + split) / split);
+#if ATTN_CLUSTER
+    if constexpr (CLUSTER) {
+        if (z >= n_used) {  // still a member of the cluster: both of its barriers
+            cluster_sync();
+            cluster_sync();
+            return;
+        }
+    }
+#endif
     if (z >= n_used) return;
     const int t1 = min(p_last + 1, t0 + split);
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
@@ -373,7 +404,9 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             A = 0.f;
             for (int sl = 0; sl < TS; ++sl) A += s_acc[((g + G * sl) * 2) * HD + d];
         }
-        if (n_used == 1) {
+        if (CLUSTER) {
+            sm.q[i] = A;  // q is no longer needed: the cluster merge reads A from here
+        } else if (n_used == 1) {
             o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
         } else {
             const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
@@ -381,6 +414,30 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
         }
     }
+#if ATTN_CLUSTER
+    if constexpr (CLUSTER) {
+        // The cluster is this (r, h)'s splits (block rank = z): after the barrier, block 0 reads
+        // every used split's A, m and l from its shared memory (DSMEM) and merges them in order
+        // z = 0, 1, ...; the second barrier keeps them alive until it has.
+        cluster_sync();
+        if (z == 0) {
+            for (int i = tid; i < G * HD; i += 128) {
+                const int g = i / HD, d = i % HD, hq = h * G + g;
+                float M = -INFINITY;
+                for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, remote(sm.m + g, zz));
+                float L = 0.f, A = 0.f;
+                for (int zz = 0; zz < n_used; ++zz) {
+                    const float w = exp2f(remote(sm.m + g, zz) - M);
+                    L += remote(sm.l + g, zz) * w;
+                    A += remote(sm.q + i, zz) * w;
+                }
+                o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / L);
+            }
+        }
+        cluster_sync();
+        return;
+    }
+#endif
     if (n_used == 1) return;
 
     // The last of the n_used blocks of (r, h) to finish merges them: o[r, hq, :] =
@@ -434,6 +491,31 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     }
 #undef DEC_ARGS
 }
+
+#if ATTN_CLUSTER
+// attention_decode with the splits of a (row, kv head) as one cluster (grid z must be
+// ATTN_CLUSTER_SPLITS); sem, part_o and part_ml are not used.
+extern "C" __global__ void __cluster_dims__(1, 1, ATTN_CLUSTER_SPLITS) __launch_bounds__(128, 6)
+attention_decode_cluster(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                         const int *__restrict__ page_table, const int *__restrict__ pos,
+                         float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
+                         bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
+                         int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
+                         int q_stride) {
+    __shared__ DecSmem sm;
+    const int r = blockIdx.x;  // the whole cluster shares r and h: it leaves (or stays) together
+    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
+                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    switch (head_dim) {
+        case 64: attend_decode<64, true>(DEC_ARGS); break;
+        case 128: attend_decode<128, true>(DEC_ARGS); break;
+        case 256: attend_decode<256, true>(DEC_ARGS); break;
+        default: break;
+    }
+#undef DEC_ARGS
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(128)
 attention_prefill(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
