@@ -31,23 +31,23 @@
 #ifndef GEMV_STAGE_ROWS
 #define GEMV_STAGE_ROWS 4
 #endif
-// Experimental, off in the pinned build: with -DGEMV_TILE_LOOP=1 a block walks the column
-// tiles blockIdx.x, + gridDim.x, ... and loads the next tile's first W unit before the current
-// tile's epilogue, so a grid of about two blocks an SM streams W without pausing. The
-// generator's gemv_tiles_per_block option sizes the grids for that build.
-// Experimental, off in the pinned build: with -DGEMV_STAGE_PLAIN_MAX_K=1024 a plain x is staged
-// too when K <= 1024 (all-staged measured faster on SmolLM2-135M, whose K is 576, and slower on
-// Llama-3.2-1B's K = 2048 and 8192).
+// Experimental builds, all off in the pinned cubins (the generator options of the same names in
+// manifest_cuda.py turn them on and size the launches; bench/gpu_experiments.sh measures them):
+// -DGEMV_TILE_LOOP=1: a block walks the column tiles blockIdx.x, + gridDim.x, ... and loads the
+//   next tile's first W unit before the current tile's epilogue, so a grid of about two blocks
+//   an SM streams W without pausing (gemv_tiles_per_block).
+#ifndef GEMV_TILE_LOOP
+#define GEMV_TILE_LOOP 0
+#endif
+// -DGEMV_STAGE_PLAIN_MAX_K=1024: a plain x is staged too when K <= 1024 (all-staged measured
+//   faster on SmolLM2-135M, whose K is 576, and slower at Llama-3.2-1B's 2048 and 8192).
 #ifndef GEMV_STAGE_PLAIN_MAX_K
 #define GEMV_STAGE_PLAIN_MAX_K 0
 #endif
-// Experimental, off in the pinned build: with -DGEMV_STAGE_CPASYNC=1 the staged x rows of a tile
-// are copied with cp.async (L2 to shared memory, no registers): all 8 rows in one round trip.
+// -DGEMV_STAGE_CPASYNC=1: the staged x rows of a tile are copied with cp.async (L2 to shared
+//   memory, no registers): all 8 rows in one round trip.
 #ifndef GEMV_STAGE_CPASYNC
 #define GEMV_STAGE_CPASYNC 0
-#endif
-#ifndef GEMV_TILE_LOOP
-#define GEMV_TILE_LOOP 0
 #endif
 #define GEMV_XLD (GEMV_UNIT + 32)    // staged x row (elements): rows g, g+1 on other banks
 #define GEMV_WARP_SMEM 4608          // bytes a warp: 8 staged rows, or its 16 x 32 partial sums
