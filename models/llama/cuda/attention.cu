@@ -469,6 +469,32 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
 }
 
+// The body of both decode entries. attend_decode calls griddepcontrol.wait / launch_dependents
+// once its first tile's older K/V rows are on their way.
+template <bool CLUSTER>
+__device__ __forceinline__ void decode_entry(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                                             const int *__restrict__ page_table, const int *__restrict__ pos,
+                                             float *__restrict__ part_o, float *__restrict__ part_ml,
+                                             int *__restrict__ sem, bf16 *__restrict__ o, int rows,
+                                             int pages_per_seq, int layer, int n_layers, int n_q_heads,
+                                             int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
+                                             int q_stride) {
+    __shared__ DecSmem sm;
+    const int r = blockIdx.x;  // a cluster shares r (and h): it leaves, or stays, together
+    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
+                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    switch (head_dim) {
+        case 64: attend_decode<64, CLUSTER>(DEC_ARGS); break;
+        case 128: attend_decode<128, CLUSTER>(DEC_ARGS); break;
+        case 256: attend_decode<256, CLUSTER>(DEC_ARGS); break;
+        default: break;
+    }
+#undef DEC_ARGS
+}
+#define DEC_ENTRY_ARGS q, kv_state, page_table, pos, part_o, part_ml, sem, o, rows, pages_per_seq, layer, \
+                       n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens, split_tokens, q_stride
+
 extern "C" __global__ void __launch_bounds__(128, 6)
 attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  const int *__restrict__ page_table, const int *__restrict__ pos,
@@ -476,20 +502,7 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
                  int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
                  int q_stride) {
-    __shared__ DecSmem sm;
-    const int r = blockIdx.x;
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-    // attend_decode calls griddepcontrol.wait / launch_dependents once its first tile's older
-    // K/V rows are on their way.
-#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
-                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
-    switch (head_dim) {
-        case 64: attend_decode<64>(DEC_ARGS); break;
-        case 128: attend_decode<128>(DEC_ARGS); break;
-        case 256: attend_decode<256>(DEC_ARGS); break;
-        default: break;
-    }
-#undef DEC_ARGS
+    decode_entry<false>(DEC_ENTRY_ARGS);
 }
 
 #if ATTN_CLUSTER
@@ -502,20 +515,10 @@ attention_decode_cluster(const bf16 *__restrict__ q, const char *__restrict__ kv
                          bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
                          int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
                          int q_stride) {
-    __shared__ DecSmem sm;
-    const int r = blockIdx.x;  // the whole cluster shares r and h: it leaves (or stays) together
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
-                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
-    switch (head_dim) {
-        case 64: attend_decode<64, true>(DEC_ARGS); break;
-        case 128: attend_decode<128, true>(DEC_ARGS); break;
-        case 256: attend_decode<256, true>(DEC_ARGS); break;
-        default: break;
-    }
-#undef DEC_ARGS
+    decode_entry<true>(DEC_ENTRY_ARGS);
 }
 #endif
+#undef DEC_ENTRY_ARGS
 
 extern "C" __global__ void __launch_bounds__(128)
 attention_prefill(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
