@@ -6,7 +6,7 @@ manifest span by span against the cpu reference of the same model."""
 
 from __future__ import annotations
 
-from .config import Shape
+from .config import ConfigError, Shape
 from .manifest_cpu import PAGE_TOKENS, _buf, b, v, weight_buffers
 
 BF = "bf16"
@@ -255,12 +255,34 @@ def _argmax(p: str) -> dict:
                                      v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]}
 
 
+def check_shape(s: Shape, gemv_tiles_per_block=None, decode_max_splits=None, decode_split: int = 64) -> None:
+    """What these kernels support (cuda/KERNELS.md); every problem at once, as a ConfigError."""
+    problems = []
+    if s.head_dim not in (64, 128, 256):
+        problems.append(f"head_dim {s.head_dim}: the attention kernels take 64, 128 or 256")
+    if s.heads % s.kv_heads or s.heads // s.kv_heads > 8:
+        problems.append(f"{s.heads} query heads over {s.kv_heads} kv heads: the attention kernels need a "
+                        "whole group of at most 8 query heads a kv head")
+    for name, n in (("hidden_size", s.hidden), ("intermediate_size", s.inter)):
+        if n % 8:
+            problems.append(f"{name} {n}: the gemv kernels need a multiple of 8")
+    if gemv_tiles_per_block not in (None, "auto"):
+        problems.append(f"gemv_tiles_per_block {gemv_tiles_per_block!r}: only 'auto' (or None)")
+    if decode_max_splits is not None and decode_max_splits < 1:
+        problems.append(f"decode_max_splits {decode_max_splits}: must be at least 1")
+    if decode_split < 1:
+        problems.append(f"decode_split {decode_split}: must be at least 1")
+    if problems:
+        raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
+
+
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
           arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"], gemv_tiles_per_block=None,
           decode_max_splits: int | None = None, stage_plain_max_k: int | None = None,
           stage_cp_async: bool = False, decode_cluster_merge: bool = False) -> dict:
     """decode_split: context tokens per decode attention block (bench/decode.py --decode-split);
     the other options are the experimental builds above (cuda_defines gives their nvcc flags)."""
+    check_shape(s, gemv_tiles_per_block, decode_max_splits, decode_split)
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
     buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}

@@ -48,7 +48,8 @@ class _Dev:
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
     cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+               num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256,
+               tie_word_embeddings=True)
     return _cuda_manifest(cfg, tmp_path_factory.mktemp("sm90"), "tiny")
 
 
@@ -73,7 +74,7 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
     q, k = rope.args[0], rope.args[1]
     assert q == bufs["p_qkv"].ptr
     assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
-    assert rope.grid == (5, 4 + 2, 1) and rope.block == (8, 1, 1)  # rows x (q + kv heads), head_dim/2
+    assert rope.grid == (5, 4 + 2, 1) and rope.block == (32, 1, 1)  # rows x (q + kv heads), head_dim/2
 
 
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
@@ -175,7 +176,8 @@ def test_decode_layers_fuse_the_norms_at_any_width(tmp_path, qk_norm):
 def test_decode_attention_split_is_a_generator_choice(tmp_path):
     """The decode attention grid covers the context bound in splits of decode_split tokens."""
     cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-               num_key_value_heads=2, intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+               num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256,
+               tie_word_embeddings=True)
     for split, z in ((64, 8), (256, 2)):
         out = tmp_path / str(split)
         out.mkdir()
@@ -214,3 +216,17 @@ def test_experimental_builds_are_generator_options_that_bring_their_kernel_flags
     att_launch = next(i for i in prog.resolve({**cl.constants, "seqs": 2, "context": 4096})
                       if i.kernel.name == "attention_decode_cluster")
     assert att_launch.grid == (2, 8, 8)  # a cluster of 8 splits per (row, kv head)
+
+
+def test_a_shape_the_kernels_cannot_run_is_refused_naming_every_problem(tmp_path):
+    from kern_models.llama.config import ConfigError
+
+    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=1000, num_hidden_layers=1, num_attention_heads=10,
+               num_key_value_heads=1, intermediate_size=1001, vocab_size=256, tie_word_embeddings=True)
+    with pytest.raises(ConfigError) as e:
+        _cuda_manifest(cfg, tmp_path, "odd", gemv_tiles_per_block="yes")
+    msg = str(e.value)
+    for part in ("head_dim 100", "10 query heads over 1 kv heads", "intermediate_size 1001",
+                 "gemv_tiles_per_block 'yes'"):
+        assert part in msg, part
+    assert "hidden_size" not in msg  # 1000 is a multiple of 8
