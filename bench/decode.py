@@ -34,11 +34,6 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2040, help="prefill length timed once per shape (0: skip)")
     ap.add_argument("--decode-split", type=int, default=None,
                     help="context tokens per decode attention block (default: the generator's)")
-    ap.add_argument("--gemv-tiles-per-block", default=None, help="experimental: 'auto' (gemv blocks walk tiles)")
-    ap.add_argument("--decode-max-splits", type=int, default=None, help="experimental: cap on attention splits")
-    ap.add_argument("--stage-plain-max-k", type=int, default=None, help="experimental: stage plain gemv x up to this K")
-    ap.add_argument("--stage-cp-async", action="store_true", help="experimental: stage gemv x with cp.async")
-    ap.add_argument("--decode-cluster-merge", action="store_true", help="experimental: attention splits merged in a cluster")
     args = ap.parse_args()
 
     import torch
@@ -48,16 +43,12 @@ def main() -> None:
     from kern_models.llama.generator import generate
 
     results = {"gpu": torch.cuda.get_device_name(0), "new_tokens": args.new, "prompt_tokens": args.prompt, "runs": []}
-    opts = {k: getattr(args, k) for k in ("decode_split", "gemv_tiles_per_block", "decode_max_splits",
-                                          "stage_plain_max_k", "stage_cp_async", "decode_cluster_merge")
-            if getattr(args, k)}
-    if opts:
-        results["generator_options"] = opts  # see models/llama/manifest_cuda.py
     for name in args.shapes.split(","):
         tmp = Path(tempfile.mkdtemp())
         ckpt = checkpoint(name, tmp / "ckpt")
         cfg = json.loads((ckpt / "config.json").read_text())
-        man = generate(cfg, tmp / "deploy", target="cuda", model=name, **opts)
+        split = {"decode_split": args.decode_split} if args.decode_split else {}
+        man = generate(cfg, tmp / "deploy", target="cuda", model=name, **split)
         t0 = time.perf_counter()
         model = Model(man, ckpt, state_budget=4 << 30)
         load_s = time.perf_counter() - t0

@@ -36,7 +36,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             raise ConfigError("building the sm_90a kernels needs nvcc (the CUDA toolkit) on PATH")
 
         m = manifest_cuda.build(shape, model, **limits)
-        digests = build_cubins(out / "kernels", extra=manifest_cuda.cuda_defines(**limits))
+        digests = build_cubins(out / "kernels")
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]
     else:

@@ -32,53 +32,9 @@ def _op(module, entry, params, grid, block, pdl=False):
     return {"params": list(params), "impl": {"launches": [launch]}}
 
 
-# Experimental build options (off by default; the pinned cubins are the plain build). Each
-# turns on a kernel macro and sizes the launches that need it, so a manifest always matches its
-# cubins: bench/gpu_experiments.sh measures them beside the default.
-#   gemv_tiles_per_block="auto": gemv blocks walk column tiles (GEMV_TILE_LOOP); the big
-#     projections get grids of about two blocks an SM (GEMV_SMS of them).
-#   decode_max_splits=N: decode attention launches at most N context splits; longer contexts get
-#     longer splits (ATTN_DYNAMIC_SPLIT).
-#   stage_plain_max_k=K: plain gemv x is staged in shared memory too when K <= K
-#     (GEMV_STAGE_PLAIN_MAX_K).
-#   stage_cp_async=True: staged x rows are copied with cp.async, a tile's rows in one round trip
-#     (GEMV_STAGE_CPASYNC).
-#   decode_cluster_merge=True: decode attention launches each (row, kv head)'s 8 splits as one
-#     thread-block cluster that merges them in distributed shared memory (ATTN_CLUSTER; implies
-#     decode_max_splits=8, and exactly 8 splits).
-GEMV_SMS = 132
-
-
-def cuda_defines(*, gemv_tiles_per_block=None, decode_max_splits=None, stage_plain_max_k=None,
-                 stage_cp_async=False, decode_cluster_merge=False, **_) -> tuple:
-    """The nvcc -D flags a manifest built with these options needs."""
-    out = []
-    if gemv_tiles_per_block:
-        out.append("-DGEMV_TILE_LOOP=1")
-    if decode_max_splits or decode_cluster_merge:
-        out.append("-DATTN_DYNAMIC_SPLIT=1")
-    if decode_cluster_merge:
-        out.append("-DATTN_CLUSTER=1")
-    if stage_plain_max_k:
-        out.append(f"-DGEMV_STAGE_PLAIN_MAX_K={int(stage_plain_max_k)}")
-    if stage_cp_async:
-        out.append("-DGEMV_STAGE_CPASYNC=1")
-    return tuple(out)
-
-
-def _tiles_per_block(s: Shape) -> dict:
-    """Column tiles a block walks, per gemv op (each is launched with one N for a model), so
-    the grid is about two blocks an SM and never fewer blocks than that."""
-    qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
-    n = {"norm_gemv_rope_append": qkv, "norm_gemv": qkv, "gemv_residual": s.hidden,
-         "norm_gemv_swiglu": s.inter * 2, "norm_gemv_logits": s.vocab}
-    return {op: max(1, (N // 16) // (2 * GEMV_SMS)) for op, N in n.items()}
-
-
-def ops_cuda(tiles_per_block: dict | None = None, attention_decode_entry: str = "attention_decode") -> dict:
+def ops_cuda() -> dict:
     P = lambda n, d="bf16", dir_="in": f"{n}: {dir_} buffer<{d}>"
-    tpb = tiles_per_block or {}
-    grid = lambda op, cols=16: [{"ceil_div": ["N", cols * tpb.get(op, 1)]}]
+    gemv_grid = [{"ceil_div": ["N", 16]}]
     norm = (P("x"), P("w"), P("y", dir_="out"), "rows: i32", "hidden: i32", "eps: f32")
     attn_common = ("layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
                    "page_tokens: i32", "split_tokens: i32", "q_stride: i32")
@@ -118,7 +74,7 @@ def ops_cuda(tiles_per_block: dict | None = None, attention_decode_entry: str = 
                                         P("sem", "i32", "inout"), P("o", dir_="out"),
                                         "rows: i32", "pages_per_seq: i32", *attn_common, "n_splits: i32"],
                              "impl": {"launches": [
-                                 {"module": "attention", "entry": attention_decode_entry, "pdl": True,
+                                 {"module": "attention", "entry": "attention_decode", "pdl": True,
                                   "args": ["q", "kv", "page_table", "pos", "part_o", "part_ml", "sem", "o", "rows",
                                            "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads",
                                            "head_dim", "page_tokens", "split_tokens", "q_stride"],
@@ -132,20 +88,20 @@ def ops_cuda(tiles_per_block: dict | None = None, attention_decode_entry: str = 
         "silu_mul": _op("mlp", "silu_mul", (P("gate_up"), P("h", dir_="out"), "rows: i32", "inter: i32"),
                         ["rows", {"ceil_div": ["inter", 2048]}], [256]),
         "norm_gemv": _op("gemv", "norm_gemv_bf16", (P("res"), P("nw"), P("W"), P("y", dir_="out"), "rows: i32",
-                                                    "N: i32", "K: i32", "eps: f32"), grid("norm_gemv"), [256], pdl=True),
+                                                    "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "norm_gemv_logits": _op("gemv", "norm_gemv_f32", (P("res"), P("nw"), P("W"), P("y", "f32", "out"),
-                                "rows: i32", "N: i32", "K: i32", "eps: f32"), grid("norm_gemv_logits"), [256], pdl=True),
+                                "rows: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "gemv_residual": _op("gemv", "gemv_residual", (P("x"), P("W"), P("res", dir_="inout"), "rows: i32",
-                                                       "N: i32", "K: i32"), grid("gemv_residual"), [256], pdl=True),
+                                                       "N: i32", "K: i32"), gemv_grid, [256], pdl=True),
         "gemv": _op("gemv", "gemv_bf16", (P("x"), P("W"), P("y", dir_="out"), "rows: i32", "N: i32", "K: i32"),
-                    grid("gemv"), [256], pdl=True),
+                    gemv_grid, [256], pdl=True),
         "norm_gemv_swiglu": _op("gemv", "norm_gemv_swiglu", (P("res"), P("nw"), P("W"), P("act", dir_="out"),
-                                "rows: i32", "N: i32", "K: i32", "eps: f32"), grid("norm_gemv_swiglu", 8), [256], pdl=True),
+                                "rows: i32", "N: i32", "K: i32", "eps: f32"), [{"ceil_div": ["N", 8]}], [256], pdl=True),
         "norm_gemv_rope_append": _op("gemv", "norm_gemv_rope_append", (
             P("res"), P("nw"), P("W"), P("y", dir_="out"), "kv: inout state", P("page_table", "i32"),
             P("cu_seqlens", "i32"), P("pos", "i32"), P("table", "f32"), "pages_per_seq: i32", "rows: i32",
             "n_seqs: i32", "layer: i32", "n_layers: i32", "n_q_heads: i32", "n_kv_heads: i32", "head_dim: i32",
-            "page_tokens: i32", "N: i32", "K: i32", "eps: f32"), grid("norm_gemv_rope_append"), [256], pdl=True),
+            "page_tokens: i32", "N: i32", "K: i32", "eps: f32"), gemv_grid, [256], pdl=True),
         "gemv_logits": _op("gemv", "gemv_f32", (P("x"), P("W"), P("y", "f32", "out"), "rows: i32", "N: i32",
                                                 "K: i32"), [{"ceil_div": ["N", 16]}], [256]),
         "gemm": {"params": [P("x"), P("W"), P("y", dir_="out"), "M: i32", "N: i32", "K: i32"],
@@ -255,7 +211,7 @@ def _argmax(p: str) -> dict:
                                      v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]}
 
 
-def check_shape(s: Shape, gemv_tiles_per_block=None, decode_max_splits=None, decode_split: int = 64) -> None:
+def check_shape(s: Shape, decode_split: int = 64) -> None:
     """What these kernels support (cuda/KERNELS.md); every problem at once, as a ConfigError."""
     problems = []
     if s.head_dim not in (64, 128, 256):
@@ -266,10 +222,6 @@ def check_shape(s: Shape, gemv_tiles_per_block=None, decode_max_splits=None, dec
     for name, n in (("hidden_size", s.hidden), ("intermediate_size", s.inter)):
         if n % 8:
             problems.append(f"{name} {n}: the gemv kernels need a multiple of 8")
-    if gemv_tiles_per_block not in (None, "auto"):
-        problems.append(f"gemv_tiles_per_block {gemv_tiles_per_block!r}: only 'auto' (or None)")
-    if decode_max_splits is not None and decode_max_splits < 1:
-        problems.append(f"decode_max_splits {decode_max_splits}: must be at least 1")
     if decode_split < 1:
         problems.append(f"decode_split {decode_split}: must be at least 1")
     if problems:
@@ -277,12 +229,9 @@ def check_shape(s: Shape, gemv_tiles_per_block=None, decode_max_splits=None, dec
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: int = 4096,
-          arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"], gemv_tiles_per_block=None,
-          decode_max_splits: int | None = None, stage_plain_max_k: int | None = None,
-          stage_cp_async: bool = False, decode_cluster_merge: bool = False) -> dict:
-    """decode_split: context tokens per decode attention block (bench/decode.py --decode-split);
-    the other options are the experimental builds above (cuda_defines gives their nvcc flags)."""
-    check_shape(s, gemv_tiles_per_block, decode_max_splits, decode_split)
+          arch: str = "sm_90a", decode_split: int = SPLIT_TOKENS["decode"]) -> dict:
+    """decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
+    check_shape(s, decode_split)
     context = min(context, s.max_pos)
     pages = {"ceil_div": ["context", "page_tokens"]}
     buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
@@ -297,10 +246,6 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
         decode = prog == "decode"
         split = decode_split if prog == "decode" else SPLIT_TOKENS[prog]
         n_splits = max(-(-context // split), 2)
-        if decode and decode_max_splits:
-            n_splits = max(min(n_splits, decode_max_splits), 2)
-        if decode and decode_cluster_merge:
-            n_splits = 8  # the cluster size compiled into attention_decode_cluster
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
@@ -333,9 +278,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
                           "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
-    tpb = _tiles_per_block(s) if gemv_tiles_per_block else None
-    entry = "attention_decode_cluster" if decode_cluster_merge else "attention_decode"
-    ops = {name: op for name, op in ops_cuda(tpb, entry).items() if name in used}
+    ops = {name: op for name, op in ops_cuda().items() if name in used}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": arch},
         "constants": {

@@ -8,10 +8,10 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "models" / "llama" / "cuda"
 
-_HEADING = re.compile(r"^### .*\((\w+)\.cubin(, experimental)?\)")
+_HEADING = re.compile(r"^### .*\((\w+)\.cubin\)")
 _SIG = re.compile(r"^sig\s+(\w+)\((.*)\)\s*$")
-_EXTERN = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__cluster_dims__\([^)]*\)\s*)?'
-                     r"(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)", re.S)
+_EXTERN = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
+                     r"(\w+)\s*\(([^)]*)\)", re.S)
 
 
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -23,18 +23,6 @@ def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
         elif m := _SIG.match(line.strip()):
             kinds = tuple(p.split()[0] for p in m.group(2).split(",") if p.strip())
             out[m.group(1)] = (module, kinds)
-    return out
-
-
-def experimental() -> set[str]:
-    """Entries documented under an "(x.cubin, experimental)" heading: built only with their
-    macros (KERN_CUDA_DEFINES), absent from the pinned cubins."""
-    out, exp = set(), False
-    for line in (KERNEL_DIR / "KERNELS.md").read_text().splitlines():
-        if m := _HEADING.match(line):
-            exp = bool(m.group(2))
-        elif exp and (m := _SIG.match(line.strip())):
-            out.add(m.group(1))
     return out
 
 

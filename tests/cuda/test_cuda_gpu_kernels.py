@@ -1,23 +1,14 @@
 """Each llama kernel on the GPU against a numpy reference (bf16 rounding made explicit).
 Outputs are poisoned before each run, so an unwritten element fails."""
 
-import os
-
 import numpy as np
 import pytest
 
 import cuda_refs as R
-from cuda_kernel_docs import experimental
 from cuda_refs import BF16
 from kern.runtime.devices.cuda import ParamLayoutError
 
 pytestmark = pytest.mark.gpu
-
-
-def experimental(flag: str):
-    """Skip unless the kernels were built with this experimental macro (KERN_CUDA_DEFINES)."""
-    return pytest.mark.skipif(flag not in os.environ.get("KERN_CUDA_DEFINES", "").split(),
-                              reason=f"only for the experimental build KERN_CUDA_DEFINES={flag}")
 
 
 def bf(gpu, buf, shape):
@@ -32,10 +23,7 @@ def assert_near_bf16(got, ref, max_ulp=1, min_exact=0.99):
 
 
 def test_every_documented_kernel_loads_with_its_declared_layout(gpu):
-    built = os.environ.get("KERN_CUDA_DEFINES", "")
     for entry in gpu.docs:
-        if entry in experimental() and "-DATTN_CLUSTER=1" not in built.split():
-            continue  # only in its experimental build
         gpu.kernel(entry)
 
 
@@ -219,51 +207,6 @@ def test_attention_decode_merges_its_own_splits(gpu, nq, nkv, hd, split_tokens):
     for _ in range(3):
         gpu.run("attention_decode", (rows, nkv, n_splits), 128, *args)
         assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
-
-
-@experimental("-DATTN_DYNAMIC_SPLIT=1")
-@pytest.mark.parametrize("nq,nkv,hd", [(32, 8, 64), (9, 3, 64), (8, 2, 128)])
-def test_attention_decode_with_fewer_splits_than_the_context_needs_takes_longer_ones(gpu, nq, nkv, hd):
-    rng = np.random.default_rng(17)
-    n_layers, layer, pt, pps, split_tokens = 2, 0, 16, 40, 64
-    pos = np.array([3, 100, 639, 400], np.int32)  # 640 tokens would need 10 splits of 64
-    rows = len(pos)
-    page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
-    width = (nq + 2 * nkv) * hd
-    qkv = R.rand_bf16(rng, (rows, width), 2.0)
-    ref = _attention_ref(R.f32(qkv), R.f32(state), page_table, np.arange(rows), pos, layer, nq, nkv, hd, pt)
-    for n_splits in (3, 10):
-        part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 2 * 4)
-        sem = gpu.put(np.zeros(rows * nkv, np.int32))
-        do = gpu.empty(rows * nq * hd * 2)
-        gpu.run("attention_decode", (rows, nkv, n_splits), 128, gpu.put(qkv), gpu.put(state), gpu.put(page_table),
-                gpu.put(pos), part_o, part_ml, sem, do, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens,
-                width)
-        np.testing.assert_allclose(bf(gpu, do, (rows, nq * hd)), ref, atol=1e-2, rtol=1e-2)
-        assert not gpu.get(sem, np.int32, rows * nkv).any()
-
-
-@experimental("-DATTN_CLUSTER=1")
-@pytest.mark.parametrize("nq,nkv,hd", [(32, 8, 64), (9, 3, 64), (8, 2, 128), (16, 2, 256)])
-def test_attention_decode_cluster_merges_the_splits_in_shared_memory(gpu, nq, nkv, hd):
-    """The 8 splits of a (row, kv head) are one cluster: the rows below use 1, 2, all 8 splits,
-    and (639 tokens) 8 longer ones."""
-    rng = np.random.default_rng(19)
-    n_layers, layer, pt, pps, split_tokens = 2, 1, 16, 40, 64
-    pos = np.array([3, 100, 511, 639], np.int32)
-    rows = len(pos)
-    page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
-    width = (nq + 2 * nkv) * hd
-    qkv = R.rand_bf16(rng, (rows, width), 2.0)
-    ref = _attention_ref(R.f32(qkv), R.f32(state), page_table, np.arange(rows), pos, layer, nq, nkv, hd, pt)
-    do = gpu.empty(rows * nq * hd * 2)
-    args = (gpu.put(qkv), gpu.put(state), gpu.put(page_table), gpu.put(pos), gpu.empty(4), gpu.empty(4),
-            gpu.empty(4), do, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
-    gpu.run("attention_decode_cluster", (rows, nkv, 8), 128, *args)
-    first = bf(gpu, do, (rows, nq * hd))
-    np.testing.assert_allclose(first, ref, atol=1e-2, rtol=1e-2)
-    gpu.run("attention_decode_cluster", (rows, nkv, 8), 128, *args)
-    assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
 
 
 def test_attention_prefill_chunked_over_a_cached_prefix(gpu):
@@ -457,44 +400,3 @@ def test_argmax_ties_go_to_the_lowest_index(gpu):
     gpu.run("argmax_partial", (chunks, n_rows), 256, gpu.put(logits), pv, pi, vocab, n_rows, chunks)
     gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
     assert gpu.get(tok, np.int32, n_rows).tolist() == [123, vocab - 1, 0, 999]
-
-
-@experimental("-DGEMV_TILE_LOOP=1")
-def test_gemv_blocks_walk_the_column_tiles_of_a_smaller_grid(gpu):
-    """With the tile loop a grid of any size covers every tile: 3 blocks give the bits of a full grid."""
-    rng = np.random.default_rng(18)
-    eps, rows = 1e-5, 5
-    hd, nq, nkv, K, pt, pps = 64, 8, 2, 576, 16, 4
-    N = (nq + 2 * nkv) * hd
-    res, nw = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,))
-    W = R.rand_bf16(rng, (2 * N, K), 0.05)
-    dres, dnw, dW = gpu.put(res), gpu.put(nw), gpu.put(W)
-    pos = rng.integers(0, pps * pt, rows).astype(np.int32)
-    page_table = rng.permutation(rows * pps).astype(np.int32).reshape(rows, pps)
-    state = np.zeros(rows * pps * pt * 2 * nkv * hd, np.uint16)
-    dpt, dcu, dpos, dtab = (gpu.put(page_table), gpu.put(np.arange(rows + 1, dtype=np.int32)), gpu.put(pos),
-                            gpu.put(_table(pps * pt, hd)))
-    cases = [("norm_gemv_bf16", N // 16, N, lambda y: (dres, dnw, dW, y, rows, N, K, eps)),
-             ("norm_gemv_f32", N // 16, 2 * N, lambda y: (dres, dnw, dW, y, rows, N, K, eps)),
-             ("norm_gemv_swiglu", N // 8, N, lambda y: (dres, dnw, dW, y, rows, N, K, eps)),
-             ("gemv_bf16", N // 16, N, lambda y: (dres, dW, y, rows, N, K))]
-    for entry, tiles, width, args in cases:
-        full, few = gpu.empty(rows * width * 2), gpu.empty(rows * width * 2)
-        gpu.run(entry, tiles, 256, *args(full))
-        gpu.run(entry, 3, 256, *args(few))
-        assert np.array_equal(gpu.get(few, np.uint16, (rows, width)), gpu.get(full, np.uint16, (rows, width))), entry
-    outs = []
-    for grid in (N // 16, 3):
-        y, ds = gpu.empty(rows * N * 2), gpu.put(state)
-        gpu.run("norm_gemv_rope_append", grid, 256, dres, dnw, dW, y, ds, dpt, dcu, dpos, dtab, pps, rows, rows, 0, 1,
-                nq, nkv, hd, pt, N, K, eps)
-        outs.append((gpu.get(y, np.uint16, (rows, N)), gpu.get(ds, np.uint16, state.shape)))
-    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
-    x = gpu.put(R.rand_bf16(rng, (rows, K)))
-    r0 = R.rand_bf16(rng, (rows, N))
-    got = []
-    for grid in (N // 16, 3):
-        dr = gpu.put(r0)
-        gpu.run("gemv_residual", grid, 256, x, dW, dr, rows, N, K)
-        got.append(gpu.get(dr, np.uint16, (rows, N)))
-    assert np.array_equal(got[0], got[1])

@@ -188,45 +188,15 @@ def test_decode_attention_split_is_a_generator_choice(tmp_path):
         assert att.grid == (2, 2, z) and att.args[-2] == split  # split_tokens, then q_stride
 
 
-def test_experimental_builds_are_generator_options_that_bring_their_kernel_flags(tmp_path):
-    """Each experiment sizes the launches that need its kernel macro and names that macro, so a
-    manifest always matches the cubins generate() builds for it; the defaults need none."""
-    from kern_models.llama.manifest_cuda import cuda_defines
-
-    assert cuda_defines() == () and cuda_defines(tokens=64, decode_split=64) == ()
-    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=2048, num_hidden_layers=1, num_attention_heads=32,
-               num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, max_position_embeddings=8192,
-               rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True)
-    opts = dict(gemv_tiles_per_block="auto", decode_max_splits=8, stage_plain_max_k=1024, stage_cp_async=True)
-    assert cuda_defines(**opts) == ("-DGEMV_TILE_LOOP=1", "-DATTN_DYNAMIC_SPLIT=1", "-DGEMV_STAGE_PLAIN_MAX_K=1024",
-                                    "-DGEMV_STAGE_CPASYNC=1")
-    v = _cuda_manifest(cfg, tmp_path, "wide", context=4096, **opts)
-    prog, _ = _program(v, "decode")
-    grids = {i.kernel.name: i.grid for i in prog.resolve({**v.constants, "seqs": 1, "context": 4096})}
-    # about two blocks a 132-SM GPU for the big projections; the small ones keep a block a tile
-    assert grids["norm_gemv_swiglu"] == (-(-8192 // 24), 1, 1) and grids["norm_gemv_f32"] == (-(-128256 // 480), 1, 1)
-    assert grids["gemv_residual"] == (2048 // 16, 1, 1)
-    assert grids["attention_decode"] == (1, 8, 8)  # 4096 / 64 = 64 splits, capped at 8
-
-    cl = _cuda_manifest(cfg, tmp_path, "wide", context=4096, decode_cluster_merge=True)
-    att = cl.manifest.ops["attention_decode"].impl.launches[0]
-    assert att.entry == "attention_decode_cluster"
-    assert cuda_defines(decode_cluster_merge=True) == ("-DATTN_DYNAMIC_SPLIT=1", "-DATTN_CLUSTER=1")
-    prog, _ = _program(cl, "decode")
-    att_launch = next(i for i in prog.resolve({**cl.constants, "seqs": 2, "context": 4096})
-                      if i.kernel.name == "attention_decode_cluster")
-    assert att_launch.grid == (2, 8, 8)  # a cluster of 8 splits per (row, kv head)
-
-
 def test_a_shape_the_kernels_cannot_run_is_refused_naming_every_problem(tmp_path):
     from kern_models.llama.config import ConfigError
 
     cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=1000, num_hidden_layers=1, num_attention_heads=10,
                num_key_value_heads=1, intermediate_size=1001, vocab_size=256, tie_word_embeddings=True)
     with pytest.raises(ConfigError) as e:
-        _cuda_manifest(cfg, tmp_path, "odd", gemv_tiles_per_block="yes")
+        _cuda_manifest(cfg, tmp_path, "odd", decode_split=0)
     msg = str(e.value)
     for part in ("head_dim 100", "10 query heads over 1 kv heads", "intermediate_size 1001",
-                 "gemv_tiles_per_block 'yes'"):
+                 "decode_split 0"):
         assert part in msg, part
     assert "hidden_size" not in msg  # 1000 is a multiple of 8

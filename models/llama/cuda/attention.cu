@@ -159,35 +159,6 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
 // head_dim and warps over tokens. All warps share one running max per head, so the warps'
 // accumulators are added in warp order at the end. Blocks past the row's context write an
 // empty partial (sum 0) and exit.
-// Experimental, off in the pinned build: with -DATTN_DYNAMIC_SPLIT=1 a row whose context is
-// longer than n_splits * split_tokens takes longer splits instead of leaving tokens out, so a
-// manifest may launch fewer splits than context / split_tokens (the generator's
-// decode_max_splits; fewer blocks that exit at once, at batch 16 thousands a layer).
-#ifndef ATTN_DYNAMIC_SPLIT
-#define ATTN_DYNAMIC_SPLIT 0
-#endif
-// Experimental, off in the pinned build: with -DATTN_CLUSTER=1 (and ATTN_DYNAMIC_SPLIT) the entry
-// attention_decode_cluster launches a row's ATTN_CLUSTER_SPLITS splits of a kv head as one
-// thread-block cluster and merges them through distributed shared memory: no partials in
-// global memory, no counter, no fence.
-#ifndef ATTN_CLUSTER
-#define ATTN_CLUSTER 0
-#endif
-#define ATTN_CLUSTER_SPLITS 8
-#if ATTN_CLUSTER
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// *p, read from the shared memory of block `rank` of this cluster (distributed shared memory).
-__device__ __forceinline__ float remote(const float *p, int rank) {
-    const uint32_t local = (uint32_t)__cvta_generic_to_shared(p);
-    uint32_t dst;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dst) : "memory");
-    return v;
-}
-#endif
 #define DEC_TILE_ELEMS 4096                       // DEC_TT * head_dim
 #define DEC_K_BYTES (64 * (64 + 8) * 2)           // largest padded K tile (head_dim 64)
 #define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
@@ -209,7 +180,7 @@ struct DecSmem {
     int merge;                                                   // this block merges the splits
 };
 
-template <int HD, bool CLUSTER = false>
+template <int HD>
 __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                               const int *__restrict__ page_table, int r,
                               const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
@@ -225,27 +196,12 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
     const int G = n_q_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
     // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
-    // step, and the K/V rows of positions before pos[r] were written by earlier steps.
-#if ATTN_DYNAMIC_SPLIT
-    // A context longer than n_splits * split_tokens gets longer splits (a multiple of the tile),
-    // so the grid's split count can stay small whatever the context.
-    const int p_last = pos[r];
-    int split = split_tokens;
-    if (p_last + 1 > n_splits * split) split = (((p_last + n_splits) / n_splits + TT - 1) / TT) * TT;
-    const int t0 = z * split;
-    int page0[LOADS];
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-        const int t = t0 + (tid + i * 128) / CH;
-        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
-    }
-#else
-    // The first tile's page numbers are read together with pos (one round trip, not two); the
-    // table row has pages_per_seq entries, so indexes past it are not read.
-    const int split = split_tokens;
-    const int t0 = z * split;
+    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
+    // tile's page numbers are read together with pos (one round trip, not two); the table row
+    // has pages_per_seq entries, so indexes past it are not read.
     int page0[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -253,20 +209,10 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
     }
     const int p_last = pos[r];
-#endif
     // Splits that hold context: the others leave at once and take no part in the merge.
-    const int n_used = min(n_splits, (p_last + split) / split);
-#if ATTN_CLUSTER
-    if constexpr (CLUSTER) {
-        if (z >= n_used) {  // still a member of the cluster: both of its barriers
-            cluster_sync();
-            cluster_sync();
-            return;
-        }
-    }
-#endif
+    const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
     if (z >= n_used) return;
-    const int t1 = min(p_last + 1, t0 + split);
+    const int t1 = min(p_last + 1, t0 + split_tokens);
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
@@ -404,9 +350,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             A = 0.f;
             for (int sl = 0; sl < TS; ++sl) A += s_acc[((g + G * sl) * 2) * HD + d];
         }
-        if (CLUSTER) {
-            sm.q[i] = A;  // q is no longer needed: the cluster merge reads A from here
-        } else if (n_used == 1) {
+        if (n_used == 1) {
             o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
         } else {
             const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
@@ -414,30 +358,6 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
         }
     }
-#if ATTN_CLUSTER
-    if constexpr (CLUSTER) {
-        // The cluster is this (r, h)'s splits (block rank = z): after the barrier, block 0 reads
-        // every used split's A, m and l from its shared memory (DSMEM) and merges them in order
-        // z = 0, 1, ...; the second barrier keeps them alive until it has.
-        cluster_sync();
-        if (z == 0) {
-            for (int i = tid; i < G * HD; i += 128) {
-                const int g = i / HD, d = i % HD, hq = h * G + g;
-                float M = -INFINITY;
-                for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, remote(sm.m + g, zz));
-                float L = 0.f, A = 0.f;
-                for (int zz = 0; zz < n_used; ++zz) {
-                    const float w = exp2f(remote(sm.m + g, zz) - M);
-                    L += remote(sm.l + g, zz) * w;
-                    A += remote(sm.q + i, zz) * w;
-                }
-                o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / L);
-            }
-        }
-        cluster_sync();
-        return;
-    }
-#endif
     if (n_used == 1) return;
 
     // The last of the n_used blocks of (r, h) to finish merges them: o[r, hq, :] =
@@ -469,32 +389,6 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
 }
 
-// The body of both decode entries. attend_decode calls griddepcontrol.wait / launch_dependents
-// once its first tile's older K/V rows are on their way.
-template <bool CLUSTER>
-__device__ __forceinline__ void decode_entry(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                                             const int *__restrict__ page_table, const int *__restrict__ pos,
-                                             float *__restrict__ part_o, float *__restrict__ part_ml,
-                                             int *__restrict__ sem, bf16 *__restrict__ o, int rows,
-                                             int pages_per_seq, int layer, int n_layers, int n_q_heads,
-                                             int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
-                                             int q_stride) {
-    __shared__ DecSmem sm;
-    const int r = blockIdx.x;  // a cluster shares r (and h): it leaves, or stays, together
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
-                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
-    switch (head_dim) {
-        case 64: attend_decode<64, CLUSTER>(DEC_ARGS); break;
-        case 128: attend_decode<128, CLUSTER>(DEC_ARGS); break;
-        case 256: attend_decode<256, CLUSTER>(DEC_ARGS); break;
-        default: break;
-    }
-#undef DEC_ARGS
-}
-#define DEC_ENTRY_ARGS q, kv_state, page_table, pos, part_o, part_ml, sem, o, rows, pages_per_seq, layer, \
-                       n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens, split_tokens, q_stride
-
 extern "C" __global__ void __launch_bounds__(128, 6)
 attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  const int *__restrict__ page_table, const int *__restrict__ pos,
@@ -502,23 +396,21 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
                  int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
                  int q_stride) {
-    decode_entry<false>(DEC_ENTRY_ARGS);
+    __shared__ DecSmem sm;
+    const int r = blockIdx.x;
+    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+    // attend_decode calls griddepcontrol.wait / launch_dependents once its first tile's older
+    // K/V rows are on their way.
+#define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
+                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    switch (head_dim) {
+        case 64: attend_decode<64>(DEC_ARGS); break;
+        case 128: attend_decode<128>(DEC_ARGS); break;
+        case 256: attend_decode<256>(DEC_ARGS); break;
+        default: break;
+    }
+#undef DEC_ARGS
 }
-
-#if ATTN_CLUSTER
-// attention_decode with the splits of a (row, kv head) as one cluster (grid z must be
-// ATTN_CLUSTER_SPLITS); sem, part_o and part_ml are not used.
-extern "C" __global__ void __cluster_dims__(1, 1, ATTN_CLUSTER_SPLITS) __launch_bounds__(128, 6)
-attention_decode_cluster(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                         const int *__restrict__ page_table, const int *__restrict__ pos,
-                         float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
-                         bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
-                         int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
-                         int q_stride) {
-    decode_entry<true>(DEC_ENTRY_ARGS);
-}
-#endif
-#undef DEC_ENTRY_ARGS
 
 extern "C" __global__ void __launch_bounds__(128)
 attention_prefill(const bf16 *__restrict__ q, const char *__restrict__ kv_state,

@@ -31,24 +31,6 @@
 #ifndef GEMV_STAGE_ROWS
 #define GEMV_STAGE_ROWS 4
 #endif
-// Experimental builds, all off in the pinned cubins (the generator options of the same names in
-// manifest_cuda.py turn them on and size the launches; bench/gpu_experiments.sh measures them):
-// -DGEMV_TILE_LOOP=1: a block walks the column tiles blockIdx.x, + gridDim.x, ... and loads the
-//   next tile's first W unit before the current tile's epilogue, so a grid of about two blocks
-//   an SM streams W without pausing (gemv_tiles_per_block).
-#ifndef GEMV_TILE_LOOP
-#define GEMV_TILE_LOOP 0
-#endif
-// -DGEMV_STAGE_PLAIN_MAX_K=1024: a plain x is staged too when K <= 1024 (all-staged measured
-//   faster on SmolLM2-135M, whose K is 576, and slower at Llama-3.2-1B's 2048 and 8192).
-#ifndef GEMV_STAGE_PLAIN_MAX_K
-#define GEMV_STAGE_PLAIN_MAX_K 0
-#endif
-// -DGEMV_STAGE_CPASYNC=1: the staged x rows of a tile are copied with cp.async (L2 to shared
-//   memory, no registers): all 8 rows in one round trip.
-#ifndef GEMV_STAGE_CPASYNC
-#define GEMV_STAGE_CPASYNC 0
-#endif
 #define GEMV_XLD (GEMV_UNIT + 32)    // staged x row (elements): rows g, g+1 on other banks
 #define GEMV_WARP_SMEM 4608          // bytes a warp: 8 staged rows, or its 16 x 32 partial sums
 static_assert(8 * GEMV_XLD * 2 <= GEMV_WARP_SMEM && GEMV_MAX_NT * 4 * 32 * 4 <= GEMV_WARP_SMEM, "");
@@ -73,12 +55,6 @@ __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
-}
-// 16 bytes global -> shared at L2 (cp.async.cg); ok = false copies nothing and writes zeros.
-__device__ __forceinline__ void cp_async16_zfill(bf16 *smem, const bf16 *gmem, bool ok) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0)
-                 : "memory");
 }
 template <typename T>
 __device__ __forceinline__ T *after_wait(T *p) {
@@ -110,12 +86,6 @@ struct XPlain {
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
-    __device__ const bf16 *src(int row, int k, int K) const { return x + (size_t)row * K + k; }
-    // staged (GEMV_STAGE_PLAIN_MAX_K): no weight, x as loaded
-    __device__ uint4 weight(int) const { return make_uint4(0, 0, 0, 0); }
-    __device__ uint4 form(const uint4 &v, const uint4 &, bool ok, float &) const {
-        return ok ? v : make_uint4(0, 0, 0, 0);
-    }
 };
 
 // x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
@@ -131,7 +101,6 @@ struct XNorm {
     __device__ XNorm after() const { return {after_wait(res), w, eps}; }
     __device__ uint4 weight(int k) const { return __ldg(reinterpret_cast<const uint4 *>(w + k)); }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(res + (size_t)row * K + k); }
-    __device__ const bf16 *src(int row, int k, int K) const { return res + (size_t)row * K + k; }
     __device__ uint4 form(const uint4 &v, const uint4 &nw, bool ok, float &ss) const {
         float f[8], g[8];
         unpack8(v, f);
@@ -152,13 +121,11 @@ struct XNorm {
 struct YBf16 {
     static constexpr bool PAIRED = false;
     bf16 *y;
-    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const { y[i] = to_bf(v); }
 };
 struct YF32 {
     static constexpr bool PAIRED = false;
     float *y;
-    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const { y[i] = v; }
 };
 // res = bf16(res + bf16(v)): the projection rounded to bf16, then the residual add, as the
@@ -166,7 +133,6 @@ struct YF32 {
 struct YAddRes {
     static constexpr bool PAIRED = false;
     bf16 *res;
-    __device__ int tiles(int N) const { return (N + 15) >> 4; }
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
     }
@@ -180,7 +146,6 @@ struct YAddRes {
 struct YSwiGLU {
     static constexpr bool PAIRED = true;
     bf16 *act;
-    __device__ int tiles(int N) const { return (N + 7) >> 3; }
     __device__ bool wrows(int tile, int g, int N, int &w0, int &w1) const {
         w0 = 8 * tile + g;
         w1 = N + w0;
@@ -203,7 +168,6 @@ struct YRopeAppend {
     const float *table;
     KvAppend app;
     int n_q_heads, n_kv_heads, head_dim;
-    __device__ int tiles(int N) const { return N >> 4; }
     __device__ void pair(int tile, int g, int &head, int &i) const {
         const int per_head = head_dim >> 4;  // tiles a head: (head_dim / 2) / 8 pairs
         head = tile / per_head;
@@ -255,25 +219,21 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                                           bool first) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    int tile = blockIdx.x, n0 = 16 * tile;
+    const int tile = blockIdx.x, n0 = 16 * tile;
     bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
     auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
     int row0, row1;
     bool ok0, ok1;
-    const bf16 *w0, *w1;
-    auto rows_of = [&](int tl) {  // the W rows of mma rows g and g + 8 in tile tl
-        if constexpr (Y::PAIRED) {
-            ok0 = ok1 = ys.wrows(tl, g, N, row0, row1);
-        } else {
-            row0 = 16 * tl + g;
-            row1 = 16 * tl + g + 8;
-            ok0 = row0 < N;
-            ok1 = row1 < N;
-        }
-        w0 = W + (size_t)(ok0 ? row0 : 0) * K;
-        w1 = W + (size_t)(ok1 ? row1 : 0) * K;
-    };
-    rows_of(tile);
+    if constexpr (Y::PAIRED) {
+        ok0 = ok1 = ys.wrows(tile, g, N, row0, row1);
+    } else {
+        row0 = n0 + g;
+        row1 = n0 + g + 8;
+        ok0 = row0 < N;
+        ok1 = row1 < N;
+    }
+    const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
+    const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
@@ -282,46 +242,18 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         pdl_launch_dependents();
     }
     const X xs = xs0.after();
-#if GEMV_TILE_LOOP
-    for (;;) {  // tiles blockIdx.x, + gridDim.x, ...
-#endif
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;  // this warp's row sums
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     while (kb < K) {
-#if GEMV_STAGE_PLAIN_MAX_K > 0
-        if (X::NORM || K <= GEMV_STAGE_PLAIN_MAX_K) {
-#else
         if constexpr (X::NORM) {
-#endif
             const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
             const bool okc = kc < K;
             const uint4 nw = xs.weight(okc ? kc : 0);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 __syncwarp();  // the previous tile's reads of xw are done
-#if GEMV_STAGE_CPASYNC
-                // every row of the tile in one round trip, straight to shared memory (no registers;
-                // past K the copy reads nothing and fills zeros), then formed in place
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    if (nt * 8 + i < R)
-                        cp_async16_zfill(xw + i * GEMV_XLD + 8 * lane, xs.src(r0 + nt * 8 + i, okc ? kc : 0, K), okc);
-                asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-                if constexpr (X::NORM) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        if (nt * 8 + i < R) {
-                            uint4 *p = reinterpret_cast<uint4 *>(xw + i * GEMV_XLD + 8 * lane);
-                            float ss = 0.f;
-                            *p = xs.form(*p, nw, okc, ss);
-                            ss = warp_sum(ss);
-                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i] += ss;
-                        }
-                    }
-                }
-#else
 #pragma unroll
                 for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
                     uint4 raw[GEMV_STAGE_ROWS];
@@ -334,14 +266,11 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                             float ss = 0.f;
                             *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
                                 xs.form(raw[i], nw, okc, ss);
-                            if constexpr (X::NORM) {
-                                ss = warp_sum(ss);
-                                if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
-                            }
+                            ss = warp_sum(ss);
+                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
                         }
                     }
                 }
-#endif
                 __syncwarp();
                 // Rows past R hold stale values: they only reach their own mma columns, which
                 // the epilogue drops.
@@ -368,16 +297,6 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         kb += GEMV_WARPS * GEMV_UNIT;
         if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
-#if GEMV_TILE_LOOP
-    // The next tile's first W unit goes out before this tile's epilogue: the weight stream
-    // does not pause while the block reduces and stores.
-    const int next = tile + gridDim.x;
-    if (next < ys.tiles(N)) {
-        rows_of(next);
-        kb = warp * GEMV_UNIT;
-        ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    }
-#endif
 
     // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
     // red(warp)[nt * 4 + i][lane]; then the 8 warps are added in order.
@@ -420,13 +339,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
             }
         }
     }
-    __syncthreads();  // red and ssr are reused by the next tile or pass
-#if GEMV_TILE_LOOP
-    if (next >= ys.tiles(N)) break;
-    tile = next;
-    n0 = 16 * tile;
-    }
-#endif
+    __syncthreads();  // red and ssr are reused by the next pass
 }
 
 template <class X, class Y>
