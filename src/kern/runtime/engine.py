@@ -68,7 +68,7 @@ class Engine:
             for dt, group in by_dtype.items():
                 host_weights.update(bind_all(group, ckpt, NP[dt]))
         for n, b in self.m.buffers.items():
-            self.buffers[n] = self.device.alloc(b.dtype, prod(self.shapes[n]))
+            self.buffers[n] = self.device.alloc(b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
         self.launches: dict[str, list[Launch]] = {p: lower_program(v, p) for p in self.m.programs}

@@ -24,7 +24,8 @@ class CpuDevice:
         exec(compile(data, f"<kern module {name}>", "exec"), mod.__dict__)  # noqa: S102 (pinned by sha256)
         self.modules[name] = mod
 
-    def alloc(self, dtype: str, nelems: int) -> np.ndarray:
+    def alloc(self, dtype: str, nelems: int, staged: bool = False) -> np.ndarray:
+        """`staged` (an input buffer) changes nothing here: host memory is what kernels read."""
         return np.zeros(nelems, dtype=NP[dtype])
 
     chunk_granularity = 1

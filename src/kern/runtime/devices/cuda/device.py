@@ -1,6 +1,8 @@
 """The cuda device as the engine sees it: buffers in device memory, cubins loaded from bytes
 with their parameter layouts checked, each program lowered to resolved launches, and `graph`
-programs captured once per shape bucket and replayed with one call."""
+programs captured once per shape bucket and replayed with one call. Inputs are written into
+pinned host mirrors and copied up by the program itself (inside its graph), so a decode step
+is one graph launch and one synchronisation, plus the read of what the caller wants back."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ...lower import Launch as Planned
 from ...lower import Scalar, StateRef, View
 from ....manifest.model import DTYPE_BYTES
 from . import memory
+from .driver import call
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
 from .launch import Launch, Module, launch
@@ -37,6 +40,8 @@ class CudaDevice:
         self.stream = memory.Stream()
         self.modules: dict[str, Module] = {}
         self._blas = None
+        self._bounce_bytes = 1 << 20  # reads up to this size go through pinned memory
+        self._bounce = memory.PinnedHost(self._bounce_bytes, "read bounce")
 
     @property
     def blas(self):
@@ -49,11 +54,17 @@ class CudaDevice:
     def load_module(self, name: str, data: bytes) -> None:
         self.modules[name] = Module(data, name)
 
-    def alloc(self, dtype: str, nelems: int):
+    def alloc(self, dtype: str, nelems: int, staged: bool = False):
         """Every buffer starts as zeros, as on the cpu device (kernels may rely on it, e.g. a
-        counter that each launch leaves as it found it)."""
+        counter that each launch leaves as it found it). A `staged` buffer (one only the caller
+        writes: an input) is written through a pinned host mirror that each program reading it
+        copies up first, inside its graph: a step's inputs cost no copy call of their own."""
         buf = memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
         memory.memset(buf.ptr, 0, buf.nbytes)
+        if staged:
+            host = memory.PinnedHost(buf.nbytes, dtype)
+            host.array[:] = 0
+            return memory.StagedBuffer(buf, host)
         return buf
 
     @property
@@ -79,10 +90,31 @@ class CudaDevice:
             storage.pool.apply(unmap=unmap, map=map)
 
     def write(self, storage, host: np.ndarray) -> None:
-        memory.copy_to_device(storage.ptr, np.ascontiguousarray(host), self.stream)
+        """Write a prefix of `storage` (a staged buffer: of its mirror, uploaded by the next run)."""
+        host = np.ascontiguousarray(host)
+        if isinstance(storage, memory.StagedBuffer):
+            if host.nbytes > storage.nbytes:
+                raise DeviceError(f"write of {host.nbytes} bytes into a {storage.nbytes}-byte buffer")
+            storage.host.array[:host.nbytes] = host.reshape(-1).view(np.uint8)
+            return
+        memory.copy_to_device(storage.ptr, host, self.stream)
 
     def read(self, storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        return memory.copy_to_host(np.empty(shape, NP[dtype]), storage.ptr, self.stream)
+        """A copy of the first prod(shape) elements, through a pinned bounce buffer (a staged
+        buffer is read from its mirror, which is what the device holds or will hold)."""
+        out = np.empty(shape, NP[dtype])
+        flat = out.reshape(-1).view(np.uint8)
+        if isinstance(storage, memory.StagedBuffer):
+            flat[:] = storage.host.array[:out.nbytes]
+            return out
+        if out.nbytes > self._bounce_bytes:
+            return memory.copy_to_host(out, storage.ptr, self.stream)
+        if out.nbytes:
+            call("cuMemcpyDtoHAsync", self._bounce.ptr, storage.ptr, out.nbytes, self.stream.handle,
+                       where=f"D2H {out.nbytes} bytes from {storage.ptr:#x}")
+            self.stream.synchronize()
+            flat[:] = self._bounce.array[:out.nbytes]
+        return out
 
     def copy_bytes(self, storage, dst: int, src: int, n: int) -> None:
         memory.copy_device(storage.ptr + dst, storage.ptr + src, n, self.stream)
@@ -119,6 +151,13 @@ class CudaProgram:
             kinds = ["ptr" if isinstance(a, (View, StateRef)) else _KIND[a.dtype] for a in l.args]
             self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
         self._cache: dict[tuple, list] = {}
+        read = dict.fromkeys(a.buffer for l in launches for a in l.args if isinstance(a, View))
+        self.uploads = [buffers[b] for b in read if isinstance(buffers[b], memory.StagedBuffer)]
+
+    def _upload(self) -> None:
+        """Copy the staged inputs this program reads from their mirrors (captured with the graph)."""
+        for b in self.uploads:
+            b.upload(self.dev.stream)
 
     def _value(self, a, env):
         if isinstance(a, View):
@@ -157,6 +196,7 @@ class CudaProgram:
         if items is None:
             items = self._cache[key] = self.resolve(env)
         if trace is not None:
+            self._upload()
             for i, it in enumerate(items):
                 trace(i, "before", None)
                 self._record([it])
@@ -165,14 +205,17 @@ class CudaProgram:
         elif self.graph:
             g = self._graphs.get(key)
             if g is None:  # first step of this bucket: capture the launch list, then replay it
-                g = self._graphs[key] = capture(self.dev.stream, lambda: self._record(items), label=repr(key))
+                g = self._graphs[key] = capture(self.dev.stream, lambda: (self._upload(), self._record(items)),
+                                                label=repr(key))
             g.replay(self.dev.stream)
         else:
+            self._upload()
             self._record(items)
         self.dev.stream.synchronize()
 
     def run_eager(self, env: dict[str, int]) -> None:
         """Launch the same list one by one (to check graph replay against)."""
+        self._upload()
         self._record(self.resolve(env))
         self.dev.stream.synchronize()
 
@@ -186,6 +229,7 @@ def profile(program: CudaProgram, env: dict[str, int], repeats: int = 5) -> list
     s = program.dev.stream
     events = [call("cuEventCreate", 0) for _ in range(len(items) + 1)]
     times = [[] for _ in items]
+    program._upload()
     for _ in range(repeats):
         call("cuEventRecord", events[0], s.handle)
         for i, it in enumerate(items):

@@ -47,6 +47,47 @@ class DeviceBuffer:
             self.freed = True
 
 
+class PinnedHost:
+    """`nbytes` of page-locked host memory (cuMemHostAlloc) seen as a numpy byte array. Copies
+    from and to it are true DMA: asynchronous, and they can be captured in a graph."""
+
+    def __init__(self, nbytes: int, label: str = ""):
+        import ctypes
+
+        self.nbytes, self.label = nbytes, label
+        self.ptr = int(call("cuMemHostAlloc", nbytes, 0, where=f"pinned {label!r}, {nbytes} bytes"))
+        self.array = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.ptr), np.uint8)
+
+    def free(self) -> None:
+        if self.ptr:
+            self.array = None
+            call("cuMemFreeHost", self.ptr, where=f"pinned {self.label!r}")
+            self.ptr = 0
+
+
+@dataclass(slots=True)
+class StagedBuffer:
+    """A device buffer the host writes through a pinned mirror: writes land in the mirror, and
+    the programs that read the buffer copy the mirror up at their start (inside their graph).
+    For buffers only the caller writes (inputs), so the mirror always holds what the device
+    will hold."""
+
+    device: DeviceBuffer
+    host: PinnedHost
+
+    @property
+    def ptr(self) -> int:
+        return self.device.ptr
+
+    @property
+    def nbytes(self) -> int:
+        return self.device.nbytes
+
+    def upload(self, stream: Stream) -> None:
+        call("cuMemcpyHtoDAsync", self.device.ptr, self.host.ptr, self.nbytes, stream.handle,
+             where=f"upload of {self.device.label!r}")
+
+
 def alloc(nbytes: int, label: str = "") -> DeviceBuffer:
     if nbytes <= 0:
         raise ValueError(f"buffer {label!r}: cannot allocate {nbytes} bytes")
