@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2040, help="prefill length timed once per shape (0: skip)")
     ap.add_argument("--decode-split", type=int, default=None,
                     help="context tokens per decode attention block (default: the generator's)")
+    ap.add_argument("--run-ahead", type=int, default=1,
+                    help="decode steps a host sync: Engine.run_steps, the token fed back on the device")
     args = ap.parse_args()
 
     import torch
@@ -63,7 +65,7 @@ def main() -> None:
             print(json.dumps(results["runs"][-1]), flush=True)
         for batch in [int(b) for b in args.batch.split(",")]:
             prompts = rng.integers(0, vocab, (batch, args.prompt)).astype(np.int32)
-            r = run_kern(model, prompts, args.new)
+            r = run_kern(model, prompts, args.new, args.run_ahead)
             h = run_hf(ref, prompts, args.new)
             agree = float(np.mean(np.array(r["tokens"])[:, :16] == np.array(h["tokens"])[:, :16]))
             c = None
@@ -79,7 +81,7 @@ def main() -> None:
                 "weight_bytes_per_step": weight_bytes,
                 "kern_bandwidth_tb_s": round(weight_bytes / (r["step_ms"] * 1e-3) / 1e12, 2),
                 "kern_fraction_of_4_2_tb_s": round(weight_bytes / (r["step_ms"] * 1e-3) / 4.2e12, 3),
-                "shape": name, "batch": batch, "kern_load_s": round(load_s, 2),
+                "shape": name, "batch": batch, "kern_load_s": round(load_s, 2), "kern_run_ahead": args.run_ahead,
                 "kern_decode_tok_s": round(r["tok_s"], 1), "kern_step_ms": round(r["step_ms"], 3),
                 "kern_prefill_ms": round(r["prefill_ms"], 2),
                 "hf_eager_decode_tok_s": round(h["tok_s"], 1), "hf_eager_step_ms": round(h["step_ms"], 3),
@@ -93,8 +95,10 @@ def main() -> None:
     print(json.dumps(results, indent=1))
 
 
-def run_kern(model, prompts: np.ndarray, new: int) -> dict:
-    """Prefill each sequence, then decode all together: one graph replay per step."""
+def run_kern(model, prompts: np.ndarray, new: int, ahead: int = 1) -> dict:
+    """Prefill each sequence, then decode all together: one graph replay per step, or with
+    ahead > 1 one per `ahead` steps (Engine.run_steps feeds each step's tokens to the next on
+    the device; the host waits once per chunk)."""
     eng, proto = model.engine, model.protocol
     batch, plen = prompts.shape
     pages = [model.alloc.take(-(-(plen + new) // model.page_tokens)) for _ in range(batch)]
@@ -108,22 +112,30 @@ def run_kern(model, prompts: np.ndarray, new: int) -> dict:
         pt[i, :len(pg)] = pg
     toks = [[t] for t in nxt]
     extra = {st.inputs["cu_seqlens"]: np.arange(batch + 1, dtype=np.int32)} if "cu_seqlens" in st.inputs else {}
+    tok_in, pos_in, tok_out = st.inputs["token"], st.inputs["position"], st.outputs["tokens"]
 
-    def step(k):
-        env = eng.run(st.program, st.vars_for(batch, batch), {
-            st.inputs["token"]: np.array([t[-1] for t in toks], np.int32),
-            st.inputs["position"]: np.full(batch, plen + k, np.int32), table.buffer: pt, **extra})
-        for t, n in zip(toks, eng.read(st.outputs["tokens"], env)):
-            t.append(int(n))
+    def step(k, n):
+        """Steps k .. k + n - 1 (positions plen + k ..)."""
+        inputs = {tok_in: np.array([t[-1] for t in toks], np.int32),
+                  pos_in: np.full(batch, plen + k, np.int32), table.buffer: pt, **extra}
+        if n == 1:
+            outs = [{tok_out: eng.read(tok_out, eng.run(st.program, st.vars_for(batch, batch), inputs))}]
+        else:
+            outs = eng.run_steps(st.program, st.vars_for(batch, batch), inputs,
+                                 [{pos_in: np.full(batch, plen + k + j, np.int32)} for j in range(1, n)],
+                                 feedback={tok_out: tok_in}, collect=[])
+        for o in outs:
+            for t, n_ in zip(toks, o[tok_out]):
+                t.append(int(n_))
 
-    step(0)  # capture
+    step(0, ahead)  # capture
+    steps = (new - 1 - ahead) // ahead * ahead
     t0 = time.perf_counter()
-    for k in range(1, new - 1):
-        step(k)
+    for k in range(ahead, ahead + steps, ahead):
+        step(k, ahead)
     dt = time.perf_counter() - t0
     for pg in pages:
         model.alloc.give(pg)
-    steps = new - 2
     return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3, "prefill_ms": prefill_ms, "tokens": toks}
 
 

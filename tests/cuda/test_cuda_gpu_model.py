@@ -93,3 +93,36 @@ def test_graph_replay_is_bitwise_equal_to_eager_launches(model):
         model.alloc.give(pages)
     assert np.isfinite(graph).all()
     assert graph.tobytes() == again.tobytes() == eager.tobytes()
+
+
+def test_k_decode_steps_in_one_graph_equal_k_single_steps(model):
+    """Engine.run_steps: six steps, the token fed back on the device, one graph launch: the same
+    tokens and the same last logits, bit for bit, as six single steps."""
+    eng, k = model.engine, 6
+    st = model.protocol.for_rows(4, 1)
+    (table,) = st.page_tables
+    tok, pos, out, logits = st.inputs["token"], st.inputs["position"], st.outputs["tokens"], st.outputs["logits"]
+    pages = model.alloc.take(4 * 3)
+    pt = np.zeros((4, eng.shapes[table.buffer][1]), np.int32)
+    pt[:, :3] = np.array(pages, np.int32).reshape(4, 3)
+    start = np.array([3, 9, 17, 30], np.int32)
+    inputs = {tok: np.array([5, 6, 7, 8], np.int32), pos: start,
+              st.inputs["cu_seqlens"]: np.arange(5, dtype=np.int32), table.buffer: pt}
+    v = st.vars_for(4, 4)
+    try:
+        loop, step = [], dict(inputs)
+        for j in range(k):
+            env = eng.run(st.program, v, step)
+            loop.append(eng.read(out, env).tolist())
+            last = eng.read(logits, env)
+            step = {**step, tok: np.array(loop[-1], np.int32), pos: start + j + 1}
+        outs = eng.run_steps(st.program, v, inputs, [{pos: start + j} for j in range(1, k)],
+                             feedback={out: tok}, collect=[logits])
+        again = eng.run_steps(st.program, v, inputs, [{pos: start + j} for j in range(1, k)],
+                              feedback={out: tok}, collect=[logits])  # the captured graph, replayed
+        after = eng.read(out, eng.run(st.program, v, {**step, tok: np.array(loop[-2], np.int32), pos: start + k - 1}))
+    finally:
+        model.alloc.give(pages)
+    assert [o[out].tolist() for o in outs] == [o[out].tolist() for o in again] == loop
+    assert outs[-1][logits].tobytes() == last.tobytes()
+    assert after.tolist() == loop[-1]  # single steps after a run_steps see the inputs they write

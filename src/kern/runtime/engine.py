@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..manifest.expr import evaluate
+from ..manifest.model import DTYPE_BYTES
 from ..manifest.protocol import Protocol, derive
 from ..manifest.verify import Verified
 from .errors import BoundsError, DeviceError
@@ -37,6 +38,11 @@ def make_device(v: Verified):
                           "Install kern with the cuda extra (pip install 'kern-engine[cuda]') on a machine "
                           "with an NVIDIA GPU and driver.") from None
     return CudaDevice(arch=target.arch)
+
+
+def nbytes(eng: "Engine", buffer: str, env: dict[str, int]) -> int:
+    """Bytes of `buffer` at this step's shape (a prefix of its allocation)."""
+    return prod(eng.shape(buffer, env)) * DTYPE_BYTES[eng.m.buffers[buffer].dtype]
 
 
 class Engine:
@@ -119,8 +125,12 @@ class Engine:
     def shape(self, buffer: str, env: dict[str, int]) -> tuple[int, ...]:
         return tuple(evaluate(d, env) for d in self.m.buffers[buffer].shape)
 
-    def write_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> None:
+    def check_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> np.ndarray:
+        """`host` checked against the input's shape for this step and its domain; returned
+        contiguous, in the buffer's dtype."""
         b = self.m.buffers[buffer]
+        if b.kind != "input":
+            raise BoundsError(f"program {program!r}: {buffer!r} is a {b.kind} buffer, not an input")
         shape = self.shape(buffer, env)
         arr = np.asarray(host)
         if arr.shape != shape:
@@ -139,7 +149,10 @@ class Engine:
                 if lo_v < 0 or hi_v >= n:
                     raise BoundsError(f"program {program!r}: page table {buffer!r} holds pages [{lo_v}, {hi_v}], "
                                       f"state {d.index_into!r} has {n} pages; refused before launch")
-        self.device.write(self.buffers[buffer], np.ascontiguousarray(arr, dtype=NP[b.dtype]))
+        return np.ascontiguousarray(arr, dtype=NP[b.dtype])
+
+    def write_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> None:
+        self.device.write(self.buffers[buffer], self.check_input(program, buffer, host, env))
 
     def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
             trace=None) -> dict[str, int]:
@@ -148,14 +161,79 @@ class Engine:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)
         for buf, host in (inputs or {}).items():
-            if self.m.buffers[buf].kind != "input":
-                raise BoundsError(f"program {program!r}: {buf!r} is a {self.m.buffers[buf].kind} buffer, not an input")
+            self._known(program, buf)
             self.write_input(program, buf, host, env)
         if trace is None:
             self.programs[program].run(env)
         else:
             self.programs[program].run(env, trace)
         return env
+
+    def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
+                  steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
+                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+        """Run `program` 1 + len(steps) times back to back, as a decode loop does: the first time
+        with `inputs`; step j >= 1 with `steps[j - 1]` (the inputs that change, each step the
+        same ones: positions) and every `feedback` input (output -> input) set on the device
+        from the output of step j - 1 (the token). Returns each step's `collect` outputs (the
+        feedback outputs always among them). Everything is checked before anything launches.
+        The host waits once: on CUDA the whole run is one graph launch; other devices loop."""
+        if program not in self.programs:
+            raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
+        env = self.env(program, vars)
+        collect = list(dict.fromkeys([*collect, *feedback]))
+        for buf in collect:
+            self._known(program, buf)
+        varying = list(steps[0]) if steps else []
+        for j, st in enumerate(steps):
+            if sorted(st) != sorted(varying):
+                raise BoundsError(f"program {program!r}: step {j + 1} writes inputs {sorted(st)}, step 1 writes "
+                                  f"{sorted(varying)}; every step must write the same ones")
+        for src, dst in feedback.items():
+            self._known(program, dst)
+            if self.m.buffers[dst].kind != "input":
+                raise BoundsError(f"program {program!r}: feedback {src!r} -> {dst!r}: {dst!r} is a "
+                                  f"{self.m.buffers[dst].kind} buffer, not an input")
+            if dst in varying:
+                raise BoundsError(f"program {program!r}: {dst!r} is fed back from {src!r} and also written by the steps")
+            a, b = self.m.buffers[src], self.m.buffers[dst]
+            if (a.dtype, self.shape(src, env)) != (b.dtype, self.shape(dst, env)):
+                raise BoundsError(f"program {program!r}: feedback {src!r} {a.dtype}{list(self.shape(src, env))} "
+                                  f"-> {dst!r} {b.dtype}{list(self.shape(dst, env))}: shapes and dtypes must match")
+        first = {buf: self.check_input(program, buf, host, env) for buf, host in inputs.items()}
+        later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
+        prog = self.programs[program]
+        if not hasattr(prog, "run_steps"):
+            return self._loop_steps(program, vars, first, later, feedback, collect)
+        for buf, arr in first.items():
+            self.device.write(self.buffers[buf], arr)
+        shapes = {c: self.shape(c, env) for c in collect}
+        raw = prog.run_steps(env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],
+                             [(self.buffers[s], self.buffers[d], nbytes(self, d, env)) for s, d in feedback.items()],
+                             [(self.buffers[c], nbytes(self, c, env)) for c in collect])
+        outs = [{c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
+                for step in raw]
+        # what the device holds now, in the inputs' mirrors: the last step's inputs and fed values
+        for buf in varying:
+            self.device.write(self.buffers[buf], later[-1][buf])
+        for src, dst in feedback.items():
+            self.device.write(self.buffers[dst], outs[-1][src])
+        return outs
+
+    def _loop_steps(self, program, vars, first, later, feedback, collect):
+        outs, step_inputs = [], first
+        for j in range(1 + len(later)):
+            env = self.run(program, vars, step_inputs)
+            outs.append({c: self.read(c, env) for c in collect})
+            if j < len(later):
+                step_inputs = {**later[j], **{d: outs[-1][s] for s, d in feedback.items()}}
+        for s, d in feedback.items():  # as on a device: each fed input ends holding the last output
+            self.write_input(program, d, outs[-1][s], self.env(program, vars))
+        return outs
+
+    def _known(self, program: str, buf: str) -> None:
+        if buf not in self.m.buffers:
+            raise BoundsError(f"program {program!r}: no buffer named {buf!r}")
 
     def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
         b = self.m.buffers[buffer]

@@ -151,6 +151,7 @@ class CudaProgram:
             kinds = ["ptr" if isinstance(a, (View, StateRef)) else _KIND[a.dtype] for a in l.args]
             self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
         self._cache: dict[tuple, list] = {}
+        self._slots: dict[tuple, memory.PinnedHost] = {}
         read = dict.fromkeys(a.buffer for l in launches for a in l.args if isinstance(a, View))
         self.uploads = [buffers[b] for b in read if isinstance(buffers[b], memory.StagedBuffer)]
 
@@ -212,6 +213,60 @@ class CudaProgram:
             self._upload()
             self._record(items)
         self.dev.stream.synchronize()
+
+    def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list, feedback: list,
+                  collect: list) -> list[list[np.ndarray]]:
+        """1 + len(later) steps of this program in one go (Engine.run_steps): step j >= 1 first
+        copies its own values of the `varying` inputs up from pinned slots, each step ends with
+        the feedback copies (output -> input, on the device) and its `collect` outputs copied
+        down into pinned slots. A graph program captures all of it once per (bucket, steps) and
+        replays it with one launch; the host waits once, at the end."""
+        k = 1 + len(later)
+        sizes = [a.nbytes for a in later[0]] if later else []
+        for j, arrays in enumerate(later, start=1):
+            for v, a in zip(varying, arrays):
+                self._slot(("in", v.ptr), j, v.nbytes).array[:a.nbytes] = a.reshape(-1).view(np.uint8)
+        s = self.dev.stream
+
+        def record() -> None:
+            for j in range(k):
+                if j == 0:
+                    self._upload()
+                else:
+                    for v, n in zip(varying, sizes):
+                        if n:
+                            call("cuMemcpyHtoDAsync", v.ptr, self._slot(("in", v.ptr), j, v.nbytes).ptr, n, s.handle)
+                self._record(items)
+                for src, dst, n in feedback:
+                    if n:
+                        call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, n, s.handle)
+                for c, n in collect:
+                    if n:
+                        call("cuMemcpyDtoHAsync", self._slot(("out", c.ptr), j, c.nbytes).ptr, c.ptr, n, s.handle)
+
+        key = tuple(sorted(env.items()))
+        items = self._cache.get(key)
+        if items is None:
+            items = self._cache[key] = self.resolve(env)
+        if self.graph:
+            gkey = (key, k, tuple(v.ptr for v in varying), tuple(sizes),
+                    tuple((a.ptr, b.ptr, n) for a, b, n in feedback), tuple((c.ptr, n) for c, n in collect))
+            g = self._graphs.get(gkey)
+            if g is None:
+                g = self._graphs[gkey] = capture(s, record, label=f"{key!r} x{k}")
+            g.replay(s)
+        else:
+            record()
+        s.synchronize()
+        return [[self._slot(("out", c.ptr), j, c.nbytes).array[:n].copy() for c, n in collect] for j in range(k)]
+
+    def _slot(self, tag: tuple, j: int, nbytes: int) -> memory.PinnedHost:
+        """Pinned host slot j of `tag` (an input's per-step values, an output's per-step copy),
+        the size of the whole buffer, made once and kept: captured graphs hold its address."""
+        slot = self._slots.get((tag, j))
+        if slot is None:
+            slot = self._slots[(tag, j)] = memory.PinnedHost(nbytes, f"{tag[0]} slot {j}")
+        return slot
 
     def run_eager(self, env: dict[str, int]) -> None:
         """Launch the same list one by one (to check graph replay against)."""

@@ -1,0 +1,81 @@
+"""Engine.run_steps: a decode loop of k steps in one call (the token fed back on the device,
+the positions given for every step up front) gives what k single steps give; bad requests are
+refused before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kern.api import Model
+from kern.runtime.errors import BoundsError
+
+
+def _decode_setup(model: Model, batch: int, prompt: int, new: int):
+    """Prefill `batch` random prompts; return (stepper, first inputs, pages)."""
+    rng = np.random.default_rng(batch)
+    vocab = model.verified.constants["vocab"]
+    pages = [model.alloc.take(-(-(prompt + new) // model.page_tokens)) for _ in range(batch)]
+    first = [model.step_rows(rng.integers(0, vocab, prompt).tolist(), 0, pg, ragged=True)[0] for pg in pages]
+    st = model.protocol.for_rows(batch, 1)
+    (table,) = st.page_tables
+    pt = np.zeros(model.engine.shapes[table.buffer], np.int32)[:batch]
+    for i, pg in enumerate(pages):
+        pt[i, :len(pg)] = pg
+    inputs = {st.inputs["token"]: np.array(first, np.int32), st.inputs["position"]: np.full(batch, prompt, np.int32),
+              table.buffer: pt}
+    if "cu_seqlens" in st.inputs:
+        inputs[st.inputs["cu_seqlens"]] = np.arange(batch + 1, dtype=np.int32)
+    return st, inputs, pages
+
+
+def _loop(model: Model, st, inputs, batch: int, k: int) -> list[list[int]]:
+    eng, out, inputs = model.engine, [], dict(inputs)
+    for j in range(k):
+        env = eng.run(st.program, st.vars_for(batch, batch), inputs)
+        out.append(eng.read(st.outputs["tokens"], env).tolist())
+        inputs[st.inputs["token"]] = np.array(out[-1], np.int32)
+        inputs[st.inputs["position"]] = inputs[st.inputs["position"]] + 1
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_k_steps_in_one_call_equal_k_single_steps(tiny, batch):
+    ckpt, manifest = tiny
+    model = Model(manifest, ckpt)
+    prompt, k = 5, 6
+    st, inputs, pages = _decode_setup(model, batch, prompt, k)
+    want = _loop(model, st, inputs, batch, k)
+    steps = [{st.inputs["position"]: np.full(batch, prompt + j, np.int32)} for j in range(1, k)]
+    outs = model.engine.run_steps(st.program, st.vars_for(batch, batch), inputs, steps,
+                                  feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
+    assert [o[st.outputs["tokens"]].tolist() for o in outs] == want
+    # the fed input ends holding the last step's output, on every device
+    assert model.engine.read(st.inputs["token"], model.engine.env(st.program, st.vars_for(batch, batch))).tolist() \
+        == want[-1]
+    for pg in pages:
+        model.alloc.give(pg)
+
+
+def test_bad_run_steps_requests_are_refused_naming_the_problem(tiny):
+    ckpt, manifest = tiny
+    model = Model(manifest, ckpt)
+    st, inputs, pages = _decode_setup(model, 1, 4, 4)
+    eng, v = model.engine, st.vars_for(1, 1)
+    tok, pos, out = st.inputs["token"], st.inputs["position"], st.outputs["tokens"]
+    bad_pos = [{pos: np.array([5], np.int32)}, {pos: np.array([model.context], np.int32)}]
+    with pytest.raises(BoundsError, match=rf"input '{pos}' holds values in \[{model.context}, {model.context}\]"):
+        eng.run_steps(st.program, v, inputs, bad_pos, feedback={out: tok}, collect=[])
+    with pytest.raises(BoundsError, match="every step must write the same ones"):
+        eng.run_steps(st.program, v, inputs, [{pos: np.array([5], np.int32)}, {}], feedback={out: tok}, collect=[])
+    with pytest.raises(BoundsError, match="is fed back from"):
+        eng.run_steps(st.program, v, inputs, [{pos: np.array([5], np.int32)}], feedback={out: pos}, collect=[])
+    with pytest.raises(BoundsError, match="not an input"):
+        eng.run_steps(st.program, v, inputs, [], feedback={tok: out}, collect=[])
+    with pytest.raises(BoundsError, match="no buffer named 'nope'"):
+        eng.run_steps(st.program, v, inputs, [], feedback={}, collect=["nope"])
+    if "logits" in st.outputs:
+        with pytest.raises(BoundsError, match="shapes and dtypes must match"):
+            eng.run_steps(st.program, v, inputs, [], feedback={st.outputs["logits"]: tok}, collect=[])
+    for pg in pages:
+        model.alloc.give(pg)
