@@ -65,7 +65,10 @@ class RawPages:
 
 
 class Model:
-    def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET, **engine_kw):
+    def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET,
+                 run_ahead: int | None = None, **engine_kw):
+        """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
+        the device). Default: 8 where the device runs them as one launch (CUDA), else 1."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -82,6 +85,11 @@ class Model:
         self.alloc = RawPages(self.paging, self.state, self.page_tokens)
         self.eos = self._eos_ids(checkpoint)
         self.context = self.protocol.max_positions
+        decode = self.protocol.for_rows(1, 1).program
+        native = hasattr(self.engine.programs[decode], "run_steps")
+        self.run_ahead = run_ahead if run_ahead is not None else (8 if native else 1)
+        if self.run_ahead < 1:
+            raise BoundsError(f"run_ahead must be at least 1, got {self.run_ahead}")
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -156,21 +164,35 @@ class Model:
                 pos += len(part)
             t1 = time.perf_counter()
             finish = "length"
-            steps = 0
+            ahead = self.run_ahead if temperature <= 0 else 1
+            made = [nxt if temperature <= 0 else self._sample(logits, temperature, rng)]  # not yet emitted
             while True:
-                tok = nxt if temperature <= 0 else self._sample(logits, temperature, rng)
-                out.append(tok)
-                piece = detok.push(tok)
-                if piece and on_text:
-                    on_text(piece)
-                if tok in self.eos:
-                    finish = "stop"
+                written = []  # emitted tokens whose state the last run wrote (all but its last)
+                for i, tok in enumerate(made):
+                    out.append(tok)
+                    piece = detok.push(tok)
+                    if piece and on_text:
+                        on_text(piece)
+                    if tok in self.eos:
+                        finish = "stop"
+                        break
+                    if len(out) >= max_tokens:
+                        break
+                    if i < len(made) - 1:
+                        written.append(tok)
+                if len(made) > 1:  # the run's state past these tokens is not kept
+                    self.paging.extend(lease, written, ahead=len(made) - 1 - len(written))
+                if finish == "stop" or len(out) >= max_tokens:
                     break
-                if len(out) >= max_tokens:
-                    break
-                self.paging.extend(lease, [tok])
-                nxt, logits = self.step_rows([tok], len(ids) + len(out) - 1, lease.page_table(self.state))
-                steps += 1
+                n = min(ahead, max_tokens - len(out))
+                pos = len(ids) + len(out) - 1
+                self.paging.extend(lease, [out[-1]], ahead=n - 1)
+                if n == 1:
+                    nxt, logits = self.step_rows([out[-1]], pos, lease.page_table(self.state))
+                    made = [nxt if temperature <= 0 else self._sample(logits, temperature, rng)]
+                else:
+                    made = self._decode_run(out[-1], pos, n, lease.page_table(self.state))
+            steps = len(out) - 1
             t2 = time.perf_counter()
         except BaseException:
             self.paging.pool.free(lease)
@@ -178,6 +200,18 @@ class Model:
         self.paging.pool.checkpoint(lease)  # its pages stay as a cached prefix until evicted
         return Generation(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, finish, steps,
                           cached_tokens=grant.cached)
+
+    def _decode_run(self, tok: int, pos: int, n: int, pages: list[int]) -> list[int]:
+        """n greedy decode steps of one sequence from `tok` at `pos`, one host wait: the tokens."""
+        st = self.protocol.for_rows(1, 1)
+        inputs = {st.inputs["token"]: np.array([tok], np.int32), st.inputs["position"]: np.array([pos], np.int32),
+                  **self._table(st, pages)}
+        if "cu_seqlens" in st.inputs:
+            inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
+        outs = self.engine.run_steps(st.program, st.vars_for(1, 1), inputs,
+                                     [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, n)],
+                                     feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
+        return [int(o[st.outputs["tokens"]][0]) for o in outs]
 
     @staticmethod
     def _sample(logits, temperature, rng) -> int:

@@ -54,6 +54,26 @@ def test_lease_is_all_or_nothing_and_free_returns_everything():
         p.free(a)
 
 
+def test_pages_bound_ahead_are_given_back_at_the_checkpoint():
+    """A decode run writes several steps before the host knows their tokens: extend(ahead=n)
+    binds their pages now; the checkpoint keeps only the pages its tokens use, and the rest go
+    back to the reservation and then to the pool."""
+    p = pool(chunks=4)  # 8 pages of 4 tokens
+    a = grant(p.lease([1] * 5, 20)).lease
+    assert p.extend(a, [1] * 5, ahead=6) is None  # 5 + 6 tokens: 3 pages
+    assert len(a.page_table("kv")) == 3 and a.reserved == 2 and a.ahead == 6
+    p.check()
+    assert p.extend(a, [7, 8], ahead=1) is None  # 2 of the 6 kept, a third written
+    assert len(a.page_table("kv")) == 2 and a.reserved == 3 and a.ahead == 1  # the third page went back
+    p.check()
+    ck = p.checkpoint(a)
+    assert len(ck.units[0]) == 2 and ck.tokens == (1, 1, 1, 1, 1, 7, 8)
+    p.check()
+    assert p.usage()["kv"]["reserved"] == 0 and p.usage()["kv"]["held"] == 2
+    with pytest.raises(PoolError, match="ahead = -1"):
+        p.extend(grant(p.lease([2], 4)).lease, [2], ahead=-1)
+
+
 def test_extend_past_the_reservation_asks_the_budget():
     p = pool(chunks=2)  # 4 pages
     a = grant(p.lease([1, 2], 4)).lease

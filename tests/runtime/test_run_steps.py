@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kern.api import Model
+from kern.api import Model, deployment_for
 from kern.runtime.errors import BoundsError
 
 
@@ -79,3 +79,35 @@ def test_bad_run_steps_requests_are_refused_naming_the_problem(tiny):
             eng.run_steps(st.program, v, inputs, [], feedback={st.outputs["logits"]: tok}, collect=[])
     for pg in pages:
         model.alloc.give(pg)
+
+
+def test_generate_running_ahead_gives_the_same_text_and_keeps_the_pool_right(smollm2):
+    """Model.generate with 4 greedy steps a host wait: the same tokens as one step a wait, a
+    stop token inside a run ends the request there, the pages written past it go back, and the
+    cached prefix holds the right tokens (a later prompt that extends it reuses it and gets
+    the same continuation)."""
+    manifest = deployment_for(smollm2, "cpu")
+    one, four = Model(manifest, smollm2, run_ahead=1), Model(manifest, smollm2, run_ahead=4)
+    prompt = one.tokenizer.encode("The three primary colors are")
+    want = one.generate(prompt, max_tokens=23)
+    got = four.generate(prompt, max_tokens=23)
+    assert got.tokens == want.tokens and got.finish_reason == want.finish_reason == "length"
+    four.paging.pool.check()
+    # a stop token in the middle of a run (token 0 comes from the prefill, runs make 1-4, 5-8, ...)
+    first = next(i for i, t in enumerate(want.tokens) if want.tokens.index(t) == i and i > 4 and (i - 1) % 4 == 1)
+    stop = want.tokens[first]
+    one.eos = four.eos = {stop}
+    a, b = one.generate(prompt, max_tokens=23), four.generate(prompt, max_tokens=23)
+    assert b.tokens == a.tokens and b.finish_reason == a.finish_reason == "stop" and b.tokens == want.tokens[:first + 1]
+    four.paging.pool.check()
+    longer = prompt + want.tokens[:first]  # the first request's tokens, a cached prefix now
+    four.eos = one.eos = set()
+    c, d = four.generate(longer, max_tokens=5), one.generate(longer, max_tokens=5)
+    assert c.cached_tokens > len(prompt) and c.tokens == d.tokens == want.tokens[first:first + 5]
+    four.paging.pool.check()
+
+
+def test_run_ahead_must_be_positive(tiny):
+    ckpt, manifest = tiny
+    with pytest.raises(BoundsError, match="run_ahead must be at least 1"):
+        Model(manifest, ckpt, run_ahead=0)

@@ -110,7 +110,7 @@ def _device(pool: Pool, out: list[Problem]) -> None:
         for b in pool._books:
             k = b.kind.index
             us = lease.units[k]
-            want = _ceil(n, pt) if b.kind.paged else 1
+            want = _ceil(n + lease.ahead, pt) if b.kind.paged else 1
             if len(us) != want:
                 out.append(Problem(f"{where} {b.kind.name}", f"{len(us)} units for {n} tokens, expected {want}"))
             for u in us:

@@ -15,10 +15,12 @@ class Lease:
     `tokens` are the tokens whose state is written (restored from a checkpoint, or written by
     the runtime after `extend`). Pages [len(tokens) // page_tokens:] are the lease's own and
     only it writes them; earlier pages may be shared with checkpoints and other leases.
+    `ahead`: tokens past `tokens` whose pages are bound already (a decode run that writes
+    several steps before the host learns their tokens); a checkpoint gives their pages back.
     Read-only outside the pool.
     """
 
-    __slots__ = ("id", "tokens", "units", "reserved", "alive", "_index")
+    __slots__ = ("id", "tokens", "units", "reserved", "alive", "ahead", "_index")
 
     def __init__(self, id: int, tokens: list[int], units: list[list[int]], reserved: int, index: dict[str, int]):
         self.id = id
@@ -26,6 +28,7 @@ class Lease:
         self.units = units  # per kind (layout.kinds order): pages, or [slot]
         self.reserved = reserved  # pages promised per paged state, not yet handed out
         self.alive = True
+        self.ahead = 0
         self._index = index
 
     def page_table(self, state: str) -> list[int]:

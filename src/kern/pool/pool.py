@@ -282,17 +282,23 @@ class Pool:
         if not lease.alive or self._leases.get(lease.id) is not lease:
             raise PoolError(f"{where}: {lease} is not a live lease of this pool")
 
-    def extend(self, lease: Lease, tokens: Sequence[int]) -> Remap | Refusal | None:
-        """The runtime wrote the state of `tokens` (appended to the lease): pages get bound
-        as the lease grows; past its reservation it asks the budget for more."""
+    def extend(self, lease: Lease, tokens: Sequence[int], ahead: int = 0) -> Remap | Refusal | None:
+        """The runtime wrote the state of `tokens` (appended to the lease), and will write
+        `ahead` more tokens' state before it says which tokens they were: pages get bound as
+        the lease grows, for `ahead` too; past its reservation it asks the budget for more."""
         self._live(lease, "pool.extend")
+        if ahead < 0:
+            raise PoolError(f"pool.extend: ahead = {ahead} for {lease}")
         pt = self._pt
-        after = len(lease.tokens) + len(tokens)
+        after = len(lease.tokens) + len(tokens) + ahead
         if not self._paged:
             lease.tokens.extend(tokens)
+            lease.ahead = ahead
             return None
         have = len(lease.units[self._paged[0].kind.index])
         new = _ceil(after, pt) - have
+        if new < 0:  # fewer tokens ahead than pages were bound for
+            self._shrink(lease, have + new)
         if new > lease.reserved:
             r = self._admit(new - lease.reserved, 0, held=have + lease.reserved)
             if r is not None:
@@ -306,7 +312,23 @@ class Pool:
             self._unreserve(new)
             lease.reserved -= new
         lease.tokens.extend(tokens)
+        lease.ahead = ahead
         return None
+
+    def _shrink(self, lease: Lease, keep: int) -> None:
+        """Give back the lease's pages past the first `keep` (bound ahead for tokens a run wrote
+        past the request's end); they return to its reservation."""
+        extra = 0
+        for b in self._paged:
+            us = lease.units[b.kind.index]
+            extra = len(us) - keep
+            for u in reversed(us[keep:]):
+                self._release(b.kind.index, u, -1)
+            del us[keep:]
+        if extra > 0:
+            lease.reserved += extra
+            for b in self._paged:
+                b.reserved += extra
 
     def advance(self, leases: Sequence[Lease], tokens: Sequence[int]) -> list[tuple[Lease, Remap | Refusal]]:
         """One scheduler step: each lease gets one token. Returns the leases that could not
@@ -318,6 +340,11 @@ class Pool:
             if not lease.alive:
                 raise PoolError(f"pool.advance: {lease} is not live")
             toks = lease.tokens
+            if lease.ahead:  # pages bound ahead: the general path keeps the count
+                r = self.extend(lease, (t,), max(lease.ahead - 1, 0))
+                if r is not None:
+                    stuck.append((lease, r))
+                continue
             if len(toks) % pt or not paged:
                 toks.append(t)
                 continue
@@ -362,6 +389,9 @@ class Pool:
         If the index holds these very tokens on the device already, that checkpoint is kept
         and this one's units are given back. None for a lease with no tokens."""
         self._live(lease, "pool.checkpoint")
+        if lease.ahead:
+            lease.ahead = 0
+            self._shrink(lease, _ceil(len(lease.tokens), self._pt))
         self._unreserve(lease.reserved)
         tokens = tuple(lease.tokens)
         if not tokens:

@@ -94,9 +94,10 @@ class Paging:
             elif isinstance(r, Wait):
                 raise OutOfMemory(f"the state budget cannot hold {reserve} tokens now: {r.why}")
 
-    def extend(self, lease, tokens: list[int]) -> None:
+    def extend(self, lease, tokens: list[int], ahead: int = 0) -> None:
+        """Record `tokens` as written, and bind pages for `ahead` more (pool.extend)."""
         while True:
-            r = self.pool.extend(lease, tokens)
+            r = self.pool.extend(lease, tokens, ahead)
             if r is None:
                 return
             if isinstance(r, Remap):
