@@ -68,7 +68,7 @@ class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET,
                  run_ahead: int | None = None, **engine_kw):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
-        the device). Default: 8 where the device runs them as one launch (CUDA), else 1."""
+        the device; on CUDA one graph launch for all of them). Default 1: one step a wait."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -85,9 +85,7 @@ class Model:
         self.alloc = RawPages(self.paging, self.state, self.page_tokens)
         self.eos = self._eos_ids(checkpoint)
         self.context = self.protocol.max_positions
-        decode = self.protocol.for_rows(1, 1).program
-        native = hasattr(self.engine.programs[decode], "run_steps")
-        self.run_ahead = run_ahead if run_ahead is not None else (8 if native else 1)
+        self.run_ahead = 1 if run_ahead is None else run_ahead
         if self.run_ahead < 1:
             raise BoundsError(f"run_ahead must be at least 1, got {self.run_ahead}")
 

@@ -226,6 +226,9 @@ class CudaProgram:
         for j, arrays in enumerate(later, start=1):
             for v, a in zip(varying, arrays):
                 self._slot(("in", v.ptr), j, v.nbytes).array[:a.nbytes] = a.reshape(-1).view(np.uint8)
+        for j in range(k):  # made before any capture: no host allocation while capturing
+            for c, _ in collect:
+                self._slot(("out", c.ptr), j, c.nbytes)
         s = self.dev.stream
 
         def record() -> None:
