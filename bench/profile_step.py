@@ -71,7 +71,7 @@ def main() -> None:
             without = {}
             for entry in entries:
                 keep = [it for it, l in zip(items, prog.planned) if l.entry != entry]
-                g = capture(eng.device.stream, lambda: (prog._upload(), prog._record(keep)), label=entry)
+                g = capture(eng.device.stream, lambda: (prog._upload(env), prog._record(keep)), label=entry)
                 without[entry] = round(replay_only - per_step(lambda: g.replay(eng.device.stream)), 1)
                 g.destroy()
             eng.run(st.program, st.vars_for(batch, batch), inputs)  # the step's buffers as they were

@@ -7,6 +7,7 @@ is one graph launch and one synchronisation, plus the read of what the caller wa
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import prod
 
 import numpy as np
 
@@ -152,13 +153,29 @@ class CudaProgram:
             self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
         self._cache: dict[tuple, list] = {}
         self._slots: dict[tuple, memory.PinnedHost] = {}
-        read = dict.fromkeys(a.buffer for l in launches for a in l.args if isinstance(a, View))
-        self.uploads = [buffers[b] for b in read if isinstance(buffers[b], memory.StagedBuffer)]
+        # staged inputs this program reads, each with the views it reads them through
+        self._views: dict[str, list[View]] = {}
+        for l in launches:
+            for a in l.args:
+                if isinstance(a, View) and isinstance(buffers[a.buffer], memory.StagedBuffer):
+                    self._views.setdefault(a.buffer, []).append(a)
+        self._uploads: dict[tuple, list] = {}
 
-    def _upload(self) -> None:
-        """Copy the staged inputs this program reads from their mirrors (captured with the graph)."""
-        for b in self.uploads:
-            b.upload(self.dev.stream)
+    def _upload(self, env: dict[str, int]) -> None:
+        """Copy up, from their mirrors, the staged inputs this program reads: as many bytes as
+        its views of them reach at this step's shape (captured with the graph)."""
+        key = tuple(sorted(env.items()))
+        ups = self._uploads.get(key)
+        if ups is None:
+            ups = self._uploads[key] = []
+            for name, views in self._views.items():
+                b = self.buffers[name]
+                end = max(((v.offset if isinstance(v.offset, int) else evaluate(v.offset, env))
+                           + prod(d if isinstance(d, int) else evaluate(d, env) for d in v.shape))
+                          * DTYPE_BYTES[v.dtype] for v in views)
+                ups.append((b, min(end, b.nbytes)))
+        for b, n in ups:
+            b.upload(self.dev.stream, n)
 
     def _value(self, a, env):
         if isinstance(a, View):
@@ -197,7 +214,7 @@ class CudaProgram:
         if items is None:
             items = self._cache[key] = self.resolve(env)
         if trace is not None:
-            self._upload()
+            self._upload(env)
             for i, it in enumerate(items):
                 trace(i, "before", None)
                 self._record([it])
@@ -206,11 +223,11 @@ class CudaProgram:
         elif self.graph:
             g = self._graphs.get(key)
             if g is None:  # first step of this bucket: capture the launch list, then replay it
-                g = self._graphs[key] = capture(self.dev.stream, lambda: (self._upload(), self._record(items)),
+                g = self._graphs[key] = capture(self.dev.stream, lambda: (self._upload(env), self._record(items)),
                                                 label=repr(key))
             g.replay(self.dev.stream)
         else:
-            self._upload()
+            self._upload(env)
             self._record(items)
         self.dev.stream.synchronize()
 
@@ -234,7 +251,7 @@ class CudaProgram:
         def record() -> None:
             for j in range(k):
                 if j == 0:
-                    self._upload()
+                    self._upload(env)
                 else:
                     for v, n in zip(varying, sizes):
                         if n:
@@ -273,7 +290,7 @@ class CudaProgram:
 
     def run_eager(self, env: dict[str, int]) -> None:
         """Launch the same list one by one (to check graph replay against)."""
-        self._upload()
+        self._upload(env)
         self._record(self.resolve(env))
         self.dev.stream.synchronize()
 
@@ -287,7 +304,7 @@ def profile(program: CudaProgram, env: dict[str, int], repeats: int = 5) -> list
     s = program.dev.stream
     events = [call("cuEventCreate", 0) for _ in range(len(items) + 1)]
     times = [[] for _ in items]
-    program._upload()
+    program._upload(env)
     for _ in range(repeats):
         call("cuEventRecord", events[0], s.handle)
         for i, it in enumerate(items):

@@ -83,9 +83,12 @@ class StagedBuffer:
     def nbytes(self) -> int:
         return self.device.nbytes
 
-    def upload(self, stream: Stream) -> None:
-        call("cuMemcpyHtoDAsync", self.device.ptr, self.host.ptr, self.nbytes, stream.handle,
-             where=f"upload of {self.device.label!r}")
+    def upload(self, stream: Stream, nbytes: int | None = None) -> None:
+        """Copy the mirror's first `nbytes` (default: all) up to the device buffer."""
+        n = self.nbytes if nbytes is None else nbytes
+        if n > 0:
+            call("cuMemcpyHtoDAsync", self.device.ptr, self.host.ptr, n, stream.handle,
+                 where=f"upload of {self.device.label!r}")
 
 
 def alloc(nbytes: int, label: str = "") -> DeviceBuffer:
