@@ -48,7 +48,7 @@ def main() -> None:
                       st.inputs["position"]: np.full(batch, args.context - 1, np.int32),
                       st.inputs["cu_seqlens"]: np.arange(batch + 1, dtype=np.int32), table.buffer: full}
             eng = model.engine
-            env = eng.run(st.program, st.vars_for(batch, batch), inputs)  # captures the graph
+            env = eng.run(st.program, st.vars_for(batch, batch, reach=args.context), inputs)  # captures the graph
             prog = eng.programs[st.program]
             graph = prog._graphs[tuple(sorted(env.items()))]
 
@@ -61,7 +61,7 @@ def main() -> None:
                 eng.device.synchronize()
                 return round((time.perf_counter() - t0) / n * 1e6, 1)
             host_step = per_step(lambda: eng.read(st.outputs["tokens"],
-                                                  eng.run(st.program, st.vars_for(batch, batch), inputs)))
+                                                  eng.run(st.program, st.vars_for(batch, batch, reach=args.context), inputs)))
             replay_sync = per_step(lambda: (graph.replay(eng.device.stream), eng.device.synchronize()))
             replay_only = per_step(lambda: graph.replay(eng.device.stream))
             # each kernel's share of the replayed step: the step replayed without that kernel's
@@ -74,7 +74,7 @@ def main() -> None:
                 g = capture(eng.device.stream, lambda: (prog._upload(env), prog._record(keep)), label=entry)
                 without[entry] = round(replay_only - per_step(lambda: g.replay(eng.device.stream)), 1)
                 g.destroy()
-            eng.run(st.program, st.vars_for(batch, batch), inputs)  # the step's buffers as they were
+            eng.run(st.program, st.vars_for(batch, batch, reach=args.context), inputs)  # the step's buffers as they were
             rows = profile(prog, env)
             by = defaultdict(lambda: [0, 0.0])
             for _, entry, us in rows:

@@ -101,7 +101,9 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
         decode = prog == "decode"
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-            p + "pos": _buf([rows], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+            # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
+            p + "pos": _buf([rows], "input", "i32", fill="position",
+                            domain={"range": [0, "reach" if prog == "decode" else "context"]}),
             p + "page_table": _buf(["seqs", pages], "input", "i32",
                                    domain={"index_into": "kv", "stride": "page_tokens"}),
             p + "x": _buf([rows, "hidden"]),
@@ -159,7 +161,8 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             last = p + "last"
         calls.append({"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]})
         calls.append({"op": "argmax", "args": [b(p + "logits"), b(p + "next")]})
-        programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
+        programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
+                          else {"groups": "seqs", "rows": "tokens"}}
 
     ops = ops_cpu()
     if not s.qk_norm:
@@ -174,7 +177,8 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             "q_dim": {"mul": ["heads", "head_dim"]},
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
-        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context}},
+        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
+                 "reach": {"max": context}},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 4]}}},
         "modules": {"kernels": {"source": "kernels/llama_cpu.py", "sha256": ""}},

@@ -168,12 +168,14 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
     return calls
 
 
-def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
+def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
     """Decode, five launches a layer (a CUDA graph of PDL launches): the input norm, the qkv
     projection, rope and the KV append are one kernel; attention merges its own context
     splits; the o projection adds into the residual stream x; the post-attention norm, the
     gate/up projection and SwiGLU are one kernel; the down projection adds into x. Models with
-    q/k norms (Qwen3) keep rope apart, after the normed qkv projection: six a layer."""
+    q/k norms (Qwen3) keep rope apart, after the normed qkv projection: six a layer.
+    Attention's grid takes the context splits the step's reach holds, not the context bound's:
+    at a context of 100, 2 blocks a (row, kv head) instead of 64 that mostly leave at once."""
     rows = "seqs"
     q, k, vv = _qkv_slices(p)
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
@@ -193,7 +195,7 @@ def _decode_calls(s: Shape, p: str, pages, split: int, n_splits: int) -> list:
         calls.append({"op": "attention_decode", "args": [
             q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
             b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v(n_splits)]})
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
         calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
@@ -249,7 +251,9 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-            p + "pos": _buf([rows], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+            # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
+            p + "pos": _buf([rows], "input", "i32", fill="position",
+                            domain={"range": [0, "reach" if prog == "decode" else "context"]}),
             p + "cu_seqlens": _buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
                                    domain={"range": [0, {"add": [rows, 1]}]}),
             p + "page_table": _buf(["seqs", pages], "input", "i32",
@@ -269,13 +273,14 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _decode_calls
             buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
-            calls = _decode_calls(s, p, pages, split, n_splits)
+            calls = _decode_calls(s, p, pages, split)
         else:
             buffers[p + "last"] = bw(["seqs", "hidden"])
             del buffers[p + "part_o"], buffers[p + "part_ml"]  # prefill_attention writes o directly
             calls = _prefill_calls(s, p, pages)
         programs[prog] = {"calls": calls, "graph": decode,
-                          "batch": {"groups": "seqs", "rows": "tokens" if not decode else 1}}
+                          "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
+                          else {"groups": "seqs", "rows": "tokens"}}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {name: op for name, op in ops_cuda().items() if name in used}
@@ -287,7 +292,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = 32, context: 
             "q_dim": {"mul": ["heads", "head_dim"]}, "kv_dim": {"mul": ["kv_heads", "head_dim"]},
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
-        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context}},
+        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
+                 "reach": {"max": context}},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
         "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in CUBINS},

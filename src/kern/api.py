@@ -126,7 +126,7 @@ class Model:
                   **self._table(st, pages)}
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, len(ids)], np.int32)
-        env = self.engine.run(st.program, st.vars_for(1, len(ids)), inputs)
+        env = self.engine.run(st.program, st.vars_for(1, len(ids), reach=start + len(ids)), inputs)
         tok = int(self.engine.read(st.outputs["tokens"], env)[0])
         logits = self.engine.read(st.outputs["logits"], env)[0] if "logits" in st.outputs else None
         return tok, logits
@@ -206,7 +206,7 @@ class Model:
                   **self._table(st, pages)}
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
-        outs = self.engine.run_steps(st.program, st.vars_for(1, 1), inputs,
+        outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + n), inputs,
                                      [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, n)],
                                      feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
         return [int(o[st.outputs["tokens"]][0]) for o in outs]

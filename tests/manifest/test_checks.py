@@ -331,6 +331,11 @@ def test_9_once_program_steps_no_batch(m):
     reported(m, "programs.rope_init", "a once program runs at load and steps no batch")
 
 
+def test_9_batch_reach_names_a_var(m):
+    m["programs"]["decode"]["batch"]["reach"] = "span"
+    reported(m, "programs.decode.batch.reach", "names no var: 'span'")
+
+
 # 10. nothing declared and unused; topology and peer rules hold -----------------------------
 
 def test_10_unused_buffer(m):

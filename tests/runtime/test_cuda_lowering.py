@@ -68,7 +68,8 @@ def test_the_sm90_manifest_verifies_and_decode_is_a_graph(sm90):
 
 def test_fused_qkv_views_become_pointer_offsets(sm90):
     prog, bufs = _program(sm90, "prefill")
-    env = {**sm90.constants, "tokens": 5, "seqs": 2, "context": sm90.manifest.vars["context"].max}
+    env = {**sm90.constants, "tokens": 5, "seqs": 2, "context": sm90.manifest.vars["context"].max,
+           "reach": sm90.manifest.vars["reach"].max}
     items = prog.resolve(env)
     rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
     q, k = rope.args[0], rope.args[1]
@@ -80,7 +81,7 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
     pre, _ = _program(sm90, "prefill")
     dec, _ = _program(sm90, "decode")
-    env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512}
+    env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512, "reach": 512}
     pre_items = pre.resolve(env)
     assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
     dec_items = dec.resolve(env)
@@ -99,7 +100,7 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
 
 def test_argmax_runs_in_two_stages_over_the_vocabulary(sm90):
     dec, bufs = _program(sm90, "decode")
-    items = dec.resolve({**sm90.constants, "seqs": 5, "context": 512})
+    items = dec.resolve({**sm90.constants, "seqs": 5, "context": 512, "reach": 512})
     partial, final = items[-2], items[-1]
     assert partial.kernel.name == "argmax_partial" and partial.grid == (128, 5, 1)
     assert final.kernel.name == "argmax_final" and final.args[2] == bufs["d_next"].ptr
@@ -107,14 +108,14 @@ def test_argmax_runs_in_two_stages_over_the_vocabulary(sm90):
 
 def test_each_shape_bucket_resolves_once(sm90):
     dec, _ = _program(sm90, "decode")
-    a = dec.resolve({**sm90.constants, "seqs": 1, "context": 512})
-    b = dec.resolve({**sm90.constants, "seqs": 16, "context": 512})
+    a = dec.resolve({**sm90.constants, "seqs": 1, "context": 512, "reach": 512})
+    b = dec.resolve({**sm90.constants, "seqs": 16, "context": 512, "reach": 512})
     assert [i.grid for i in a] != [i.grid for i in b]
 
 
 def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     pre, bufs = _program(sm90, "prefill")
-    items = pre.resolve({**sm90.constants, "tokens": 130, "seqs": 3, "context": 512})
+    items = pre.resolve({**sm90.constants, "tokens": 130, "seqs": 3, "context": 512, "reach": 512})
     attn = [i for i in items if isinstance(i, Launch) and i.kernel.name == "prefill_attention"]
     assert len(attn) == 2  # one per layer
     assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)
@@ -183,9 +184,13 @@ def test_decode_attention_split_is_a_generator_choice(tmp_path):
         out.mkdir()
         v = _cuda_manifest(cfg, out, "tiny", context=512, decode_split=split)
         prog, _ = _program(v, "decode")
-        items = prog.resolve({**v.constants, "seqs": 2, "context": 512})
+        items = prog.resolve({**v.constants, "seqs": 2, "context": 512, "reach": 512})
         att = next(i for i in items if i.kernel.name == "attention_decode")
         assert att.grid == (2, 2, z) and att.args[-2] == split  # split_tokens, then q_stride
+        # a step that reaches 100 positions launches the splits that hold them, not the bound's
+        items = prog.resolve({**v.constants, "seqs": 2, "context": 512, "reach": 128})
+        att = next(i for i in items if i.kernel.name == "attention_decode")
+        assert att.grid == (2, 2, -(-128 // split))
 
 
 def test_a_shape_the_kernels_cannot_run_is_refused_naming_every_problem(tmp_path):

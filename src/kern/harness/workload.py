@@ -128,7 +128,7 @@ def _schedule(seqs: list[Seq], lim: Limits, decode_steps: int) -> tuple[Step, ..
 def feed(step: Step, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str, int]) -> tuple[dict, dict]:
     """The vars and the role-filled input buffers of one step for one engine's stepper."""
     groups = len(step.chunks)
-    vars = st.vars_for(groups, step.rows)
+    vars = st.vars_for(groups, step.rows, reach=max(c.start + len(c.tokens) for c in step.chunks))
     ins: dict[str, np.ndarray] = {}
     roles = {
         "token": np.array([t for c in step.chunks for t in c.tokens], np.int32),

@@ -408,6 +408,9 @@ def programs(c: Context) -> Iterator[Problem]:
                 r = c.bounds(getattr(prog.batch, key), f"programs.{pname}.batch.{key}")
                 if r is not None and r[0] < 1:
                     yield Problem(f"programs.{pname}.batch.{key}", f"must be >= 1 at the var minima, got {r[0]}")
+            if prog.batch.reach is not None and prog.batch.reach not in m.vars:
+                yield Problem(f"programs.{pname}.batch.reach", f"names no var: {prog.batch.reach!r} "
+                              f"(vars: {', '.join(m.vars) or 'none'})")
             yield from _roles(c, pname, accesses[pname])
         ready = {n for n, k in kind_of.items() if k in ("input", "weight", "pointers", "peer")}
         calls = prog.calls
@@ -506,6 +509,8 @@ def unused(c: Context) -> Iterator[Problem]:
     for p in m.programs.values():
         if p.batch is not None:
             exprs.extend((p.batch.groups, p.batch.rows))
+            if p.batch.reach is not None:
+                exprs.append(p.batch.reach)
     exprs.extend(m.constants.values())
     used_names = {e for e in exprs if type(e) is str}
     used_names.update(n for e in exprs if type(e) is not str and type(e) is not int for n in names(e))

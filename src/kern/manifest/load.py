@@ -98,7 +98,9 @@ def parse(text: str | bytes, where: str = "manifest") -> tuple[Manifest | None, 
     except UnicodeDecodeError as exc:
         return None, [Problem(where, f"not UTF-8 text ({exc.reason} at byte {exc.start})")]
     except json.JSONDecodeError as exc:
-        what = "truncated JSON" if exc.pos >= len(exc.doc.rstrip()) else "not valid JSON"
+        # the text ends before the value does: at its end, or inside a string that never closes
+        cut = exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
+        what = "truncated JSON" if cut else "not valid JSON"
         return None, [Problem(where, f"{what}: {exc.msg} at line {exc.lineno} column {exc.colno}")]
     except RecursionError:
         return None, [Problem(where, "not a manifest: JSON nested too deeply to read")]

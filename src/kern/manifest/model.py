@@ -220,6 +220,10 @@ class Batch(_Strict):
     """How many sequences one call steps."""
     rows: Expr
     """How many rows (tokens) one call steps in all."""
+    reach: str | None = None
+    """A var the host sets each step to the positions its rows reach (the largest position + 1,
+    rounded up to a power of two): launches sized by the context a step really has (decode
+    attention's splits), one graph a bucket. Unset, it stays at its maximum."""
 
 
 class Program(_Strict):

@@ -12,6 +12,9 @@ from .model import INPUT_ROLES, BufArg
 from .verify import Verified
 
 
+REACH_MIN = 64  # the smallest reach bucket
+
+
 class ProtocolError(ValueError):
     """The manifest cannot serve what was asked; names the program, var or role."""
 
@@ -36,13 +39,24 @@ class Stepper:
     inputs: dict[str, str]  # role -> buffer
     outputs: dict[str, str]  # role -> buffer
     page_tables: tuple[PageTable, ...]
+    reach_var: str | None = None  # the var set to the positions a step reaches (bucketed)
+    reach_max: int = 0
 
     @property
     def ragged(self) -> bool:
         return self.rows is None
 
-    def vars_for(self, groups: int, rows: int) -> dict[str, int]:
-        """The var values for a step of `groups` sequences and `rows` rows in all."""
+    def reach_bucket(self, reach: int) -> int:
+        """The bucket of a step whose rows reach `reach` positions (largest position + 1): the
+        next power of two, at least REACH_MIN, at most the var's bound. Few buckets: few graphs."""
+        if reach < 1 or reach > self.reach_max:
+            raise ProtocolError(f"program {self.program!r}: a step reaching {reach} positions is outside the var "
+                                f"bound {self.reach_var} <= {self.reach_max}")
+        return min(max(REACH_MIN, 1 << (reach - 1).bit_length()), self.reach_max)
+
+    def vars_for(self, groups: int, rows: int, reach: int | None = None) -> dict[str, int]:
+        """The var values for a step of `groups` sequences and `rows` rows in all whose rows
+        reach `reach` positions (largest position + 1; None: the reach var stays at its bound)."""
         if groups < 1 or groups > self.groups_max:
             raise ProtocolError(f"program {self.program!r}: {groups} sequences is outside the var bound "
                                 f"{self.groups_var or 'groups'} <= {self.groups_max}")
@@ -54,6 +68,8 @@ class Stepper:
             out[self.groups_var] = groups
         if self.rows_var:
             out[self.rows_var] = rows
+        if self.reach_var and reach is not None:
+            out[self.reach_var] = self.reach_bucket(reach)
         return out
 
 
@@ -118,10 +134,12 @@ def derive(v: Verified) -> Protocol:
         gvar = g if isinstance(g, str) and g in m.vars else None
         rvar = r if isinstance(r, str) and r in m.vars else None
         fixed_rows = None if rvar else evaluate(r, env_max)
+        reach = prog.batch.reach
         steppers.append(Stepper(
             program=pname, groups_var=gvar, groups_max=evaluate(g, env_max), rows=fixed_rows, rows_var=rvar,
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
-            inputs=inputs, outputs=outputs, page_tables=tuple(tables)))
+            inputs=inputs, outputs=outputs, page_tables=tuple(tables),
+            reach_var=reach, reach_max=env_max[reach] if reach else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
     bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
