@@ -4,10 +4,12 @@ the sm_90a manifest of a tiny llama, lowered onto fake device memory."""
 from __future__ import annotations
 
 import json
+from math import prod
 
 import pytest
 
 from kern.manifest import load_verified
+from kern.manifest.expr import evaluate
 from kern.runtime.devices.cuda import device as cuda_device
 from kern.runtime.devices.cuda.launch import Kernel, Launch
 from kern.runtime.devices.cuda.params import parse_kinds
@@ -205,3 +207,35 @@ def test_a_shape_the_kernels_cannot_run_is_refused_naming_every_problem(tmp_path
                  "decode_split 0"):
         assert part in msg, part
     assert "hidden_size" not in msg  # 1000 is a multiple of 8
+
+
+class _Staged(cuda_device.memory.StagedBuffer):
+    """An input as the cuda device holds it (a pinned mirror), its uploads recorded, not made."""
+
+    def __init__(self, ptr: int, nbytes: int, log: list):
+        super().__init__(cuda_device.memory.DeviceBuffer(ptr, nbytes), None)
+        self.log = log
+
+    def upload(self, stream, nbytes=None):
+        self.log.append((self.device.ptr, nbytes))
+
+
+def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
+    """A program copies its inputs up from their mirrors itself; at batch 1 that is one row of
+    the page table, not the table of the largest batch."""
+    m = sm90.manifest
+    log: list = []
+    env_max = {**sm90.constants, **{n: v.max for n, v in m.vars.items()}}
+    bufs = {}
+    for i, (n, b) in enumerate(m.buffers.items()):
+        nbytes = 4 * prod(evaluate(d, env_max) for d in b.shape)  # inputs are i32
+        bufs[n] = _Staged(0x100000 * (i + 1), nbytes, log) if b.kind == "input" else _Mem(0x100000 * (i + 1))
+    prog = cuda_device.CudaProgram(_Dev(m.modules), lower_program(sm90, "decode"), bufs, {"kv": _Mem(0x7000000)},
+                                   graph=True)
+    pages = -(-m.vars["context"].max // sm90.constants["page_tokens"])
+    for seqs in (1, 16):
+        log.clear()
+        prog._upload({**env_max, "seqs": seqs})
+        got = {n: size for n, b in bufs.items() if isinstance(b, _Staged) for p, size in log if p == b.ptr}
+        assert got == {"d_ids": 4 * seqs, "d_pos": 4 * seqs, "d_cu_seqlens": 4 * (seqs + 1),
+                       "d_page_table": 4 * seqs * pages}
