@@ -13,7 +13,6 @@ Prints one line per case: microseconds per launch and the bytes-moved rate."""
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 import cuda_refs as R
 from cuda_gpu import Gpu
 from kern.runtime.devices.cuda import memory
-from kern.runtime.devices.cuda.driver import call, drv, open_device
+from kern.runtime.devices.cuda.driver import call, open_device
 from kern.runtime.devices.cuda.graphs import capture
 from kern.runtime.devices.cuda.launch import launch, launch_all
 
@@ -37,21 +36,7 @@ def copies(nbytes: int) -> int:
 
 def time_graph(gpu: Gpu, launches) -> float:
     """Median microseconds per launch group (len(launches) / REPS launches per group)."""
-    g = capture(gpu.stream, lambda: launch_all(launches, gpu.stream), "bench")
-    d = drv()
-    start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
-    for _ in range(3):
-        g.replay(gpu.stream)
-    out = []
-    for _ in range(5):
-        call("cuEventRecord", start, gpu.stream.handle)
-        g.replay(gpu.stream)
-        call("cuEventRecord", stop, gpu.stream.handle)
-        call("cuEventSynchronize", stop)
-        out.append(call("cuEventElapsedTime", start, stop) * 1000 / REPS)
-    g.destroy()
-    del d
-    return statistics.median(out)
+    return gpu.graph_ms(launches, REPS) * 1000
 
 
 def row(name: str, us: float, nbytes: float) -> str:

@@ -53,6 +53,33 @@ class Gpu:
         launch(self.make(entry, grid, block, *args, **kw), self.stream)
         self.stream.synchronize()
 
+    def graph_ms(self, launches, per: int = 1) -> float:
+        """Median milliseconds of one replay of `launches` captured as a graph, divided by `per`
+        (the launch list holds `per` repetitions); three warm-up replays, five timed."""
+        import statistics
+
+        from kern.runtime.devices.cuda.driver import call
+        from kern.runtime.devices.cuda.graphs import capture
+        from kern.runtime.devices.cuda.launch import launch_all
+
+        g = capture(self.stream, lambda: launch_all(launches, self.stream), "timing")
+        start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
+        try:
+            for _ in range(3):
+                g.replay(self.stream)
+            out = []
+            for _ in range(5):
+                call("cuEventRecord", start, self.stream.handle)
+                g.replay(self.stream)
+                call("cuEventRecord", stop, self.stream.handle)
+                call("cuEventSynchronize", stop)
+                out.append(call("cuEventElapsedTime", start, stop) / per)
+        finally:
+            g.destroy()
+            call("cuEventDestroy", start)
+            call("cuEventDestroy", stop)
+        return statistics.median(out)
+
     def close(self) -> None:
         self.stream.synchronize()
         for b in self._bufs:

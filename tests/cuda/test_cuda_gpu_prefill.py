@@ -3,7 +3,6 @@ several sequences packed by cu_seqlens, each with a cached prefix in pages and a
 lengths not multiples of 16 or 64, GQA; then a 2040-token timing on Llama-3.2-1B heads.
 Outputs are poisoned (NaN) before each run, so an unwritten element fails."""
 
-import statistics
 
 import numpy as np
 import pytest
@@ -95,21 +94,7 @@ def test_prefill_attention_chunks_over_cached_prefixes(gpu, nq, nkv, hd):
 
 
 def _time(gpu, launches, reps):
-    from kern.runtime.devices.cuda.driver import call
-    from kern.runtime.devices.cuda.graphs import capture
-    from kern.runtime.devices.cuda.launch import launch_all
-    g = capture(gpu.stream, lambda: launch_all(launches * reps, gpu.stream), "prefill-bench")
-    start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
-    g.replay(gpu.stream)
-    out = []
-    for _ in range(5):
-        call("cuEventRecord", start, gpu.stream.handle)
-        g.replay(gpu.stream)
-        call("cuEventRecord", stop, gpu.stream.handle)
-        call("cuEventSynchronize", stop)
-        out.append(call("cuEventElapsedTime", start, stop) / reps)
-    g.destroy()
-    return statistics.median(out)
+    return gpu.graph_ms(launches * reps, reps)
 
 
 @pytest.mark.parametrize("nq,nkv,hd,old", [(32, 8, 64, True), (16, 8, 128, False), (9, 3, 64, False)])
