@@ -64,11 +64,18 @@ class RawPages:
         self.paging.pool.free(self._leases.pop(tuple(pages)))
 
 
+# Greedy decode steps a host wait where the device runs them as one launch: at 8 the host's
+# part of a step (the launch, the wait, the read) is paid once in 8 (docs/perf.md: +3-5% tok/s
+# on the H200); a stop token inside a run costs at most 7 steps' work that is thrown away.
+RUN_AHEAD = 8
+
+
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET,
                  run_ahead: int | None = None, **engine_kw):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
-        the device; on CUDA one graph launch for all of them). Default 1: one step a wait."""
+        the device). Default: RUN_AHEAD where the device runs them as one launch (CUDA: one graph
+        for all of them), else 1 (a loop of single steps saves nothing)."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -85,7 +92,10 @@ class Model:
         self.alloc = RawPages(self.paging, self.state, self.page_tokens)
         self.eos = self._eos_ids(checkpoint)
         self.context = self.protocol.max_positions
-        self.run_ahead = 1 if run_ahead is None else run_ahead
+        if run_ahead is None:
+            native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)
+            run_ahead = RUN_AHEAD if native else 1
+        self.run_ahead = run_ahead
         if self.run_ahead < 1:
             raise BoundsError(f"run_ahead must be at least 1, got {self.run_ahead}")
 

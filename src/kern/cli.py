@@ -82,8 +82,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
-    p.add_argument("--run-ahead", type=_positive, default=1,
-                   help="greedy decode steps a host wait (on CUDA one graph launch for all of them)")
+    p.add_argument("--run-ahead", type=_positive, default=None,
+                   help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
+                        "of them; 1 on the CPU)")
     p.set_defaults(fn=_run)
 
     p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")

@@ -126,3 +126,20 @@ def test_k_decode_steps_in_one_graph_equal_k_single_steps(model):
     assert [o[out].tolist() for o in outs] == [o[out].tolist() for o in again] == loop
     assert outs[-1][logits].tobytes() == last.tobytes()
     assert after.tolist() == loop[-1]  # single steps after a run_steps see the inputs they write
+
+
+def test_generate_runs_ahead_by_default_and_gives_the_same_tokens(model):
+    """On CUDA, Model.generate runs RUN_AHEAD greedy steps a graph launch by default; the tokens
+    are those of one step a launch, and the pool stays consistent."""
+    from kern.api import RUN_AHEAD
+
+    assert model.run_ahead == RUN_AHEAD > 1
+    prompt = [1, 17, 400, 23, 9, 81, 5]
+    ahead = model.generate(prompt, max_tokens=21)
+    model.run_ahead = 1
+    try:
+        one = model.generate(prompt, max_tokens=21)
+    finally:
+        model.run_ahead = RUN_AHEAD
+    assert ahead.tokens == one.tokens and ahead.finish_reason == one.finish_reason
+    model.paging.pool.check()

@@ -111,3 +111,9 @@ def test_run_ahead_must_be_positive(tiny):
     ckpt, manifest = tiny
     with pytest.raises(BoundsError, match="run_ahead must be at least 1"):
         Model(manifest, ckpt, run_ahead=0)
+
+
+def test_run_ahead_defaults_to_one_where_steps_would_loop(tiny):
+    """The CPU device loops run_steps' steps, so running ahead saves nothing: the default is 1."""
+    ckpt, manifest = tiny
+    assert Model(manifest, ckpt).run_ahead == 1

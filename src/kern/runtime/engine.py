@@ -169,6 +169,11 @@ class Engine:
             self.programs[program].run(env, trace)
         return env
 
+    def runs_steps_natively(self, program: str) -> bool:
+        """Whether run_steps runs this program's steps as one launch (CUDA graphs) rather than
+        a loop of single steps."""
+        return hasattr(self.programs[program], "run_steps")
+
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
                   collect: list[str]) -> list[dict[str, np.ndarray]]:
@@ -203,7 +208,7 @@ class Engine:
         first = {buf: self.check_input(program, buf, host, env) for buf, host in inputs.items()}
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
         prog = self.programs[program]
-        if not hasattr(prog, "run_steps"):
+        if not self.runs_steps_natively(program):
             return self._loop_steps(program, vars, first, later, feedback, collect)
         for buf, arr in first.items():
             self.device.write(self.buffers[buf], arr)
