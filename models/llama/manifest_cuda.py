@@ -10,10 +10,10 @@ from .config import ConfigError, Shape
 from .manifest_cpu import PAGE_TOKENS, _buf, b, v, weight_buffers
 
 BF = "bf16"
-# Context split of attention: decode spreads a sequence's context over many blocks (the
-# kernel walks tokens one warp at a time, so short splits go faster); prefill keeps splits
-# long so its partials stay small for thousands of rows.
-SPLIT_TOKENS = {"prefill": 512, "decode": 64}
+# Context split of attention: decode spreads a sequence's context over blocks of one tile
+# each (128 tokens at head_dim 64: a context that fits is one pass with no merge); prefill keeps
+# splits long so its partials stay small for thousands of rows.
+SPLIT_TOKENS = {"prefill": 512, "decode": 128}
 ARGMAX_CHUNKS = 128
 CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_attention", "rope")
 
@@ -213,7 +213,7 @@ def _argmax(p: str) -> dict:
                                      v("vocab"), v("seqs"), v(ARGMAX_CHUNKS)]}
 
 
-def check_shape(s: Shape, decode_split: int = 64) -> None:
+def check_shape(s: Shape, decode_split: int = SPLIT_TOKENS["decode"]) -> None:
     """What these kernels support (cuda/KERNELS.md); every problem at once, as a ConfigError."""
     problems = []
     if s.head_dim not in (64, 128, 256):

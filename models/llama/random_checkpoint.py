@@ -1,7 +1,8 @@
 """Seeded random-weight checkpoints in Hugging Face layout, at the shapes of real models.
 
 GPU runs use these instead of downloading weights: same tensor names, shapes and config as the
-real checkpoint, bf16 weights from transformers' own initializer under a fixed seed. Needs
+real checkpoint, bf16 weights from transformers' own initializer under a fixed seed, and a
+word-level tokenizer.json over the vocabulary (token i is the word `w{i}`). Needs
 torch and transformers (test and benchmark dependencies, never the runtime's)."""
 
 from __future__ import annotations
@@ -44,4 +45,15 @@ def make(name: str, folder: str | Path, *, seed: int = 0, device: str = "cpu", m
         model = model.to(torch.bfloat16)
     folder = Path(folder)
     model.save_pretrained(folder)
+    word_tokenizer(cfg.vocab_size).save(str(folder / "tokenizer.json"))
     return folder
+
+
+def word_tokenizer(vocab_size: int):
+    """A tokenizer.json for a random checkpoint, so that it can be run on text (kern run,
+    Model.generate): token i is the word `w{i}`, words are split on whitespace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok

@@ -151,19 +151,19 @@ __device__ void attend(const bf16 *__restrict__ q, const char *__restrict__ kv_s
     }
 
 // ---- decode: tiled over tokens --------------------------------------------------------
-// The block (r, h, z) takes its split's tokens in tiles of DEC_TT = 4096 / head_dim tokens
-// (64, 32, 16). Per tile: the K and V rows of the tile are loaded (8 independent 16-byte loads
-// per thread) into shared memory; scores S[g][t] are computed token-parallel (thread = one
-// token and a subset of the G query heads, all of head_dim in a thread: no shuffles); one warp
-// per head takes the tile's max, exponentiates and sums (fixed order); then P.V with lanes over
-// head_dim and warps over tokens. All warps share one running max per head, so the warps'
-// accumulators are added in warp order at the end. Blocks past the row's context write an
-// empty partial (sum 0) and exit.
-#define DEC_TILE_ELEMS 4096                       // DEC_TT * head_dim
-#define DEC_K_BYTES (64 * (64 + 8) * 2)           // largest padded K tile (head_dim 64)
+// The block (r, h, z) takes its split's tokens in tiles of DEC_TT = 8192 / head_dim tokens
+// (128, 64, 32): a split of up to DEC_TT tokens is one pass. Per tile: the K and V rows of the
+// tile are loaded (8 independent 16-byte copies per thread, K and V each) into shared memory;
+// scores S[g][t] are computed token-parallel (thread = one token and a subset of the G query
+// heads, all of head_dim in a thread: no shuffles); one warp per head takes the tile's max,
+// exponentiates and sums (fixed order); then P.V with a thread per (token slice, dim pair) and
+// all G heads in the thread: 256 / head_dim slices, 32 tokens each at most, added in slice
+// order at the end. All threads share one running max per head.
+#define DEC_TILE_ELEMS 8192                       // DEC_TT * head_dim
+#define DEC_K_BYTES (128 * (64 + 8) * 2)          // largest padded K tile (head_dim 64)
 #define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
 #define DEC_Q_FLOATS (ATTN_MAX_G * 256)
-#define DEC_P_FLOATS (ATTN_MAX_G * 64)
+#define DEC_P_FLOATS (ATTN_MAX_G * 128)
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -179,6 +179,7 @@ struct DecSmem {
     float m[ATTN_MAX_G], l[ATTN_MAX_G], corr[ATTN_MAX_G];
     int merge;                                                   // this block merges the splits
 };
+static_assert(sizeof(DecSmem) <= 48 * 1024, "attention_decode's shared memory is static: 48 KB at most");
 
 template <int HD>
 __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
@@ -190,9 +191,10 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
     constexpr int KP = HD + 8;                // padded K row (bf16): conflict-free 16-byte reads
     constexpr int CH = HD / 8;                // 16-byte chunks per row
-    constexpr int E = HD / 32;                // P.V: dims per lane
     constexpr int NSETS = 128 / TT;           // QK: head subsets
     constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
+    constexpr int DP = HD / 2;                // P.V: dim pairs, one a thread
+    constexpr int TS = 128 / DP;              // P.V: token slices
     const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
     const int G = n_q_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -217,15 +219,11 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
 
-    // P.V roles: head gw (and gw + 4), token slice `slice` of TS.
-    const int TS = G >= 4 ? 1 : 4 / G;
-    const int gw = G >= 4 ? warp : warp % G, slice = G >= 4 ? 0 : warp / G;
-    const bool active = slice < TS;
-    float acc[2][E];
+    // P.V roles: dims 2 dp, 2 dp + 1 of every head, tokens slice, slice + TS, ...
+    const int dp = tid % DP, slice = tid / DP;
+    float acc[ATTN_MAX_G][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[j][e] = 0.f;
+    for (int g = 0; g < ATTN_MAX_G; ++g) acc[g][0] = acc[g][1] = 0.f;
 
     // Copy a tile's K and V rows into shared memory (cp.async, at L2): which = 0 all rows but
     // the one at p_last, 1 only that one (the previous kernel writes it), 2 all.
@@ -246,7 +244,6 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     };
     load_tile(t0, min(TT, t1 - t0), 0);
     pdl_wait();
-    pdl_launch_dependents();
     load_tile(t0, min(TT, t1 - t0), 1);
 
     for (int tb = t0; tb < t1; tb += TT) {
@@ -306,50 +303,43 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         }
         __syncthreads();
 
-        // P.V: lanes over head_dim; warp w takes heads w, w + 4 (G >= 4), or head w % G and
-        // every TS-th token starting at w / G (G < 4: TS = 4 / G token slices).
-        if (active) {
+        // P.V: this thread's dim pair of every head over its token slice (probabilities are
+        // read as warp-wide broadcasts: a warp's threads share the slice).
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                if (gw + 4 * j >= G) break;
-                const float corr = sm.corr[gw + 4 * j];
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[j][e] *= corr;
-            }
+        for (int g = 0; g < ATTN_MAX_G; ++g) {
+            if (g >= G) break;
+            const float corr = sm.corr[g];
+            acc[g][0] *= corr;
+            acc[g][1] *= corr;
+        }
 #pragma unroll 4
-            for (int tt = slice; tt < nt; tt += TS) {
-                float vf[E];
-                Lane<E>::load(sV + tt * HD + lane * E, vf);
+        for (int tt = slice; tt < nt; tt += TS) {
+            const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162 *>(sV + tt * HD + 2 * dp);
+            const float v0 = __low2float(v2), v1 = __high2float(v2);
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    if (gw + 4 * j >= G) break;
-                    const float pr = sm.p[(gw + 4 * j) * TT + tt];
-#pragma unroll
-                    for (int e = 0; e < E; ++e) acc[j][e] += pr * vf[e];
-                }
+            for (int g = 0; g < ATTN_MAX_G; ++g) {
+                if (g >= G) break;
+                const float pr = sm.p[g * TT + tt];
+                acc[g][0] += pr * v0;
+                acc[g][1] += pr * v1;
             }
         }
         __syncthreads();  // the next tile overwrites K, V and p
     }
 
-    // Merge: s_acc[warp][j][HD]; head g sums its token slices in order.
+    // Merge the token slices in order: s_acc[slice][g][HD] (8 KB for every head_dim).
     float *s_acc = reinterpret_cast<float *>(sm.kv);
-    if (active) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < E; ++e) s_acc[(warp * 2 + j) * HD + lane * E + e] = acc[j][e];
+    for (int g = 0; g < ATTN_MAX_G; ++g) {
+        if (g >= G) break;
+        *reinterpret_cast<float2 *>(s_acc + (slice * ATTN_MAX_G + g) * HD + 2 * dp) = make_float2(acc[g][0], acc[g][1]);
     }
     __syncthreads();
     for (int i = tid; i < G * HD; i += 128) {
         const int g = i / HD, d = i % HD, hq = h * G + g;
-        float A;
-        if (G >= 4) {
-            A = s_acc[((g & 3) * 2 + (g >> 2)) * HD + d];
-        } else {
-            A = 0.f;
-            for (int sl = 0; sl < TS; ++sl) A += s_acc[((g + G * sl) * 2) * HD + d];
-        }
+        float A = 0.f;
+#pragma unroll
+        for (int sl = 0; sl < TS; ++sl) A += s_acc[(sl * ATTN_MAX_G + g) * HD + d];
         if (n_used == 1) {
             o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
         } else {
@@ -389,7 +379,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6)
+extern "C" __global__ void __launch_bounds__(128, 4)
 attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  const int *__restrict__ page_table, const int *__restrict__ pos,
                  float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
@@ -397,10 +387,14 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
                  int q_stride) {
     __shared__ DecSmem sm;
+    // The next kernel (the o projection) may launch at once: before its own wait it only streams
+    // its weights, so it can overlap this kernel and the qkv projection that this one waits on.
+    // This kernel waits (in attend_decode, once its first tile's older K/V rows are on their way)
+    // before it reads q or writes anything, so the chain's order holds: the o projection's wait
+    // returns after this kernel, which finished after the qkv projection.
+    pdl_launch_dependents();
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
-    // attend_decode calls griddepcontrol.wait / launch_dependents once its first tile's older
-    // K/V rows are on their way.
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {

@@ -74,12 +74,19 @@ __device__ __forceinline__ size_t kv_offset(int phys_page, int layer, int kv, in
 }
 
 // Programmatic dependent launch (sm_90). Without the launch attribute both are no-ops.
-// Kernels trigger their dependents only after their own wait: a kernel that triggered at
-// entry let the next one launch, which triggered at once too, so a chain of kernels sat
-// resident, each waiting on the one before, taking the SM slots the running kernel's later
-// waves needed (measured on the H200: Llama-3.2-1B decode 1.27 -> 1.87 ms a step). Triggering
-// after the wait keeps at most two kernels in flight: the running one and the next one,
-// which prefetches its weights.
+// Most kernels trigger their dependents only after their own wait: when every kernel triggered
+// at entry, a chain of kernels sat resident, each waiting on the one before, taking the SM
+// slots the running kernel's later waves needed (measured on the H200: Llama-3.2-1B decode
+// 1.27 -> 1.87 ms a step). Two trigger at entry, where the next kernel is a projection that
+// only streams weights before its wait: attention_decode (the o projection follows) and
+// gemv_residual (gate/up, the next qkv or the LM head follow); measured faster (docs/perf.md).
+// What is after a kernel's wait is ordered whatever the triggers: its wait covers the kernel
+// before it, which finished only after its own wait. What is before the wait is not: behind an
+// early trigger a kernel may start while the kernels before it still run. So before its wait a
+// kernel reads only what cannot be changing: weights, the step's inputs (copied up before the
+// step's first kernel, which has no PDL attribute) and, for attention_decode, the K/V rows of
+// earlier positions. attention_decode follows the qkv projection, which triggers late: its
+// launch means the qkv projection passed its wait, so every kernel before that is complete.
 // pdl_launch_dependents: the next kernel in the stream may start its prologue now.
 // pdl_wait: block until the previous kernel finished and its writes are visible; call it
 // before reading anything the previous kernel wrote and before the first global write.
