@@ -37,18 +37,21 @@ def main() -> None:
         assert len(g.tokens) == args.new, "the model stopped early; use a prompt that keeps it talking"
         kern_runs.append(g.decode_tok_s)
 
+    from decode import cache_kw, cache_of  # bench/decode.py: the cache argument across transformers releases
+
     ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    kw = cache_kw(ref)
     x = torch.tensor([ids])
 
     def hf() -> float:
         """transformers' own decode loop: one forward per token over its KV cache, timed after prefill."""
         with torch.no_grad():
             out = ref(x, use_cache=True)
-            cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            cache, tok = cache_of(out), out.logits[:, -1:].argmax(-1)
             t = time.perf_counter()
             for _ in range(args.new - 1):
-                out = ref(tok, past_key_values=cache, use_cache=True)
-                cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                out = ref(tok, **{kw: cache}, use_cache=True)
+                cache, tok = cache_of(out), out.logits[:, -1:].argmax(-1)
             return (args.new - 1) / (time.perf_counter() - t)
 
     hf_runs = [hf() for _ in range(args.repeats)]

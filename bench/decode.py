@@ -19,6 +19,19 @@ import numpy as np
 from kern_models.llama.random_checkpoint import SHAPES, make
 
 
+def cache_kw(ref) -> str:
+    """transformers' name for the KV-cache argument: `cache` from 5.24 (where `past_key_values`
+    warns; it goes in 5.40), `past_key_values` before (the device image has 5.17)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(ref.forward).parameters else "past_key_values"
+
+
+def cache_of(out):
+    """The KV cache a forward returned, under either release's name."""
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
 def checkpoint(name: str, folder: Path) -> Path:
     return make(name, folder, device="cuda")
 
@@ -184,11 +197,12 @@ def run_compiled(ref, prompts: np.ndarray, new: int, device: str = "cuda", mode:
 
     batch, plen = prompts.shape
     cache = StaticCache(config=ref.config, max_cache_len=plen + new + 8)
+    kw = cache_kw(ref)
     x = torch.tensor(prompts.astype(np.int64), device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step(tok, pos, cache):
-        return ref(tok, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1:].argmax(-1)
+        return ref(tok, **{kw: cache}, cache_position=pos, use_cache=True).logits[:, -1:].argmax(-1)
 
     if mode:
         torch._dynamo.reset()  # a fresh compile for each model and batch, no guard pile-up
@@ -201,7 +215,7 @@ def run_compiled(ref, prompts: np.ndarray, new: int, device: str = "cuda", mode:
             torch.compiler.cudagraph_mark_step_begin()
         return fn(tok, torch.tensor([pos], device=device), cache).clone()
     with torch.no_grad():
-        tok = ref(x, past_key_values=cache, cache_position=torch.arange(plen, device=device),
+        tok = ref(x, **{kw: cache}, cache_position=torch.arange(plen, device=device),
                   use_cache=True).logits[:, -1:].argmax(-1)
         toks = [tok]
         for k in range(3):  # compile and warm up the graphs
@@ -224,15 +238,16 @@ def run_hf(ref, prompts: np.ndarray, new: int, device: str = "cuda") -> dict:
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     x = torch.tensor(prompts.astype(np.int64), device=device)
+    kw = cache_kw(ref)
     with torch.no_grad():
         out = ref(x, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, tok = cache_of(out), out.logits[:, -1:].argmax(-1)
         toks = [tok]
         sync()
         t0 = time.perf_counter()
         for _ in range(new - 2):
-            out = ref(tok, past_key_values=cache, use_cache=True)
-            cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = ref(tok, **{kw: cache}, use_cache=True)
+            cache, tok = cache_of(out), out.logits[:, -1:].argmax(-1)
             toks.append(tok)
         sync()
         dt = time.perf_counter() - t0
