@@ -87,6 +87,7 @@ __device__ __forceinline__ size_t kv_offset(int phys_page, int layer, int kv, in
 // step's first kernel, which has no PDL attribute) and, for attention_decode, the K/V rows of
 // earlier positions. attention_decode follows the qkv projection, which triggers late: its
 // launch means the qkv projection passed its wait, so every kernel before that is complete.
+// tests/cuda/test_cuda_pdl_order.py checks that the generated manifests keep to this.
 // pdl_launch_dependents: the next kernel in the stream may start its prologue now.
 // pdl_wait: block until the previous kernel finished and its writes are visible; call it
 // before reading anything the previous kernel wrote and before the first global write.
