@@ -5,8 +5,5 @@ source bench/gpu_env.sh || exit 1
 for mode in bound reach; do
   timeout 150 python3 bench/decode.py --shapes llama-3.2-1b,smollm2-135m --batch 1,16 --prefill 0 \
     $([ $mode = bound ] && echo --no-reach) > $OUT/decode_$mode.log 2>&1
-  grep '^{"' $OUT/decode_$mode.log | grep -v '"gpu"' | python3 -c "
-import json, sys
-for l in sys.stdin:
-    d = json.loads(l); print('$mode', d['shape'], d['batch'], d['kern_decode_tok_s'], d['kern_step_ms'])"
+  python3 bench/summary.py $mode < $OUT/decode_$mode.log
 done

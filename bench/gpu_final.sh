@@ -6,9 +6,4 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.
 timeout ${TEST_S:-160} python3 -m pytest tests/cuda -m gpu -q -p no:cacheprovider > $OUT/gpu_tests.log 2>&1
 tail -3 $OUT/gpu_tests.log
 timeout ${BENCH_S:-170} python3 bench/decode.py --batch 1,16 --new 128 --prefill 2040 --run-ahead 8 > $OUT/decode.log 2>&1
-grep '^{"' $OUT/decode.log | grep -v '"gpu"' | python3 -c "
-import json, sys
-for l in sys.stdin:
-    d = json.loads(l)
-    if 'prefill_tokens' in d: print('prefill', d['shape'], d['kern_prefill_ms'], 'ms; sdpa', d['hf_sdpa_forward_ms']); continue
-    print('decode', d['shape'], d['batch'], d['kern_decode_tok_s'], 'tok/s', d['kern_step_ms'], 'ms; eager', d['hf_eager_decode_tok_s'])"
+python3 bench/summary.py < $OUT/decode.log

@@ -6,7 +6,4 @@ source bench/gpu_env.sh || exit 1
 timeout 150 python3 -m pytest tests/cuda/test_cuda_gpu_device.py tests/cuda/test_cuda_gpu_model.py -m gpu -q \
   -p no:cacheprovider > $OUT/gpu_tests.log 2>&1; tail -3 $OUT/gpu_tests.log
 timeout 150 python3 bench/decode.py --shapes llama-3.2-1b,smollm2-135m --batch 1,16 --prefill 0 > $OUT/decode.log 2>&1
-grep '^{"' $OUT/decode.log | grep -v '"gpu"' | python3 -c "
-import json, sys
-for l in sys.stdin:
-    d = json.loads(l); print(d['shape'], d['batch'], d['kern_decode_tok_s'], d['kern_step_ms'], d['hf_eager_decode_tok_s'])"
+python3 bench/summary.py < $OUT/decode.log

@@ -19,10 +19,7 @@ run() {  # name, models dir, extra decode.py flags
   mkdir -p /tmp/km_$1 && ln -sfn "$2" /tmp/km_$1/kern_models
   PYTHONPATH=/tmp/site:$PWD/src:/tmp/km_$1 KERN_CACHE=/tmp/kern-cache-$1 timeout ${BENCH_S:-100} python3 bench/decode.py \
     --shapes ${SHAPES:-llama-3.2-1b,smollm2-135m} --batch 1,16 --prefill 0 --run-ahead 8 "${@:3}" > $OUT/decode_$1.log 2>&1
-  grep '^{"' $OUT/decode_$1.log | grep -v '"gpu"' | python3 -c "
-import json, sys
-for l in sys.stdin:
-    d = json.loads(l); print('$1', d['shape'], d['batch'], d['kern_decode_tok_s'], d['kern_step_ms'], 'eager', d['hf_eager_decode_tok_s'])"
+  python3 bench/summary.py $1 < $OUT/decode_$1.log
 }
 [ "${AB_BASE:-}" != none ] && run base "$PWD/${AB_BASE:-ab_base}/models"
 run new "$PWD/models"

@@ -20,11 +20,13 @@ CUBINS = ("argmax", "attention", "embed", "gemv", "kv", "mlp", "norm", "prefill_
 
 # Decode launches after the first carry the PDL attribute (programmatic dependent launch): a
 # kernel may start while the one before it finishes, streams its weights, and waits
-# (griddepcontrol.wait) before it reads anything the previous kernel wrote or writes anything;
-# only then does it let the next one start (griddepcontrol.launch_dependents), so at most two
-# are in flight. Activations and the KV state are read at L2 (ld.global.cg / cp.async.cg):
-# neither the non-coherent path nor L1 is safe, their lines may predate the previous kernel's
-# writes (the race that made the first PDL attempt wrong; see docs/perf.md).
+# (griddepcontrol.wait) before it reads anything the previous kernel wrote or writes anything.
+# Most let the next one start only after that wait; attention_decode and gemv_residual let it
+# start at entry, and the order of these calls is what keeps that safe (cuda/common.cuh;
+# tests/cuda/test_cuda_pdl_order.py). Activations and the KV state are read at L2
+# (ld.global.cg / cp.async.cg): neither the non-coherent path nor L1 is safe, their lines may
+# predate the previous kernel's writes (the race that made the first PDL attempt wrong; see
+# docs/perf.md).
 def _op(module, entry, params, grid, block, pdl=False):
     launch = {"module": module, "entry": entry, "grid": grid, "block": block}
     if pdl:
