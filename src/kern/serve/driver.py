@@ -1,0 +1,129 @@
+"""The engine thread: the one owner of the (single-threaded) Loop.
+
+Requests reach it through a thread-safe inbox (add, abort); it steps the loop while there is
+work and hands every Delta to its request's asyncio side with call_soon_threadsafe. An abort
+is taken before the next step, so a client that goes away frees its lease within one step."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..generation.params import SamplingParams
+from ..runtime.errors import KernError
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The loop queued the request."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The loop refused the request (it can never run) or the engine failed: the message."""
+
+    request_id: str
+    message: str
+    engine_failed: bool = False
+
+
+Sink = Callable[[object], None]  # called on the engine thread; must only hand the item over
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Sink
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class Driver:
+    def __init__(self, loop, on_step: Callable[[object], None] | None = None):
+        """`on_step(stats)`: called on the engine thread after every step (metrics)."""
+        self.loop = loop
+        self.on_step = on_step
+        self.stats = loop.stats()  # the latest LoopStats, replaced whole after each step
+        self.failure: str | None = None  # set once the engine has failed; the server then refuses work
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._thread = threading.Thread(target=self._run, name="kern-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._inbox.put(_STOP)
+        self._thread.join()
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> None:
+        """Queue a request; `sink` gets Accepted or Refused first, then its Deltas."""
+        self._inbox.put(_Add(request_id, prompt_ids, params, sink))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def _take(self, item) -> bool:
+        """Apply one inbox item; False on stop."""
+        if item is _STOP:
+            return False
+        if isinstance(item, _Abort):
+            self._sinks.pop(item.request_id, None)
+            self.loop.abort(item.request_id)
+        elif self.failure is not None:
+            item.sink(Refused(item.request_id, self.failure, engine_failed=True))
+        else:
+            try:
+                self.loop.add(item.request_id, item.prompt_ids, item.params)
+            except KernError as e:
+                item.sink(Refused(item.request_id, str(e)))
+            else:
+                self._sinks[item.request_id] = item.sink
+                item.sink(Accepted(item.request_id))
+        return True
+
+    def _busy(self) -> bool:
+        return self.failure is None and self.loop.has_work()
+
+    def _run(self) -> None:
+        while True:
+            # Block only when idle; otherwise take whatever arrived since the last step.
+            items = [] if self._busy() else [self._inbox.get()]
+            while True:
+                try:
+                    items.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if not all([self._take(i) for i in items]):
+                return
+            if not self._busy():
+                continue
+            try:
+                deltas = self.loop.step()
+            except Exception as e:  # the engine is broken: tell every waiting request, refuse new ones
+                self.failure = f"the engine failed: {e}"
+                for rid, sink in self._sinks.items():
+                    sink(Refused(rid, self.failure, engine_failed=True))
+                self._sinks.clear()
+                continue
+            for d in deltas:
+                sink = self._sinks.get(d.request_id)
+                if sink is not None:
+                    sink(d)
+                    if d.finish_reason is not None:
+                        del self._sinks[d.request_id]
+            self.stats = self.loop.stats()
+            if self.on_step is not None:
+                self.on_step(self.stats)

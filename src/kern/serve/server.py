@@ -1,0 +1,70 @@
+"""Start and stop a server over a Loop: the engine thread, the app, uvicorn on loopback.
+
+`kern serve` runs it in the foreground; tests and benchmarks run it in a background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from ..runtime.errors import KernError
+from .app import make_app
+from .driver import Driver
+from .metrics import Metrics
+
+
+@dataclass
+class Running:
+    url: str  # http://host:port, without /v1
+    driver: Driver
+    metrics: Metrics
+    server: uvicorn.Server
+    thread: threading.Thread | None
+
+    def close(self) -> None:
+        """Stop serving, then stop the engine thread."""
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join()
+        self.driver.stop()
+
+
+def _setup(loop, host: str, port: int, api_key: str | None, log_level: str):
+    metrics = Metrics()
+    driver = Driver(loop, on_step=metrics.observe_stats)
+    tok = loop.tokenizer
+    app = make_app(driver, tok, model_name=loop.model_name, context=loop.context,
+                   vocab=tok.tok.get_vocab_size(with_added_tokens=True), api_key=api_key, metrics=metrics)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5)
+    return metrics, driver, uvicorn.Server(config)
+
+
+def start(loop, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+          log_level: str = "warning", timeout: float = 30.0) -> Running:
+    """Serve `loop` from a background thread; port 0 picks a free one. Returns once listening."""
+    metrics, driver, server = _setup(loop, host, port, api_key, log_level)
+    driver.start()
+    thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            driver.stop()
+            raise KernError(f"the server did not start listening on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return Running(f"http://{host}:{bound}", driver, metrics, server, thread)
+
+
+def serve_forever(loop, *, host: str, port: int, api_key: str | None) -> None:
+    """Serve in the foreground until interrupted (Ctrl-C)."""
+    metrics, driver, server = _setup(loop, host, port, api_key, "info")
+    driver.start()
+    try:
+        server.run()
+    finally:
+        driver.stop()
