@@ -9,7 +9,6 @@ import sys
 
 NOT_LANDED = {
     "bench": "kern bench (per-call pricing on real shapes) has not landed yet",
-    "serve": "kern serve (the OpenAI-compatible server) has not landed yet",
     "cut": "kern cut (pipeline stages) has not landed yet",
     "kernels": "kern kernels (list and rebuild a manifest's modules) has not landed yet",
 }
@@ -51,6 +50,28 @@ def _test(args: argparse.Namespace) -> int:
     from kern.harness.cli import main as test_main
 
     return test_main(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from kern.serve.command import main as serve_main
+
+    return serve_main(args)
+
+
+def _size(text: str) -> int:
+    """Bytes from `4GiB`, `512MiB`, `64KiB` or a plain number of bytes."""
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+    t = text.strip().lower()
+    scale = next((v for u, v in units.items() if t.endswith(u)), 1)
+    number = t[:-3] if scale > 1 else t
+    try:
+        n = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 4GiB, 512MiB or a number of bytes, got {text!r}") \
+            from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return n
 
 
 def _positive(text: str) -> int:
@@ -98,6 +119,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt", type=int, default=None, help="cap on prompt lengths (a smaller workload)")
     p.add_argument("--kl-limit", type=float, default=None, help="KL(A||B) limit in nats (default 0.01)")
     p.set_defaults(fn=_test)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (default: the embedded model)")
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    p.add_argument("--context", type=_positive, default=None,
+                   help="positions a sequence may reach, prompt and output (default: the manifest's bound)")
+    p.add_argument("--max-seqs", type=_positive, default=None, help="sequences decoded together at most")
+    p.add_argument("--memory", type=_size, default=None,
+                   help="bytes for the KV cache pool, such as 4GiB (default: the engine's budget)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.set_defaults(fn=_serve)
 
     for name, why in NOT_LANDED.items():
         p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)")

@@ -1,0 +1,28 @@
+"""kern serve: load a model (the embedded default without one), warm it up, serve it."""
+
+from __future__ import annotations
+
+import sys
+
+from ..manifest.problems import ManifestError
+from ..runtime.errors import KernError
+
+
+def main(args) -> int:
+    from ..api import load
+    from ..run_cmd import _auto_target
+    from .server import serve_forever
+
+    try:
+        model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
+                     context=args.context, max_seqs=args.max_seqs, memory=args.memory, progress=True)
+        loop = model.loop
+        print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
+              f" (chat page at /, API at /v1)", file=sys.stderr)
+        serve_forever(loop, host=args.host, port=args.port, api_key=args.api_key)
+    except (KernError, ManifestError) as exc:
+        print(f"kern serve: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:  # uvicorn exits when it cannot bind; it has said why
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
