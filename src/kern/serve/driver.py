@@ -94,6 +94,22 @@ class Driver:
                 item.sink(Accepted(item.request_id))
         return True
 
+    def _step(self) -> None:
+        try:
+            deltas = self.loop.step()
+        except Exception as e:  # the engine is broken: tell every waiting request, refuse new ones
+            self.failure = f"the engine failed: {e}"
+            for rid, sink in self._sinks.items():
+                sink(Refused(rid, self.failure, engine_failed=True))
+            self._sinks.clear()
+            return
+        for d in deltas:
+            sink = self._sinks.get(d.request_id)
+            if sink is not None:
+                sink(d)
+                if d.finish_reason is not None:
+                    del self._sinks[d.request_id]
+
     def _busy(self) -> bool:
         return self.failure is None and self.loop.has_work()
 
@@ -108,22 +124,8 @@ class Driver:
                     break
             if not all([self._take(i) for i in items]):
                 return
-            if not self._busy():
-                continue
-            try:
-                deltas = self.loop.step()
-            except Exception as e:  # the engine is broken: tell every waiting request, refuse new ones
-                self.failure = f"the engine failed: {e}"
-                for rid, sink in self._sinks.items():
-                    sink(Refused(rid, self.failure, engine_failed=True))
-                self._sinks.clear()
-                continue
-            for d in deltas:
-                sink = self._sinks.get(d.request_id)
-                if sink is not None:
-                    sink(d)
-                    if d.finish_reason is not None:
-                        del self._sinks[d.request_id]
+            if self._busy():
+                self._step()
             self.stats = self.loop.stats()
             if self.on_step is not None:
                 self.on_step(self.stats)
