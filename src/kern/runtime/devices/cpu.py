@@ -29,6 +29,7 @@ class CpuDevice:
         return np.zeros(nelems, dtype=NP[dtype])
 
     chunk_granularity = 1
+    state_io = True  # state bytes read and written at an offset (the pool's host tier)
 
     def alloc_state(self, nbytes: int, chunk_bytes: int | None = None) -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
