@@ -103,3 +103,12 @@ def wait_idle(server: Running, timeout: float = 20.0):
             return s
         time.sleep(0.02)
     raise AssertionError(f"the loop is still busy after {timeout}s: {server.driver.stats}")
+
+
+def leased_pages(server: Running) -> int:
+    """Pool pages held by leases, not by cached prefixes, once the loop is idle (LoopStats counts
+    both; the pool is read here only while the engine thread waits for work)."""
+    wait_idle(server)
+    loop = server.driver.loop
+    u = loop.paging.pool.usage()[loop.paging.state]
+    return u["held"] - u["cached"]

@@ -17,6 +17,7 @@ def main(args) -> int:
         model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
                      context=args.context, max_seqs=args.max_seqs, memory=args.memory, progress=True)
         loop = model.loop
+        loop.warm_up(progress=True)  # every decode graph captured now, never inside a request
         print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
               f" (chat page at /, API at /v1)", file=sys.stderr)
         serve_forever(loop, host=args.host, port=args.port, api_key=args.api_key)
