@@ -24,6 +24,8 @@ def main(args) -> int:
     except (KernError, ManifestError) as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
+        print("[kern] stopped", file=sys.stderr)
     except SystemExit as exc:  # uvicorn exits when it cannot bind; it has said why
         return exc.code if isinstance(exc.code, int) else 1
     return 0
