@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from ..generation.outputs import Delta
 from . import replies
-from .driver import Accepted, Driver, Refused
+from .driver import Accepted, Driver, Refused, Sink
 from .metrics import Metrics
 from .schemas import Job, RequestError
 
@@ -45,12 +45,7 @@ class Flight:
     async def start(self, receive) -> None:
         """Submit the n sequences and wait for the loop to accept them all; a refusal aborts the
         rest and raises RequestError. `receive`: the ASGI receive, watched for a disconnect."""
-        aio = asyncio.get_running_loop()
-        put = self.queue.put_nowait
-
-        def sink(item) -> None:
-            aio.call_soon_threadsafe(put, item)
-
+        sink = Sink(asyncio.get_running_loop(), self.queue.put_nowait)
         for i, rid in enumerate(self.ids):
             self.driver.submit(rid, self.job.prompt_ids, self.job.choice_params(i), sink)
         self._watcher = asyncio.create_task(self._watch(receive))
