@@ -7,9 +7,9 @@ The workload (the defaults): 256 requests, each a 512-token prompt whose first 2
 one system prompt all requests share, 128 output tokens, greedy; sent by AsyncOpenAI at each
 concurrency in turn after a short warm-up. Prompts are words `w{i}` of the random checkpoints'
 word tokenizer (one word, one token) and the chat template joins the messages with nothing
-added, so both servers see the same token counts. Prints one JSON object: per concurrency,
-request and output throughput, TTFT, TPOT (per request, after its first token) and ITL (between
-streamed chunks), each as mean/p50/p99 in milliseconds."""
+added, so both servers see the same token counts. Prints a JSON line per concurrency: request
+and output throughput, TTFT, TPOT (per request, after its first token) and ITL (between streamed
+chunks), each as mean/p50/p99 in milliseconds."""
 
 from __future__ import annotations
 
@@ -129,15 +129,13 @@ def main() -> None:
                  {"role": "user", "content": words(rng, args.prompt - args.shared, args.vocab)}]
                 for _ in range(args.requests)]
     model = args.model or asyncio.run(model_of(args.url))
-    out = {"label": args.label, "url": args.url, "model": model, "prompt_tokens": args.prompt,
-           "shared_tokens": args.shared, "output_tokens": args.output, "runs": []}
+    head = {"label": args.label, "url": args.url, "model": model, "prompt_tokens": args.prompt,
+            "shared_tokens": args.shared, "output_tokens": args.output}
     warm = [[{"role": "user", "content": words(rng, 16, args.vocab)}]] * args.warmup
     if warm:
         asyncio.run(run(args.url, model, warm, len(warm), 8))
-    for c in (int(x) for x in args.concurrency.split(",")):
-        out["runs"].append(asyncio.run(run(args.url, model, requests, c, args.output)))
-    print(json.dumps(out))
-
+    for c in (int(x) for x in args.concurrency.split(",")):  # a line each, so a timeout keeps the rest
+        print(json.dumps({**head, **asyncio.run(run(args.url, model, requests, c, args.output))}), flush=True)
 
 if __name__ == "__main__":
     main()
