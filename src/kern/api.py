@@ -70,7 +70,7 @@ class Model:
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
                             f"{len(self.protocol.paged_states)}")
-        self.eos = self._eos_ids(checkpoint)
+        self.state, self.page_tokens = self.paging.state, self.paging.page_tokens
         if run_ahead is None:
             native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)
             run_ahead = RUN_AHEAD if native else 1
@@ -81,7 +81,7 @@ class Model:
                             scratch_tokens=self.paging.page_tokens)
         if limits.note:
             print(f"[kern] {limits.note}", file=sys.stderr)
-        self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self.eos, limits,
+        self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
                          self.verified.manifest.model)
         self.context = self.loop.context
         self._n = 0

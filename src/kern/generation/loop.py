@@ -176,14 +176,16 @@ class Loop:
             self.running.append(s)
 
     def _alone(self) -> Sequence | None:
-        """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead."""
+        """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead
+        (whole runs only, one graph per reach: the tail goes step by step)."""
         if self.limits.run_ahead < 2 or len(self.running) != 1 or self.waiting:
             return None
         s = self.running[0]
-        return s if s.pending == 1 and not s.params.needs_logits and s.max_tokens - len(s.out) > 1 else None
+        decoding = s.out and s.pending == 1 and not s.params.needs_logits
+        return s if decoding and s.max_tokens - len(s.out) >= self.limits.run_ahead else None
 
     def _run_ahead(self, s: Sequence) -> list[Delta]:
-        k = min(self.limits.run_ahead, s.max_tokens - len(s.out))
+        k = self.limits.run_ahead
         self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)
         made = self.runner.run_ahead(Feed([s.out[-1]], s.written, s.lease.page_table(self.state)), k)
         s.written += 1
