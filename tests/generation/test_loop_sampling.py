@@ -12,7 +12,7 @@ from .test_loop import _prompts, _run, _tokens
 
 def _text_loop(tiny_llama):
     loop = make_loop(tiny_llama)
-    loop._tokenizer = ByteTokenizer()  # the tiny model's 256 tokens read as bytes
+    loop.tokenizer = ByteTokenizer()  # the tiny model's 256 tokens read as bytes
     return loop
 
 

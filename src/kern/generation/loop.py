@@ -25,9 +25,10 @@ from .sequence import Sequence
 
 class Loop:
     def __init__(self, engine, paging: Paging, tokenizer, eos: set[int], limits: Limits, model_name: str):
-        """`tokenizer`: a Tokenizer, or a callable giving one on first use (None: token ids only,
-        no text)."""
-        self.engine, self.paging, self._tokenizer = engine, paging, tokenizer
+        """`tokenizer`: a callable giving the Tokenizer, called on first use (a checkpoint without
+        one: token ids only, no text)."""
+        self.engine, self.paging = engine, paging
+        self._load_tokenizer, self._tokenizer, self._loaded = tokenizer, None, False
         self.protocol = engine.protocol
         self.state = paging.state
         self.eos = eos
@@ -45,12 +46,17 @@ class Loop:
 
     @property
     def tokenizer(self):
-        if callable(self._tokenizer) and not hasattr(self._tokenizer, "decode"):
+        if not self._loaded:
+            self._loaded = True
             try:
-                self._tokenizer = self._tokenizer()
+                self._tokenizer = self._load_tokenizer()
             except KernError:  # a checkpoint without tokenizer.json: token ids only
                 self._tokenizer = None
         return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tok) -> None:
+        self._tokenizer, self._loaded = tok, True
 
     def _scratch(self) -> int:
         """A page that padding rows of a captured decode batch write to; no sequence reads it."""
