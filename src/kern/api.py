@@ -70,7 +70,7 @@ class Model:
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
                             f"{len(self.protocol.paged_states)}")
-        self.eos = self._eos_ids(checkpoint)
+        self.state, self.page_tokens = self.paging.state, self.paging.page_tokens
         if run_ahead is None:
             native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)
             run_ahead = RUN_AHEAD if native else 1
@@ -81,7 +81,7 @@ class Model:
                             scratch_tokens=self.paging.page_tokens)
         if limits.note:
             print(f"[kern] {limits.note}", file=sys.stderr)
-        self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self.eos, limits,
+        self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
                          self.verified.manifest.model)
         self.context = self.loop.context
         self._n = 0
@@ -202,21 +202,13 @@ class _Acc:
                           d.finish_reason, max(len(self.tokens) - 1, 0), cached_tokens=d.cached_tokens)
 
 
-def _own_context(ckpt: Path) -> int | None:
-    """The checkpoint's own context length (Hugging Face config.json), if it states one."""
-    p = ckpt / "config.json"
-    if not p.is_file():
-        return None
-    n = json.loads(p.read_text()).get("max_position_embeddings")
-    return n if isinstance(n, int) and n > 0 else None
-
-
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
          progress: bool = True, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); or a deployment folder's manifest given with manifest=. `context`:
-    positions a sequence may reach (default: the model's own, where the memory holds it);
+    positions a sequence may reach (default: the generator's, from the model's own; clipped
+    to what the memory holds);
     `max_seqs`: sequences running at once; `memory`: the state budget in bytes."""
     for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory)):
         if v is not None and (not isinstance(v, int) or v < 1):
@@ -224,6 +216,6 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
-    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context or _own_context(ckpt))
+    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
                  state_budget=memory or DEFAULT_STATE_BUDGET, **model_kw)

@@ -29,7 +29,7 @@ def main(args) -> int:
 
     try:
         model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
-                     run_ahead=args.run_ahead)
+                     context=args.context, max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead)
         dev = model.engine.device.kind
         print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,

@@ -1,4 +1,5 @@
-"""Text in and out: a Hugging Face tokenizer.json, its chat template, incremental detokenizing."""
+"""Text in and out: a Hugging Face tokenizer.json and its chat template (incremental
+detokenizing: kern.generation.detok)."""
 
 from __future__ import annotations
 
@@ -49,20 +50,3 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
 
-
-class Detokenizer:
-    """Emits text as tokens arrive, never half a multi-byte character, never moving back."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok = tok
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd") or len(text) <= self.sent:
-            return ""
-        out = text[self.sent:]
-        self.sent = len(text)
-        return out

@@ -50,4 +50,4 @@ def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, 
         note = (f"context clipped to {held} positions: the state budget holds that many tokens of one "
                 f"sequence (raise --memory for the {want} asked)")
         want = held
-    return Limits(want, max_seqs or decode.groups_max, ragged.rows_max, run_ahead, note)
+    return Limits(want, max_seqs or seqs_max, ragged.rows_max, run_ahead, note)

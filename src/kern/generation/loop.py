@@ -25,9 +25,10 @@ from .sequence import Sequence
 
 class Loop:
     def __init__(self, engine, paging: Paging, tokenizer, eos: set[int], limits: Limits, model_name: str):
-        """`tokenizer`: a Tokenizer, or a callable giving one on first use (None: token ids only,
-        no text)."""
-        self.engine, self.paging, self._tokenizer = engine, paging, tokenizer
+        """`tokenizer`: a callable giving the Tokenizer, called on first use (a checkpoint without
+        one: token ids only, no text)."""
+        self.engine, self.paging = engine, paging
+        self._load_tokenizer, self._tokenizer, self._loaded = tokenizer, None, False
         self.protocol = engine.protocol
         self.state = paging.state
         self.eos = eos
@@ -45,12 +46,17 @@ class Loop:
 
     @property
     def tokenizer(self):
-        if callable(self._tokenizer) and not hasattr(self._tokenizer, "decode"):
+        if not self._loaded:
+            self._loaded = True
             try:
-                self._tokenizer = self._tokenizer()
+                self._tokenizer = self._load_tokenizer()
             except KernError:  # a checkpoint without tokenizer.json: token ids only
                 self._tokenizer = None
         return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tok) -> None:
+        self._tokenizer, self._loaded = tok, True
 
     def _scratch(self) -> int:
         """A page that padding rows of a captured decode batch write to; no sequence reads it."""
@@ -176,14 +182,16 @@ class Loop:
             self.running.append(s)
 
     def _alone(self) -> Sequence | None:
-        """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead."""
+        """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead
+        (whole runs only, one graph per reach: the tail goes step by step)."""
         if self.limits.run_ahead < 2 or len(self.running) != 1 or self.waiting:
             return None
         s = self.running[0]
-        return s if s.pending == 1 and not s.params.needs_logits and s.max_tokens - len(s.out) > 1 else None
+        decoding = s.out and s.pending == 1 and not s.params.needs_logits
+        return s if decoding and s.max_tokens - len(s.out) >= self.limits.run_ahead else None
 
     def _run_ahead(self, s: Sequence) -> list[Delta]:
-        k = min(self.limits.run_ahead, s.max_tokens - len(s.out))
+        k = self.limits.run_ahead
         self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)
         made = self.runner.run_ahead(Feed([s.out[-1]], s.written, s.lease.page_table(self.state)), k)
         s.written += 1
