@@ -72,8 +72,8 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(checkpoint) -> Running:
-    model = kern.load(checkpoint, target="cpu", context=CONTEXT, max_seqs=16, progress=False)
-    running = start(model.loop, api_key=API_KEY)
+    running = start(lambda: kern.load(checkpoint, target="cpu", context=CONTEXT, max_seqs=16, progress=False).loop,
+                    api_key=API_KEY)
     yield running
     running.close()
 

@@ -37,7 +37,7 @@ class BrokenLoop:
 
 
 def test_an_engine_failure_is_a_503_and_the_server_stays_up(checkpoint):
-    running = start(BrokenLoop(Tokenizer(checkpoint)))
+    running = start(lambda: BrokenLoop(Tokenizer(checkpoint)))
     try:
         body = {"model": "broken", "prompt": "w5 w6", "max_tokens": 3}
         for _ in range(2):  # the request that meets the failure, then one after it

@@ -23,9 +23,13 @@ def gpu_server(tmp_path_factory):
 
     ckpt = make("smollm2-135m", tmp_path_factory.mktemp("gpu") / "ckpt", device="cuda")
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    model = kern.load(ckpt, target="cuda", context=1024, max_seqs=32, progress=False)
-    model.loop.warm_up(progress=False)
-    running = start(model.loop)
+
+    def make_loop():  # on the engine thread, which the device context belongs to
+        loop = kern.load(ckpt, target="cuda", context=1024, max_seqs=32, progress=False).loop
+        loop.warm_up(progress=False)
+        return loop
+
+    running = start(make_loop, timeout=300)
     yield running
     running.close()
 

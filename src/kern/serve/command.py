@@ -13,14 +13,18 @@ def main(args) -> int:
     from ..run_cmd import _auto_target
     from .server import serve_forever
 
-    try:
+    def make_loop():
+        """On the engine thread: load, then capture every decode graph (never inside a request)."""
         model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
                      context=args.context, max_seqs=args.max_seqs, memory=args.memory, progress=True)
         loop = model.loop
-        loop.warm_up(progress=True)  # every decode graph captured now, never inside a request
+        loop.warm_up(progress=True)
         print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
               f" (chat page at /, API at /v1)", file=sys.stderr)
-        serve_forever(loop, host=args.host, port=args.port, api_key=args.api_key)
+        return loop
+
+    try:
+        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except (KernError, ManifestError) as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,7 @@
 """The engine thread: the one owner of the (single-threaded) Loop.
 
+The thread builds the loop itself: a device context is current on one thread only (CUDA's is
+per thread), so the thread that loads the model, captures its graphs and steps it is one.
 Requests reach it through a thread-safe inbox (add, abort); it steps the loop while there is
 work and hands every Delta to its request's asyncio side with call_soon_threadsafe. An abort
 is taken before the next step, so a client that goes away frees its lease within one step."""
@@ -63,19 +65,29 @@ _STOP = object()
 
 
 class Driver:
-    def __init__(self, loop, on_step: Callable[[object], None] | None = None):
-        """`on_step(stats)`: called on the engine thread after every step (metrics)."""
-        self.loop = loop
+    def __init__(self, make_loop: Callable[[], object], on_step: Callable[[object], None] | None = None):
+        """`make_loop()`: builds the Loop, called on the engine thread (load, warm-up).
+        `on_step(stats)`: called on the engine thread after every step (metrics)."""
+        self._make_loop = make_loop
         self.on_step = on_step
-        self.stats = loop.stats()  # the latest LoopStats, replaced whole after each step
+        self.loop = None  # set by start()
+        self.stats = None  # the latest LoopStats, replaced whole after each step
         self.failure: str | None = None  # set once the engine has failed; the server then refuses work
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._outbox: list[tuple[Sink, object]] = []
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kern-engine", daemon=True)
 
     def start(self) -> None:
+        """Start the engine thread; return once it has built the loop (or raise what building
+        it raised)."""
         self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
 
     def stop(self) -> None:
         self._inbox.put(_STOP)
@@ -138,6 +150,14 @@ class Driver:
         return self.failure is None and self.loop.has_work()
 
     def _run(self) -> None:
+        try:
+            self.loop = self._make_loop()
+            self.stats = self.loop.stats()
+        except BaseException as e:  # noqa: BLE001 - handed to start() on the caller's thread
+            self._load_error = e
+            return
+        finally:
+            self._ready.set()
         while True:
             # Block only when idle; otherwise take whatever arrived since the last step.
             items = [] if self._busy() else [self._inbox.get()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -22,19 +23,21 @@ class Running:
     driver: Driver
     metrics: Metrics
     server: uvicorn.Server
-    thread: threading.Thread | None
+    thread: threading.Thread
 
     def close(self) -> None:
         """Stop serving, then stop the engine thread."""
         self.server.should_exit = True
-        if self.thread is not None:
-            self.thread.join()
+        self.thread.join()
         self.driver.stop()
 
 
-def _setup(loop, host: str, port: int, api_key: str | None, log_level: str):
+def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str):
+    """Start the engine thread (it builds the loop), then the app over it."""
     metrics = Metrics()
-    driver = Driver(loop, on_step=metrics.observe_stats)
+    driver = Driver(make_loop, on_step=metrics.observe_stats)
+    driver.start()
+    loop = driver.loop
     tok = loop.tokenizer
     app = make_app(driver, tok, model_name=loop.model_name, context=loop.context,
                    vocab=tok.tok.get_vocab_size(with_added_tokens=True), api_key=api_key, metrics=metrics)
@@ -43,11 +46,11 @@ def _setup(loop, host: str, port: int, api_key: str | None, log_level: str):
     return metrics, driver, uvicorn.Server(config)
 
 
-def start(loop, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
           log_level: str = "warning", timeout: float = 30.0) -> Running:
-    """Serve `loop` from a background thread; port 0 picks a free one. Returns once listening."""
-    metrics, driver, server = _setup(loop, host, port, api_key, log_level)
-    driver.start()
+    """Serve the loop `make_loop()` builds (on the engine thread) from background threads; port
+    0 picks a free one. Returns once listening."""
+    metrics, driver, server = _setup(make_loop, host, port, api_key, log_level)
     thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -67,14 +70,13 @@ def start(loop, *, host: str = "127.0.0.1", port: int = 0, api_key: str | None =
 SWITCH_INTERVAL_S = 0.0005
 
 
-def serve_forever(loop, *, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(make_loop: Callable[[], object], *, host: str, port: int, api_key: str | None) -> None:
     """Serve in the foreground until interrupted (Ctrl-C). This process is the server's own,
     so it also sets the interpreter's thread switch interval (SWITCH_INTERVAL_S)."""
     import sys
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    metrics, driver, server = _setup(loop, host, port, api_key, "info")
-    driver.start()
+    metrics, driver, server = _setup(make_loop, host, port, api_key, "info")
     try:
         server.run()
     finally:
