@@ -29,7 +29,7 @@ stop() {  # Ctrl-C, then wait for the server to go
 }
 
 # kern: the load builds the cubins and captures every decode graph before it listens.
-python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --max-seqs 128 --memory 8GiB \
+python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --memory 8GiB \
   > $OUT/kern_serve.log 2>&1 &
 KERN=$!
 if up http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN; then

@@ -25,7 +25,7 @@ def gpu_server(tmp_path_factory):
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
 
     def make_loop():  # on the engine thread, which the device context belongs to
-        loop = kern.load(ckpt, target="cuda", context=1024, max_seqs=32, progress=False).loop
+        loop = kern.load(ckpt, target="cuda", context=1024, progress=False).loop
         loop.warm_up(progress=False)
         return loop
 
