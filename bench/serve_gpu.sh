@@ -15,15 +15,16 @@ python3 bench/serve.py --prepare $CKPT
 
 up() {  # wait for $1/health (at most $2 seconds) while process $3 lives
   for _ in $(seq 1 $2); do
-    curl -sf "$1/health" > /dev/null && return 0
+    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
+      2> /dev/null && return 0
     kill -0 $3 2> /dev/null || return 1
     sleep 1
   done
   return 1
 }
 
-stop() {  # Ctrl-C, then wait for the server to go
-  kill -INT $1 2> /dev/null
+stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to go
+  kill -TERM $1 2> /dev/null
   for _ in $(seq 1 20); do kill -0 $1 2> /dev/null || return 0; sleep 1; done
   kill -KILL $1 2> /dev/null
 }
@@ -35,7 +36,8 @@ KERN=$!
 if up http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN; then
   timeout ${KERN_BENCH_S:-120} python3 bench/serve.py --url http://127.0.0.1:8100 --label kern $WORK \
     > $OUT/kern.jsonl 2> $OUT/kern_bench.log
-  curl -s http://127.0.0.1:8100/metrics > $OUT/kern_metrics.txt
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8100/metrics').read().decode())" \
+    > $OUT/kern_metrics.txt
 else
   echo "kern serve did not come up"; tr '\r' '\n' < $OUT/kern_serve.log | tail -15
 fi
