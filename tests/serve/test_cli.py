@@ -10,6 +10,10 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
+from kern.cli import parser
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -54,3 +58,17 @@ def test_kern_serve_a_missing_folder_says_so_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip() == f"kern serve: {tmp_path / 'nowhere'}: not a folder"
+
+
+@pytest.mark.parametrize("text,size", [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1.5KiB", 1536), ("1000", 1000)])
+def test_memory_sizes(text, size):
+    assert parser().parse_args(["serve", "--memory", text]).memory == size
+
+
+@pytest.mark.parametrize("text", ["3x", "0", "-1GiB", "GiB"])
+def test_a_bad_memory_size_is_refused_in_one_line(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(["serve", f"--memory={text}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("kern serve: error: argument --memory:") and repr(text) in err
