@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kern.api import Model, deployment_for  # noqa: E402
+from kern.generation.limits import HEADROOM  # noqa: E402
 from kern.generation.loop import Loop  # noqa: E402
 from tests.runtime.conftest import tiny_checkpoint  # noqa: E402
 
@@ -21,12 +22,12 @@ def tiny_llama(tmp_path_factory):
 
 
 def make_loop(tiny_llama, *, budget: int = 256, max_seqs: int = 32, state_budget: int = 64 << 20,
-              host_bytes: int = 0) -> Loop:
+              host_bytes: int = 0, headroom: int | None = HEADROOM) -> Loop:
     """A fresh model and pool; a loop over it with these limits (no eos: requests run to length)."""
     ckpt, manifest = tiny_llama
     model = Model(manifest, ckpt, state_budget=state_budget, host_bytes=host_bytes, max_seqs=max_seqs)
     loop = model.loop
-    loop.limits = replace(loop.limits, budget=budget)
+    loop.limits = replace(loop.limits, budget=budget, headroom=headroom)
     return loop
 
 

@@ -51,3 +51,16 @@ def test_the_earliest_of_several_stop_strings_wins():
         if s.stopped:
             break
     assert out + s.flush() == "hel"
+
+
+def test_the_embedded_models_tokenizer_streams_exactly_its_decoded_text():
+    from kern.tokenizer import Tokenizer
+    from kern_models.embedded import prepare
+
+    tok = Tokenizer(prepare(progress=False))
+    text = "Zürich → 東京: 🙂🚀 naïve café, ¿qué? ½ °C"
+    ids = tok.encode(text)
+    d = Detokenizer(tok)
+    pieces = [d.push(t) for t in ids]
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)

@@ -72,8 +72,29 @@ def test_a_preempted_request_resumes_from_its_checkpoint_with_the_same_tokens(ti
     assert _tokens(got["p0"]) == alone[0] and _tokens(got["p1"]) == alone[1]
 
 
+def test_when_the_budget_cannot_grow_them_the_youngest_are_preempted_and_resume_with_the_same_tokens(tiny_llama):
+    # one chunk (256 pages); 16 requests of up to 30 + 300 tokens (about 21 pages each), promised
+    # only 16 tokens past their prompt
+    loop = make_loop(tiny_llama, state_budget=1, headroom=16)
+    prompts = _prompts(16, seed=4, lo=2, hi=30)
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    preempted = []
+    real = loop.preempt
+    loop.preempt = lambda rid: (preempted.append(rid), real(rid))
+    got = _run(loop, {0: [(f"g{i}", p, params) for i, p in enumerate(prompts)]})
+    assert preempted  # the pool said so
+    alone = make_loop(tiny_llama, headroom=None)
+    for i in sorted({int(r[1:]) for r in preempted})[:3]:
+        want = _tokens(_run(alone, {0: [(f"a{i}", prompts[i], params)]})[f"a{i}"])
+        assert _tokens(got[f"g{i}"]) == want, i
+    assert all(len(_tokens(d)) == 300 for d in got.values())
+    loop.paging.pool.check()
+    assert len(loop.paging.pool.leases) == 1
+
+
 def test_the_head_of_the_queue_waits_for_memory_and_is_not_overtaken(tiny_llama):
-    loop = make_loop(tiny_llama, state_budget=1)  # one chunk: 256 pages of 16 tokens of the tiny model
+    # one chunk: 256 pages of 16 tokens of the tiny model; each lease promised its worst case
+    loop = make_loop(tiny_llama, state_budget=1, headroom=None)
     big = SamplingParams(max_tokens=509, ignore_eos=True)  # 512 tokens reserved: 32 pages
     for i in range(10):
         loop.add(f"big{i}", [1, 2, 3], big)
@@ -103,7 +124,7 @@ def test_abort_frees_the_lease_at_once_and_reports_it_next_step(tiny_llama):
 
 
 def test_a_hundred_random_requests_leave_the_pool_at_its_baseline(tiny_llama):
-    loop = make_loop(tiny_llama, budget=64, max_seqs=12, state_budget=1)
+    loop = make_loop(tiny_llama, budget=64, max_seqs=12, state_budget=1, headroom=8)
     pool = loop.paging.pool
     idle = pool.usage()["kv"]
     rng = np.random.default_rng(7)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kern.generation.scheduler import Row, Running, admissions, schedule
+from kern.generation.scheduler import Row, Running, admissions, schedule, victim
 
 
 def test_decode_rows_come_first_then_prefill_chunks_in_admission_order():
@@ -52,3 +52,7 @@ def test_admissions_fill_up_to_max_seqs():
     assert admissions(waiting=10, running=30, max_seqs=32) == 2
     assert admissions(waiting=1, running=0, max_seqs=32) == 1
     assert admissions(waiting=5, running=32, max_seqs=32) == 0
+
+
+def test_the_youngest_running_request_is_the_one_preempted():
+    assert victim([Running("old", 1), Running("mid", 5), Running("new", 1)]) == "new"

@@ -8,12 +8,19 @@ from ..manifest.protocol import Protocol
 from ..runtime.errors import BoundsError
 
 
+# A lease is promised its prompt and this many tokens more; past that its pages come from the
+# budget as it grows, and when the budget has none the youngest request is preempted. The
+# worst case (prompt + max_tokens) would let one long max_tokens hold memory it rarely uses.
+HEADROOM = 256
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     context: int  # positions a sequence may reach
     max_seqs: int  # sequences running at once
     budget: int  # tokens fed a step (decode rows + prefill chunks)
     run_ahead: int  # greedy decode steps a host wait when one sequence runs alone
+    headroom: int | None = HEADROOM  # tokens promised past the prompt at admission (None: all of max_tokens)
     note: str | None = None  # why the context is less than asked, for the user
 
 
@@ -50,4 +57,4 @@ def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, 
         note = (f"context clipped to {held} positions: the state budget holds that many tokens of one "
                 f"sequence (raise --memory for the {want} asked)")
         want = held
-    return Limits(want, max_seqs or seqs_max, ragged.rows_max, run_ahead, note)
+    return Limits(want, max_seqs or seqs_max, ragged.rows_max, run_ahead, note=note)

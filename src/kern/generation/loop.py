@@ -19,7 +19,7 @@ from .outputs import Delta, LoopStats, TokenLogprob
 from .params import SamplingParams
 from .runner import Feed, Runner
 from .sampling import logprobs_of, sample
-from .scheduler import Running, admissions, schedule
+from .scheduler import Row, Running, admissions, schedule, victim
 from .sequence import Sequence
 
 
@@ -43,6 +43,7 @@ class Loop:
         self._ids: set[str] = set()
         self._aborted: list[Delta] = []
         self._steps = self._prompt_tokens = self._cached_tokens = 0
+        self._hold = False
 
     @property
     def tokenizer(self):
@@ -147,12 +148,12 @@ class Loop:
             return deltas
         self._steps += 1
         alone = self._alone()
-        if alone is not None:
+        if alone is not None and self.paging.try_grow(alone.lease, self.limits.run_ahead):
             return deltas + self._run_ahead(alone)
-        by_id = {s.id: s for s in self.running}
         rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget,
-                        self.protocol.max_chunk,
-                        self.runner.decode_groups, self.runner.mixed_groups)
+                        self.protocol.max_chunk, self.runner.decode_groups, self.runner.mixed_groups)
+        rows = self._grow(rows)
+        by_id = {s.id: s for s in self.running}
         seqs, feeds = [], []
         for r in rows:
             s = by_id[r.id]
@@ -161,16 +162,33 @@ class Loop:
             feeds.append(Feed(part, s.written, s.lease.page_table(self.state)))
             s.written += r.tokens
             seqs.append(s)
+        if not feeds:
+            return deltas
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
         need_logits = any(seqs[i].params.needs_logits for i in emitting)
         tokens, logits = self.runner.run(feeds, need_logits)
         return deltas + self._postprocess([seqs[i] for i in emitting], tokens[emitting],
                                           None if logits is None else logits[emitting])
 
+    def _grow(self, rows: list[Row]) -> list[Row]:
+        """Bind the pages this step's rows write, before anything is recorded; where the budget
+        has none, preempt the youngest running request (it resumes from its checkpoint) until
+        it does. The rows of the requests still running."""
+        by_id = {s.id: s for s in self.running}
+        for r in rows:
+            s = by_id[r.id]
+            while s in self.running and not self.paging.try_grow(s.lease, r.tokens):
+                self.preempt(victim([Running(x.id, x.pending) for x in self.running]))
+                self._hold = True  # admit nothing more until a request ends: no preemption ping-pong
+        alive = {s.id for s in self.running}
+        return [r for r in rows if r.id in alive]
+
     def _admit(self) -> None:
+        if self._hold and self.running:
+            return
         for _ in range(admissions(len(self.waiting), len(self.running), self.limits.max_seqs)):
             s = self.waiting[0]
-            grant = self.paging.try_lease(s.tokens, len(s.prompt) + s.max_tokens)
+            grant = self.paging.try_lease(s.tokens, self._promise(s))
             if grant is None:
                 return  # the pool says wait: the head keeps its place
             self.waiting.popleft()
@@ -180,6 +198,13 @@ class Loop:
                 self._prompt_tokens += len(s.prompt)
                 self._cached_tokens += grant.cached
             self.running.append(s)
+
+    def _promise(self, s: Sequence) -> int:
+        """Tokens a lease is promised at admission: all it may reach, or its tokens so far and
+        the headroom."""
+        worst = len(s.prompt) + s.max_tokens
+        h = self.limits.headroom
+        return worst if h is None else min(worst, len(s.tokens) + h)
 
     def _alone(self) -> Sequence | None:
         """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead
@@ -244,6 +269,7 @@ class Loop:
 
     def _end(self, s: Sequence, finish: str) -> None:
         s.finish = finish
+        self._hold = False
         if s.lease is not None:
             if finish == "abort":
                 self.paging.pool.free(s.lease)

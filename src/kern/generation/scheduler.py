@@ -44,3 +44,9 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
             rows.append(Row(r.id, n))
             left -= n
     return rows
+
+
+def victim(running: Sequence[Running]) -> str:
+    """The request to preempt when the budget cannot grow the running ones: the youngest
+    (admitted last), whose checkpoint is smallest and whose wait is fairest."""
+    return running[-1].id

@@ -91,6 +91,9 @@ class Engine:
         self.paging = Paging(pool, self) if pool else None
 
     def _plan_pool(self, budget: int, host_bytes: int) -> Pool:
+        if host_bytes and not getattr(self.device, "state_io", False):
+            raise DeviceError(f"a host tier needs state bytes copied to host memory, which the {self.device.kind} "
+                              "device does not do yet; load without host_bytes")
         page_tokens = set(self.protocol.paged_states.values())
         if len(page_tokens) != 1:
             raise DeviceError(f"paging needs one page size for every paged state; the manifest's page tables give "
@@ -274,17 +277,11 @@ class Engine:
 
     def read_state(self, state: str, offset: int, nbytes: int) -> np.ndarray:
         """Bytes of a state's memory (a checkpoint's page parked to host memory)."""
-        return self._state_io(state).read(self.states[state], "u8", (nbytes,), offset)
+        return self.device.read(self.states[state], "u8", (nbytes,), offset)
 
     def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
         """Write bytes into a state's memory (a parked page woken)."""
-        self._state_io(state).write(self.states[state], data, offset)
-
-    def _state_io(self, state: str):
-        if not getattr(self.device, "state_io", False):
-            raise DeviceError(f"state {state!r}: this device cannot copy state bytes to host memory; "
-                              "run without a host tier")
-        return self.device
+        self.device.write(self.states[state], data, offset)
 
     def page_bytes(self, state: str) -> int:
         return self.state_bytes[state]

@@ -142,4 +142,13 @@ class Paging:
             if isinstance(r, Evict) and (plan := self.pool.evict_one()) is not None:
                 self.execute(plan)
                 continue
-            raise OutOfMemory(f"the state budget cannot grow a request past {len(lease.tokens)} tokens")
+            raise Busy(f"the state budget cannot grow a request past {len(lease.tokens)} tokens now")
+
+    def try_grow(self, lease, tokens: int) -> bool:
+        """Bind pages for `tokens` more tokens of the lease (past its promise the budget is
+        asked again); False when live requests hold the memory."""
+        try:
+            self.extend(lease, [], ahead=tokens)
+        except Busy:
+            return False
+        return True
