@@ -18,7 +18,7 @@ from ..manifest.verify import Verified
 from .errors import BoundsError, DeviceError
 from .lower import Launch, lower_program
 from .modules import fetch
-from .safetensors import Checkpoint
+from .safetensors import WeightFiles
 from .dtypes import NP
 from .weights import bind_all
 
@@ -67,7 +67,7 @@ class Engine:
         if weights_needed:
             if weights is None:
                 raise DeviceError("this manifest binds weights: give the checkpoint folder")
-            ckpt = Checkpoint(weights)
+            ckpt = WeightFiles(weights)
             by_dtype: dict[str, dict] = {}
             for n, (b, s) in weights_needed.items():
                 by_dtype.setdefault(b.dtype, {})[n] = (b, s)
