@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .manifest.problems import ManifestError
+from .runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from .runtime.errors import KernError
 
 
@@ -40,7 +41,7 @@ def main(args) -> int:
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))
-    except (KernError, ManifestError) as exc:
+    except (KernError, ManifestError, CudaUnavailable) as exc:
         print(f"kern run: {exc}", file=sys.stderr)
         return 1
     print()
