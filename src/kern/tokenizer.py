@@ -30,10 +30,10 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.exists():
             raise KernError(f"{path}: missing; a checkpoint folder needs its tokenizer.json to run on text")
-        read_object(path)  # a damaged file is named here, in kern's words
         try:
             self.tok = HFTokenizer.from_file(str(path))
         except Exception:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
+            read_object(path)  # says, in kern's words, when the file is not even a JSON object
             raise KernError(f"{path}: not a tokenizer the tokenizers library can load "
                             "(valid JSON, but its model, normalizer or pre_tokenizer is malformed)") from None
         cfg_path = folder / "tokenizer_config.json"
