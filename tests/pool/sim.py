@@ -8,7 +8,6 @@ import numpy as np
 
 from kern.pool import (
     Checkpoint,
-    CpuExecutor,
     Evict,
     Granted,
     Lease,
@@ -19,6 +18,8 @@ from kern.pool import (
     StateDecl,
     Wait,
 )
+
+from .executor import CpuExecutor
 
 M64 = (1 << 64) - 1
 

@@ -1,11 +1,8 @@
-"""The two things the pool hands out, each made only by the pool after its checks."""
+"""The two things the pool hands out, each made only by the pool after its checks. A pool
+answers for its own handles only: one from another pool, or one that has ended, is refused
+with a PoolError naming it."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kern.pool.radix import Node
 
 
 class Lease:
@@ -49,14 +46,13 @@ class Checkpoint:
     """A finished request's state, frozen: its tokens and where their state lives, on the
     device (`units`, per kind), in host memory (`host`, host units per kind), or both."""
 
-    __slots__ = ("id", "tokens", "units", "host", "node")
+    __slots__ = ("id", "tokens", "units", "host")
 
     def __init__(self, id: int, tokens: tuple[int, ...], units: tuple[tuple[int, ...], ...] | None):
         self.id = id
         self.tokens = tokens
         self.units = units
         self.host: tuple[tuple[int, ...], ...] | None = None
-        self.node: Node | None = None
 
     @property
     def on_device(self) -> bool:
