@@ -137,12 +137,7 @@ class Leases:
     def advance(self, leases: Sequence[Lease], tokens: Sequence[int]) -> list[tuple[Lease, Remap | Refusal]]:
         if len(leases) != len(tokens):
             raise PoolError(f"pool.advance: {len(leases)} leases and {len(tokens)} tokens; give one token per lease")
-        seen: set[int] = set()
-        for lease in leases:
-            self.check(lease, "pool.advance")
-            if lease.id in seen:
-                raise PoolError(f"pool.advance: {lease!r} is listed twice; a step gives each lease one token")
-            seen.add(lease.id)
+        self._distinct_live(leases)
         pt = self.pt
         paged = [(b, b.kind.index) for b in self.device.paged]
         stuck: list[tuple[Lease, Remap | Refusal]] = []
@@ -167,6 +162,16 @@ class Leases:
                 b.reserved -= 1
             toks.append(t)
         return stuck
+
+    def _distinct_live(self, leases: Sequence[Lease]) -> None:
+        """PoolError unless `leases` are live leases of this pool, each listed once."""
+        live = self.live
+        for lease in leases:  # a step's hot path: the full check only for what fails this one
+            if not isinstance(lease, Lease) or live.get(lease.id) is not lease:
+                self.check(lease, "pool.advance")
+        if len({x.id for x in leases}) < len(leases):  # live leases of this pool: an id is one lease
+            twice = next(x for i, x in enumerate(leases) if x in leases[:i])
+            raise PoolError(f"pool.advance: {twice!r} is listed twice; a step gives each lease one token")
 
     # -- ending -----------------------------------------------------------------------------
     def free(self, lease: Lease) -> None:
