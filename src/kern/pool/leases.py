@@ -3,8 +3,8 @@ tokens are written, and ending it.
 
 A lease's pages past `len(tokens) // page_tokens` are its own and only it writes them; earlier
 pages may be shared. Promised pages (`reserved`) are counted in every paged state's books, so
-growth within the promise never waits. Every call checks its arguments before it changes
-anything: a refused call leaves the books as they were.
+growth within the promise never waits. Pool vets the handles before it calls in here (advance
+vets its own lists); nothing here changes the books before the last check has passed.
 """
 
 from __future__ import annotations
