@@ -160,3 +160,14 @@ def test_the_refusals_hold_under_python_O():
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert f"{len(CASES)} passed" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda lease: lease.page_table("rec"), "no paged state named 'rec'"),
+    (lambda lease: lease.page_table("nope"), "no paged state named 'nope'"),
+    (lambda lease: lease.slot("kv"), "no per-sequence state named 'kv'"),
+])
+def test_a_lease_names_the_state_it_does_not_have(call, named):
+    p, h = world()
+    with pytest.raises(PoolError, match=re.escape(f"{h['live']!r}: the pool has {named}")):
+        call(h["live"])

@@ -23,7 +23,7 @@ from kern.pool.units import Books
 class DeviceBooks:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.index = {k.name: k.index for k in layout.kinds}  # state name -> kind index
+        self.kinds = {k.name: k for k in layout.kinds}  # paged and per-sequence states by name
         self.books = [Books(k, layout.dynamic) for k in layout.kinds]
         self.paged = tuple(b for b in self.books if b.kind.paged)
         self.owner: dict[int, tuple[int, int]] = {}  # dynamic chunk -> (kind, place)
@@ -43,7 +43,7 @@ class DeviceBooks:
             for j, i in enumerate(paged):
                 counts[i] += rest // len(paged) + (j < rest % len(paged))
         else:
-            unknown = [s for s in split if s not in self.index]
+            unknown = [s for s in split if s not in self.kinds]
             if unknown:
                 raise LayoutError(f"pool: split names no paged or per-sequence state: {unknown}")
             counts = [split.get(b.kind.name, 0) for b in self.books]
@@ -110,17 +110,23 @@ class DeviceBooks:
             raise PoolError(f"pool.remapped: {plan!r} is not a plan")
         places: list[tuple[int, int]] = []
         for m in plan.maps:
-            k = self.index.get(m.state)
-            if k is None or not self._awaits(k, m) or (k, m.vchunk) in places:
+            place = self._awaiting(m)
+            if place is None or place in places:
                 raise PoolError(f"pool.remapped: {m} is not a remap in flight")
-            places.append((k, m.vchunk))
-        for k, place in places:
-            self.books[k].open(place)
+            places.append(place)
+        for k, vchunk in places:
+            self.books[k].open(vchunk)
             self.in_flight -= 1
 
-    def _awaits(self, k: int, m: Map) -> bool:
-        b = self.books[k]
-        return 0 <= m.vchunk < len(b.vmap) and b.vmap[m.vchunk] == m.chunk and b.pending[m.vchunk]
+    def _awaiting(self, m: Map) -> tuple[int, int] | None:
+        """(kind, place) when `m` is a map the books made and the runtime has not confirmed."""
+        kind = self.kinds.get(m.state)
+        if kind is None:
+            return None
+        b = self.books[kind.index]
+        if 0 <= m.vchunk < len(b.vmap) and b.vmap[m.vchunk] == m.chunk and b.pending[m.vchunk]:
+            return kind.index, m.vchunk
+        return None
 
     def unreserve(self, pages: int) -> None:
         """Withdraw a promise of `pages` pages of every paged state."""

@@ -84,7 +84,7 @@ class Leases:
         bound = len(units[paged[0].kind.index]) - shared if paged else 0
         self.device.unreserve(bound)
         self.ids += 1
-        lease = Lease(self.ids, tokens, units, pages - bound, self.device.index)
+        lease = Lease(self.ids, tokens, units, pages - bound, self.device.kinds)
         self.live[lease.id] = lease
         if isinstance(src, Checkpoint):
             self.index.touch(self.index.nodes[src.id])
