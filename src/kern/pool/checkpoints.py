@@ -16,10 +16,7 @@ from kern.pool.index import PrefixIndex
 from kern.pool.leases import Leases
 from kern.pool.plans import EMPTY, Plan, ToHost
 from kern.pool.results import Evict, NeverFits
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
+from kern.pool.states import ceil_div
 
 
 class Checkpoints:
@@ -33,7 +30,7 @@ class Checkpoints:
     def checkpoint(self, lease: Lease) -> Checkpoint | None:
         if lease.ahead:
             lease.ahead = 0
-            self.leases.shrink(lease, _ceil(len(lease.tokens), self.layout.page_tokens))
+            self.leases.shrink(lease, ceil_div(len(lease.tokens), self.layout.page_tokens))
         self.device.unreserve(lease.reserved)
         tokens = tuple(lease.tokens)
         if not tokens:
@@ -101,7 +98,7 @@ class Checkpoints:
             return EMPTY
         if not self.host.make_room(self.host.missing(ckpt.units)):
             hb = self.host.books
-            whole = sum(_ceil(len(us), hb[k].per_chunk) for k, us in enumerate(ckpt.units))
+            whole = sum(ceil_div(len(us), hb[k].per_chunk) for k, us in enumerate(ckpt.units))
             if whole > self.layout.host_chunks:
                 return NeverFits(whole, self.layout.host_chunks)
             return Evict(tuple((self.device.books[k].kind.name, len(us)) for k, us in enumerate(ckpt.units)))

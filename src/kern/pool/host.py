@@ -9,12 +9,8 @@ a device unit that goes free, or a host unit that goes free, takes its links wit
 from __future__ import annotations
 
 from kern.pool.admission import DeviceBooks
-from kern.pool.states import Layout
+from kern.pool.states import Layout, ceil_div
 from kern.pool.units import Books
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class HostTier:
@@ -46,7 +42,7 @@ class HostTier:
     def make_room(self, missing: list[int]) -> bool:
         """Give each kind enough free host units for `missing` more, moving host chunks to it
         (never-used ones first, then empty ones of kinds with units to spare); all or nothing."""
-        chunks = [_ceil(max(0, m - len(hb.free)), hb.per_chunk) for m, hb in zip(missing, self.books)]
+        chunks = [ceil_div(max(0, m - len(hb.free)), hb.per_chunk) for m, hb in zip(missing, self.books)]
         if not any(chunks):
             return True
         src: list[tuple[int, int]] = [(-1, c) for c, o in enumerate(self.owner) if o < 0]

@@ -11,11 +11,8 @@ from kern.pool.host import HostTier
 from kern.pool.index import PrefixIndex
 from kern.pool.leases import Leases
 from kern.pool.radix import Node
+from kern.pool.states import ceil_div
 from kern.pool.units import Books
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def check(device: DeviceBooks, host: HostTier, index: PrefixIndex, leases: Leases) -> list[Violation]:
@@ -100,7 +97,7 @@ def _device(device: DeviceBooks, index: PrefixIndex, leases: Leases, out: list[V
         for b in books:
             k = b.kind.index
             us = lease.units[k]
-            want = _ceil(n + lease.ahead, pt) if b.kind.paged else 1
+            want = ceil_div(n + lease.ahead, pt) if b.kind.paged else 1
             if len(us) != want:
                 out.append(Violation(f"{where} {b.kind.name}", f"{len(us)} units for {n} tokens, expected {want}"))
             for u in us:
@@ -113,7 +110,7 @@ def _device(device: DeviceBooks, index: PrefixIndex, leases: Leases, out: list[V
         for b in books:
             k = b.kind.index
             us = ckpt.units[k]
-            want = _ceil(n, pt) if b.kind.paged else 1
+            want = ceil_div(n, pt) if b.kind.paged else 1
             if len(us) != want:
                 out.append(Violation(f"checkpoint {ckpt.id} {b.kind.name}", f"{len(us)} units for {n} tokens"))
             for u in us:

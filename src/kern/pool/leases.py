@@ -18,10 +18,7 @@ from kern.pool.host import HostTier
 from kern.pool.index import PrefixIndex
 from kern.pool.plans import Copy, FromHost, Plan
 from kern.pool.results import Granted, Refusal, Remap
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
+from kern.pool.states import ceil_div
 
 
 class Leases:
@@ -44,7 +41,7 @@ class Leases:
         pt, n = self.pt, len(tokens)
         device = src is not None and src.units is not None
         shared = n // pt if device else 0
-        pages = _ceil(reserve, pt) - shared
+        pages = ceil_div(reserve, pt) - shared
         r = self.device.admit(pages, 1, held=shared)
         if r is not None:
             return r
@@ -70,7 +67,7 @@ class Leases:
                     copies.append(Copy(name, have[0], mine[0]))
             else:  # wake from the host tier straight into the new lease
                 host = src.host[k]  # type: ignore[union-attr]
-                count = _ceil(n, pt) if b.kind.paged else 1
+                count = ceil_div(n, pt) if b.kind.paged else 1
                 mine = [b.take() for _ in range(count)]
                 for i, u in enumerate(mine):
                     h = host[i]
@@ -100,7 +97,7 @@ class Leases:
             lease.ahead = ahead
             return None
         have = len(lease.units[paged[0].kind.index])
-        new = _ceil(after, pt) - have
+        new = ceil_div(after, pt) - have
         if new < 0:  # fewer tokens ahead than pages were bound for
             self.shrink(lease, have + new)
         if new > lease.reserved:
