@@ -2,11 +2,14 @@
 evicted, dropped.
 
 A checkpoint lives on the device (`units`), in the host tier (`host`), or both; with neither
-it leaves the index. Eviction takes device checkpoints with no device checkpoint below them,
-so a longer prefix never outlives the shorter one it extends on the device.
+it leaves the index. Eviction takes device checkpoints with no device checkpoint below them
+(leaves first): a shorter prefix leaves the device only after every longer one that extends
+it, so nothing is stranded.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from kern.pool.admission import DeviceBooks
 from kern.pool.errors import broken
@@ -59,7 +62,7 @@ class Checkpoints:
         self.index.touch(node)
         return ckpt
 
-    def _release(self, units, leases: int) -> None:
+    def _release(self, units: Sequence[Sequence[int]], leases: int) -> None:
         for k, us in enumerate(units):
             for u in us:
                 self.host.release(k, u, leases)

@@ -55,7 +55,9 @@ class Lease:
 
 class Checkpoint:
     """A finished request's state, frozen: its tokens and where their state lives, on the
-    device (`units`, per kind), in host memory (`host`, host units per kind), or both."""
+    device (`units`, per kind), in host memory (`host`, host units per kind), or both. The
+    pool's prefix index files it by id; it is that pool's while the index files this very
+    object there. Read-only outside the pool."""
 
     __slots__ = ("id", "tokens", "units", "host")
 
