@@ -57,6 +57,7 @@ class Sim:
         self.ex = CpuExecutor(pool.layout)
         self.ex.execute(pool.initial_plan)
         self.leases: list[tuple[Lease, list[int]]] = []  # live leases and the tokens they hold
+        self.ended: list[Lease] = []  # freed or checkpointed: every pool call must refuse them
         self.ckpt_tokens: dict[int, tuple[int, ...]] = {}  # checkpoint id -> tokens it holds
         self.remaps: list[Plan] = []  # run, not yet acknowledged
         self.hold_remaps = hold_remaps
@@ -178,6 +179,7 @@ class Sim:
 
     def finish(self, i: int, keep: bool) -> Checkpoint | None:
         lease, toks = self.leases.pop(i)
+        self.ended.append(lease)
         if not keep:
             self.pool.free(lease)
             return None
