@@ -36,9 +36,10 @@ def test_top_level_not_an_object():
     assert only("[1, 2]") == ("manifest", "expected a JSON object at the top level, got list")
 
 
-def test_empty_object_names_every_missing_field():
+def test_empty_object_names_every_missing_field_and_what_else_is_wrong():
     found = {(p.where, p.what) for p in problems("{}")}
-    assert found == {(f, "missing required field") for f in ("schema_version", "model", "target")}
+    assert found == {*((f, "missing required field") for f in ("schema_version", "model", "target")),
+                     ("programs", "no programs")}
 
 
 def test_json_nested_too_deeply():
