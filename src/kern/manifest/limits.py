@@ -16,8 +16,9 @@ MAX_DIMS = 8  # dimensions of a buffer shape
 MAX_RANKS = 4096  # topology.ranks
 
 # What the runtime allocates at load (buffers at the var maxima, the least of each state) must
-# fit one device of the target: the largest NVIDIA GPU's memory, or a large host's.
-MEMORY = {"cuda": 192 << 30, "cpu": 64 << 30}
+# fit one device of the target: the largest NVIDIA GPU's memory (B200), or a large host's. What
+# fits here but not on this machine is the engine's refusal at load, naming the buffer.
+MEMORY = {"cuda": 192 << 30, "cpu": 1 << 40}
 
 # Per target device: block dims, threads per block, grid dims, shared memory per block.
 CUDA = {

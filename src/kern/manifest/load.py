@@ -111,18 +111,22 @@ class _Flags:
         return v
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_KEEP_ONLY_QUOTES_AND_BRACKETS = bytes(c for c in range(256) if chr(c) not in '"[]{}')
+_STRING = re.compile(rb'"[^"]*"')
 
 
 def _nested_deeper(text: str, limit: int) -> bool:
-    """Whether JSON text nests deeper than limit: strip strings and all but brackets, then peel
-    the innermost pairs once per level (at most `limit` passes, each linear, in C)."""
-    s = _NOT_BRACKET.sub("", _STRING.sub("", text)).replace("{", "[").replace("}", "]")
+    """Whether JSON text nests deeper than limit, in a few linear passes in C: drop escaped
+    backslashes and quotes, then every byte but quotes and brackets, then strings; peel the
+    innermost bracket pairs once per level (at most `limit` passes)."""
+    if "\\" in text:
+        text = text.replace("\\\\", "").replace('\\"', "")
+    s = _STRING.sub(b"", text.encode("utf-8", "surrogatepass").translate(None, _KEEP_ONLY_QUOTES_AND_BRACKETS))
+    s = s.replace(b"{", b"[").replace(b"}", b"]")
     for _ in range(limit):
         if not s:
             return False
-        s = s.replace("[]", "")
+        s = s.replace(b"[]", b"")
     return bool(s)
 
 
@@ -133,7 +137,8 @@ def _raw_problems(raw: dict, deep: bool) -> list[tuple[tuple, str]]:
     while stack:
         node, path = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
-            out.append((path, f"not a finite number ({node!r}); numbers must be finite"))
+            written = "NaN" if node != node else "Infinity" if node > 0 else "-Infinity"
+            out.append((path, f"{written} is not a number a manifest can hold (numbers are finite)"))
         elif isinstance(node, (dict, list)):
             if deep and len(path) >= MAX_DEPTH:
                 cut = next((i for i, k in enumerate(path) if k in _EXPR_TAGS), len(path))
@@ -193,7 +198,6 @@ def _partial(raw: dict, bad: set[tuple], problems: list[Problem]) -> Parsed:
         if k not in raw:
             problems.append(Problem(k, "missing required field"))
     good: dict = {k: v for k, v in top.items() if (k,) not in bad}
-    calls_bad: set[tuple[str, int]] = set()
     for sec, entries in sections.items():
         kept = {}
         for name, value in entries.items():
@@ -208,7 +212,7 @@ def _partial(raw: dict, bad: set[tuple], problems: list[Problem]) -> Parsed:
                         problems.extend(_errors(exc, (sec, name, "calls", i)))
                         calls.append(None)
                     if calls[-1] is None:
-                        calls_bad.add((name, i))
+                        bad.add((sec, name, "calls", i))
                         calls[-1] = {"op": BROKEN_OP, "args": []}
                     else:
                         calls[-1] = call
@@ -233,7 +237,7 @@ def _partial(raw: dict, bad: set[tuple], problems: list[Problem]) -> Parsed:
             node = node.get(k) if isinstance(node, dict) else node[k] if isinstance(node, list) else None
         mentions |= _strings(node)
     entries = frozenset(".".join(map(str, u)) for u in bad if len(u) <= 2)
-    return Parsed(m, problems, Broken(entries, frozenset(calls_bad | {(u[1], u[3]) for u in bad if len(u) == 4}),
+    return Parsed(m, problems, Broken(entries, frozenset((u[1], u[3]) for u in bad if len(u) == 4),
                                       frozenset(mentions)))
 
 
