@@ -1,12 +1,14 @@
 """9. programs: no read before write; no writes to inputs or weights; every output written; at
-least one program steps a batch; a stepping program has at most one buffer per serving role."""
+least one program steps a batch; a stepping program has at most one buffer per serving role,
+and each role buffer's first axis holds what the role counts for the program's batch."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from ..context import Context
-from ..model import BufArg
+from ..expr import ExprError, evaluate
+from ..model import Add, BufArg, Mul
 from ..problems import Problem
 
 _NOT_WRITTEN_BY_CALLS = ("input", "weight", "pointers")  # the caller, the checkpoint, the runtime
@@ -38,6 +40,7 @@ def programs(c: Context) -> Iterator[Problem]:
                 yield Problem(f"programs.{pname}.batch.reach", f"names no var: {reach!r} "
                               f"(vars: {', '.join(m.vars) or 'none'})")
             yield from _roles(c, pname, accesses[pname])
+            yield from _role_axes(c, pname, accesses[pname])
         ready = {n for n, k in kind_of.items() if k in ("input", "weight", "pointers", "peer")}
         if c.broken.calls_of(pname):
             ready |= maybe
@@ -79,6 +82,44 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
                 yield Problem(f"programs.{pname}.calls[{ci}] (op {op})", f"touches buffer {bname!r} of role "
                               f"{role!r}, but program {pname!r} already has {holder[role]!r} in that role")
                 holder[role] = bname  # report each extra holder once
+
+
+# What the first axis of a role buffer counts: the batch's groups, its rows in all (groups x rows
+# when rows is fixed; the rows var when ragged), or groups + 1 (offsets).
+_ROLE_AXIS = {"token": ("rows",), "position": ("rows",), "cu_seqlens": ("groups + 1",), "slot": ("groups",),
+              "seq_len": ("groups",), "tokens": ("groups", "rows"), "logits": ("groups", "rows")}
+
+
+def _role_axes(c: Context, pname: str, accesses) -> Iterator[Problem]:
+    batch = c.m.programs[pname].batch
+    g, r = batch.groups, batch.rows
+    ragged = isinstance(r, str) and r in c.m.vars
+    counts = {"groups": g, "rows": r if ragged else Mul(mul=[g, r]), "groups + 1": Add(add=[g, 1])}
+    seen: set[str] = set()
+    for _, touched, _, _ in accesses:
+        for bname in touched:
+            b = c.m.buffers[bname]
+            if b.fill is None or bname in seen:
+                continue
+            seen.add(bname)
+            wants = _ROLE_AXIS[b.fill]
+            if not b.shape:
+                yield Problem(f"buffers.{bname}.shape", f"role {b.fill!r} needs a first axis of {wants[0]}")
+                continue
+            try:
+                got = [evaluate(b.shape[0], env) for env in (c.at_min, c.at_max)]
+                fits = any(got == [evaluate(counts[w], env) for env in (c.at_min, c.at_max)] for w in wants)
+            except ExprError:
+                continue  # reported where the expression stands
+            if not fits:
+                yield Problem(f"buffers.{bname}.shape[0]",
+                              f"holds role {b.fill!r} for program {pname!r}, which steps {_expr(g)} groups of "
+                              f"{_expr(r)} rows: must be {' or '.join(wants)} ({got[0]} to {got[1]} at the var "
+                              "bounds)")
+
+
+def _expr(e) -> str:
+    return str(e) if isinstance(e, (int, str)) else "an expression"
 
 
 def _accesses(c: Context, pname: str):
