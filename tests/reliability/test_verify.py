@@ -61,7 +61,8 @@ CASES = [
     ("schema errors break only their entry, each named", _every_schema_entry_broken_alone,
      [("buffers.d_h.colour", "unknown field"), ("programs.decode.calls[3].args[0]", "expected a call argument"),
       ("states.kv.bytes_per_token", "unknown name '2'"), ("vars.context.max", "valid integer")]),
-    ("a rank count of two billion is refused at once", _set(("topology",), {"ranks": 2_000_000_000, "groups": {"tp": [[0]]}}),
+    ("a rank count of two billion is refused at once",
+     _set(("topology",), {"ranks": 2_000_000_000, "groups": {"tp": [[0]]}}),
      [("topology.ranks", "must lie in [1, 4096]")]),
     ("a rank list of ten thousand is judged by counting", _set(("topology",), {"ranks": 4096, "groups": {
         "tp": [list(range(10_000))]}}), [("topology.groups.tp", "lie outside [0, 4096)")]),
@@ -76,7 +77,8 @@ CASES = [
      [("vars.seqs.max", "Infinity is not a number")]),
     ("a float literal past the double range is Infinity, refused", _raw('"max": 32', '"max": 1e999'),
      [("vars.seqs.max", "Infinity is not a number")]),
-    ("an expression nested too deeply is named where it starts", _raw('"constants": {', f'"constants": {{"deep": {DEEP}, '),
+    ("an expression nested too deeply is named where it starts",
+     _raw('"constants": {', f'"constants": {{"deep": {DEEP}, '),
      [("constants.deep", "nested too deeply to read")]),
 ]
 

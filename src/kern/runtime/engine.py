@@ -50,7 +50,8 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
     try:
         return alloc(*args, **kw)
     except MemoryError:
-        raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes ({nbytes / 2**30:.1f} GiB)") from None
+        raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes "
+                          f"({nbytes / 2**30:.1f} GiB)") from None
 
 
 class Engine:

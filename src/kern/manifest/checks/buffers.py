@@ -55,7 +55,8 @@ def buffers(c: Context) -> Iterator[Problem]:
             for axis in ("rows", "cols"):
                 rng = getattr(seg, axis)
                 if rng is not None and not (0 <= rng[0] < rng[1] <= MAX_BYTES):
-                    yield Problem(f"{where}.bind[{i}].{axis}", f"range must satisfy 0 <= lo < hi, got {list(rng)}")
+                    yield Problem(f"{where}.bind[{i}].{axis}",
+                                  f"range must satisfy 0 <= lo < hi <= {MAX_BYTES}, got {list(rng)}")
         yield from _peer_and_pointers(c, where, b)
 
 

@@ -26,7 +26,8 @@ def programs(c: Context) -> Iterator[Problem]:
     # what calls that did not parse may touch: never reported as read before written
     maybe = {n for n in kind_of if c.mentioned(n)}
     accesses = {pname: list(_accesses(c, pname)) for pname in m.programs}
-    written_anywhere = {b for acc in accesses.values() for _, _, _, writes in acc for b, _ in writes} | maybe
+    written_anywhere = maybe.union(*(unsure for acc in accesses.values() for *_, unsure in acc))
+    written_anywhere.update(b for acc in accesses.values() for _, _, _, writes, _ in acc for b, _ in writes)
     for pname, prog in m.programs.items():
         if prog.once and prog.batch is not None:
             yield Problem(f"programs.{pname}", "a once program runs at load and steps no batch")
@@ -45,7 +46,8 @@ def programs(c: Context) -> Iterator[Problem]:
         if c.broken.calls_of(pname):
             ready |= maybe
         calls = prog.calls
-        for ci, touched, reads, writes in accesses[pname]:
+        for ci, touched, reads, writes, unsure in accesses[pname]:
+            ready |= unsure
             for r in reads:
                 if r in ready:
                     continue
@@ -72,7 +74,7 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
     """A stepping program touches at most one buffer per serving role."""
     fill_of = {n: b.fill for n, b in c.m.buffers.items() if b.fill is not None}
     holder: dict[str, str] = {}
-    for ci, touched, _, _ in accesses:
+    for ci, touched, *_ in accesses:
         for bname in touched:
             role = fill_of.get(bname)
             if role is None:
@@ -96,7 +98,7 @@ def _role_axes(c: Context, pname: str, accesses) -> Iterator[Problem]:
     ragged = isinstance(r, str) and r in c.m.vars
     counts = {"groups": g, "rows": r if ragged else Mul(mul=[g, r]), "groups + 1": Add(add=[g, 1])}
     seen: set[str] = set()
-    for _, touched, _, _ in accesses:
+    for _, touched, *_ in accesses:
         for bname in touched:
             b = c.m.buffers[bname]
             if b.fill is None or bname in seen:
@@ -123,12 +125,14 @@ def _expr(e) -> str:
 
 
 def _accesses(c: Context, pname: str):
-    """(call index, buffers touched, buffers read, (buffer, arg index) written) per call, in order;
-    calls whose op does not resolve are left out."""
+    """(call index, buffers touched, buffers read, (buffer, arg index) written, buffers unsure) per
+    call, in order. A call that cannot be judged (its op or its arguments do not resolve) leaves
+    every buffer it passes unsure: it may write them, so none is later "read before written"."""
     buffers = c.m.buffers
     for ci, call in enumerate(c.m.programs[pname].calls):
         params = c.params.get(call.op)
         if params is None or len(params) != len(call.args):
+            yield ci, [], [], [], {a.buf for a in call.args if type(a) is BufArg and a.buf in buffers}
             continue
         touched, reads, writes = [], [], []
         for ai, (p, a) in enumerate(zip(params, call.args)):
@@ -138,4 +142,4 @@ def _accesses(c: Context, pname: str):
                     reads.append(a.buf)
                 if p.direction != "in":
                     writes.append((a.buf, ai))
-        yield ci, touched, reads, writes
+        yield ci, touched, reads, writes, set()
