@@ -266,17 +266,16 @@ def test_well_typed_nonsense(tiny_dict, data):
 PLACE = re.compile(r"\b(programs|buffers|states|modules|ops|vars|constants)\.[\w.\[\]]+|program '|module '")
 
 
-@pytest.fixture(scope="module")
-def tiny_deployment(tmp_path_factory) -> tuple[Path, dict]:
-    """(checkpoint folder, manifest dict) of the runtime tests' tiny random llama, on the cpu."""
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny_deployment(request, tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint folder, manifest path) of one of the runtime tests' tiny random models, on the cpu."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from kern.registry import deployment_for
     from tests.runtime.conftest import tiny_checkpoint
 
-    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama")
-    man = deployment_for(ckpt, "cpu")
-    return ckpt, man
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
+    return ckpt, deployment_for(ckpt, "cpu")
 
 
 def step_every_program(v, ckpt: Path) -> None:
@@ -346,7 +345,7 @@ def test_a_verified_mutation_runs_or_raises_a_kern_error_naming_its_place(tiny_d
     ckpt, man = tiny_deployment
     base = json.loads(man.read_text())
     outcomes = {"unverified": 0, "ran": 0, "refused": 0}
-    for seed in range(240):
+    for seed in range(150):
         d = copy.deepcopy(base)
         what = mutate(d, random.Random(seed))
         try:
@@ -355,7 +354,7 @@ def test_a_verified_mutation_runs_or_raises_a_kern_error_naming_its_place(tiny_d
             raise AssertionError(f"seed {seed}, {what}: the engine crashed with {type(exc).__name__}") from exc
         outcomes[out if out in outcomes else "refused"] += 1
     # the mutations reach the engine both ways: some run, some are refused there
-    assert outcomes["ran"] >= 20 and outcomes["refused"] >= 20, outcomes
+    assert outcomes["ran"] >= 15 and outcomes["refused"] >= 15, outcomes
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="caps memory through /proc and RLIMIT_AS")
