@@ -206,16 +206,16 @@ def _partial(raw: dict, bad: set[tuple], problems: list[Problem]) -> Parsed:
             if sec == "programs" and isinstance(value, dict) and isinstance(value.get("calls"), list):
                 calls = []
                 for i, call in enumerate(value["calls"]):
-                    try:
-                        calls.append(_CALL.validate_python(call) if (sec, name, "calls", i) not in bad else None)
-                    except ValidationError as exc:
-                        problems.extend(_errors(exc, (sec, name, "calls", i)))
-                        calls.append(None)
-                    if calls[-1] is None:
-                        bad.add((sec, name, "calls", i))
-                        calls[-1] = {"op": BROKEN_OP, "args": []}
-                    else:
-                        calls[-1] = call
+                    unit = (sec, name, "calls", i)
+                    if unit not in bad:
+                        try:
+                            _CALL.validate_python(call)
+                            calls.append(call)
+                            continue
+                        except ValidationError as exc:
+                            problems.extend(_errors(exc, unit))
+                    bad.add(unit)
+                    calls.append({"op": BROKEN_OP, "args": []})
                 value = {**value, "calls": calls}
             found = _try({sec: {name: value}})
             if found:
