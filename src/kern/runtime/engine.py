@@ -45,6 +45,15 @@ def nbytes(eng: "Engine", buffer: str, env: dict[str, int]) -> int:
     return prod(eng.shape(buffer, env)) * DTYPE_BYTES[eng.m.buffers[buffer].dtype]
 
 
+def _alloc(where: str, nbytes: int, alloc, *args, **kw):
+    """`alloc(*args, **kw)`; memory the device cannot give is a DeviceError naming the buffer."""
+    try:
+        return alloc(*args, **kw)
+    except MemoryError:
+        raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes "
+                          f"({nbytes / 2**30:.1f} GiB)") from None
+
+
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device=None,
                  state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None,
@@ -74,7 +83,8 @@ class Engine:
             for dt, group in by_dtype.items():
                 host_weights.update(bind_all(group, ckpt, NP[dt]))
         for n, b in self.m.buffers.items():
-            self.buffers[n] = self.device.alloc(b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
+            self.buffers[n] = _alloc(f"buffers.{n}", prod(self.shapes[n]) * DTYPE_BYTES[b.dtype], self.device.alloc,
+                                     b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
         self.launches: dict[str, list[Launch]] = {p: lower_program(v, p) for p in self.m.programs}
@@ -106,7 +116,7 @@ class Engine:
                 size = evaluate(st.bytes, self.consts)
                 self.state_bytes[name] = size
             chunked = chunk_bytes if name in sizes and st.bytes is None else None
-            self.states[name] = self.device.alloc_state(size, chunk_bytes=chunked)
+            self.states[name] = _alloc(f"states.{name}", size, self.device.alloc_state, size, chunk_bytes=chunked)
 
     # ---- stepping ----------------------------------------------------------------------
     def env(self, program: str, vars: dict[str, int]) -> dict[str, int]:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...manifest.expr import evaluate
 from ..dtypes import NP
+from ..errors import DeviceError, LaunchError, ModuleError
 from ..lower import Launch, Scalar, StateRef, View
 
 
@@ -65,10 +66,10 @@ class CpuProgram:
         self.steps: list[tuple[Callable, list]] = []
         for l in launches:
             if l.entry.startswith("extern:"):
-                raise NotImplementedError(f"{l.where}: the cpu device has no extern {l.entry}")
+                raise DeviceError(f"{l.where}: the cpu device has no extern {l.entry}")
             fn = getattr(dev.modules[l.module], l.entry, None)
-            if fn is None:
-                raise AttributeError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
+            if not callable(fn):
+                raise ModuleError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
             getters = []
             for a in l.args:
                 if isinstance(a, View):
@@ -117,6 +118,11 @@ class CpuProgram:
         for i, (fn, args) in enumerate(self.bind(env)):
             if trace is not None:
                 trace(i, "before", args)
-            fn(*args)
+            try:
+                fn(*args)
+            except Exception as exc:  # a kernel that fails on a verified manifest: say which launch
+                l = self.launches[i]
+                raise LaunchError(f"{l.where}: {l.module}.{l.entry} failed on the cpu device "
+                                  f"({type(exc).__name__}: {exc})") from exc
             if trace is not None:
                 trace(i, "after", args)
