@@ -11,7 +11,7 @@ import pytest
 from kern.manifest import load_verified
 from kern.manifest.expr import evaluate
 from kern.runtime.devices.cuda import device as cuda_device
-from kern.runtime.devices.cuda.launch import Kernel, Launch
+from kern.runtime.devices.cuda.launch import Kernel, PackedLaunch
 from kern.runtime.devices.cuda.params import parse_kinds
 from kern.runtime.lower import lower_program
 
@@ -73,7 +73,7 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
     env = {**sm90.constants, "tokens": 5, "seqs": 2, "context": sm90.manifest.vars["context"].max,
            "reach": sm90.manifest.vars["reach"].max}
     items = prog.resolve(env)
-    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
+    rope = next(i for i in items if isinstance(i, PackedLaunch) and i.kernel.name == "rope")
     q, k = rope.args[0], rope.args[1]
     assert q == bufs["p_qkv"].ptr
     assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
@@ -85,9 +85,9 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
     dec, _ = _program(sm90, "decode")
     env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512, "reach": 512}
     pre_items = pre.resolve(env)
-    assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
+    assert sum(1 for i in pre_items if not isinstance(i, PackedLaunch)) == 4 * 2  # qkv, o, gate_up, down per layer
     dec_items = dec.resolve(env)
-    assert all(isinstance(i, Launch) for i in dec_items)
+    assert all(isinstance(i, PackedLaunch) for i in dec_items)
     names = [i.kernel.name for i in dec_items]
     # a layer: norm+qkv+rope+kv append, attention (splits merged inside), o+residual,
     # norm+gate/up+SwiGLU, down+residual
@@ -118,7 +118,7 @@ def test_each_shape_bucket_resolves_once(sm90):
 def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     pre, bufs = _program(sm90, "prefill")
     items = pre.resolve({**sm90.constants, "tokens": 130, "seqs": 3, "context": 512, "reach": 512})
-    attn = [i for i in items if isinstance(i, Launch) and i.kernel.name == "prefill_attention"]
+    attn = [i for i in items if isinstance(i, PackedLaunch) and i.kernel.name == "prefill_attention"]
     assert len(attn) == 2  # one per layer
     assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)
     assert attn[0].args[5] == bufs["p_attn"].ptr and attn[0].args[6:8] == (130, 3)
