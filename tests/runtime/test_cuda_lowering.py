@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from math import prod
 
+import numpy as np
 import pytest
 
 from kern.manifest import load_verified
@@ -239,3 +240,38 @@ def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
         got = {n: size for n, b in bufs.items() if isinstance(b, _Staged) for p, size in log if p == b.ptr}
         assert got == {"d_ids": 4 * seqs, "d_pos": 4 * seqs, "d_cu_seqlens": 4 * (seqs + 1),
                        "d_page_table": 4 * seqs * pages}
+
+
+class _Mirror:
+    """A pinned host mirror, as plain host memory."""
+
+    def __init__(self, nbytes: int):
+        self.array = np.zeros(nbytes, np.uint8)
+
+
+@pytest.mark.parametrize("dtype,offset", [("i32", 0), ("i32", 3), ("bf16", 5), ("u8", 7)])
+def test_an_offset_write_and_read_land_where_the_cpu_device_puts_them(monkeypatch, dtype, offset):
+    """Device.write / read at an element offset (bytes, for a state): the cuda device's staged
+    mirror and its device copies address the same elements as the cpu device's arrays."""
+    from kern.runtime.devices.cpu import CpuDevice
+    from kern.runtime.dtypes import NP
+
+    values = np.arange(1, 5).astype(NP[dtype])
+    cpu = CpuDevice()
+    ref = cpu.alloc(dtype, 16)
+    cpu.write(ref, values, offset)
+    want = ref.view(np.uint8)
+
+    dev = object.__new__(cuda_device.CudaDevice)
+    dev.stream = None
+    memory = cuda_device.memory
+    staged = memory.StagedBuffer(memory.DeviceBuffer(0x9000, want.nbytes), _Mirror(want.nbytes))
+    dev.write(staged, values, offset)
+    assert staged.host.array.tobytes() == want.tobytes()
+    got = dev.read(staged, dtype, (4,), offset)
+    assert got.tobytes() == values.tobytes() == cpu.read(ref, dtype, (4,), offset).tobytes()
+
+    copies = []
+    monkeypatch.setattr(memory, "copy_to_device", lambda dst, src, stream=None: copies.append((dst, src.nbytes)))
+    dev.write(memory.DeviceBuffer(0x9000, want.nbytes), values, offset)
+    assert copies == [(0x9000 + offset * values.itemsize, values.nbytes)]

@@ -54,6 +54,9 @@ class Program(Protocol):
 class Device(Protocol):
     """A place to run manifests: memory, module loading, lowering and copies."""
 
+    kind: str
+    """The manifest target it runs: cpu or cuda."""
+
     chunk_granularity: int
     """Bytes a pooled state's chunk must be a multiple of (the device's mapping granularity)."""
 
@@ -99,21 +102,23 @@ class Device(Protocol):
             map: (physical chunk, place) pairs to map.
         """
 
-    def write(self, storage: Storage, host: np.ndarray) -> None:
-        """Write `host`'s bytes to the start of a buffer or state.
+    def write(self, storage: Storage, host: np.ndarray, offset: int = 0) -> None:
+        """Write `host`'s values into a buffer or state.
 
         Args:
             storage: the buffer or state.
             host: the values, in the storage's dtype.
+            offset: where they go, in elements of that dtype from the start (bytes, for a state).
         """
 
-    def read(self, storage: Storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A copy of the first prod(shape) elements of a buffer or state.
+    def read(self, storage: Storage, dtype: str, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A copy of prod(shape) elements of a buffer or state.
 
         Args:
             storage: the buffer or state.
             dtype: its manifest dtype (u8 for a state).
             shape: the shape to read them as.
+            offset: the first element read, from the start (a byte, for a state).
 
         Returns:
             A new host array.

@@ -17,6 +17,7 @@ from ..lower import LoweredLaunch, StateRef, View
 
 
 class CpuDevice:
+    kind = "cpu"
     chunk_granularity = 1  # host memory is fully backed: any chunk size maps
 
     def __init__(self) -> None:
@@ -37,13 +38,13 @@ class CpuDevice:
     def remap(self, storage: np.ndarray, unmap: list[int], map: list[tuple[int, int]]) -> None:
         """Host memory is fully backed: a chunk's place needs no mapping."""
 
-    def write(self, storage: np.ndarray, host: np.ndarray) -> None:
+    def write(self, storage: np.ndarray, host: np.ndarray, offset: int = 0) -> None:
         flat = np.ascontiguousarray(host).reshape(-1)
-        storage[:flat.size] = flat
+        storage[offset:offset + flat.size] = flat
 
-    def read(self, storage: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    def read(self, storage: np.ndarray, dtype: str, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
         n = int(np.prod(shape))
-        return storage[:n].reshape(shape).copy()
+        return storage[offset:offset + n].reshape(shape).copy()
 
     def copy_bytes(self, storage: np.ndarray, dst: int, src: int, n: int) -> None:
         storage[dst:dst + n] = storage[src:src + n]

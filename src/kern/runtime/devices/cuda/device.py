@@ -24,6 +24,8 @@ from .launch import Module, PackedLaunch, launch
 
 
 class CudaDevice:
+    kind = "cuda"
+
     def __init__(self, arch: str | None = None, ordinal: int = 0):
         from .driver import open_device
 
@@ -87,29 +89,32 @@ class CudaDevice:
         if isinstance(storage, MappedState):
             storage.pool.apply(unmap=unmap, map=map)
 
-    def write(self, storage, host: np.ndarray) -> None:
-        """Write a prefix of `storage` (a staged buffer: of its mirror, uploaded by the next run)."""
+    def write(self, storage, host: np.ndarray, offset: int = 0) -> None:
+        """Write `host` at element `offset` of `storage` (a staged buffer: into its mirror,
+        uploaded by the next run)."""
         host = np.ascontiguousarray(host)
+        at = offset * host.itemsize
         if isinstance(storage, memory.StagedBuffer):
-            if host.nbytes > storage.nbytes:
-                raise DeviceError(f"write of {host.nbytes} bytes into a {storage.nbytes}-byte buffer")
-            storage.host.array[:host.nbytes] = host.reshape(-1).view(np.uint8)
+            if at + host.nbytes > storage.nbytes:
+                raise DeviceError(f"write of {host.nbytes} bytes at byte {at} into a {storage.nbytes}-byte buffer")
+            storage.host.array[at:at + host.nbytes] = host.reshape(-1).view(np.uint8)
             return
-        memory.copy_to_device(storage.ptr, host, self.stream)
+        memory.copy_to_device(storage.ptr + at, host, self.stream)
 
-    def read(self, storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A copy of the first prod(shape) elements, through a pinned bounce buffer (a staged
-        buffer is read from its mirror, which is what the device holds or will hold)."""
+    def read(self, storage, dtype: str, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A copy of prod(shape) elements from element `offset`, through a pinned bounce buffer
+        (a staged buffer is read from its mirror, which is what the device holds or will hold)."""
         out = np.empty(shape, NP[dtype])
         flat = out.reshape(-1).view(np.uint8)
+        at = offset * out.itemsize
         if isinstance(storage, memory.StagedBuffer):
-            flat[:] = storage.host.array[:out.nbytes]
+            flat[:] = storage.host.array[at:at + out.nbytes]
             return out
         if out.nbytes > self._bounce_bytes:
-            return memory.copy_to_host(out, storage.ptr, self.stream)
+            return memory.copy_to_host(out, storage.ptr + at, self.stream)
         if out.nbytes:
-            call("cuMemcpyDtoHAsync", self._bounce.ptr, storage.ptr, out.nbytes, self.stream.handle,
-                       where=f"D2H {out.nbytes} bytes from {storage.ptr:#x}")
+            call("cuMemcpyDtoHAsync", self._bounce.ptr, storage.ptr + at, out.nbytes, self.stream.handle,
+                 where=f"D2H {out.nbytes} bytes from {storage.ptr + at:#x}")
             self.stream.synchronize()
             flat[:] = self._bounce.array[:out.nbytes]
         return out
