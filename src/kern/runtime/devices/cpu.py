@@ -12,7 +12,7 @@ import numpy as np
 
 from ...manifest.expr import evaluate
 from ..dtypes import NP
-from ..errors import DeviceError
+from ..errors import DeviceError, ModuleError
 from ..lower import LoweredLaunch, StateRef, View
 
 
@@ -71,8 +71,8 @@ class CpuProgram:
             if l.entry.startswith("extern:"):
                 raise DeviceError(f"{l.where}: the cpu device has no extern {l.entry}")
             fn = getattr(dev.modules[l.module], l.entry, None)
-            if fn is None:
-                raise DeviceError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
+            if not callable(fn):
+                raise ModuleError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
             getters = []
             for a in l.args:
                 if isinstance(a, View):
