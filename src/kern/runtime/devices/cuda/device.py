@@ -289,8 +289,6 @@ class CudaProgram:
 def profile(program: CudaProgram, env: dict[str, int], repeats: int = 5) -> list[tuple[str, str, float]]:
     """Device time of every launch of a program, in microseconds (median of `repeats`), timed
     with events between launches on the program's stream: (where, entry, us) per launch."""
-    from .driver import call
-
     items = program.resolve(env)
     s = program.dev.stream
     events = [call("cuEventCreate", 0) for _ in range(len(items) + 1)]
