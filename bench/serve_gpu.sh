@@ -30,7 +30,7 @@ stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to
 }
 
 # kern: the load builds the cubins and captures every decode graph before it listens.
-python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --memory 8GiB \
+python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --memory 8G \
   > $OUT/kern_serve.log 2>&1 &
 KERN=$!
 if up http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN; then

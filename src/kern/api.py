@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from .generation.params import SamplingParams
 from .manifest import load_verified
 from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
 from .runtime.errors import BoundsError, KernError
+from .jsonfiles import read_object, token_ids
 from .registry import default_model, deployment_for
 from .tokenizer import Tokenizer
 
@@ -98,10 +98,8 @@ class Model:
         ids: set[int] = set()
         for name in ("generation_config.json", "config.json"):
             p = folder / name
-            if p.is_file():
-                e = json.loads(p.read_text()).get("eos_token_id")
-                if e is not None:
-                    ids.update(e if isinstance(e, list) else [e])
+            if p.exists():
+                ids.update(token_ids(p, read_object(p), "eos_token_id"))
         return ids
 
     def _ids(self, prompt: str | list[int], chat: bool) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..manifest.problems import ManifestError
+from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
@@ -15,8 +16,13 @@ def main(args) -> int:
 
     def make_loop():
         """On the engine thread: load, then capture every decode graph (never inside a request)."""
-        model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
-                     context=args.context, max_seqs=args.max_seqs, memory=args.memory, progress=True)
+        target = args.target
+        if target is None:
+            target, why_not_cuda = _auto_target()
+            if why_not_cuda:
+                print(f"[kern] serving from the cpu: {why_not_cuda}", file=sys.stderr)
+        model = load(args.model, manifest=args.manifest, target=target, context=args.context,
+                     max_seqs=args.max_seqs, memory=args.memory, progress=True)
         loop = model.loop
         loop.warm_up(progress=True)
         print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
@@ -25,7 +31,7 @@ def main(args) -> int:
 
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
-    except (KernError, ManifestError) as exc:
+    except (KernError, ManifestError, CudaUnavailable) as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
