@@ -9,12 +9,8 @@ from .runtime.errors import KernError
 
 
 def _auto_target() -> str:
-    """cuda when the driver sees a GPU (with cuda-bindings installed) and nvcc can build the
-    kernels, else cpu."""
-    import shutil
-
-    if shutil.which("nvcc") is None:
-        return "cpu"
+    """cuda when the driver sees a GPU (with cuda-bindings installed), else cpu. The model
+    package ships its pinned kernels, so no CUDA toolkit is needed."""
     try:
         from .runtime.devices.cuda.driver import open_device
 
