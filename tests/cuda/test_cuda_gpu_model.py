@@ -156,7 +156,7 @@ def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(mod
     assert st.program == "prefill"
     (table,) = st.page_tables
     one = model.protocol.for_rows(1, 1)
-    pages = model.alloc.take(n)
+    pages = raw(model).take(n)
     rng = np.random.default_rng(4)
     ids = rng.integers(0, model.verified.constants["vocab"], n).astype(np.int32)
     pos = np.zeros(n, np.int32)  # each sequence's first row: no earlier K/V to depend on
@@ -169,11 +169,11 @@ def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(mod
         batch_tok, batch_logits = eng.read(st.outputs["tokens"], env), eng.read(st.outputs["logits"], env)
         alone_tok, alone_logits = [], []
         for i in range(n):
-            tok, logits = model.step_rows([int(ids[i])], 0, [pages[i]])
+            tok, logits = raw(model).step_rows([int(ids[i])], 0, [pages[i]])
             alone_tok.append(tok)
             alone_logits.append(logits)
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
     alone = np.stack(alone_logits)
     assert np.isfinite(batch_logits).all()
     close = [bool(batch_tok[i] == alone_tok[i] or np.sort(alone[i])[-1] - np.sort(alone[i])[-2] < 0.05)
