@@ -91,6 +91,30 @@ _positive = _whole(1)
 _non_negative = _whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
 
 
+def _memory(text: str) -> int:
+    """A byte count: a whole number of MiB, or with a unit: 512M, 2G."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(t[-1:], None)
+    try:
+        n = float(t[:-1] if scale else t) * (scale or 1 << 20)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if n < 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
+    return int(n)
+
+
+def loop_options(p: argparse.ArgumentParser) -> None:
+    """The host loop's options, shared by kern run and kern serve."""
+    p.add_argument("--context", type=_positive, default=None,
+                   help="positions a sequence may reach (default: the model's own, where --memory holds it)")
+    p.add_argument("--max-seqs", type=_positive, default=None,
+                   help="sequences running at once (default: the manifest's decode bound)")
+    p.add_argument("--memory", type=_memory, default=None,
+                   help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
+
+
 def parser() -> argparse.ArgumentParser:
     from kern import __version__
 
@@ -117,6 +141,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-ahead", type=_positive, default=None,
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
+    loop_options(p)
     p.set_defaults(fn=_run)
 
     p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")

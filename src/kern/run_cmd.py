@@ -33,7 +33,8 @@ def main(args) -> int:
             target, why_not_cuda = _auto_target()
             if why_not_cuda:
                 print(f"[kern] running on the cpu: {why_not_cuda}", file=sys.stderr)
-        model = load(args.model, manifest=args.manifest, target=target, run_ahead=args.run_ahead)
+        model = load(args.model, manifest=args.manifest, target=target, context=args.context,
+                     max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead)
         dev = model.engine.device.kind
         print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
