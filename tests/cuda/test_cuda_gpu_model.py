@@ -145,3 +145,38 @@ def test_generate_runs_ahead_by_default_and_gives_the_same_tokens(model):
         model.run_ahead = RUN_AHEAD
     assert ahead.tokens == one.tokens and ahead.finish_reason == one.finish_reason
     model.paging.pool.check()
+
+
+def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(model):
+    """40 sequences (more than the decode program's 32) step one row each through the prefill
+    program (ragged rows, cuBLASLt projections, gemv_f32 logits in passes of 32 rows): the same
+    tokens as each row through the decode program alone, logits within bf16 GEMM noise."""
+    eng, n = model.engine, 40
+    st = model.protocol.for_rows(n, 1)
+    assert st.program == "prefill"
+    (table,) = st.page_tables
+    one = model.protocol.for_rows(1, 1)
+    pages = raw(model).take(n)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, model.verified.constants["vocab"], n).astype(np.int32)
+    pos = np.zeros(n, np.int32)  # each sequence's first row: no earlier K/V to depend on
+    pt = np.zeros((n, eng.shapes[table.buffer][1]), np.int32)
+    pt[:, 0] = pages
+    try:
+        env = eng.run(st.program, st.vars_for(n, n, reach=1), {
+            st.inputs["token"]: ids, st.inputs["position"]: pos,
+            st.inputs["cu_seqlens"]: np.arange(n + 1, dtype=np.int32), table.buffer: pt})
+        batch_tok, batch_logits = eng.read(st.outputs["tokens"], env), eng.read(st.outputs["logits"], env)
+        alone_tok, alone_logits = [], []
+        for i in range(n):
+            tok, logits = raw(model).step_rows([int(ids[i])], 0, [pages[i]])
+            alone_tok.append(tok)
+            alone_logits.append(logits)
+    finally:
+        raw(model).give(pages)
+    alone = np.stack(alone_logits)
+    assert np.isfinite(batch_logits).all()
+    close = [bool(batch_tok[i] == alone_tok[i] or np.sort(alone[i])[-1] - np.sort(alone[i])[-2] < 0.05)
+             for i in range(n)]
+    assert all(close), [i for i, c in enumerate(close) if not c]
+    assert np.max(np.abs(batch_logits - alone)) < 0.1 * max(1.0, float(np.max(np.abs(alone))))
