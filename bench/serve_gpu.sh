@@ -2,9 +2,10 @@
 # (bench/serve.py: 256 streamed chat requests, 512-token prompts sharing a 256-token system
 # prompt, 128 output tokens, concurrency 32 then 128), on a seeded random Llama-3.2-1B-shaped
 # checkpoint made here. Logs and one JSON summary land under $OUT; the summary is also printed.
+# bench/gpu.py runs it with the carried wheels installed and kern installed from this tree:
 #
-#   run(command="bash bench/serve_gpu.sh", carry=[".whl"], timeout_s=590)
-source bench/gpu_env.sh || exit 1
+#   run(command="python3 bench/gpu.py --preset serve", carry=[".whl"], timeout_s=600)
+: "${OUT:?run through bench/gpu.py --preset serve (it sets OUT, PYTHONPATH and KERN_CACHE)}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 CKPT=/tmp/serve-ckpt
 WORK="--requests ${REQUESTS:-256} --prompt 512 --shared 256 --output 128 --concurrency ${CONC:-32,128}"
@@ -33,8 +34,8 @@ stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to
 python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --memory 8G \
   > $OUT/kern_serve.log 2>&1 &
 KERN=$!
-if up http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN; then
-  timeout ${KERN_BENCH_S:-120} python3 bench/serve.py --url http://127.0.0.1:8100 --label kern $WORK \
+if up http://127.0.0.1:8100 ${KERN_UP_S:-130} $KERN; then
+  timeout ${KERN_BENCH_S:-110} python3 bench/serve.py --url http://127.0.0.1:8100 --label kern $WORK \
     > $OUT/kern.jsonl 2> $OUT/kern_bench.log
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8100/metrics').read().decode())" \
     > $OUT/kern_metrics.txt
@@ -48,8 +49,8 @@ mkdir -p ~/.cache/huggingface/hub
 HF_HUB_OFFLINE=1 transformers serve --continuous-batching --cb-use-cuda-graph $CKPT --port 8101 \
   > $OUT/transformers_serve.log 2>&1 &
 HF=$!
-if up http://127.0.0.1:8101 ${HF_UP_S:-90} $HF; then
-  timeout ${HF_BENCH_S:-120} python3 bench/serve.py --url http://127.0.0.1:8101 --model $CKPT --label transformers \
+if up http://127.0.0.1:8101 ${HF_UP_S:-80} $HF; then
+  timeout ${HF_BENCH_S:-110} python3 bench/serve.py --url http://127.0.0.1:8101 --model $CKPT --label transformers \
     $WORK > $OUT/transformers.jsonl 2> $OUT/transformers_bench.log
 else
   echo "transformers serve did not come up"; tail -15 $OUT/transformers_serve.log
