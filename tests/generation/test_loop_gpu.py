@@ -47,15 +47,38 @@ def _graphs(model) -> int:
     return sum(len(p._graphs) for p in model.engine.programs.values() if hasattr(p, "_graphs"))
 
 
+# A flip between two runs whose GEMMs differ in shape (a batch bucket, a prefill chunk mixed with
+# decode rows) is kernel noise when the reference's top-1/top-2 margin there is a few bf16 ulps of
+# the logits; random weights and random-token prompts make such near-ties common.
+NEAR_TIE = 0.05  # nats between the two best log-probabilities
+
+
+def _margin(model, prompt: list[int], generated: list[int]) -> float:
+    """The alone run's top-1/top-2 log-probability margin at the token after `generated`."""
+    rid = f"m{len(prompt)}-{len(generated)}"
+    out = _run(model.loop, {0: [(rid, prompt + generated, SamplingParams(max_tokens=1, ignore_eos=True,
+                                                                          logprobs=2))]})[rid]
+    (lp,) = [x for d in out for x in d.logprobs]
+    (_, a), (_, b) = lp.top[:2]
+    return a - b
+
+
 def test_batched_decode_gives_each_sequence_its_tokens_alone(deployment):
+    """Every sequence batched gets its tokens alone, but for flips at near-ties of the alone run."""
     model = _model(deployment, run_ahead=1)
     prompts = _prompts(12, model.engine.consts["vocab"])
     alone = {i: _tokens(_run(model.loop, {0: [(f"a{i}", p, GREEDY)]})[f"a{i}"]) for i, p in enumerate(prompts)}
     model.paging.pool.clear()  # no prefix cache: every prompt prefills again, mixed with decode rows
     arrivals = {s: [(f"b{i}", prompts[i], GREEDY) for i in range(12) if i % 4 == s] for s in range(4)}
-    got = _run(model.loop, arrivals)
-    same = sum(_tokens(got[f"b{i}"]) == alone[i] for i in range(12))
-    assert same == 12, f"{same} of 12 sequences match alone"
+    got = {i: _tokens(d) for i, d in ((int(k[1:]), v) for k, v in _run(model.loop, arrivals).items())}
+    flips = []
+    for i in range(12):
+        if got[i] != alone[i]:
+            k = next(j for j, (x, y) in enumerate(zip(got[i], alone[i])) if x != y)
+            model.paging.pool.clear()
+            flips.append((i, k, _margin(model, prompts[i], alone[i][:k])))
+    assert len(flips) <= 2 and all(m < NEAR_TIE for _, _, m in flips), \
+        f"sequences whose batched tokens differ from alone (sequence, first step, alone margin): {flips}"
     model.paging.pool.check()
 
 
