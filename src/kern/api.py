@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .generation.limits import limits_for
@@ -76,7 +76,6 @@ class Model:
             run_ahead = RUN_AHEAD if native else 1
         if run_ahead < 1:
             raise BoundsError(f"run_ahead must be at least 1, got {run_ahead}")
-        self.run_ahead = run_ahead
         limits = limits_for(self.protocol, self.paging.fits, self.paging.page_tokens, context, max_seqs, run_ahead,
                             scratch_tokens=self.paging.page_tokens)
         if limits.note:
@@ -85,6 +84,17 @@ class Model:
                          self.verified.manifest.model)
         self.context = self.loop.context
         self._n = 0
+
+    @property
+    def run_ahead(self) -> int:
+        """Greedy decode steps a host wait when one sequence runs alone (the loop's limit)."""
+        return self.loop.limits.run_ahead
+
+    @run_ahead.setter
+    def run_ahead(self, k: int) -> None:
+        if k < 1:
+            raise BoundsError(f"run_ahead must be at least 1, got {k}")
+        self.loop.limits = replace(self.loop.limits, run_ahead=k)
 
     @property
     def tokenizer(self) -> Tokenizer:
