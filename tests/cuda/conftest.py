@@ -1,31 +1,14 @@
-"""GPU tests (`@pytest.mark.gpu`) skip cleanly on a machine without a usable CUDA GPU; the
-fixtures gather the llama cubins and build the test-only kernels once per session."""
+"""The fixtures gather the llama cubins and build the test-only kernels once per session (GPU
+tests skip without a GPU through tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from functools import cache
 
 import pytest
 
 from cuda_kernel_docs import TEST_KERNEL_DIR
-
-
-@cache
-def gpu_unavailable() -> str | None:
-    """None when a GPU is usable, else why not."""
-    try:
-        from kern.runtime.devices.cuda.driver import open_device
-        open_device(0)
-    except Exception as e:  # noqa: BLE001 - any failure means: skip, saying why
-        return f"no usable CUDA GPU: {e}"
-    return None
-
-
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is not None and (why := gpu_unavailable()):
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

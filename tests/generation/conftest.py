@@ -31,16 +31,3 @@ def make_loop(tiny_llama, *, budget: int = 256, max_seqs: int = 32, state_budget
     return loop
 
 
-def _gpu_unavailable() -> str | None:
-    try:
-        from kern.runtime.devices.cuda.driver import open_device
-
-        open_device(0)
-    except Exception as e:  # noqa: BLE001 - any failure means: skip, saying why
-        return f"no usable CUDA GPU: {e}"
-    return None
-
-
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is not None and (why := _gpu_unavailable()):
-        pytest.skip(why)

@@ -5,7 +5,6 @@ The checkpoint is a 2-layer llama of hidden size 64 with a word tokenizer (token
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
 import time
@@ -46,23 +45,6 @@ def tiny_chat_checkpoint(folder: Path, seed: int = 0) -> Path:
 def words(n: int, start: int = 10) -> str:
     """A prompt of n words (n tokens) that avoids the template's and EOS's words."""
     return " ".join(f"w{start + i % 200}" for i in range(n))
-
-
-@functools.cache
-def gpu_unavailable() -> str | None:
-    """None when a CUDA GPU is usable, else why not."""
-    try:
-        from kern.runtime.devices.cuda.driver import open_device
-
-        open_device(0)
-    except Exception as e:  # noqa: BLE001 - any failure means: skip, saying why
-        return f"no usable CUDA GPU: {e}"
-    return None
-
-
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") is not None and (why := gpu_unavailable()):
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
