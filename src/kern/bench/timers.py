@@ -1,0 +1,166 @@
+"""Clocks, one per device kind. Timings never decide a result: they are what kern bench reports.
+
+cpu: perf_counter around each lowered launch (the program's trace hook), around a whole
+step, and around one call's launches; caches are evicted by touching a buffer larger than
+the last-level cache; the ceiling is a large memory copy.
+cuda: events between launches in an eager walk of the program (contiguous, so their sum is
+the walk), host time around a whole step (a graph replay where the program is captured),
+events around one call's launches; caches are evicted by a memset larger than L2; the
+ceiling is a large device-to-device copy."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import numpy as np
+
+EVICT_BYTES = 256 << 20
+CEILING_BYTES = 64 << 20
+
+
+def stats(xs) -> dict[str, float]:
+    a = np.asarray(xs, dtype=np.float64)
+    return {"min": float(a.min()), "p10": float(np.percentile(a, 10)), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)), "max": float(a.max())}
+
+
+class CpuTimer:
+    kind = "cpu"
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._evict: np.ndarray | None = None
+
+    def device(self) -> dict:
+        return {"kind": "cpu", "name": platform.processor() or platform.machine(), "driver": platform.platform()}
+
+    def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
+        """(us of each launch, us of the whole traced run) for one run of the program."""
+        n = len(self.engine.launches[program])
+        marks = [0] * (2 * n)
+
+        def trace(i, when, _args):
+            marks[2 * i + (when == "after")] = time.perf_counter_ns()
+
+        t0 = time.perf_counter_ns()
+        self.engine.run(program, vars, None, trace=trace)
+        t1 = time.perf_counter_ns()
+        return [(marks[2 * i + 1] - marks[2 * i]) / 1e3 for i in range(n)], (t1 - t0) / 1e3
+
+    def step(self, program: str, vars: dict[str, int]) -> float:
+        t0 = time.perf_counter_ns()
+        self.engine.run(program, vars)
+        self.engine.device.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    def segment(self, seg, env: dict[str, int]) -> float:
+        t0 = time.perf_counter_ns()
+        seg.run(env)
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    def evict(self) -> None:
+        if self._evict is None:
+            self._evict = np.zeros(EVICT_BYTES // 8)
+        self._evict += 1.0  # reads and writes every line: what the call touches is gone
+
+    def ceiling_gbps(self) -> float:
+        a = np.ones(CEILING_BYTES // 4, np.float32)
+        b = np.empty_like(a)
+        best = min(_timed(lambda: np.copyto(b, a)) for _ in range(5))
+        return 2 * a.nbytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
+    kind = "cuda"
+
+    def __init__(self, engine):
+        from ..runtime.devices.cuda.driver import call
+
+        self.engine = engine
+        self.call = call
+        self.stream = engine.device.stream
+        self._evict = None
+
+    def device(self) -> dict:
+        v = self.call("cuDriverGetVersion")
+        return {"kind": "cuda", "name": self.engine.device.name, "driver": f"{v // 1000}.{v % 1000 // 10}"}
+
+    def _events(self, n: int) -> list:
+        return [self.call("cuEventCreate", 0) for _ in range(n)]
+
+    def _ms(self, a, b) -> float:
+        return self.call("cuEventElapsedTime", a, b)
+
+    def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
+        prog = self.engine.programs[program]
+        env = self.engine.env(program, vars)
+        items = prog.resolve(env)
+        ev = self._events(len(items) + 1)
+        prog._upload(env)
+        self.call("cuEventRecord", ev[0], self.stream.handle)
+        for i, it in enumerate(items):
+            prog._record([it])
+            self.call("cuEventRecord", ev[i + 1], self.stream.handle)
+        self.stream.synchronize()
+        us = [self._ms(ev[i], ev[i + 1]) * 1e3 for i in range(len(items))]
+        total = self._ms(ev[0], ev[-1]) * 1e3
+        for e in ev:
+            self.call("cuEventDestroy", e)
+        return us, total
+
+    def step(self, program: str, vars: dict[str, int]) -> float:
+        t0 = time.perf_counter_ns()
+        self.engine.run(program, vars)
+        self.engine.device.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    def segment(self, seg, env: dict[str, int]) -> float:
+        items = seg.resolve(env)
+        a, b = self._events(2)
+        seg._upload(env)
+        self.call("cuEventRecord", a, self.stream.handle)
+        seg._record(items)
+        self.call("cuEventRecord", b, self.stream.handle)
+        self.stream.synchronize()
+        us = self._ms(a, b) * 1e3
+        for e in (a, b):
+            self.call("cuEventDestroy", e)
+        return us
+
+    def evict(self) -> None:
+        from ..runtime.devices.cuda import memory
+
+        if self._evict is None:
+            self._evict = memory.alloc(EVICT_BYTES, "bench evict")
+        memory.memset(self._evict.ptr, 1, EVICT_BYTES, self.stream)
+        self.stream.synchronize()
+
+    def ceiling_gbps(self) -> float:
+        from ..runtime.devices.cuda import memory
+
+        n = 8 * CEILING_BYTES
+        src, dst = memory.alloc(n, "bench ceiling"), memory.alloc(n, "bench ceiling")
+        a, b = self._events(2)
+        best = float("inf")
+        for _ in range(5):
+            self.call("cuEventRecord", a, self.stream.handle)
+            memory.copy_device(dst.ptr, src.ptr, n, self.stream)
+            self.call("cuEventRecord", b, self.stream.handle)
+            self.stream.synchronize()
+            best = min(best, self._ms(a, b) / 1e3)
+        for e in (a, b):
+            self.call("cuEventDestroy", e)
+        src.free()
+        dst.free()
+        return 2 * n / best / 1e9
+
+
+def timer_for(engine):
+    return CudaTimer(engine) if engine.device.kind == "cuda" else CpuTimer(engine)
