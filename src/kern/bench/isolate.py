@@ -4,9 +4,8 @@ The program is walked call by call from the scenario's real context; before each
 call's first occurrence, the buffers it touches and the used prefix of the states are
 snapshotted. A gate compares the walk's outputs (poisoned first) with the whole program's,
 byte for byte: a walk that does not reproduce the program times something else, and the
-command fails. Each
-sample restores the snapshot first; a warm sample runs the call once untimed before, a cold
-one evicts the caches (timers.py) before."""
+command fails. Each sample restores the snapshot first; a warm sample runs the call once
+untimed before, a cold one evicts the caches (timers.py) before."""
 
 from __future__ import annotations
 
