@@ -9,6 +9,8 @@ from pathlib import Path
 
 from . import manifest_cpu, manifest_cuda
 from .config import ARCHITECTURES, ConfigError, shape_of
+from .cuda.build import provide as provide_cubins
+from .cuda.table import ARCH
 
 HERE = Path(__file__).parent
 
@@ -18,29 +20,30 @@ def _sha(path: Path) -> str:
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             **limits) -> Path:
-    """Write manifest.json and kernels/ for this config into out_dir; return the manifest path."""
+             context: int | None = None, variant: str | None = None, **limits) -> Path:
+    """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
+
+    context: the longest sequence the deployment serves (default: the model's
+    max_position_embeddings, clipped to what the kernels support). variant: for cuda, a kernel
+    variant of cuda/table.py (VARIANTS), built with nvcc."""
     shape = shape_of(config)
     model = model or config.get("_name_or_path") or shape.arch
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     if target == "cpu":
-        m = manifest_cpu.build(shape, model, **limits)
+        if variant is not None:
+            raise ConfigError(f"variant {variant!r}: kernel variants are for the cuda target")
+        m = manifest_cpu.build(shape, model, context=context, **limits)
         dst = out / "kernels" / "llama_cpu.py"
         shutil.copyfile(HERE / "cpu" / "kernels.py", dst)
         m["modules"]["kernels"]["sha256"] = _sha(dst)
-    elif target in ("cuda", "sm_90a"):
-        from .cuda.build import build as build_cubins
-
-        if shutil.which("nvcc") is None:
-            raise ConfigError("building the sm_90a kernels needs nvcc (the CUDA toolkit) on PATH")
-
-        m = manifest_cuda.build(shape, model, **limits)
-        digests = build_cubins(out / "kernels")
+    elif target in ("cuda", ARCH):
+        m = manifest_cuda.build(shape, model, context=context, **limits)
+        digests = provide_cubins(out / "kernels", variant)
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]
     else:
-        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda (sm_90a)")
+        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
     path = out / "manifest.json"
     path.write_text(json.dumps(m, indent=1) + "\n")
     return path
@@ -55,8 +58,9 @@ class _Generator:
     def accepts(self, config: dict) -> bool:
         return any(a in ARCHITECTURES for a in config.get("architectures") or [])
 
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, **limits)
+    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
+                 context: int | None = None, **limits) -> Path:
+        return generate(config, out_dir, target=target, model=model, context=context, **limits)
 
 
 GENERATOR = _Generator()

@@ -6,7 +6,7 @@ sequence's last row) and `decode` (one row per sequence)."""
 
 from __future__ import annotations
 
-from .config import Shape
+from .config import ConfigError, Shape
 
 PAGE_TOKENS = 16
 F = "f32"
@@ -86,8 +86,20 @@ def ops_cpu() -> dict:
     return {name: op(*params, name=name) for name, params in table.items()}
 
 
-def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int = 4096) -> dict:
-    context = min(context, s.max_pos)
+def context_of(s: Shape, context: int | None, limit: int | None = None) -> int:
+    """The context bound of a manifest: the model's max_position_embeddings (clipped to the
+    kernels' limit) unless given; a given one must be within both."""
+    top = min(s.max_pos, limit) if limit else s.max_pos
+    if context is None:
+        return top
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= top:
+        why = f"max_position_embeddings {s.max_pos}" + (f", the kernels {limit}" if limit else "")
+        raise ConfigError(f"context {context!r}: must be an integer in [1, {top}] ({why})")
+    return context
+
+
+def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
+    context = context_of(s, context)
     pages = {"ceil_div": ["context", "page_tokens"]}
     qkv_dim = s.q_dim + 2 * s.kv_dim
     buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}

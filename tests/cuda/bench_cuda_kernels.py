@@ -3,8 +3,8 @@
     PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
-they include) are built and timed beside the working tree's kernels ("new"); so is the working
-tree built with extra flags, given as arguments LABEL=FLAGS (e.g. exp=-DNAME=VALUE).
+they include) are built and timed beside the working tree's kernels ("new"); so is each kernel
+variant named as an argument (models/llama/cuda/table.py VARIANTS, e.g. gemv.residual_late).
 gemv is also timed with the PDL launch attribute ("new+pdl").
 
 Each case is captured in a CUDA graph of REPS launches cycling through enough copies of its
@@ -240,15 +240,19 @@ def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
 
 
 def main() -> None:
-    import importlib.util
     import subprocess
     import sys
-    from cuda_kernel_docs import KERNEL_DIR
-    spec = importlib.util.spec_from_file_location("b", KERNEL_DIR / "build.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    out = Path(tempfile.mkdtemp())
-    build.build(out)
+    from cuda_kernel_docs import TEST_KERNEL_DIR
+    from kern_models.llama.cuda import build
+    from kern_models.llama.cuda.table import VARIANTS
+
+    def cubins(variant=None) -> Path:
+        d = Path(tempfile.mkdtemp())
+        build.build(d, variant=variant)
+        build.build(d, variant=variant, srcs=build.sources(TEST_KERNEL_DIR))
+        return d
+
+    out = cubins()
     dev = open_device(0)
     gpus = {"new": Gpu(dev, out)}
     # optional: earlier versions of some .cu files in _variants/<label>/ (with the headers they
@@ -259,21 +263,18 @@ def main() -> None:
         for vdir in sorted(p for p in var_root.iterdir() if p.is_dir()):
             vout = Path(tempfile.mkdtemp())
             for src in sorted(vdir.glob("*.cu")):
-                subprocess.run(["nvcc", *build.FLAGS, "-I", ".", src.name, "-o", str(vout / f"{src.stem}.cubin")],
+                subprocess.run(["nvcc", *build.flags(), "-I", ".", src.name, "-o", str(vout / f"{src.stem}.cubin")],
                                cwd=vdir, check=True)
             for p in out.glob("*.cubin"):
                 if not (vout / p.name).exists():
                     (vout / p.name).write_bytes(p.read_bytes())
             gpus[vdir.name] = Gpu(dev, vout)
         gpus["new"] = new
-    for arg in [a for a in sys.argv[1:] if "=" in a]:  # LABEL=FLAGS: the working tree, other flags
-        label, flags = arg.split("=", 1)
-        vout = Path(tempfile.mkdtemp())
-        build.build(vout, extra=tuple(flags.split()))
-        gpus[label] = Gpu(dev, vout)
+    for v in [a for a in sys.argv[1:] if a in VARIANTS]:  # a kernel variant of table.py, beside "new"
+        gpus[v] = Gpu(dev, cubins(v))
     gpu = gpus["new"]
     rng = np.random.default_rng(0)
-    only = [a for a in sys.argv[1:] if "=" not in a]
+    only = [a for a in sys.argv[1:] if a not in VARIANTS]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
     for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
         if only and f.__name__ not in only:

@@ -1,16 +1,15 @@
 """GPU tests (`@pytest.mark.gpu`) skip cleanly on a machine without a usable CUDA GPU; the
-fixtures build the llama cubins with nvcc once per session and load them."""
+fixtures gather the llama cubins and build the test-only kernels once per session."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from functools import cache
 
 import pytest
 
-from cuda_kernel_docs import KERNEL_DIR
+from cuda_kernel_docs import TEST_KERNEL_DIR
 
 
 @cache
@@ -37,15 +36,18 @@ def device():
 
 @pytest.fixture(scope="session")
 def cubin_dir(tmp_path_factory):
+    """The shipped cubins (built with nvcc where this tree's sources differ from the pins) and
+    the test-only kernels of tests/cuda/kernels, built with the same flags."""
+    from kern_models.llama.cuda import build
+
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("nvcc is needed to build the kernels")
-    spec = importlib.util.spec_from_file_location("llama_cuda_build", KERNEL_DIR / "build.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+        pytest.skip("nvcc is needed to build the test-only kernels")
     out = tmp_path_factory.mktemp("cubins")
-    # KERN_CUDA_DEFINES="-DNAME=VALUE ...": run the kernel tests on an experimental build
-    build.build(out, nvcc, tuple(os.environ.get("KERN_CUDA_DEFINES", "").split()))
+    # KERN_CUDA_VARIANT=NAME: run the kernel tests on a variant of cuda/table.py (VARIANTS)
+    variant = os.environ.get("KERN_CUDA_VARIANT") or None
+    build.provide(out, variant)
+    build.build(out, nvcc, variant, srcs=build.sources(TEST_KERNEL_DIR))
     return out
 
 

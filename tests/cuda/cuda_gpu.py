@@ -1,4 +1,4 @@
-"""A small test harness over the device layer: load the documented kernels, move numpy
+"""A small test harness over the device layer: load the kernels (shipped and test-only), move numpy
 arrays, launch and synchronise. Outputs are poisoned (0xFF bytes: NaN in bf16/f32, -1 in i32)
 so an unwritten element never passes."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cuda_kernel_docs import documented
+from cuda_kernel_docs import kinds_by_entry
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.launch import Kernel, Launch, launch, load_module
 from kern.runtime.devices.cuda.memory import DeviceBuffer, Stream
@@ -18,7 +18,7 @@ class Gpu:
     def __init__(self, device, cubin_dir: Path):
         self.device = device
         self.stream = Stream()
-        self.docs = documented()
+        self.docs = kinds_by_entry()
         self.modules = {p.stem: load_module(p.read_bytes(), p.stem) for p in sorted(cubin_dir.glob("*.cubin"))}
         self._kernels: dict[str, Kernel] = {}
         self._bufs: list[DeviceBuffer] = []

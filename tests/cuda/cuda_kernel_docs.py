@@ -1,49 +1,51 @@
-"""Read models/llama/cuda: the `sig` lines of KERNELS.md and the extern "C" kernels of the
-.cu sources, as {entry: (module, kinds)} and {entry: kinds}."""
+"""Read the kernel sources: the extern "C" __global__ entries of models/llama/cuda (the shipped
+kernels) and tests/cuda/kernels (test-only references), with their parameters."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "models" / "llama" / "cuda"
+TEST_KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
-_HEADING = re.compile(r"^### .*\((\w+)\.cubin\)")
-_SIG = re.compile(r"^sig\s+(\w+)\((.*)\)\s*$")
 _EXTERN = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
                      r"(\w+)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"^(const\s+)?(\w+)\s*(\*)?\s*(?:__restrict__\s*)?(\w+)$")
 
 
-def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """{entry: (module stem, (kind, ...))} from KERNELS.md."""
-    out, module = {}, None
-    for line in (KERNEL_DIR / "KERNELS.md").read_text().splitlines():
-        if m := _HEADING.match(line):
-            module = m.group(1)
-        elif m := _SIG.match(line.strip()):
-            kinds = tuple(p.split()[0] for p in m.group(2).split(",") if p.strip())
-            out[m.group(1)] = (module, kinds)
-    return out
+@dataclass(frozen=True)
+class CParam:
+    name: str
+    ctype: str     # bf16, float, int, char
+    pointer: bool
+    const: bool
+
+    @property
+    def kind(self) -> str:
+        """ptr, i32 or f32: the cubin's view of it."""
+        return "ptr" if self.pointer else {"int": "i32", "float": "f32"}[self.ctype]
 
 
-def _c_kind(param: str) -> str:
-    p = " ".join(param.split())
-    if "*" in p:
-        return "ptr"
-    if re.search(r"\b(long long|int64_t)\b", p):
-        return "i64"
-    if re.search(r"\bfloat\b", p):
-        return "f32"
-    if re.search(r"\bint\b", p):
-        return "i32"
-    raise ValueError(f"unknown parameter type in {param!r}")
+def _param(text: str) -> CParam:
+    m = _PARAM.match(" ".join(text.split()))
+    if not m:
+        raise ValueError(f"cannot read the kernel parameter {text!r}")
+    return CParam(m.group(4), m.group(2), m.group(3) is not None, m.group(1) is not None)
 
 
-def in_sources() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """{entry: (module stem, (kind, ...))} from the extern "C" kernels of the .cu files."""
+def in_sources(folder: Path = KERNEL_DIR) -> dict[str, tuple[str, tuple[CParam, ...]]]:
+    """{entry: (module stem, params)} from the extern "C" kernels of the folder's .cu files."""
     out = {}
-    for src in sorted(KERNEL_DIR.glob("*.cu")):
+    for src in sorted(folder.glob("*.cu")):
         text = re.sub(r"//[^\n]*", "", src.read_text())
         for m in _EXTERN.finditer(text):
-            out[m.group(1)] = (src.stem, tuple(_c_kind(p) for p in m.group(2).split(",")))
+            out[m.group(1)] = (src.stem, tuple(_param(p) for p in m.group(2).split(",")))
     return out
+
+
+def kinds_by_entry() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """{entry: (module, (kind, ...))} over the shipped and the test-only kernels."""
+    both = {**in_sources(KERNEL_DIR), **in_sources(TEST_KERNEL_DIR)}
+    return {e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in both.items()}

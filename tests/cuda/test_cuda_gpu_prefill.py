@@ -120,7 +120,7 @@ def test_prefill_attention_2040_tokens_timing(gpu, nq, nkv, hd, old):
     line = (f"prefill_attention 2040 tok nq={nq} nkv={nkv} hd={hd}: {ms * 1e3:8.1f} us/layer "
             f"({flops / ms / 1e9:6.1f} TFLOP/s)")
     if old:
-        split, n_splits = 512, 8  # as manifest_cuda: SPLIT_TOKENS["prefill"], context 4096
+        split, n_splits = 512, 8  # what the manifest used with it: 512-token splits, context 4096
         part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 8)
         do2 = gpu.empty(rows * nq * hd * 2)
         a = (dq, args[1], args[2], args[3], args[4], part_o, part_ml, do2, rows, 1, pps, layer, n_layers,

@@ -70,7 +70,7 @@ def test_the_sm90_manifest_verifies_and_decode_is_a_graph(sm90):
 
 def test_fused_qkv_views_become_pointer_offsets(sm90):
     prog, bufs = _program(sm90, "prefill")
-    env = {**sm90.constants, "tokens": 5, "seqs": 2, "context": sm90.manifest.vars["context"].max,
+    env = {**sm90.constants, "tokens": 5, "prefill_seqs": 2, "context": sm90.manifest.vars["context"].max,
            "reach": sm90.manifest.vars["reach"].max}
     items = prog.resolve(env)
     rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
@@ -83,7 +83,7 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
     pre, _ = _program(sm90, "prefill")
     dec, _ = _program(sm90, "decode")
-    env = {**sm90.constants, "tokens": 9, "seqs": 2, "context": 512, "reach": 512}
+    env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "context": 512, "reach": 512}
     pre_items = pre.resolve(env)
     assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
     dec_items = dec.resolve(env)
@@ -117,7 +117,7 @@ def test_each_shape_bucket_resolves_once(sm90):
 
 def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     pre, bufs = _program(sm90, "prefill")
-    items = pre.resolve({**sm90.constants, "tokens": 130, "seqs": 3, "context": 512, "reach": 512})
+    items = pre.resolve({**sm90.constants, "tokens": 130, "prefill_seqs": 3, "context": 512, "reach": 512})
     attn = [i for i in items if isinstance(i, Launch) and i.kernel.name == "prefill_attention"]
     assert len(attn) == 2  # one per layer
     assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)

@@ -21,48 +21,9 @@
 // head_dim in {64, 128}; other head_dims write nothing.
 #include "common.cuh"
 
-#define PF_BM 64                            // query rows per tile
-#define PF_THREADS 128                      // 4 warps x 16 rows
+// PF_BM (query rows per tile) and PF_THREADS (4 warps x 16 rows) come from table.py.
+static_assert(PF_BM == 64 && PF_THREADS == 128, "a tile is 4 warps of 16 query rows");
 #define PF_SMEM_BYTES (2 * 2 * 64 * 72 * 2)  // 2 stages x {K, V} x BN x (HD + 8) bf16, max over HD
-
-__device__ __forceinline__ void pf_cp_async16(void *smem, const void *gmem, int src_bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void pf_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void pf_wait_1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const bf16 *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const bf16 *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ int pf_warp_max(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ int pf_warp_min(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ unsigned pack_bf2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned *>(&v);
-}
 
 template <int HD>
 __device__ __forceinline__ void prefill_tile(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
@@ -90,7 +51,7 @@ __device__ __forceinline__ void prefill_tile(const bf16 *__restrict__ q, const c
     const int ra = 16 * warp + g, rb = ra + 8;
     const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
     const int pa = pos[rra], pb = pos[rrb];
-    const int wmax = pf_warp_max(max(pa, pb)), wmin = pf_warp_min(min(pa, pb));
+    const int wmax = warp_max(max(pa, pb)), wmin = warp_min(min(pa, pb));
     const bool live = 16 * warp < nrows;  // the warp has a row to store
     if (lane == 0) { s_red[0][warp] = wmax; }
     __syncthreads();
@@ -123,13 +84,13 @@ __device__ __forceinline__ void prefill_tile(const bf16 *__restrict__ q, const c
             const size_t off = ok ? kv_offset(pt_row[t / page_tokens], layer, 0, hkv, t % page_tokens,
                                               n_layers, n_kv_heads, HD, page_tokens) + ch * 16
                                   : 0;
-            pf_cp_async16(sK + (stage * BN + tt) * KP + ch * 8, kv_state + off, ok ? 16 : 0);
-            pf_cp_async16(sV + (stage * BN + tt) * KP + ch * 8, kv_state + off + (ok ? v_shift : 0),
+            cp_async16_zfill(sK + (stage * BN + tt) * KP + ch * 8, kv_state + off, ok ? 16 : 0);
+            cp_async16_zfill(sV + (stage * BN + tt) * KP + ch * 8, kv_state + off + (ok ? v_shift : 0),
                           ok ? 16 : 0);
         }
     };
 
-    const float sl2 = (1.f / sqrtf((float)HD)) * 1.4426950408889634f;  // scale * log2(e)
+    const float sl2 = (1.f / sqrtf((float)HD)) * LOG2E;  // scale * log2(e)
     float acc[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; ++d)
@@ -139,12 +100,12 @@ __device__ __forceinline__ void prefill_tile(const bf16 *__restrict__ q, const c
 
     const int n_kt = (kmax + BN - 1) / BN;
     load_tile(0, 0);
-    pf_commit();
+    cp_async_commit();
     for (int kt = 0; kt < n_kt; ++kt) {
         const int stage = kt & 1, kb = kt * BN;
         if (kt + 1 < n_kt) load_tile(kt + 1, stage ^ 1);
-        pf_commit();
-        pf_wait_1();
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
 
         if (live && kb <= wmax) {  // some row of this warp sees a key of the tile

@@ -1,0 +1,83 @@
+"""The sm_90a manifest's limits, on the CPU: the prefill program takes a server's batch (up to
+256 sequences, each may be one decode row), the graph-captured decode program stays at 32, and
+the context bound is the model's own unless given."""
+
+from __future__ import annotations
+
+import pytest
+
+from kern.manifest import load_verified
+from kern.manifest.protocol import derive
+from kern_models.llama.config import ConfigError, shape_of
+from kern_models.llama.generator import GENERATOR
+
+TINY = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256, tie_word_embeddings=True,
+            max_position_embeddings=40000)
+
+
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sm90")
+    return load_verified(GENERATOR.generate(TINY, out, target="cuda", model="tiny"))
+
+
+def test_large_decode_batches_step_through_the_prefill_program(sm90):
+    proto = derive(sm90)
+    assert proto.for_rows(32, 1).program == "decode"
+    assert proto.for_rows(33, 1).program == "prefill"
+    assert proto.for_rows(256, 1).program == "prefill"
+    st = proto.for_rows(256, 1)
+    assert st.vars_for(256, 256, reach=64)["prefill_seqs"] == 256
+
+
+def test_the_prefill_grids_resolve_over_256_sequences(sm90):
+    """The launches whose grids run over sequences: one block a sequence (gather_last), its
+    tiles (prefill_attention), its logits rows (argmax)."""
+    from kern.manifest.expr import evaluate
+
+    m = sm90.manifest
+    env = {**sm90.constants, **{n: v.max for n, v in m.vars.items()}, "tokens": 256, "prefill_seqs": 256}
+    grids = {}
+    for call in m.programs["prefill"].calls:
+        for la in m.ops[call.op].impl.launches:
+            if la.module:
+                names = [p.split(":")[0] for p in m.ops[call.op].params]
+                vals = {n: evaluate(a.value, env) for n, a in zip(names, call.args)
+                        if hasattr(a, "value") and not isinstance(a.value, float)}
+                grids[la.entry] = tuple(evaluate(g, {**env, **vals}) for g in la.grid)
+    assert grids["gather_last"] == (256,)
+    assert grids["prefill_attention"] == (4, 256 // 64 + 256)
+    assert grids["argmax_partial"] == (128, 256) and grids["argmax_final"] == (256,)
+
+
+def test_context_defaults_to_the_model_clipped_to_the_kernels(sm90, tmp_path):
+    from kern_models.llama.manifest_cuda import MAX_CONTEXT
+
+    assert sm90.manifest.vars["context"].max == MAX_CONTEXT == 32768  # the model has 40000
+    small = load_verified(GENERATOR.generate(TINY, tmp_path, target="cuda", model="tiny", context=1000))
+    assert small.manifest.vars["context"].max == small.manifest.vars["reach"].max == 1000
+
+
+@pytest.mark.parametrize("target,context,msg", [
+    ("cuda", 40000, r"context 40000: must be an integer in \[1, 32768\] \(max_position_embeddings 40000, "
+                    r"the kernels 32768\)"),
+    ("cuda", 0, r"context 0: must be an integer in \[1, 32768\]"),
+    ("cpu", 50000, r"context 50000: must be an integer in \[1, 40000\] \(max_position_embeddings 40000\)"),
+    ("cpu", "4096", r"context '4096': must be an integer"),
+])
+def test_a_context_the_model_or_kernels_cannot_serve_is_refused(tmp_path, target, context, msg):
+    with pytest.raises(ConfigError, match=msg):
+        GENERATOR.generate(TINY, tmp_path, target=target, model="tiny", context=context)
+
+
+def test_the_cpu_manifest_takes_the_model_context(tmp_path):
+    m = load_verified(GENERATOR.generate(TINY, tmp_path, target="cpu", model="tiny"))
+    assert m.manifest.vars["context"].max == shape_of(TINY).max_pos == 40000
+
+
+def test_decode_beyond_32_sequences_is_refused():
+    from kern_models.llama import manifest_cuda
+
+    with pytest.raises(ConfigError, match="seqs 64: the graph-captured decode program steps at most 32"):
+        manifest_cuda.build(shape_of(TINY), "tiny", seqs=64)

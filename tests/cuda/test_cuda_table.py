@@ -1,0 +1,96 @@
+"""The kernel table (models/llama/cuda/table.py) is the one place a kernel's contract is
+written: every entry matches its .cu source (module, parameter names and types in order, const
+exactly for inputs), every __global__ entry of the shipped sources is launched by a generated
+manifest, and the test-only kernels live under tests/cuda/kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuda_kernel_docs import KERNEL_DIR, TEST_KERNEL_DIR, CParam, in_sources
+
+from kern_models.llama import manifest_cuda
+from kern_models.llama.config import shape_of
+from kern_models.llama.cuda import table
+
+C_TYPE = {"bf16": "bf16", "f32": "float", "i32": "int"}
+
+CONFIGS = {  # one without and one with q/k norms: between them every op is emitted
+    "llama": dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256,
+                  tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=128, intermediate_size=128, vocab_size=256,
+                  tie_word_embeddings=True),
+}
+
+
+def expected(param: str) -> CParam:
+    """The C parameter a table parameter ("x: in buffer<bf16>", "kv_state: inout state", "rows: i32") needs."""
+    name, decl = (s.strip() for s in param.split(":"))
+    if decl in ("i32", "f32"):
+        return CParam(name, C_TYPE[decl], False, False)
+    direction, what = decl.split()
+    ctype = "char" if what == "state" else C_TYPE[what.removeprefix("buffer<").removesuffix(">")]
+    return CParam(name, ctype, True, direction == "in")
+
+
+@pytest.mark.parametrize("kernel", table.KERNELS, ids=lambda k: k.entry)
+def test_each_table_entry_matches_its_source(kernel):
+    srcs = in_sources()
+    assert kernel.entry in srcs, f"{kernel.entry}: no extern \"C\" __global__ in {KERNEL_DIR}"
+    module, params = srcs[kernel.entry]
+    assert module == kernel.module
+    assert params == tuple(expected(p) for p in kernel.params)
+    assert kernel.c_kinds() == tuple(p.kind for p in params)
+
+
+def test_the_check_catches_a_wrong_type_or_constness():
+    assert expected("x: in buffer<bf16>") == CParam("x", "bf16", True, True)
+    assert expected("y: out buffer<f32>") != CParam("y", "float", True, True)  # an output is not const
+    assert expected("kv_state: inout state") == CParam("kv_state", "char", True, False)
+    assert expected("eps: f32") != CParam("eps", "int", False, False)
+
+
+def test_every_shipped_kernel_is_launched_by_a_generated_manifest():
+    launched = set()
+    for cfg in CONFIGS.values():
+        m = manifest_cuda.build(shape_of(cfg), "tiny")
+        launched |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+        assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
+                                     for la in op["impl"]["launches"] if "module" in la}
+    assert sorted(in_sources()) == sorted(k.entry for k in table.KERNELS)
+    assert sorted(launched - {"extern:cublaslt_bf16_tn"}) == sorted(k.entry for k in table.KERNELS)
+
+
+def test_test_only_kernels_are_not_shipped():
+    shipped, test_only = in_sources(), in_sources(TEST_KERNEL_DIR)
+    assert {"attention_prefill", "attention_combine", "gemv_bf16"} <= set(test_only)
+    assert not set(shipped) & set(test_only)
+
+
+def test_pointers_come_first():
+    for entry, (_, params) in {**in_sources(), **in_sources(TEST_KERNEL_DIR)}.items():
+        kinds = [p.kind for p in params]
+        n_ptr = kinds.count("ptr")
+        assert kinds[:n_ptr] == ["ptr"] * n_ptr, f"{entry}: pointer params must come first"
+
+
+def test_grids_use_the_tiles_the_kernels_are_built_with():
+    """The tile numbers in the grids are table.TILES, and every source is built with them as
+    -D defines (common.cuh refuses a build without them)."""
+    from kern_models.llama.cuda.build import flags
+
+    defines = {f for f in flags() if f.startswith("-D")}
+    assert defines == {f"-D{k}={v}" for k, v in table.TILES.items()}
+    by = table.BY_ENTRY
+    assert by["norm_gemv_bf16"].grid == ({"ceil_div": ["N", table.TILES["GEMV_COLS"]]},)
+    assert by["norm_gemv_swiglu"].grid == ({"ceil_div": ["N", table.TILES["GEMV_COLS"] // 2]},)
+    assert by["prefill_attention"].grid[1] == {"add": [{"ceil_div": ["rows", table.TILES["PF_BM"]]}, "n_seqs"]}
+    common = (KERNEL_DIR / "common.cuh").read_text()
+    assert all(f"defined({k})" in common for k in table.TILES)
+
+
+def test_the_arch_is_named_once():
+    hits = [p.name for p in KERNEL_DIR.parent.rglob("*.py") if '"sm_90a"' in p.read_text()]
+    assert hits == ["table.py"]
