@@ -13,6 +13,7 @@ from .manifest.cut import CutError, pipeline_doc, plan, stage_manifest
 from .manifest.problems import ManifestError
 from .manifest.verify import load_verified, verify_text
 from .runtime.errors import KernError
+from .say import manifest_line
 from .runtime.pipeline import PIPELINE_FILE
 
 
@@ -94,9 +95,7 @@ def main(args) -> int:
     try:
         lines = write_stages(args.manifest, args.stages, out, args.times)
     except ManifestError as exc:
-        print(f"kern cut: {exc.path}: manifest failed verification: {exc.problems[0]}"
-              + (f" (+{len(exc.problems) - 1} more; kern verify lists them)" if len(exc.problems) > 1 else ""),
-              file=sys.stderr)
+        print(f"kern cut: {manifest_line(exc)}", file=sys.stderr)
         return 1
     except (CutError, KernError) as exc:
         print(f"kern cut: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ from pathlib import Path
 from .manifest.problems import ManifestError
 from .manifest.verify import load_verified
 from .runtime.errors import KernError
+from .say import manifest_line
 from .runtime.modules import cache_dir
 
 
@@ -91,9 +92,7 @@ def main(args) -> int:
     try:
         v = load_verified(args.manifest)
     except ManifestError as exc:
-        print(f"kern kernels: {exc.path}: manifest failed verification: {exc.problems[0]}"
-              + (f" (+{len(exc.problems) - 1} more; kern verify lists them)" if len(exc.problems) > 1 else ""),
-              file=sys.stderr)
+        print(f"kern kernels: {manifest_line(exc)}", file=sys.stderr)
         return 1
     rows = listing(v)
     t = v.manifest.target

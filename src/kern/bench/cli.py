@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..manifest.problems import ManifestError
+from ..say import manifest_line
 from ..runtime.errors import KernError
 from . import report
 from .workload import read
@@ -56,9 +57,7 @@ def main(args) -> int:
         doc = (bench_compare(args.manifest, args.compare, weights, wl, **kw) if args.compare
                else bench(args.manifest, weights, wl, **kw))
     except ManifestError as exc:
-        print(f"kern bench: {exc.path}: manifest failed verification: {exc.problems[0]}"
-              + (f" (+{len(exc.problems) - 1} more; kern verify lists them)" if len(exc.problems) > 1 else ""),
-              file=sys.stderr)
+        print(f"kern bench: {manifest_line(exc)}", file=sys.stderr)
         return 1
     except KernError as exc:
         print(f"kern bench: {exc}", file=sys.stderr)

@@ -31,7 +31,8 @@ def manifest_file(path: str | Path) -> Path:
 def _bar(total: int, desc: str, progress: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=not progress, leave=False)
+    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr,
+                disable=None if progress else True, leave=False)  # None: only on a terminal
 
 
 def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, isolate: bool = False,
