@@ -87,3 +87,32 @@ def test_times_from_kern_bench_move_the_cut(tiny_a):
 def test_more_stages_than_weights_is_refused(tiny_a):
     with pytest.raises(CutError, match="need at least"):
         plan(load_verified(tiny_a), 1000)
+
+
+def test_the_sm90a_example_cuts_into_stages_that_verify(tmp_path):
+    """No GPU needed to cut: the cubins are copied, the stages verified (the GPU run is in
+    tests/bench_cmd/test_bench_gpu.py)."""
+    from pathlib import Path
+
+    from kern.cut_cmd import write_stages
+
+    sm90a = Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a"
+    write_stages(sm90a, 2, tmp_path / "s")
+    for k in (0, 1):
+        v = load_verified(tmp_path / "s" / f"stage{k}")
+        assert v.manifest.target.arch == "sm_90a"
+        for mod in v.manifest.modules.values():
+            assert (tmp_path / "s" / f"stage{k}" / mod.source).is_file()
+
+
+def test_cut_reads_kern_bench_json_as_times(tiny_a, tiny_ckpt, tmp_path, capsys):
+    from kern.bench.run import bench
+    from kern.bench.workload import parse
+
+    doc = bench(tiny_a, tiny_ckpt, parse("samples = 1\n[[sweep]]\ngroups = 1\nrows = [1, 4]\ncontext = 4\n"),
+                progress=False)
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    assert main(["cut", str(tiny_a), "--stages", "2", "--times", str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "cut")]) == 0
+    assert " us" in capsys.readouterr().out  # stages priced in time, not bytes
+    assert json.loads((tmp_path / "cut" / "pipeline.json").read_text())["stages"] == ["stage0", "stage1"]

@@ -224,7 +224,7 @@ def stage_manifest(v: Verified, p: Plan, k: int) -> dict:
     """Stage k as a manifest dict: its calls, the once programs it needs, the buffers, states,
     ops, modules, vars and constants those name, carried buffers re-kinded."""
     m = v.manifest
-    doc = m.model_dump(mode="json", exclude_none=True)
+    doc = m.model_dump(mode="json", exclude_defaults=True)  # what the author wrote, no more
     programs: dict = {}
     for name, prog in doc["programs"].items():
         if name in p.once[k]:
