@@ -1,8 +1,8 @@
 """Clocks, one per device kind. Timings never decide a result: they are what kern bench reports.
 
 cpu: perf_counter around each lowered launch (the program's trace hook), around a whole
-step, and around one call's launches; caches are evicted by touching a buffer larger than
-the last-level cache; the ceiling is a large memory copy.
+step, and around one call's launches; caches are evicted by touching a buffer twice the
+last-level cache; the ceiling is a large memory copy.
 cuda: events between launches in an eager walk of the program (contiguous, so their sum is
 the walk), host time around a whole step (a graph replay where the program is captured),
 events around one call's launches; caches are evicted by a memset larger than L2; the
@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 
-EVICT_BYTES = 256 << 20
+EVICT_BYTES = 256 << 20  # cuda: more than any L2 (H200: 60 MB)
 CEILING_BYTES = 64 << 20
+
+
+def cpu_evict_bytes() -> int:
+    """Twice the largest cache the OS reports (Linux sysfs), else 64 MiB."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return 2 * max(sizes, default=32 << 20)
 
 
 def stats(xs) -> dict[str, float]:
@@ -61,7 +74,7 @@ class CpuTimer:
 
     def evict(self) -> None:
         if self._evict is None:
-            self._evict = np.zeros(EVICT_BYTES // 8)
+            self._evict = np.zeros(cpu_evict_bytes() // 8)
         self._evict += 1.0  # reads and writes every line: what the call touches is gone
 
     def ceiling_gbps(self) -> float:

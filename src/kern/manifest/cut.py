@@ -248,8 +248,9 @@ def stage_manifest(v: Verified, p: Plan, k: int) -> dict:
         if name not in used_bufs:
             continue
         b = dict(b)
-        if name in received:
+        if name in received:  # the role stays with the stage that writes it for the caller
             b["kind"] = "carry" if name in written else "input"
+            b.pop("fill", None)
         elif name in sent and b["kind"] == "workspace":
             b["kind"] = "output"
         buffers[name] = b
