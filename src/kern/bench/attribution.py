@@ -1,9 +1,9 @@
 """Time attributed to every call inside the real program.
 
-Each sample walks the whole program with a clock around every launch (timers.py); a call's
-time is the sum of its launches'. The walk's own total is kept beside it, so the sum of the
-calls is checked against the step it came from, and the untraced step (a graph replay where
-the program is captured) is timed on its own. Each call's bytes are those of the buffer and
+Each sample walks the whole program, in order, with a clock around every call's launches
+(timers.py). The walk's own total is kept beside it, so the sum of the calls is checked
+against the step it came from, and the untraced step (a graph replay where the program is
+captured) is timed on its own. Each call's bytes are those of the buffer and
 weight views its launches pass (states are opaque: their bytes are not counted)."""
 
 from __future__ import annotations
@@ -43,16 +43,14 @@ def measure(timer, engine: Engine, program: str, vars: dict[str, int], samples: 
     env = engine.env(program, vars)
     per_call: list[list[float]] = [[] for _ in calls]
     walks, attributed, steps = [], [], []
-    timer.step(program, vars)  # warm: first-touch and (on cuda) graph capture are not the step
+    timer.step(program, vars)  # warm: first-touch, lowering and graph capture are not the step
+    timer.walk(program, vars)
     for _ in range(samples):
-        launch_us, walk_us = timer.walk(program, vars)
-        sums = [0.0] * len(calls)
-        for i, us in enumerate(launch_us):
-            sums[owner[i]] += us
-        for ci, us in enumerate(sums):
+        call_us, walk_us = timer.walk(program, vars)
+        for ci, us in enumerate(call_us):
             per_call[ci].append(us)
         walks.append(walk_us)
-        attributed.append(sum(launch_us))
+        attributed.append(sum(call_us))
         steps.append(timer.step(program, vars))
         tick()
     nbytes = call_bytes(engine, program, env)

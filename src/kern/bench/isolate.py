@@ -73,7 +73,6 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
     for key, idx in reps.items():
         ci = idx[0]
         bufs, sts = snaps[ci]
-        seg = engine.device.lower(io.launches(program, ci, ci + 1), engine.buffers, engine.states, engine.consts)
 
         def restore() -> None:
             for b, x in bufs.items():
@@ -84,12 +83,12 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
         warm, cold = [], []
         for _ in range(samples):
             restore()
-            seg.run(env)
+            timer.call(program, ci, env)
             restore()
-            warm.append(timer.segment(seg, env))
+            warm.append(timer.call(program, ci, env))
             restore()
             timer.evict()
-            cold.append(timer.segment(seg, env))
+            cold.append(timer.call(program, ci, env))
             tick()
         out.append({"key": key, "op": calls[ci].op, "calls": idx, "bytes": nbytes[ci],
                     "warm_us": stats(warm), "cold_us": stats(cold)})

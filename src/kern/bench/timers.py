@@ -1,7 +1,7 @@
 """Clocks, one per device kind. Timings never decide a result: they are what kern bench reports.
 
-cpu: perf_counter around each lowered launch (the program's trace hook), around a whole
-step, and around one call's launches; caches are evicted by touching a buffer twice the
+cpu: perf_counter around each call's lowered launches in a walk of the program, around a
+whole step, and around one call alone; caches are evicted by touching a buffer twice the
 last-level cache; the ceiling is a large memory copy.
 cuda: events between launches in an eager walk of the program (contiguous, so their sum is
 the walk), host time around a whole step (a graph replay where the program is captured),
@@ -39,37 +39,39 @@ def stats(xs) -> dict[str, float]:
 
 
 class CpuTimer:
+    """Each call's launches lowered on their own (the harness's EngineIO) and timed in program
+    order: the walk runs exactly the program's launches, a clock around each call."""
+
     kind = "cpu"
 
     def __init__(self, engine):
+        from ..harness.engine_io import EngineIO
+
         self.engine = engine
+        self.io = EngineIO(engine)
         self._evict: np.ndarray | None = None
 
     def device(self) -> dict:
         return {"kind": "cpu", "name": platform.processor() or platform.machine(), "driver": platform.platform()}
 
     def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
-        """(us of each launch, us of the whole traced run) for one run of the program."""
-        n = len(self.engine.launches[program])
-        marks = [0] * (2 * n)
-
-        def trace(i, when, _args):
-            marks[2 * i + (when == "after")] = time.perf_counter_ns()
-
+        """(us of each call, us of the whole walk) for one run of the program, call by call."""
+        env = self.engine.env(program, vars)
+        out = []
         t0 = time.perf_counter_ns()
-        self.engine.run(program, vars, None, trace=trace)
-        t1 = time.perf_counter_ns()
-        return [(marks[2 * i + 1] - marks[2 * i]) / 1e3 for i in range(n)], (t1 - t0) / 1e3
+        for ci in range(len(self.engine.m.programs[program].calls)):
+            out.append(self.call(program, ci, env))
+        return out, (time.perf_counter_ns() - t0) / 1e3
+
+    def call(self, program: str, ci: int, env: dict[str, int]) -> float:
+        t0 = time.perf_counter_ns()
+        self.io.run_calls(program, ci, ci + 1, env)
+        return (time.perf_counter_ns() - t0) / 1e3
 
     def step(self, program: str, vars: dict[str, int]) -> float:
         t0 = time.perf_counter_ns()
         self.engine.run(program, vars)
         self.engine.device.synchronize()
-        return (time.perf_counter_ns() - t0) / 1e3
-
-    def segment(self, seg, env: dict[str, int]) -> float:
-        t0 = time.perf_counter_ns()
-        seg.run(env)
         return (time.perf_counter_ns() - t0) / 1e3
 
     def evict(self) -> None:
@@ -97,36 +99,40 @@ class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
         from ..runtime.devices.cuda.driver import call
 
         self.engine = engine
-        self.call = call
+        self.drv = call
         self.stream = engine.device.stream
         self._evict = None
 
     def device(self) -> dict:
-        v = self.call("cuDriverGetVersion")
+        v = self.drv("cuDriverGetVersion")
         return {"kind": "cuda", "name": self.engine.device.name, "driver": f"{v // 1000}.{v % 1000 // 10}"}
 
     def _events(self, n: int) -> list:
-        return [self.call("cuEventCreate", 0) for _ in range(n)]
+        return [self.drv("cuEventCreate", 0) for _ in range(n)]
 
     def _ms(self, a, b) -> float:
-        return self.call("cuEventElapsedTime", a, b)
+        return self.drv("cuEventElapsedTime", a, b)
 
     def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
+        """(us of each call, us of the whole walk): events between the launches of an eager
+        walk of the lowered program; a call's time is its launches'."""
         prog = self.engine.programs[program]
         env = self.engine.env(program, vars)
         items = prog.resolve(env)
         ev = self._events(len(items) + 1)
         prog._upload(env)
-        self.call("cuEventRecord", ev[0], self.stream.handle)
+        self.drv("cuEventRecord", ev[0], self.stream.handle)
         for i, it in enumerate(items):
             prog._record([it])
-            self.call("cuEventRecord", ev[i + 1], self.stream.handle)
+            self.drv("cuEventRecord", ev[i + 1], self.stream.handle)
         self.stream.synchronize()
-        us = [self._ms(ev[i], ev[i + 1]) * 1e3 for i in range(len(items))]
+        per_call = [0.0] * len(self.engine.m.programs[program].calls)
+        for i, l in enumerate(self.engine.launches[program]):
+            per_call[l.call] += self._ms(ev[i], ev[i + 1]) * 1e3
         total = self._ms(ev[0], ev[-1]) * 1e3
         for e in ev:
-            self.call("cuEventDestroy", e)
-        return us, total
+            self.drv("cuEventDestroy", e)
+        return per_call, total
 
     def step(self, program: str, vars: dict[str, int]) -> float:
         t0 = time.perf_counter_ns()
@@ -134,17 +140,19 @@ class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
         self.engine.device.synchronize()
         return (time.perf_counter_ns() - t0) / 1e3
 
-    def segment(self, seg, env: dict[str, int]) -> float:
-        items = seg.resolve(env)
+    def call(self, program: str, ci: int, env: dict[str, int]) -> float:
+        """Events around one call's launches alone (the program's inputs uploaded first)."""
+        prog = self.engine.programs[program]
+        items = [it for it, l in zip(prog.resolve(env), self.engine.launches[program]) if l.call == ci]
         a, b = self._events(2)
-        seg._upload(env)
-        self.call("cuEventRecord", a, self.stream.handle)
-        seg._record(items)
-        self.call("cuEventRecord", b, self.stream.handle)
+        prog._upload(env)
+        self.drv("cuEventRecord", a, self.stream.handle)
+        prog._record(items)
+        self.drv("cuEventRecord", b, self.stream.handle)
         self.stream.synchronize()
         us = self._ms(a, b) * 1e3
         for e in (a, b):
-            self.call("cuEventDestroy", e)
+            self.drv("cuEventDestroy", e)
         return us
 
     def evict(self) -> None:
@@ -163,17 +171,17 @@ class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
         a, b = self._events(2)
         best = float("inf")
         for _ in range(5):
-            self.call("cuEventRecord", a, self.stream.handle)
+            self.drv("cuEventRecord", a, self.stream.handle)
             memory.copy_device(dst.ptr, src.ptr, n, self.stream)
-            self.call("cuEventRecord", b, self.stream.handle)
+            self.drv("cuEventRecord", b, self.stream.handle)
             self.stream.synchronize()
             best = min(best, self._ms(a, b) / 1e3)
         for e in (a, b):
-            self.call("cuEventDestroy", e)
+            self.drv("cuEventDestroy", e)
         src.free()
         dst.free()
         return 2 * n / best / 1e9
 
 
 def timer_for(engine):
-    return CudaTimer(engine) if engine.device.kind == "cuda" else CpuTimer(engine)
+    return CudaTimer(engine) if engine.m.target.device == "cuda" else CpuTimer(engine)
