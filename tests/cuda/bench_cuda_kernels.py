@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 import cuda_refs as R
-from cuda_gpu import Gpu
+from cuda_gpu import Gpu, launch_all
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.driver import call, open_device
 from kern.runtime.devices.cuda.graphs import capture
-from kern.runtime.devices.cuda.launch import launch, launch_all
+from kern.runtime.devices.cuda.launch import launch
 
 REPS = 20
 L2_DEFEAT = 240 << 20

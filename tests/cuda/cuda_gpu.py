@@ -10,8 +10,13 @@ import numpy as np
 
 from cuda_kernel_docs import kinds_by_entry
 from kern.runtime.devices.cuda import memory
-from kern.runtime.devices.cuda.launch import Kernel, Launch, launch, load_module
+from kern.runtime.devices.cuda.launch import Kernel, Module, PackedLaunch, launch
 from kern.runtime.devices.cuda.memory import DeviceBuffer, Stream
+
+
+def launch_all(launches, stream: Stream) -> None:
+    for l in launches:
+        launch(l, stream)
 
 
 class Gpu:
@@ -19,7 +24,7 @@ class Gpu:
         self.device = device
         self.stream = Stream()
         self.docs = kinds_by_entry()
-        self.modules = {p.stem: load_module(p.read_bytes(), p.stem) for p in sorted(cubin_dir.glob("*.cubin"))}
+        self.modules = {p.stem: Module(p.read_bytes(), p.stem) for p in sorted(cubin_dir.glob("*.cubin"))}
         self._kernels: dict[str, Kernel] = {}
         self._bufs: list[DeviceBuffer] = []
 
@@ -30,7 +35,9 @@ class Gpu:
         return self._kernels[entry]
 
     def put(self, arr: np.ndarray) -> DeviceBuffer:
-        buf = memory.to_device(np.ascontiguousarray(arr))
+        arr = np.ascontiguousarray(arr)
+        buf = memory.alloc(max(arr.nbytes, 1))
+        memory.copy_to_device(buf.ptr, arr)
         self._bufs.append(buf)
         return buf
 
@@ -45,9 +52,9 @@ class Gpu:
         self.stream.synchronize()
         return memory.copy_to_host(out, buf.ptr)
 
-    def make(self, entry: str, grid, block, *args, shared_mem=0, cooperative=False, pdl=False) -> Launch:
+    def make(self, entry: str, grid, block, *args, shared_mem=0, cooperative=False, pdl=False) -> PackedLaunch:
         vals = tuple(a.ptr if isinstance(a, DeviceBuffer) else a for a in args)
-        return Launch(self.kernel(entry), grid, block, vals, shared_mem, cooperative, pdl)
+        return PackedLaunch(self.kernel(entry), grid, block, vals, shared_mem, cooperative, pdl)
 
     def run(self, entry: str, grid, block, *args, **kw) -> None:
         launch(self.make(entry, grid, block, *args, **kw), self.stream)
@@ -60,7 +67,6 @@ class Gpu:
 
         from kern.runtime.devices.cuda.driver import call
         from kern.runtime.devices.cuda.graphs import capture
-        from kern.runtime.devices.cuda.launch import launch_all
 
         g = capture(self.stream, lambda: launch_all(launches, self.stream), "timing")
         start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)

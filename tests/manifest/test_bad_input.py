@@ -8,7 +8,7 @@ import pytest
 
 from kern.manifest.verify import verify_path, verify_text
 
-from .conftest import problems
+from .conftest import problems, where_what
 
 
 def only(text) -> tuple[str, str]:
@@ -36,9 +36,10 @@ def test_top_level_not_an_object():
     assert only("[1, 2]") == ("manifest", "expected a JSON object at the top level, got list")
 
 
-def test_empty_object_names_every_missing_field():
+def test_empty_object_names_every_missing_field_and_what_else_is_wrong():
     found = {(p.where, p.what) for p in problems("{}")}
-    assert found == {(f, "missing required field") for f in ("schema_version", "model", "target")}
+    assert found == {*((f, "missing required field") for f in ("schema_version", "model", "target")),
+                     ("programs", "no programs")}
 
 
 def test_json_nested_too_deeply():
@@ -117,3 +118,58 @@ def test_constants_that_square_each_other_stop_at_a_bound(m):
     found = {p.where: p.what for p in problems(m)}
     assert found["constants.c2"].startswith("a product exceeds 2**128")
     assert found["constants.c3"] == "depends on constant 'c2', which does not resolve"
+
+
+# ---- a schema error breaks only its entry: the rest is checked, and nothing is blamed on it ----
+
+def test_a_buffer_that_does_not_parse_is_not_missing_where_calls_pass_it(m):
+    m["buffers"]["d_x"]["colour"] = "red"
+    m["vars"]["tokens"]["max"] = 0
+    assert where_what(m) == [("buffers.d_x.colour", "unknown field"), ("vars.tokens.max", "must be >= 1, got 0")]
+
+
+def test_an_op_that_does_not_parse_is_not_missing_where_calls_invoke_it(m):
+    m["ops"]["rms_norm"]["impl"]["launches"][0]["grid"] = "x"
+    found = where_what(m)
+    assert [w for w, _ in found] == ["ops.rms_norm.impl.launches[0].grid"]
+
+
+def test_a_call_that_does_not_parse_leaves_its_program_checked_around_it(m):
+    calls = m["programs"]["decode"]["calls"]
+    calls[2]["args"][0] = {"bufr": "d_h"}  # what this call writes is not "read before written" later
+    calls[4]["args"] = calls[4]["args"][:1]
+    found = where_what(m)
+    assert found[0] == ("programs.decode.calls[2].args[0]", "expected a call argument: {buf: name}, {state: name} or "
+                        "{value: v}")
+    assert [w for w, _ in found[1:]] == [f"programs.decode.calls[4] (op {calls[4]['op']})"]
+
+
+def test_a_var_that_does_not_parse_silences_the_expressions_naming_it(m):
+    m["vars"]["context"]["max"] = "lots"
+    assert where_what(m) == [("vars.context.max", "Input should be a valid integer, got 'lots'")]
+
+
+def test_a_target_that_does_not_parse_silences_device_checks(m):
+    m["target"] = {"device": "tpu"}
+    m["ops"]["rms_norm"]["impl"]["launches"][0]["pdl"] = True  # needs cuda: unknown here
+    assert [w for w, _ in where_what(m)] == ["target.device"]
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_numbers_that_are_not_finite_are_refused_naming_the_field(m, literal):
+    text = json.dumps(m).replace('"max": 32', f'"max": {literal}', 1)
+    [(where, what)] = where_what(text)
+    assert where == "vars.seqs.max" and what.endswith("is not a number a manifest can hold (numbers are finite)")
+
+
+def test_depth_is_decided_before_typed_validation(m):
+    """48 levels in all pass; one more is refused, whatever pydantic's own limit."""
+    from kern.manifest.limits import MAX_DEPTH
+
+    def text(levels: int) -> str:  # the manifest is level 1, constants 2, the expression from 3
+        deep = '{"add": [' * levels + "1" + ", 1]}" * levels
+        return json.dumps(m).replace('"constants": {', '"constants": {"deep": ' + deep + ", ", 1)
+
+    fits = (MAX_DEPTH - 2) // 2  # each expression level is an object and its list
+    assert ("constants.deep", "declared and unused (no expression names it)") in where_what(text(fits))
+    assert where_what(text(fits + 1)) == [("constants.deep", "nested too deeply to read")]

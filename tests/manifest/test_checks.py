@@ -360,7 +360,7 @@ def test_10_unused_state(m):
 
 def test_10_topology_does_not_partition_the_ranks(m):
     m["topology"] = {"ranks": 2, "rank": 0, "groups": {"tp": [[0]]}}
-    reported(m, "topology.groups.tp", "must place every rank 0..1 exactly once, got [0]")
+    reported(m, "topology.groups.tp", "must place every rank 0..1 exactly once: 1 placed, the topology has 2")
 
 
 def test_10_rank_outside_the_topology(m):

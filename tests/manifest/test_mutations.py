@@ -1,14 +1,26 @@
-"""Property: verify never raises, and names a problem for every mutation that breaks an invariant.
+"""Properties: verify never raises, and names a problem for every mutation that breaks an
+invariant; a manifest that verifies never crashes the engine with anything but a KernError
+naming its place.
 
 Hypothesis mutates the tiny generated manifest one way at a time: delete, rename or retype a
 field; swap two call arguments; change a shape; point a call at a missing buffer; truncate the
 text. Each mutation knows whether it must break the manifest (an oracle from the manifest's own
-data); every mutation, breaking or not, must verify without an exception or an internal error."""
+data); every mutation, breaking or not, must verify without an exception or an internal error.
+
+The last tests load and step every mutation that verifies, on a tiny random checkpoint: it runs,
+or it stops with a KernError whose message names a place (a call, a buffer, a state, a module)."""
 
 from __future__ import annotations
 
 import copy
 import json
+import random
+import re
+import resource
+from pathlib import Path
+
+import numpy as np
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -247,3 +259,118 @@ def test_well_typed_nonsense(tiny_dict, data):
                 if data.draw(st.booleans()):
                     a["shape"] = data.draw(st.lists(EXPR, min_size=1, max_size=2))
     verify(d)
+
+
+# ---- a manifest that verifies runs, or stops with a KernError naming its place -----------------
+
+PLACE = re.compile(r"\b(programs|buffers|states|modules|ops|vars|constants)\.[\w.\[\]]+|program '|module '")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny_deployment(request, tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint folder, manifest path) of one of the runtime tests' tiny random models, on the cpu."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from kern.registry import deployment_for
+    from tests.runtime.conftest import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
+    return ckpt, deployment_for(ckpt, "cpu")
+
+
+def step_every_program(v, ckpt: Path) -> None:
+    """Load the manifest and step each program that steps a batch once, on a few rows, through
+    the serving protocol (roles, never names)."""
+    from kern.runtime.engine import Engine
+
+    eng = Engine(v, ckpt)
+    for st in eng.protocol.steppers:
+        n = 1 if st.rows == 1 else min(3, st.rows_max)
+        vars_ = st.vars_for(1, n, reach=n if st.reach_var else None)
+        env = eng.env(st.program, vars_)
+        fill = {"token": [1] * n, "position": list(range(n)), "cu_seqlens": [0, n], "slot": [0], "seq_len": [n]}
+        inputs = {buf: np.resize(np.array(fill[role], np.int32), eng.shape(buf, env))
+                  for role, buf in st.inputs.items()}
+        inputs.update({pt.buffer: np.zeros(eng.shape(pt.buffer, env), np.int32) for pt in st.page_tables})
+        env = eng.run(st.program, vars_, inputs)
+        for buf in st.outputs.values():
+            eng.read(buf, env)
+
+
+def runs_or_names_its_place(man: Path, d: dict, ckpt: Path) -> str:
+    """"unverified", "ran" or the KernError's message; any other exception fails the test. The
+    address space is capped a few GiB above what the process holds, so a load that would take
+    more memory than a test machine has fails as it would on a small one."""
+    from kern.runtime.errors import KernError
+
+    r = verify_text(json.dumps(d), str(man), man.parent)
+    if r.verified is None:
+        return "unverified"
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    held = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    cap = held + (3 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        step_every_program(r.verified, ckpt)
+        return "ran"
+    except KernError as exc:
+        assert PLACE.search(str(exc)), f"KernError names no place: {exc}"
+        return str(exc)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def mutate(d: dict, rng: random.Random) -> str:
+    """One seeded mutation: a number changed (off by one, doubled, zero, huge), a name swapped for
+    another of the same field, or an entry deleted. Returns what it did."""
+    leaves = [(p, v) for p, v in walk(d) if not isinstance(v, (dict, list))]
+    kind = rng.choice(["int", "int", "name", "delete"])
+    if kind == "int":
+        p, v = rng.choice([(p, v) for p, v in leaves if type(v) is int])
+        new = rng.choice([v + 1, v - 1, v * 2, v // 2, 0, 1, v * 1000, 2**20, 2**31 - 1, v + 64])
+    elif kind == "name":
+        names_ = [(p, v) for p, v in leaves if type(v) is str and p[-1] not in ("sha256", "source")]
+        p, v = rng.choice(names_)
+        new = rng.choice([x for q, x in names_ if q[-1] == p[-1] and x != v] or [v + "_x"])
+    else:
+        p = rng.choice([p for p, _ in walk(d)])
+        del parent(d, p)[p[-1]]
+        return f"delete {p}"
+    parent(d, p)[p[-1]] = new
+    return f"{p}: {v!r} -> {new!r}"
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="caps memory through /proc and RLIMIT_AS")
+def test_a_verified_mutation_runs_or_raises_a_kern_error_naming_its_place(tiny_deployment):
+    ckpt, man = tiny_deployment
+    base = json.loads(man.read_text())
+    outcomes = {"unverified": 0, "ran": 0, "refused": 0}
+    for seed in range(150):
+        d = copy.deepcopy(base)
+        what = mutate(d, random.Random(seed))
+        try:
+            out = runs_or_names_its_place(man, d, ckpt)
+        except Exception as exc:
+            raise AssertionError(f"seed {seed}, {what}: the engine crashed with {type(exc).__name__}") from exc
+        outcomes[out if out in outcomes else "refused"] += 1
+    # the mutations reach the engine both ways: some run, some are refused there
+    assert outcomes["ran"] >= 15 and outcomes["refused"] >= 15, outcomes
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="caps memory through /proc and RLIMIT_AS")
+@pytest.mark.parametrize("case, change, place", [
+    ("a var's max that sizes more buffer memory than the machine has",
+     lambda d: d["vars"]["seqs"].update(max=2**24), "the device cannot allocate"),
+    ("a kernel entry the module does not have",
+     lambda d: d["ops"]["rms_norm"]["impl"]["launches"][0].update(entry="no_such_kernel"),
+     "(op rms_norm) launch 0: module 'kernels' has no function 'no_such_kernel'"),
+    ("a layer index past the layers the state holds",
+     lambda d: next(c for c in d["programs"]["decode"]["calls"] if c["op"] == "kv_append_decode")["args"][4]
+     .update(value=5), "(op kv_append_decode) launch 0: kernels.kv_append_decode failed"),
+])
+def test_crashes_found_before_are_kern_errors_naming_the_place(tiny_deployment, case, change, place):
+    ckpt, man = tiny_deployment
+    d = json.loads(man.read_text())
+    change(d)
+    out = runs_or_names_its_place(man, d, ckpt)
+    assert place in out, f"{case}: {out}"

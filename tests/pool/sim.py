@@ -8,7 +8,6 @@ import numpy as np
 
 from kern.pool import (
     Checkpoint,
-    CpuExecutor,
     Evict,
     Granted,
     Lease,
@@ -19,6 +18,8 @@ from kern.pool import (
     StateDecl,
     Wait,
 )
+
+from .executor import CpuExecutor
 
 M64 = (1 << 64) - 1
 
@@ -56,6 +57,7 @@ class Sim:
         self.ex = CpuExecutor(pool.layout)
         self.ex.execute(pool.initial_plan)
         self.leases: list[tuple[Lease, list[int]]] = []  # live leases and the tokens they hold
+        self.ended: list[Lease] = []  # freed or checkpointed: every pool call must refuse them
         self.ckpt_tokens: dict[int, tuple[int, ...]] = {}  # checkpoint id -> tokens it holds
         self.remaps: list[Plan] = []  # run, not yet acknowledged
         self.hold_remaps = hold_remaps
@@ -177,6 +179,7 @@ class Sim:
 
     def finish(self, i: int, keep: bool) -> Checkpoint | None:
         lease, toks = self.leases.pop(i)
+        self.ended.append(lease)
         if not keep:
             self.pool.free(lease)
             return None

@@ -53,31 +53,31 @@ def test_a_leaked_page_trips_it():
 
 def test_a_double_free_trips_it():
     p, _ = busy_pool()
-    books = p._books[0]
+    books = p._device.books[0]
     books.free.append(books.free[0])
     assert "free twice" in wheres(p)
 
 
 def test_a_lost_chunk_trips_it():
     p, _ = busy_pool()
-    p._unmapped.append(p.layout.chunks - 1)  # claimed by a state and also unmapped
+    p._device.unmapped.append(p.layout.chunks - 1)  # claimed by a state and also unmapped
     assert "mapped at" in wheres(p)
 
 
 def test_a_wrong_cached_count_trips_it():
     p, _ = busy_pool()
-    p._books[0].cached += 1  # double counting shared pages
+    p._device.books[0].cached += 1  # double counting shared pages
     assert "held by checkpoints only" in wheres(p)
 
 
 def test_a_stale_host_link_trips_it():
     p, (b,) = busy_pool()
-    p._dev_host[0][b.page_table("kv")[-1]] = 0
+    p._host.dev_host[0][b.page_table("kv")[-1]] = 0
     assert "not listed back" in wheres(p)
 
 
 def test_a_broken_tree_trips_it():
     p, _ = busy_pool()
-    (node,) = [n for n in p._tree.nodes() if n.ckpt is not None]
+    (node,) = [n for n in p._index.tree.nodes() if n.ckpt is not None]
     node.dev_below = 3
     assert "device checkpoints below" in wheres(p)

@@ -6,9 +6,7 @@ import pytest
 
 from kern.pool import (
     Copy,
-    CpuExecutor,
     Evict,
-    ExecutorError,
     Granted,
     LayoutError,
     Map,
@@ -22,6 +20,7 @@ from kern.pool import (
     Wait,
 )
 
+from .executor import CpuExecutor, ExecutorError
 from .sim import Sim
 
 KV = StateDecl("kv", "paged", 16)  # 4-token pages of 64 bytes, 2 to a 128-byte chunk

@@ -1,14 +1,18 @@
 """Random operation sequences against the byte-level reference model (sim.Sim): after every
 operation the integrity check passes and every holder reads back exactly its tokens' bytes;
-at the end, releasing everything returns every unit and chunk."""
+a lease or checkpoint that has ended is refused by every call, changing nothing; at the end,
+releasing everything returns every unit and chunk."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kern.pool import Plan
+from kern.pool import Plan, PoolError
 
 from .sim import Sim, make_pool
 
@@ -22,6 +26,7 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sim = Sim(make_pool(self.config), hold_remaps=True)
+        self.dropped: list = []  # checkpoints dropped by the drop rule
 
     @rule(sys=st.integers(0, len(SYSTEM) - 1), cut=st.integers(0, 9), t=tail, extra=st.integers(0, 8), cache=st.booleans())
     def request(self, sys, cut, t, extra, cache):
@@ -77,6 +82,27 @@ class PoolMachine(RuleBasedStateMachine):
         cs = self.sim.pool.checkpoints()
         if cs:
             self.sim.pool.drop(cs[i % len(cs)])
+            self.dropped.append(cs[i % len(cs)])
+
+    @precondition(lambda self: self.sim.ended or self.dropped)
+    @rule(i=st.integers(0, 1 << 16), op=st.integers(0, 6))
+    def misuse(self, i, op):
+        """An ended lease or a dropped checkpoint, handed back to the pool."""
+        p, live = self.sim.pool, [lease for lease, _ in self.sim.leases]
+        gone = (self.sim.ended + self.dropped)[i % (len(self.sim.ended) + len(self.dropped))]
+        calls = [
+            lambda: p.extend(gone, [1]),
+            lambda: p.advance(live + [gone], [1] * (len(live) + 1)),
+            lambda: p.free(gone),
+            lambda: p.checkpoint(gone),
+            lambda: p.fork(gone, 64),
+            lambda: p.drop(gone),
+            lambda: p.park(gone),
+        ]
+        before = p.usage(), [(x.id, list(x.tokens), x.reserved) for x in p.leases]
+        with pytest.raises(PoolError, match=re.escape(repr(gone))):
+            calls[op]()
+        assert (p.usage(), [(x.id, list(x.tokens), x.reserved) for x in p.leases]) == before
 
     @precondition(lambda self: self.sim.remaps)
     @rule()

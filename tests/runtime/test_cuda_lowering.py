@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from math import prod
 
+import numpy as np
 import pytest
 
 from kern.manifest import load_verified
 from kern.manifest.expr import evaluate
 from kern.runtime.devices.cuda import device as cuda_device
-from kern.runtime.devices.cuda.launch import Kernel, Launch
+from kern.runtime.devices.cuda.launch import Kernel, PackedLaunch
 from kern.runtime.devices.cuda.params import parse_kinds
 from kern.runtime.lower import lower_program
 
@@ -73,7 +74,7 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
     env = {**sm90.constants, "tokens": 5, "prefill_seqs": 2, "context": sm90.manifest.vars["context"].max,
            "reach": sm90.manifest.vars["reach"].max}
     items = prog.resolve(env)
-    rope = next(i for i in items if isinstance(i, Launch) and i.kernel.name == "rope")
+    rope = next(i for i in items if isinstance(i, PackedLaunch) and i.kernel.name == "rope")
     q, k = rope.args[0], rope.args[1]
     assert q == bufs["p_qkv"].ptr
     assert k == q + sm90.constants["q_dim"] * 2  # bf16 elements
@@ -85,9 +86,9 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
     dec, _ = _program(sm90, "decode")
     env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "context": 512, "reach": 512}
     pre_items = pre.resolve(env)
-    assert sum(1 for i in pre_items if not isinstance(i, Launch)) == 4 * 2  # qkv, o, gate_up, down per layer
+    assert sum(1 for i in pre_items if not isinstance(i, PackedLaunch)) == 4 * 2  # qkv, o, gate_up, down per layer
     dec_items = dec.resolve(env)
-    assert all(isinstance(i, Launch) for i in dec_items)
+    assert all(isinstance(i, PackedLaunch) for i in dec_items)
     names = [i.kernel.name for i in dec_items]
     # a layer: norm+qkv+rope+kv append, attention (splits merged inside), o+residual,
     # norm+gate/up+SwiGLU, down+residual
@@ -118,7 +119,7 @@ def test_each_shape_bucket_resolves_once(sm90):
 def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     pre, bufs = _program(sm90, "prefill")
     items = pre.resolve({**sm90.constants, "tokens": 130, "prefill_seqs": 3, "context": 512, "reach": 512})
-    attn = [i for i in items if isinstance(i, Launch) and i.kernel.name == "prefill_attention"]
+    attn = [i for i in items if isinstance(i, PackedLaunch) and i.kernel.name == "prefill_attention"]
     assert len(attn) == 2  # one per layer
     assert attn[0].grid == (4, -(-130 // 64) + 3, 1) and attn[0].block == (128, 1, 1)
     assert attn[0].args[5] == bufs["p_attn"].ptr and attn[0].args[6:8] == (130, 3)
@@ -239,3 +240,38 @@ def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
         got = {n: size for n, b in bufs.items() if isinstance(b, _Staged) for p, size in log if p == b.ptr}
         assert got == {"d_ids": 4 * seqs, "d_pos": 4 * seqs, "d_cu_seqlens": 4 * (seqs + 1),
                        "d_page_table": 4 * seqs * pages}
+
+
+class _Mirror:
+    """A pinned host mirror, as plain host memory."""
+
+    def __init__(self, nbytes: int):
+        self.array = np.zeros(nbytes, np.uint8)
+
+
+@pytest.mark.parametrize("dtype,offset", [("i32", 0), ("i32", 3), ("bf16", 5), ("u8", 7)])
+def test_an_offset_write_and_read_land_where_the_cpu_device_puts_them(monkeypatch, dtype, offset):
+    """Device.write / read at an element offset (bytes, for a state): the cuda device's staged
+    mirror and its device copies address the same elements as the cpu device's arrays."""
+    from kern.runtime.devices.cpu import CpuDevice
+    from kern.runtime.dtypes import NP
+
+    values = np.arange(1, 5).astype(NP[dtype])
+    cpu = CpuDevice()
+    ref = cpu.alloc(dtype, 16)
+    cpu.write(ref, values, offset)
+    want = ref.view(np.uint8)
+
+    dev = object.__new__(cuda_device.CudaDevice)
+    dev.stream = None
+    memory = cuda_device.memory
+    staged = memory.StagedBuffer(memory.DeviceBuffer(0x9000, want.nbytes), _Mirror(want.nbytes))
+    dev.write(staged, values, offset)
+    assert staged.host.array.tobytes() == want.tobytes()
+    got = dev.read(staged, dtype, (4,), offset)
+    assert got.tobytes() == values.tobytes() == cpu.read(ref, dtype, (4,), offset).tobytes()
+
+    copies = []
+    monkeypatch.setattr(memory, "copy_to_device", lambda dst, src, stream=None: copies.append((dst, src.nbytes)))
+    dev.write(memory.DeviceBuffer(0x9000, want.nbytes), values, offset)
+    assert copies == [(0x9000 + offset * values.itemsize, values.nbytes)]

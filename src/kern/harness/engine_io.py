@@ -1,8 +1,8 @@
 """The harness's whole view of an engine: run a call range of a program, read and write flat
 prefixes of buffers and states as host numpy arrays, keyed by name.
 
-Only device.lower / read / write / synchronize are used, so a span recorded on the cpu device
-replays on any device that has them. Paged states are read and written as a prefix of pages:
+Only the Device protocol's lower / read / write / synchronize are used, so a span recorded on the
+cpu device replays on any device. Paged states are read and written as a prefix of pages:
 the workload uses pages [0, pages_used) only."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from math import prod
 import numpy as np
 
 from ..manifest.expr import evaluate
-from ..runtime.devices.cpu import NP
+from ..runtime.dtypes import NP
 from ..runtime.engine import Engine
-from ..runtime.lower import Launch, StateRef, View
+from ..runtime.device import Program
+from ..runtime.lower import LoweredLaunch, StateRef, View
 from .workload import Limits
 
 
@@ -30,20 +31,20 @@ def poison(dtype: str, n: int) -> np.ndarray:
 class EngineIO:
     def __init__(self, engine: Engine):
         self.e = engine
-        self._segments: dict[tuple[str, int, int], object] = {}
+        self._segments: dict[tuple[str, int, int], Program | None] = {}
 
     # ---- launches -------------------------------------------------------------------------
-    def launches(self, program: str, lo: int, hi: int) -> list[Launch]:
+    def launches(self, program: str, lo: int, hi: int) -> list[LoweredLaunch]:
         return [l for l in self.e.launches[program] if lo <= l.call < hi]
 
-    def run_calls(self, program: str, lo: int, hi: int, env: dict[str, int]) -> list[Launch]:
+    def run_calls(self, program: str, lo: int, hi: int, env: dict[str, int]) -> list[LoweredLaunch]:
         """Run calls [lo, hi) of a program; returns their launches."""
         if hi <= lo:
             return []
         key = (program, lo, hi)
         ls = self.launches(program, lo, hi)
         if key not in self._segments:
-            self._segments[key] = self.e.device.lower(ls, self.e.buffers, self.e.states, self.e.consts) if ls else None
+            self._segments[key] = self.e.device.lower(ls, self.e.buffers, self.e.states) if ls else None
         seg = self._segments[key]
         if seg is not None:
             seg.run(env)
@@ -54,7 +55,7 @@ class EngineIO:
     def dtype(self, buf: str) -> str:
         return self.e.m.buffers[buf].dtype
 
-    def extent(self, buf: str, env: dict[str, int], launches: list[Launch] = ()) -> int:
+    def extent(self, buf: str, env: dict[str, int], launches: list[LoweredLaunch] = ()) -> int:
         """Elements of a buffer a step can touch: its step shape, or the farthest view."""
         n = prod(self.e.shape(buf, env))
         for l in launches:
@@ -64,7 +65,7 @@ class EngineIO:
         return min(n, prod(self.e.shapes[buf]))
 
     @staticmethod
-    def written(launches: list[Launch], env: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
+    def written(launches: list[LoweredLaunch], env: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
         """Element intervals each buffer is written on, from the launches' declared writes."""
         out: dict[str, list[tuple[int, int]]] = {}
         for l in launches:
@@ -76,7 +77,7 @@ class EngineIO:
         return {b: _merge(iv) for b, iv in out.items()}
 
     @staticmethod
-    def states_written(launches: list[Launch]) -> set[str]:
+    def states_written(launches: list[LoweredLaunch]) -> set[str]:
         return {l.args[i].state for l in launches for i in l.writes if isinstance(l.args[i], StateRef)}
 
     # ---- host copies ----------------------------------------------------------------------

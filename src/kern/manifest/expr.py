@@ -63,6 +63,12 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
     raise ExprError(f"not an expression: {e!r}")
 
 
+def number(e: Expr | float, env: Mapping[str, int]) -> int | float:
+    """A value that is either already a number or still an expression (a lowered argument or
+    dimension, folded where it named no var): a float as it is, an int or expression evaluated."""
+    return e if isinstance(e, float) else evaluate(e, env)
+
+
 def interval(e: Expr, env: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
     """Bounds (lo, hi) of e when each name lies anywhere in its range in env (interval
     arithmetic). Exact for expressions that only grow with their names; never too narrow.

@@ -22,3 +22,27 @@ class ManifestError(Exception):
         self.problems = problems
         lines = "\n".join(f"  {p}" for p in problems)
         super().__init__(f"{path}: manifest failed verification:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Broken:
+    """What schema errors left out of a partly parsed manifest, so that the semantic checks run
+    on the rest and stay quiet about what they cannot see (a call naming a buffer whose entry
+    did not parse is not "no buffer named ...")."""
+
+    entries: frozenset[str] = frozenset()  # "buffers.d_x", "programs.decode", "target"
+    calls: frozenset[tuple[str, int]] = frozenset()  # (program, index) of calls that did not parse
+    mentions: frozenset[str] = frozenset()  # every string inside what did not parse
+
+    def has(self, section: str, name: str) -> bool:
+        return f"{section}.{name}" in self.entries
+
+    def has_field(self, field: str) -> bool:
+        return field in self.entries
+
+    def has_section(self, section: str) -> bool:
+        return section in self.entries or any(e.startswith(section + ".") for e in self.entries) or (
+            section == "programs" and bool(self.calls))
+
+    def calls_of(self, program: str) -> bool:
+        return any(p == program for p, _ in self.calls)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from . import checks
 from .context import build
-from .load import parse
+from .limits import MAX_MANIFEST_BYTES
+from .load import parse_all
 from .model import Manifest
-from .problems import ManifestError, Problem
+from .problems import Broken, ManifestError, Problem
 from .types import Param
 
 _TOKEN = object()
@@ -45,10 +46,12 @@ class Report:
     problems: list[Problem]
 
 
-def check(m: Manifest, base_dir: Path = Path(".")) -> Report:
-    """Run every check on a parsed manifest; report every problem, in check order."""
-    ctx = build(m)
-    problems = list(ctx.problems)
+def check(m: Manifest, base_dir: Path = Path("."), broken: Broken = Broken(),
+          schema_problems: list[Problem] | None = None) -> Report:
+    """Run every check on a parsed manifest (`broken`: what schema errors left out of it);
+    report every problem, schema problems first, then in check order."""
+    ctx = build(m, broken)
+    problems = [*(schema_problems or ()), *ctx.problems]
     for fn in checks.ALL:
         ctx.problems = []  # checks record expressions that do not resolve here
         try:
@@ -69,8 +72,8 @@ def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Pat
     paused = gc.isenabled()
     gc.disable()
     try:
-        m, problems = parse(text, where)
-        return Report(None, problems) if m is None else check(m, base_dir)
+        p = parse_all(text, where)
+        return Report(None, p.problems) if p.manifest is None else check(p.manifest, base_dir, p.broken, p.problems)
     finally:
         if paused:
             gc.enable()
@@ -81,6 +84,9 @@ def verify_path(path: str | Path) -> Report:
     if p.is_dir():
         p = p / "manifest.json"
     try:
+        size = p.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            return Report(None, [Problem(str(p), f"{size} bytes; a manifest is at most {MAX_MANIFEST_BYTES} bytes")])
         data = p.read_bytes()
     except OSError as exc:
         return Report(None, [Problem(str(p), f"cannot read: {exc.strerror or exc}")])

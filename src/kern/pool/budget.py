@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kern.pool.results import Evict, NeverFits, Refusal, Wait
+from kern.pool.states import ceil_div
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +30,6 @@ class Move:
     dst: tuple[int, int]  # (kind, place) it goes to
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def decide(
     kinds: tuple[KindView, ...], unmapped: tuple[int, ...], dynamic: int, in_flight: bool
 ) -> tuple[Move, ...] | Refusal | None:
@@ -40,7 +37,7 @@ def decide(
     short = [max(0, k.need - k.avail) for k in kinds]
     if not any(short):
         return None
-    whole = sum(_ceil(k.need + k.held, k.per_chunk) for k in kinds)
+    whole = sum(ceil_div(k.need + k.held, k.per_chunk) for k in kinds)
     if whole > dynamic:
         return NeverFits(whole, dynamic)
     if in_flight:
@@ -59,7 +56,7 @@ def decide(
     for j, k in enumerate(kinds):
         if not short[j]:
             continue
-        n = _ceil(short[j], k.per_chunk)
+        n = ceil_div(short[j], k.per_chunk)
         if len(moves) + n > len(donors):
             return _evict_or_wait(kinds, unmapped, short)
         for i in range(n):
@@ -71,7 +68,7 @@ def decide(
 def _evict_or_wait(kinds: tuple[KindView, ...], unmapped: tuple[int, ...], short: list[int]) -> Refusal:
     if not any(k.cached for k in kinds):
         return Wait("live leases hold the memory: ask again when one ends")
-    needed = sum(_ceil(max(0, k.need - k.avail - k.cached), k.per_chunk) for k in kinds)
+    needed = sum(ceil_div(max(0, k.need - k.avail - k.cached), k.per_chunk) for k in kinds)
     spare = len(unmapped) + sum(
         (k.avail + k.cached - k.need) // k.per_chunk for k in kinds if k.avail + k.cached >= k.need
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kern.pool.lease import Checkpoint
+from kern.pool.handles import Checkpoint
 
 
 class Node:
@@ -100,7 +100,8 @@ class RadixTree:
         if node is self.root or node.ckpt is not None:
             return None
         parent = node.parent
-        assert parent is not None
+        if parent is None:  # only the root has none, and the root stays
+            return None
         if not node.children:
             del parent.children[node.edge[0]]
             node.parent = None

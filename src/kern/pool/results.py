@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
+from kern.pool.handles import Checkpoint, Lease
 from kern.pool.plans import Plan
-
-if TYPE_CHECKING:
-    from kern.pool.lease import Checkpoint, Lease
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,10 @@ from typing import Sequence
 KINDS = ("paged", "per_seq", "fixed")
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 class LayoutError(ValueError):
     """The declared states cannot be laid out in the budget; the message says which and why."""
 
@@ -106,7 +110,7 @@ def plan_layout(
         if s.size <= 0:
             raise LayoutError(f"{at}: size must be positive, got {s.size}")
         if s.kind == "fixed":
-            n = -(-s.size // chunk_bytes)
+            n = ceil_div(s.size, chunk_bytes)
             fixed.append(FixedState(s.name, s.size, first, n))
             first += n
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
+from kern.pool.errors import broken
 from kern.pool.states import UnitKind
 
 
@@ -32,7 +33,8 @@ class Books:
 
     # -- chunk places ------------------------------------------------------------------
     def map(self, place: int, chunk: int, ready: bool) -> None:
-        assert self.vmap[place] == -1, (self.kind.name, place)
+        if self.vmap[place] != -1:
+            raise broken(f"{self.kind.name} place {place}", f"mapped over chunk {self.vmap[place]}")
         self.vmap[place] = chunk
         if ready:
             self.open(place)
@@ -46,17 +48,15 @@ class Books:
             heappush(self.free, u)
 
     def unmap(self, places: list[int]) -> None:
+        for p in places:
+            if self.used[p] or self.pending[p]:
+                raise broken(f"{self.kind.name} place {p}", "unmapped while in use or awaiting a remap")
         pc = self.per_chunk
-        gone = {p for p in places}
+        gone = set(places)
         self.free = [u for u in self.free if u // pc not in gone]
         heapify(self.free)
         for p in places:
-            assert self.used[p] == 0 and not self.pending[p], (self.kind.name, p)
             self.vmap[p] = -1
-
-    def hole(self) -> int:
-        """Lowest place with nothing mapped."""
-        return self.vmap.index(-1)
 
     def empty_places(self) -> list[tuple[int, int]]:
         """(place, chunk) of mapped places with every unit free, highest place first."""
@@ -86,7 +86,8 @@ class Books:
         """Add dr holders, dl of them leases; True when the unit became free."""
         r0, l0 = self.refs[u], self.lrefs[u]
         r1, l1 = r0 + dr, l0 + dl
-        assert r1 >= 0 and 0 <= l1 <= r1, (self.kind.name, u, r1, l1)
+        if not 0 <= l1 <= r1:
+            raise broken(f"{self.kind.name} unit {u}", f"would count {r1} holders, {l1} of them leases")
         self.refs[u] = r1
         self.lrefs[u] = l1
         self.cached += (r1 > 0 and l1 == 0) - (r0 > 0 and l0 == 0)

@@ -15,8 +15,9 @@ from ..manifest.expr import evaluate
 from ..manifest.model import DTYPE_BYTES
 from ..manifest.protocol import Protocol, derive
 from ..manifest.verify import Verified
+from .device import Device, Program
 from .errors import BoundsError, DeviceError
-from .lower import Launch, lower_program
+from .lower import LoweredLaunch, lower_program
 from .modules import fetch
 from .safetensors import Checkpoint
 from .dtypes import NP
@@ -25,7 +26,7 @@ from .weights import bind_all
 DEFAULT_STATE_BUDGET = 512 << 20
 
 
-def make_device(v: Verified):
+def make_device(v: Verified) -> Device:
     target = v.manifest.target
     if target.device == "cpu":
         from .devices.cpu import CpuDevice
@@ -40,13 +41,17 @@ def make_device(v: Verified):
     return CudaDevice(arch=target.arch)
 
 
-def nbytes(eng: "Engine", buffer: str, env: dict[str, int]) -> int:
-    """Bytes of `buffer` at this step's shape (a prefix of its allocation)."""
-    return prod(eng.shape(buffer, env)) * DTYPE_BYTES[eng.m.buffers[buffer].dtype]
+def _alloc(where: str, nbytes: int, alloc, *args, **kw):
+    """`alloc(*args, **kw)`; memory the device cannot give is a DeviceError naming the buffer."""
+    try:
+        return alloc(*args, **kw)
+    except MemoryError:
+        raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes "
+                          f"({nbytes / 2**30:.1f} GiB)") from None
 
 
 class Engine:
-    def __init__(self, v: Verified, weights: str | Path | None, *, device=None,
+    def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
                  state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None,
                  chunk_bytes: int | None = None):
         if not isinstance(v, Verified):
@@ -55,7 +60,7 @@ class Engine:
         self.m = v.manifest
         self.consts = v.constants
         self.protocol: Protocol = derive(v)
-        self.device = device or make_device(v)
+        self.device: Device = device or make_device(v)
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
@@ -74,13 +79,14 @@ class Engine:
             for dt, group in by_dtype.items():
                 host_weights.update(bind_all(group, ckpt, NP[dt]))
         for n, b in self.m.buffers.items():
-            self.buffers[n] = self.device.alloc(b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
+            self.buffers[n] = _alloc(f"buffers.{n}", prod(self.shapes[n]) * DTYPE_BYTES[b.dtype], self.device.alloc,
+                                     b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
-        self.launches: dict[str, list[Launch]] = {p: lower_program(v, p) for p in self.m.programs}
-        self.programs = {p: self.device.lower(ls, self.buffers, self.states, self.consts,
-                                              graph=self.m.programs[p].graph)
-                         for p, ls in self.launches.items()}
+        self.launches: dict[str, list[LoweredLaunch]] = {p: lower_program(v, p) for p in self.m.programs}
+        self.programs: dict[str, Program] = {p: self.device.lower(ls, self.buffers, self.states,
+                                                                  graph=self.m.programs[p].graph)
+                                             for p, ls in self.launches.items()}
         for p in self.protocol.once:
             self.run(p, {})
 
@@ -106,7 +112,7 @@ class Engine:
                 size = evaluate(st.bytes, self.consts)
                 self.state_bytes[name] = size
             chunked = chunk_bytes if name in sizes and st.bytes is None else None
-            self.states[name] = self.device.alloc_state(size, chunk_bytes=chunked)
+            self.states[name] = _alloc(f"states.{name}", size, self.device.alloc_state, size, chunk_bytes=chunked)
 
     # ---- stepping ----------------------------------------------------------------------
     def env(self, program: str, vars: dict[str, int]) -> dict[str, int]:
@@ -124,6 +130,10 @@ class Engine:
 
     def shape(self, buffer: str, env: dict[str, int]) -> tuple[int, ...]:
         return tuple(evaluate(d, env) for d in self.m.buffers[buffer].shape)
+
+    def _step_bytes(self, buffer: str, env: dict[str, int]) -> int:
+        """Bytes of `buffer` at this step's shape (a prefix of its allocation)."""
+        return prod(self.shape(buffer, env)) * DTYPE_BYTES[self.m.buffers[buffer].dtype]
 
     def check_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> np.ndarray:
         """`host` checked against the input's shape for this step and its domain; returned
@@ -154,8 +164,7 @@ class Engine:
     def write_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> None:
         self.device.write(self.buffers[buffer], self.check_input(program, buffer, host, env))
 
-    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
-            trace=None) -> dict[str, int]:
+    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
         """Check, write inputs, run one program. Returns the step's env (for reading outputs)."""
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
@@ -163,16 +172,13 @@ class Engine:
         for buf, host in (inputs or {}).items():
             self._known(program, buf)
             self.write_input(program, buf, host, env)
-        if trace is None:
-            self.programs[program].run(env)
-        else:
-            self.programs[program].run(env, trace)
+        self.programs[program].run(env)
         return env
 
     def runs_steps_natively(self, program: str) -> bool:
-        """Whether run_steps runs this program's steps as one launch (CUDA graphs) rather than
-        a loop of single steps."""
-        return hasattr(self.programs[program], "run_steps")
+        """Whether run_steps runs this program's steps on the device without the host in
+        between (CUDA: one graph launch) rather than as a host loop of single steps."""
+        return self.programs[program].runs_steps_natively
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
@@ -182,7 +188,7 @@ class Engine:
         same ones: positions) and every `feedback` input (output -> input) set on the device
         from the output of step j - 1 (the token). Returns each step's `collect` outputs (the
         feedback outputs always among them). Everything is checked before anything launches.
-        The host waits once: on CUDA the whole run is one graph launch; other devices loop."""
+        The host waits once: on CUDA the whole run is one graph launch; the cpu loops."""
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)
@@ -205,17 +211,17 @@ class Engine:
             if (a.dtype, self.shape(src, env)) != (b.dtype, self.shape(dst, env)):
                 raise BoundsError(f"program {program!r}: feedback {src!r} {a.dtype}{list(self.shape(src, env))} "
                                   f"-> {dst!r} {b.dtype}{list(self.shape(dst, env))}: shapes and dtypes must match")
+        for buf in [*inputs, *varying]:
+            self._known(program, buf)
         first = {buf: self.check_input(program, buf, host, env) for buf, host in inputs.items()}
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
-        prog = self.programs[program]
-        if not self.runs_steps_natively(program):
-            return self._loop_steps(program, vars, first, later, feedback, collect)
         for buf, arr in first.items():
             self.device.write(self.buffers[buf], arr)
         shapes = {c: self.shape(c, env) for c in collect}
-        raw = prog.run_steps(env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],
-                             [(self.buffers[s], self.buffers[d], nbytes(self, d, env)) for s, d in feedback.items()],
-                             [(self.buffers[c], nbytes(self, c, env)) for c in collect])
+        raw = self.programs[program].run_steps(
+            env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],
+            [(self.buffers[s], self.buffers[d], self._step_bytes(d, env)) for s, d in feedback.items()],
+            [(self.buffers[c], self._step_bytes(c, env)) for c in collect])
         outs = [{c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
                 for step in raw]
         # what the device holds now, in the inputs' mirrors: the last step's inputs and fed values
@@ -223,17 +229,6 @@ class Engine:
             self.device.write(self.buffers[buf], later[-1][buf])
         for src, dst in feedback.items():
             self.device.write(self.buffers[dst], outs[-1][src])
-        return outs
-
-    def _loop_steps(self, program, vars, first, later, feedback, collect):
-        outs, step_inputs = [], first
-        for j in range(1 + len(later)):
-            env = self.run(program, vars, step_inputs)
-            outs.append({c: self.read(c, env) for c in collect})
-            if j < len(later):
-                step_inputs = {**later[j], **{d: outs[-1][s] for s, d in feedback.items()}}
-        for s, d in feedback.items():  # as on a device: each fed input ends holding the last output
-            self.write_input(program, d, outs[-1][s], self.env(program, vars))
         return outs
 
     def _known(self, program: str, buf: str) -> None:

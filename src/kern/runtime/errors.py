@@ -19,3 +19,7 @@ class BoundsError(KernError):
 
 class DeviceError(KernError):
     """The device cannot run this manifest (missing driver, library or GPU)."""
+
+
+class LaunchError(KernError):
+    """A launch failed on the device; names the call, the launch and the kernel."""

@@ -7,10 +7,9 @@ runnable form (numpy calls on the CPU, packed kernel params and graphs on CUDA).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
-from ..manifest.expr import evaluate, names
-from ..manifest.model import DTYPE_BYTES, Add, BufArg, CeilDiv, Expr, Mul, StateArg, ValueArg
+from ..manifest.expr import evaluate, names, number
+from ..manifest.model import Add, BufArg, CeilDiv, Expr, Mul, StateArg
 from ..manifest.verify import Verified
 
 
@@ -34,9 +33,16 @@ class Scalar:
     dtype: str  # i32 | u32 | i64 | f32
     value: Expr | float  # an int expression over vars, or a folded number
 
+    def at(self, env: dict[str, int]) -> int | float:
+        """The value a kernel gets at this env: a float for f32, else an int."""
+        v = number(self.value, env)
+        return float(v) if self.dtype == "f32" else int(v)
+
 
 @dataclass(frozen=True, slots=True)
-class Launch:
+class LoweredLaunch:
+    """One launch of a program, device-independent: what may depend on a var is an expression."""
+
     where: str  # "programs.decode.calls[12] (op rms_norm) launch 0"
     call: int  # index of the call in its program
     module: str | None
@@ -70,16 +76,10 @@ def substitute(e: Expr, env: dict[str, Expr]) -> Expr:
     return e
 
 
-def value(e: Expr | float, env: dict[str, int]):
-    if isinstance(e, (int, float)):
-        return e
-    return evaluate(e, env)
-
-
-def lower_program(v: Verified, program: str) -> list[Launch]:
+def lower_program(v: Verified, program: str) -> list[LoweredLaunch]:
     m = v.manifest
     consts = v.constants
-    out: list[Launch] = []
+    out: list[LoweredLaunch] = []
     for ci, call in enumerate(m.programs[program].calls):
         op = m.ops[call.op]
         params = v.params[call.op]
@@ -118,13 +118,9 @@ def lower_program(v: Verified, program: str) -> list[Launch]:
                 # (ints, or expressions over vars such as `rows` -> `tokens`), then fold
                 return fold(substitute(e, {k: x for k, x in scal_env.items() if not isinstance(x, float)}), consts)
 
-            out.append(Launch(
+            out.append(LoweredLaunch(
                 where=f"programs.{program}.calls[{ci}] (op {call.op}) launch {li}", call=ci,
                 module=l.module, entry=l.entry, grid=tuple(geo(g) for g in l.grid),
                 block=tuple(geo(b) for b in l.block), shared_mem=geo(l.shared_mem),
                 cooperative=l.cooperative, pdl=l.pdl, args=tuple(args), writes=writes))
     return out
-
-
-def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    return DTYPE_BYTES[dtype] * prod(shape)

@@ -1,20 +1,24 @@
 """The cpu device: the reference device. Its modules are Python source pinned by sha256;
-their functions get numpy views of the buffers, shaped for the current step."""
+their functions get numpy views of the buffers, shaped for the current step. Implements
+`kern.runtime.device.Device` and `Program`."""
 
 from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from math import prod
 
 import numpy as np
 
 from ...manifest.expr import evaluate
 from ..dtypes import NP
-from ..lower import Launch, Scalar, StateRef, View
+from ..errors import DeviceError, LaunchError, ModuleError
+from ..lower import LoweredLaunch, StateRef, View
 
 
 class CpuDevice:
     kind = "cpu"
+    chunk_granularity = 1  # host memory is fully backed: any chunk size maps
 
     def __init__(self) -> None:
         self.modules: dict[str, types.ModuleType] = {}
@@ -27,8 +31,6 @@ class CpuDevice:
     def alloc(self, dtype: str, nelems: int, staged: bool = False) -> np.ndarray:
         """`staged` (an input buffer) changes nothing here: host memory is what kernels read."""
         return np.zeros(nelems, dtype=NP[dtype])
-
-    chunk_granularity = 1
 
     def alloc_state(self, nbytes: int, chunk_bytes: int | None = None) -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
@@ -47,9 +49,9 @@ class CpuDevice:
     def copy_bytes(self, storage: np.ndarray, dst: int, src: int, n: int) -> None:
         storage[dst:dst + n] = storage[src:src + n]
 
-    def lower(self, launches: list[Launch], buffers: dict[str, np.ndarray], states: dict[str, np.ndarray],
-              consts: dict[str, int], graph: bool = False) -> "CpuProgram":
-        return CpuProgram(self, launches, buffers, states, consts)
+    def lower(self, launches: list[LoweredLaunch], buffers: dict[str, np.ndarray], states: dict[str, np.ndarray],
+              graph: bool = False) -> "CpuProgram":
+        return CpuProgram(self, launches, buffers, states)
 
     def synchronize(self) -> None:
         pass
@@ -58,17 +60,19 @@ class CpuDevice:
 class CpuProgram:
     """A lowered program on the cpu: each launch a function and argument getters."""
 
-    def __init__(self, dev: CpuDevice, launches: list[Launch], buffers, states, consts) -> None:
+    runs_steps_natively = False  # run_steps loops single steps on the host
+
+    def __init__(self, dev: CpuDevice, launches: list[LoweredLaunch], buffers, states) -> None:
         self.launches = launches
         views: dict[str, int] = {}
         uniq: list[View] = []
         self.steps: list[tuple[Callable, list]] = []
         for l in launches:
             if l.entry.startswith("extern:"):
-                raise NotImplementedError(f"{l.where}: the cpu device has no extern {l.entry}")
+                raise DeviceError(f"{l.where}: the cpu device has no extern {l.entry}")
             fn = getattr(dev.modules[l.module], l.entry, None)
-            if fn is None:
-                raise AttributeError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
+            if not callable(fn):
+                raise ModuleError(f"{l.where}: module {l.module!r} has no function {l.entry!r}")
             getters = []
             for a in l.args:
                 if isinstance(a, View):
@@ -79,10 +83,8 @@ class CpuProgram:
                     getters.append(("view", views[key]))
                 elif isinstance(a, StateRef):
                     getters.append(("fixed", states[a.state]))
-                elif isinstance(a.value, (int, float)):
-                    getters.append(("fixed", float(a.value) if a.dtype == "f32" else int(a.value)))
                 else:
-                    getters.append(("expr", a))
+                    getters.append(("scalar", a))
             self.steps.append((fn, getters))
         self.views = uniq
         self.buffers = buffers
@@ -91,12 +93,9 @@ class CpuProgram:
     def resolve(self, env: dict[str, int]) -> list[np.ndarray]:
         out = []
         for v in self.views:
-            shape = tuple(d if isinstance(d, int) else evaluate(d, env) for d in v.shape)
-            off = v.offset if isinstance(v.offset, int) else evaluate(v.offset, env)
-            n = 1
-            for d in shape:
-                n *= d
-            out.append(self.buffers[v.buffer][off:off + n].reshape(shape))
+            shape = tuple(evaluate(d, env) for d in v.shape)
+            off = evaluate(v.offset, env)
+            out.append(self.buffers[v.buffer][off:off + prod(shape)].reshape(shape))
         return out
 
     def bind(self, env: dict[str, int]) -> list[tuple[Callable, list]]:
@@ -105,18 +104,33 @@ class CpuProgram:
         bound = self._bound.get(key)
         if bound is None:
             views = self.resolve(env)
-            bound = [(fn, [views[x] if kind == "view" else x if kind == "fixed" else
-                           (float(evaluate(x.value, env)) if x.dtype == "f32" else evaluate(x.value, env))
+            bound = [(fn, [views[x] if kind == "view" else x if kind == "fixed" else x.at(env)
                            for kind, x in getters]) for fn, getters in self.steps]
             if len(self._bound) >= 64:
                 self._bound.clear()
             self._bound[key] = bound
         return bound
 
-    def run(self, env: dict[str, int], trace: Callable | None = None) -> None:
+    def run(self, env: dict[str, int]) -> None:
         for i, (fn, args) in enumerate(self.bind(env)):
-            if trace is not None:
-                trace(i, "before", args)
-            fn(*args)
-            if trace is not None:
-                trace(i, "after", args)
+            try:
+                fn(*args)
+            except Exception as exc:  # a kernel that fails on a verified manifest: say which launch
+                l = self.launches[i]
+                raise LaunchError(f"{l.where}: {l.module}.{l.entry} failed on the cpu device "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+    def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list[np.ndarray],
+                  feedback: list[tuple[np.ndarray, np.ndarray, int]],
+                  collect: list[tuple[np.ndarray, int]]) -> list[list[np.ndarray]]:
+        """The steps one after another, as Program.run_steps says (host memory is the device's)."""
+        out = []
+        for j in range(1 + len(later)):
+            if j:
+                for buf, arr in zip(varying, later[j - 1]):
+                    buf[:arr.size] = arr.reshape(-1)
+            self.run(env)
+            for src, dst, n in feedback:
+                dst.view(np.uint8)[:n] = src.view(np.uint8)[:n]
+            out.append([c.view(np.uint8)[:n].copy() for c, n in collect])
+        return out

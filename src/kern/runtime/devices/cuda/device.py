@@ -2,26 +2,25 @@
 with their parameter layouts checked, each program lowered to resolved launches, and `graph`
 programs captured once per shape bucket and replayed with one call. Inputs are written into
 pinned host mirrors and copied up by the program itself (inside its graph), so a decode step
-is one graph launch and one synchronisation, plus the read of what the caller wants back."""
+is one graph launch and one synchronisation, plus the read of what the caller wants back.
+Implements `kern.runtime.device.Device` and `Program`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from math import prod
 
 import numpy as np
 
 from ....manifest.expr import evaluate
+from ....manifest.model import DTYPE_BYTES
 from ...dtypes import NP
 from ...errors import DeviceError
-from ...lower import Launch as Planned
-from ...lower import Scalar, StateRef, View
-from ....manifest.model import DTYPE_BYTES
+from ...lower import LoweredLaunch, StateRef, View
 from . import memory
 from .driver import call
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
-from .launch import Launch, Module, launch
+from .launch import Module, PackedLaunch, launch
 
 
 class CudaDevice:
@@ -90,29 +89,32 @@ class CudaDevice:
         if isinstance(storage, MappedState):
             storage.pool.apply(unmap=unmap, map=map)
 
-    def write(self, storage, host: np.ndarray) -> None:
-        """Write a prefix of `storage` (a staged buffer: of its mirror, uploaded by the next run)."""
+    def write(self, storage, host: np.ndarray, offset: int = 0) -> None:
+        """Write `host` at element `offset` of `storage` (a staged buffer: into its mirror,
+        uploaded by the next run)."""
         host = np.ascontiguousarray(host)
+        at = offset * host.itemsize
         if isinstance(storage, memory.StagedBuffer):
-            if host.nbytes > storage.nbytes:
-                raise DeviceError(f"write of {host.nbytes} bytes into a {storage.nbytes}-byte buffer")
-            storage.host.array[:host.nbytes] = host.reshape(-1).view(np.uint8)
+            if at + host.nbytes > storage.nbytes:
+                raise DeviceError(f"write of {host.nbytes} bytes at byte {at} into a {storage.nbytes}-byte buffer")
+            storage.host.array[at:at + host.nbytes] = host.reshape(-1).view(np.uint8)
             return
-        memory.copy_to_device(storage.ptr, host, self.stream)
+        memory.copy_to_device(storage.ptr + at, host, self.stream)
 
-    def read(self, storage, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A copy of the first prod(shape) elements, through a pinned bounce buffer (a staged
-        buffer is read from its mirror, which is what the device holds or will hold)."""
+    def read(self, storage, dtype: str, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A copy of prod(shape) elements from element `offset`, through a pinned bounce buffer
+        (a staged buffer is read from its mirror, which is what the device holds or will hold)."""
         out = np.empty(shape, NP[dtype])
         flat = out.reshape(-1).view(np.uint8)
+        at = offset * out.itemsize
         if isinstance(storage, memory.StagedBuffer):
-            flat[:] = storage.host.array[:out.nbytes]
+            flat[:] = storage.host.array[at:at + out.nbytes]
             return out
         if out.nbytes > self._bounce_bytes:
-            return memory.copy_to_host(out, storage.ptr, self.stream)
+            return memory.copy_to_host(out, storage.ptr + at, self.stream)
         if out.nbytes:
-            call("cuMemcpyDtoHAsync", self._bounce.ptr, storage.ptr, out.nbytes, self.stream.handle,
-                       where=f"D2H {out.nbytes} bytes from {storage.ptr:#x}")
+            call("cuMemcpyDtoHAsync", self._bounce.ptr, storage.ptr + at, out.nbytes, self.stream.handle,
+                 where=f"D2H {out.nbytes} bytes from {storage.ptr + at:#x}")
             self.stream.synchronize()
             flat[:] = self._bounce.array[:out.nbytes]
         return out
@@ -120,7 +122,7 @@ class CudaDevice:
     def copy_bytes(self, storage, dst: int, src: int, n: int) -> None:
         memory.copy_device(storage.ptr + dst, storage.ptr + src, n, self.stream)
 
-    def lower(self, launches: list[Planned], buffers, states, consts, graph: bool = False) -> "CudaProgram":
+    def lower(self, launches: list[LoweredLaunch], buffers, states, graph: bool = False) -> "CudaProgram":
         return CudaProgram(self, launches, buffers, states, graph)
 
     def synchronize(self) -> None:
@@ -140,7 +142,12 @@ _KIND = {"i32": "i32", "u32": "u32", "i64": "i64", "f32": "f32"}
 
 
 class CudaProgram:
-    def __init__(self, dev: CudaDevice, launches: list[Planned], buffers, states, graph: bool):
+    """A lowered program on cuda: resolved launches per shape bucket, replayed as one graph
+    launch when the program is a `graph` program."""
+
+    runs_steps_natively = True  # run_steps enqueues every step before the host waits
+
+    def __init__(self, dev: CudaDevice, launches: list[LoweredLaunch], buffers, states, graph: bool):
         self.dev, self.planned, self.buffers, self.states = dev, launches, buffers, states
         self.graph = graph
         self._graphs: dict[tuple, Graph] = {}  # one captured graph per shape bucket
@@ -170,8 +177,7 @@ class CudaProgram:
             ups = self._uploads[key] = []
             for name, views in self._views.items():
                 b = self.buffers[name]
-                end = max(((v.offset if isinstance(v.offset, int) else evaluate(v.offset, env))
-                           + prod(d if isinstance(d, int) else evaluate(d, env) for d in v.shape))
+                end = max((evaluate(v.offset, env) + prod(evaluate(d, env) for d in v.shape))
                           * DTYPE_BYTES[v.dtype] for v in views)
                 ups.append((b, min(end, b.nbytes)))
         for b, n in ups:
@@ -179,15 +185,13 @@ class CudaProgram:
 
     def _value(self, a, env):
         if isinstance(a, View):
-            off = a.offset if isinstance(a.offset, int) else evaluate(a.offset, env)
-            return self.buffers[a.buffer].ptr + off * DTYPE_BYTES[a.dtype]
+            return self.buffers[a.buffer].ptr + evaluate(a.offset, env) * DTYPE_BYTES[a.dtype]
         if isinstance(a, StateRef):
             return self.states[a.state].ptr
-        v = a.value if isinstance(a.value, (int, float)) else evaluate(a.value, env)
-        return float(v) if a.dtype == "f32" else int(v)
+        return a.at(env)
 
     def resolve(self, env: dict[str, int]) -> list:
-        """The step's launches: kernel Launches and library calls, every value resolved."""
+        """The step's launches: PackedLaunches and library calls, every value resolved."""
         out: list = []
         for l, k in zip(self.planned, self.kernels):
             vals = [self._value(a, env) for a in l.args]
@@ -195,32 +199,25 @@ class CudaProgram:
                 x, w, y, m, n, kk = vals
                 out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk: self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s))
                 continue
-            ev = lambda e: e if isinstance(e, int) else evaluate(e, env)
-            out.append(Launch(k, tuple(ev(g) for g in l.grid), tuple(ev(b) for b in l.block), tuple(vals),
-                              shared_mem=ev(l.shared_mem), cooperative=l.cooperative, pdl=l.pdl))
+            grid, block = tuple(evaluate(g, env) for g in l.grid), tuple(evaluate(b, env) for b in l.block)
+            out.append(PackedLaunch(k, grid, block, tuple(vals), shared_mem=evaluate(l.shared_mem, env),
+                                    cooperative=l.cooperative, pdl=l.pdl))
         return out
 
     def _record(self, items: list) -> None:
         s = self.dev.stream
         for it in items:
-            if isinstance(it, Launch):
+            if isinstance(it, PackedLaunch):
                 launch(it, s)
             else:
                 it(s)
 
-    def run(self, env: dict[str, int], trace: Callable | None = None) -> None:
+    def run(self, env: dict[str, int]) -> None:
         key = tuple(sorted(env.items()))
         items = self._cache.get(key)
         if items is None:
             items = self._cache[key] = self.resolve(env)
-        if trace is not None:
-            self._upload(env)
-            for i, it in enumerate(items):
-                trace(i, "before", None)
-                self._record([it])
-                self.dev.stream.synchronize()
-                trace(i, "after", None)
-        elif self.graph:
+        if self.graph:
             g = self._graphs.get(key)
             if g is None:  # first step of this bucket: capture the launch list, then replay it
                 g = self._graphs[key] = capture(self.dev.stream, lambda: (self._upload(env), self._record(items)),
@@ -288,18 +285,10 @@ class CudaProgram:
             slot = self._slots[(tag, j)] = memory.PinnedHost(nbytes, f"{tag[0]} slot {j}")
         return slot
 
-    def run_eager(self, env: dict[str, int]) -> None:
-        """Launch the same list one by one (to check graph replay against)."""
-        self._upload(env)
-        self._record(self.resolve(env))
-        self.dev.stream.synchronize()
-
 
 def profile(program: CudaProgram, env: dict[str, int], repeats: int = 5) -> list[tuple[str, str, float]]:
     """Device time of every launch of a program, in microseconds (median of `repeats`), timed
     with events between launches on the program's stream: (where, entry, us) per launch."""
-    from .driver import call
-
     items = program.resolve(env)
     s = program.dev.stream
     events = [call("cuEventCreate", 0) for _ in range(len(items) + 1)]

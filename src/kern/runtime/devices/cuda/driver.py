@@ -50,7 +50,7 @@ def call(name: str, *args: Any, where: str = "") -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class Device:
+class GpuContext:
     """An initialised GPU with its primary context current on the calling thread."""
 
     ordinal: int
@@ -60,16 +60,6 @@ class Device:
     compute_capability: tuple[int, int]
     multiprocessors: int
     max_shared_per_block_optin: int
-
-    def attribute(self, attr_name: str) -> int:
-        d = drv()
-        return call("cuDeviceGetAttribute", getattr(d.CUdevice_attribute, attr_name), self.handle)
-
-    def make_current(self) -> None:
-        call("cuCtxSetCurrent", self.context, where=f"device {self.ordinal}")
-
-    def synchronize(self) -> None:
-        call("cuCtxSynchronize", where=f"device {self.ordinal}")
 
 
 def _init() -> None:
@@ -90,7 +80,7 @@ def _init() -> None:
 
 
 @cache
-def open_device(ordinal: int = 0) -> Device:
+def open_device(ordinal: int = 0) -> GpuContext:
     """Initialise the driver and retain device `ordinal`'s primary context (once per process)."""
     _init()
     d = drv()
@@ -109,7 +99,7 @@ def open_device(ordinal: int = 0) -> Device:
     def get(a: Any) -> int:
         return call("cuDeviceGetAttribute", a, handle)
 
-    return Device(
+    return GpuContext(
         ordinal=ordinal,
         handle=handle,
         context=ctx,

@@ -1,11 +1,14 @@
-"""Errors of the CUDA device. Each says what failed, where, and who has to act."""
+"""Errors of the CUDA device, in the KernError family. Each says what failed, where, and who has
+to act."""
+
+from kern.runtime.errors import DeviceError, ModuleError
 
 
-class CudaUnavailable(RuntimeError):
+class CudaUnavailable(DeviceError):
     """This machine cannot run CUDA: no bindings, no driver or no GPU (the message says which)."""
 
 
-class CudaError(RuntimeError):
+class CudaError(DeviceError):
     """A driver or library call failed: names the call, the code and the object it acted on."""
 
     def __init__(self, call: str, code: int, name: str, where: str = ""):
@@ -14,5 +17,5 @@ class CudaError(RuntimeError):
         super().__init__(f"{call} failed with {name} [{code}]{at}")
 
 
-class ParamLayoutError(ValueError):
+class ParamLayoutError(ModuleError):
     """A kernel's parameters in the cubin differ from its declared parameter kinds."""

@@ -5,11 +5,10 @@ between replays must live in device buffers at fixed addresses.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from kern.runtime.devices.cuda.driver import call, drv
-from kern.runtime.devices.cuda.launch import Launch, launch_all
 from kern.runtime.devices.cuda.memory import Stream
 
 
@@ -45,26 +44,3 @@ def capture(stream: Stream, record: Callable[[], None], label: str = "") -> Grap
         call("cuGraphDestroy", graph)
     return Graph(exec_handle, label)
 
-
-class GraphCache:
-    """Graphs keyed by shape bucket: the first `run(key, launches)` captures, later ones replay."""
-
-    def __init__(self, stream: Stream):
-        self.stream = stream
-        self._graphs: dict[Hashable, Graph] = {}
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._graphs
-
-    def run(self, key: Hashable, launches: Sequence[Launch] | Callable[[], Sequence[Launch]]) -> None:
-        g = self._graphs.get(key)
-        if g is None:
-            ls = launches() if callable(launches) else launches
-            g = capture(self.stream, lambda: launch_all(ls, self.stream), label=repr(key))
-            self._graphs[key] = g
-        g.replay(self.stream)
-
-    def clear(self) -> None:
-        for g in self._graphs.values():
-            g.destroy()
-        self._graphs.clear()

@@ -3,7 +3,7 @@
 A module is loaded from cubin bytes (cuModuleLoadData). `Module.kernel(entry, kinds)` looks the
 function up and checks its parameter layout against the declared kinds (cuFuncGetParamInfo),
 raising ParamLayoutError that names the module, kernel and position of every mismatch.
-A `Launch` is a fully resolved launch (kernel, geometry, values); `launch()` runs it:
+A `PackedLaunch` is a fully resolved launch (kernel, geometry, values packed once); `launch()` runs it:
 cuLaunchKernel for plain launches, cuLaunchKernelEx for cooperative and/or programmatic
 dependent launches (PDL).
 """
@@ -33,14 +33,6 @@ class Kernel:
     name: str
     function: Any  # CUfunction
     kinds: tuple[ParamKind, ...]
-
-    def set_max_dynamic_shared(self, nbytes: int) -> None:
-        attr = drv().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        call("cuFuncSetAttribute", self.function, attr, nbytes, where=self.where)
-
-    def max_active_blocks_per_sm(self, block_threads: int, shared_mem: int = 0) -> int:
-        return call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self.function, block_threads,
-                    shared_mem, where=self.where)
 
     @property
     def where(self) -> str:
@@ -80,15 +72,6 @@ class Module:
                 + "\n  ".join(problems))
         return Kernel(self.name, entry, fn, declared)
 
-    def unload(self) -> None:
-        if self.handle is not None:
-            call("cuModuleUnload", self.handle, where=f"module {self.name!r}")
-            self.handle = None
-
-
-def load_module(image: bytes, name: str) -> Module:
-    return Module(image, name)
-
 
 def _dim3(v: int | Sequence[int]) -> Dim3:
     t = (v,) if isinstance(v, int) else tuple(v)
@@ -98,7 +81,7 @@ def _dim3(v: int | Sequence[int]) -> Dim3:
 
 
 @dataclass(frozen=True, slots=True)
-class Launch:
+class PackedLaunch:
     """One resolved launch; its arguments are packed once, at construction."""
 
     kernel: Kernel
@@ -129,7 +112,7 @@ def _attr(kind: str) -> Any:
     return a
 
 
-def launch(l: Launch, stream: Stream) -> None:
+def launch(l: PackedLaunch, stream: Stream) -> None:
     """Enqueue one launch on `stream`."""
     d, k = drv(), l.kernel
     (gx, gy, gz), (bx, by, bz) = l.grid, l.block
@@ -149,8 +132,3 @@ def launch(l: Launch, stream: Stream) -> None:
     err = d.cuLaunchKernelEx(cfg, k.function, l.packed.address, 0)
     check(err, "cuLaunchKernelEx", f"{k.where} grid {l.grid} block {l.block}"
           f"{' cooperative' if l.cooperative else ''}{' pdl' if l.pdl else ''}")
-
-
-def launch_all(launches: Sequence[Launch], stream: Stream) -> None:
-    for l in launches:
-        launch(l, stream)

@@ -147,11 +147,3 @@ def memset(dst: int, byte: int, nbytes: int, stream: Stream | None = None) -> No
              where=f"memset {nbytes} bytes at {dst:#x}")
     if stream is None:
         call("cuCtxSynchronize")
-
-
-def to_device(arr: np.ndarray, label: str = "") -> DeviceBuffer:
-    """Allocate a buffer holding a copy of `arr`."""
-    arr = np.ascontiguousarray(arr)
-    buf = alloc(max(arr.nbytes, 1), label)
-    copy_to_device(buf.ptr, arr)
-    return buf

@@ -88,10 +88,6 @@ class PackedArgs:
     def address(self) -> int:
         return int(self.pointers.ctypes.data) if len(self.kinds) else 0
 
-    def value_bytes(self, i: int) -> bytes:
-        """The bytes the kernel sees for parameter i."""
-        return self.slots[i : i + 1].tobytes()[: self.kinds[i].size]
-
 
 def pack_args(kinds: Sequence[ParamKind], values: Sequence[object], kernel: str = "?") -> PackedArgs:
     """Pack Python values into kernel-parameter slots, checking count, types and ranges."""

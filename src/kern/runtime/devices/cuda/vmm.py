@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kern.runtime.devices.cuda.driver import Device, call, drv
+from kern.runtime.devices.cuda.driver import GpuContext, call, drv
 
 
-def _prop(device: Device) -> Any:
+def _prop(device: GpuContext) -> Any:
     d = drv()
     prop = d.CUmemAllocationProp()
     prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -23,7 +23,7 @@ def _prop(device: Device) -> Any:
     return prop
 
 
-def granularity(device: Device) -> int:
+def granularity(device: GpuContext) -> int:
     """The recommended physical chunk granularity in bytes (2 MiB on current GPUs)."""
     d = drv()
     flag = d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
@@ -44,7 +44,7 @@ def _runs(slots: Sequence[int]) -> list[tuple[int, int]]:
 class VirtualPool:
     """`n_slots` virtual slots and `n_chunks` physical chunks of `chunk_bytes` each."""
 
-    def __init__(self, device: Device, chunk_bytes: int, n_slots: int, n_chunks: int):
+    def __init__(self, device: GpuContext, chunk_bytes: int, n_slots: int, n_chunks: int):
         g = granularity(device)
         if chunk_bytes <= 0 or chunk_bytes % g:
             raise ValueError(f"VirtualPool: chunk_bytes {chunk_bytes} must be a positive "

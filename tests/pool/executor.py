@@ -1,10 +1,8 @@
-"""Executors run plans on memory. The Protocol is what a device implements; `CpuExecutor`
-runs plans on numpy uint8 arrays (one per state, laid out as `Layout.offset` says, plus one
-host array) and poisons memory whose chunk leaves, so a wrong remap shows up as bad bytes."""
+"""A stand-in for the device that runs the pool's plans: numpy uint8 arrays, one per state laid
+out as `Layout.offset` says, plus one host array. Memory whose chunk leaves (or arrives) is
+poisoned, so a wrong remap reads back as bad bytes instead of yesterday's right ones."""
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import numpy as np
 
@@ -14,14 +12,8 @@ from kern.pool.states import Layout
 POISON = 0xA5
 
 
-class Executor(Protocol):
-    def execute(self, plan: Plan) -> None:
-        """Run `plan`: unmaps, maps, to_host, copies, from_host, in that order."""
-        ...
-
-
 class ExecutorError(RuntimeError):
-    pass
+    """The plan touched memory that is not mapped, or mapped a place twice."""
 
 
 class CpuExecutor:
@@ -49,6 +41,7 @@ class CpuExecutor:
         return self.host[at : at + self._kinds[state].unit_bytes]
 
     def execute(self, plan: Plan) -> None:
+        """Run `plan`: unmaps, maps, to_host, copies, from_host, in that order."""
         cb = self.layout.chunk_bytes
         for m in plan.unmaps:
             if self.mapped.get((m.state, m.vchunk)) != m.chunk:

@@ -1,0 +1,33 @@
+"""10. topology: ranks within limits.MAX_RANKS, the rank among them, each group a partition of
+the ranks (checked by counting, never by listing ranks: the count comes from the manifest)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from ..context import Context
+from ..limits import MAX_RANKS
+from ..problems import Problem
+
+
+def topology(c: Context) -> Iterator[Problem]:
+    if c.broken.has_field("topology"):
+        return
+    t = c.m.topology
+    if not 1 <= t.ranks <= MAX_RANKS:
+        yield Problem("topology.ranks", f"must lie in [1, {MAX_RANKS}], got {t.ranks}")
+        return
+    if not 0 <= t.rank < t.ranks:
+        yield Problem("topology.rank", f"must lie in [0, {t.ranks}), got {t.rank}")
+    for g, lists in t.groups.items():
+        placed = [r for lst in lists for r in lst]
+        outside = sorted({r for r in placed if not 0 <= r < t.ranks})
+        twice = sorted(r for r, n in Counter(placed).items() if n > 1)
+        if outside or twice or len(placed) != t.ranks:
+            why = (f"ranks {outside[:8]} lie outside [0, {t.ranks})" if outside
+                   else f"ranks {twice[:8]} are placed twice" if twice
+                   else f"{len(placed)} placed, the topology has {t.ranks}")
+            yield Problem(f"topology.groups.{g}", f"must place every rank 0..{t.ranks - 1} exactly once: {why}")
+        if any(not lst for lst in lists):
+            yield Problem(f"topology.groups.{g}", "a rank group cannot be empty")
