@@ -1,4 +1,4 @@
-"""The engine names no model, no buffer and no program (DESIGN.md, "Layout").
+"""The engine names no model, no buffer and no program (docs/architecture.md, "Layers").
 
 All model knowledge lives in models/ (kern_models); src/kern reads roles from the manifest.
 Two checks: no model family is named in src/kern's code (comments excluded), and no string

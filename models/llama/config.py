@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -41,42 +42,104 @@ class Shape:
         return self.kv_heads * self.head_dim
 
 
+def _count(cfg: dict, key: str, default=None) -> int:
+    """A positive whole number from config.json (default when absent or null)."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise ConfigError(f"config.json lacks {key}")
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"config.json {key} must be a positive whole number, got {v!r}")
+    return v
+
+
+def _real(src: dict, key: str, default: float | None = None, where: str = "") -> float:
+    """A positive finite number from config.json (default when absent)."""
+    v = src.get(key)
+    if v is None:
+        if default is None:
+            raise ConfigError(f"config.json {where}lacks {key}")
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"config.json {where}{key} must be a positive number, got {v!r}")
+    return float(v)
+
+
+# Features of a config.json this generator's kernels do not compute; building without them
+# would run but make wrong text, so each is refused naming its field.
+def _unsupported(cfg: dict) -> str | None:
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        return "attention_bias / mlp_bias are not supported by this generator"
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.get('hidden_act')!r}: only silu is supported"
+    if cfg.get("use_sliding_window"):
+        return f"sliding_window {cfg.get('sliding_window')!r}: sliding-window attention is not supported"
+    if cfg.get("quantization_config") is not None:
+        return "quantization_config: quantized checkpoints are not supported (give bf16/f16/f32 weights)"
+    return None
+
+
+def _rope(cfg: dict) -> tuple[float, dict]:
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"config.json rope_parameters must be an object, got {rope!r}")
+    where = "rope_parameters " if cfg.get("rope_parameters") else "rope_scaling "
+    theta = _real(rope, "rope_theta", None, where) if "rope_theta" in rope else _real(cfg, "rope_theta", 10000.0)
+    rtype = rope.get("rope_type", rope.get("type", "default"))
+    if rtype in ("default", None):
+        return theta, {}
+    if rtype != "llama3":
+        raise ConfigError(f"config.json {where}rope type {rtype!r}: supported are default and llama3")
+    extra = dict(rope_factor=_real(rope, "factor", None, where), rope_low=_real(rope, "low_freq_factor", None, where),
+                 rope_high=_real(rope, "high_freq_factor", None, where),
+                 rope_orig_max=_count(rope, "original_max_position_embeddings") if
+                 "original_max_position_embeddings" in rope else None)
+    if extra["rope_orig_max"] is None:
+        raise ConfigError(f"config.json {where}lacks original_max_position_embeddings (llama3 rope)")
+    if extra["rope_high"] <= extra["rope_low"]:
+        raise ConfigError(f"config.json {where}high_freq_factor {extra['rope_high']} must exceed "
+                          f"low_freq_factor {extra['rope_low']} (llama3 rope)")
+    return theta, extra
+
+
 def shape_of(cfg: dict) -> Shape:
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ConfigError(f"config.json architectures must be a list, got {archs!r}")
     arch = next((a for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         raise ConfigError(f"config.json architectures {archs}: this generator builds {', '.join(ARCHITECTURES)}")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                           "vocab_size") if k not in cfg]
+                           "vocab_size") if cfg.get(k) is None]
     if missing:
         raise ConfigError(f"config.json lacks {', '.join(missing)}")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise ConfigError("config.json: attention_bias / mlp_bias are not supported by this generator")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"config.json hidden_act {cfg.get('hidden_act')!r}: only silu is supported")
-    heads = cfg["num_attention_heads"]
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    rtype = rope.get("rope_type", rope.get("type", "default"))
-    extra = {}
-    if rtype == "llama3":
-        extra = dict(rope_factor=float(rope["factor"]), rope_low=float(rope["low_freq_factor"]),
-                     rope_high=float(rope["high_freq_factor"]),
-                     rope_orig_max=int(rope["original_max_position_embeddings"]))
-    elif rtype not in ("default", None):
-        raise ConfigError(f"config.json rope type {rtype!r}: supported are default and llama3")
+    if (why := _unsupported(cfg)) is not None:
+        raise ConfigError(f"config.json {why}")
+    hidden = _count(cfg, "hidden_size")
+    heads = _count(cfg, "num_attention_heads")
+    kv_heads = _count(cfg, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(f"config.json num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if cfg.get("head_dim") is None and hidden % heads:
+        raise ConfigError(f"config.json hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                          "(and no head_dim is given)")
+    head_dim = _count(cfg, "head_dim", hidden // heads)
+    if head_dim % 2:
+        raise ConfigError(f"config.json head_dim {head_dim} must be even (rope rotates pairs)")
+    theta, extra = _rope(cfg)
     return Shape(
         arch=arch,
-        hidden=cfg["hidden_size"],
-        layers=cfg["num_hidden_layers"],
+        hidden=hidden,
+        layers=_count(cfg, "num_hidden_layers"),
         heads=heads,
-        kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        inter=cfg["intermediate_size"],
-        vocab=cfg["vocab_size"],
-        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=_count(cfg, "intermediate_size"),
+        vocab=_count(cfg, "vocab_size"),
+        eps=_real(cfg, "rms_norm_eps", 1e-6),
         theta=theta,
-        max_pos=int(cfg.get("max_position_embeddings", 4096)),
+        max_pos=_count(cfg, "max_position_embeddings", 4096),
         tied=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=arch == "Qwen3ForCausalLM",
         **extra,

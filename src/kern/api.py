@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from .manifest.protocol import derive
 from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
 from .runtime.paging import Paging
 from .runtime.errors import BoundsError, KernError
+from .jsonfiles import read_object, token_ids
 from .registry import default_model, deployment_for
 from .tokenizer import Detokenizer, Tokenizer
 
@@ -111,10 +111,8 @@ class Model:
         ids: set[int] = set()
         for name in ("generation_config.json", "config.json"):
             p = folder / name
-            if p.is_file():
-                e = json.loads(p.read_text()).get("eos_token_id")
-                if e is not None:
-                    ids.update(e if isinstance(e, list) else [e])
+            if p.exists():
+                ids.update(token_ids(p, read_object(p), "eos_token_id"))
         return ids
 
     # ---- one sequence: the host loop the server generalizes -------------------------------

@@ -5,6 +5,8 @@ Imports stay inside each subcommand so `kern verify` starts fast."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 NOT_LANDED = {
@@ -68,18 +70,47 @@ def _kernels(args: argparse.Namespace) -> int:
     return kernels_main(args)
 
 
-def _positive(text: str) -> int:
+def _whole(lowest: int):
+    """An argparse type: a whole number >= lowest (the message names the flag's value)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {n}")
+        return n
+    return parse
+
+
+def _non_negative_real(text: str) -> float:
     try:
-        n = int(text)
+        x = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return x
+
+
+def _text(text: str) -> str:
+    """Text that is valid UTF-8 (argv bytes that are not arrive as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text (a stray byte at character {exc.start})") from None
+    return text
+
+
+_positive = _whole(1)
+_non_negative = _whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
 
 
 def parser() -> argparse.ArgumentParser:
+    from kern import __version__
+
     ap = argparse.ArgumentParser(prog="kern", description="An LLM inference engine: a model is a manifest.")
+    ap.add_argument("--version", action="version", version=f"kern {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("verify", help="check manifests (every problem, each naming its place)")
@@ -91,12 +122,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
                    help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
     p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
-    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--prompt", type=_text, default="What is the capital of France?")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--max-tokens", type=_positive, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    p.add_argument("--temperature", type=_non_negative_real, default=0.0, help="0 (the default) is greedy")
+    p.add_argument("--seed", type=_non_negative, default=0, help="sampling seed, a whole number >= 0")
+    p.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="cpu or cuda (default: cuda when a GPU and the CUDA kernels are usable)")
     p.add_argument("--run-ahead", type=_positive, default=None,
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
@@ -106,12 +138,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", required=True, metavar="A")
     p.add_argument("--candidate", required=True, metavar="B")
     p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_non_negative, default=0, help="workload seed, a whole number >= 0")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seqs", type=int, default=None, help="sequences in the workload (default 6)")
-    p.add_argument("--decode-steps", type=int, default=None, help="decode steps per sequence (default 4)")
-    p.add_argument("--max-prompt", type=int, default=None, help="cap on prompt lengths (a smaller workload)")
-    p.add_argument("--kl-limit", type=float, default=None, help="KL(A||B) limit in nats (default 0.01)")
+    p.add_argument("--seqs", type=_positive, default=None, help="sequences in the workload (default 6)")
+    p.add_argument("--decode-steps", type=_non_negative, default=None,
+                   help="decode steps per sequence (default 4; 0 judges prefill only)")
+    p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
+    p.add_argument("--kl-limit", type=_non_negative_real, default=None, help="KL(A||B) limit in nats (default 0.01)")
     p.set_defaults(fn=_test)
 
     p = sub.add_parser("bench", help="price every call of a manifest on a workload of real shapes")
@@ -141,7 +174,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_kernels)
 
     for name, why in NOT_LANDED.items():
-        p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)")
+        p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)",
+                           description=why + " (exit 2).")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(fn=lambda a, why=why: (print(why), 2)[1])
     return ap
@@ -153,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`kern run ... | head -c 5`): stop quietly. Point
+        # stdout at /dev/null so that the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

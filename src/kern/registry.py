@@ -1,14 +1,29 @@
 """Where models come from, without naming any: the default model and the generators are found
-through entry points (kern.default_model, kern.generators) that model packages provide."""
+through entry points (kern.default_model, kern.generators) that model packages provide.
+
+Generated deployments are cached under `$KERN_CACHE/deployments/`, one folder per checkpoint
+config, target and generator source. A folder is built under a `.build-*` name and renamed into
+place when complete, so a concurrent `kern run` sees either no deployment or a finished one; a
+finished one is reused as it is (never regenerated, never rebuilt by nvcc)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from functools import cache
 from pathlib import Path
 
+from .jsonfiles import read_object
 from .runtime.errors import KernError
 from .runtime.modules import cache_dir
+
+STALE_BUILD_S = 3600  # a .build-* folder this old is abandoned even if its owner's pid lives on
 
 
 def _entry_points(group: str):
@@ -27,7 +42,72 @@ def default_model(progress: bool = True) -> Path:
     if not eps:
         raise KernError("no default model is installed (entry point group kern.default_model is empty); "
                         "give a model folder")
-    return Path(eps[0].load()(progress=progress))
+    try:
+        return Path(eps[0].load()(progress=progress))
+    except (RuntimeError, OSError, ValueError) as exc:  # the model package says why it cannot provide it
+        raise KernError(f"the default model ({eps[0].value}) is not available: {exc}") from None
+
+
+@cache
+def _source_digest(module: str) -> str:
+    """sha256 over the files of the package that holds `module`: a changed generator or kernel
+    source makes a new deployment key, so a cached deployment is never stale."""
+    spec = importlib.util.find_spec(module.split(".")[0])
+    if spec is None:
+        return "none"
+    roots = list(spec.submodule_search_locations or [Path(spec.origin).parent])
+    h = hashlib.sha256()
+    for root in map(Path, roots):
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _owner_gone(build: Path) -> bool:
+    """A `.build-<host>-<pid>-*` folder whose process has died (or that is old) is abandoned."""
+    try:
+        age = time.time() - build.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > STALE_BUILD_S:
+        return True
+    parts = build.name.split("-")
+    if len(parts) < 4 or parts[1] != socket.gethostname().replace("-", "_") or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _clean_abandoned(root: Path) -> None:
+    for build in root.glob(".build-*"):
+        if _owner_gone(build):
+            shutil.rmtree(build, ignore_errors=True)
+
+
+def _build(gen, config: dict, root: Path, final: Path, target: str, model: str) -> Path:
+    """Generate into a fresh .build-* folder and rename it to `final`; when another process
+    finished first, keep its folder and drop ours."""
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_abandoned(root)
+    host = socket.gethostname().replace("-", "_")
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{host}-{os.getpid()}-"))
+    try:
+        manifest = gen.generate(config, tmp, target=target, model=model)
+        rel = Path(manifest).relative_to(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / rel).is_file():
+                raise
+        return final / rel
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def deployment_for(checkpoint: Path, target: str) -> Path:
@@ -36,16 +116,21 @@ def deployment_for(checkpoint: Path, target: str) -> Path:
     if (checkpoint / "manifest.json").is_file():
         return checkpoint / "manifest.json"
     cfg_path = checkpoint / "config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():
         raise KernError(f"{checkpoint}: neither manifest.json nor config.json; give a deployment or checkpoint folder")
-    config = json.loads(cfg_path.read_text())
+    config = read_object(cfg_path)
     for ep in _entry_points("kern.generators"):
         gen = ep.load()
         if gen.accepts(config):
-            key = hashlib.sha256(json.dumps([config, target, ep.value], sort_keys=True).encode()).hexdigest()[:16]
-            out = cache_dir() / "deployments" / f"{checkpoint.name}-{target}-{key}"
+            key = hashlib.sha256(json.dumps([config, target, ep.value, _source_digest(ep.module)],
+                                            sort_keys=True).encode()).hexdigest()[:16]
+            root = cache_dir() / "deployments"
+            final = root / f"{checkpoint.name}-{target}-{key}"
+            if (final / "manifest.json").is_file():
+                return final / "manifest.json"
+            model = config.get("_name_or_path") or checkpoint.name
             try:
-                return gen.generate(config, out, target=target, model=config.get("_name_or_path") or checkpoint.name)
+                return _build(gen, config, root, final, target, model if isinstance(model, str) else checkpoint.name)
             except (ValueError, RuntimeError, OSError) as exc:  # the generator says why it cannot build
                 raise KernError(f"{cfg_path}: generator {ep.name!r} cannot build a {target} deployment: {exc}") from None
     archs = config.get("architectures")

@@ -2,40 +2,46 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 from .manifest.problems import ManifestError
+from .runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from .runtime.errors import KernError
 
 
-def _auto_target() -> str:
-    """cuda when the driver sees a GPU (with cuda-bindings installed) and nvcc can build the
-    kernels, else cpu."""
-    import shutil
-
-    if shutil.which("nvcc") is None:
-        return "cpu"
+def _auto_target() -> tuple[str, str | None]:
+    """cuda when the driver sees a GPU and the CUDA kernels can be built, else cpu. The second
+    value says why not cuda when an NVIDIA device is present, so that a fallback is never silent."""
+    present = Path("/dev/nvidiactl").exists()
     try:
         from .runtime.devices.cuda.driver import open_device
 
         open_device(0)
-    except Exception:  # noqa: BLE001 - any failure of the probe means: run on the cpu
-        return "cpu"
-    return "cuda"
+    except Exception as exc:  # noqa: BLE001 - any failure of the probe means: run on the cpu
+        return "cpu", (f"an NVIDIA device is present but unusable: {exc}" if present else None)
+    if shutil.which("nvcc") is None:
+        return "cpu", "GPU 0 is usable but nvcc (the CUDA toolkit) is not on PATH to build the kernels"
+    return "cuda", None
 
 
 def main(args) -> int:
     from .api import load
 
     try:
-        model = load(args.model, manifest=args.manifest, target=args.target or _auto_target(),
-                     run_ahead=args.run_ahead)
+        target = args.target
+        if target is None:
+            target, why_not_cuda = _auto_target()
+            if why_not_cuda:
+                print(f"[kern] running on the cpu: {why_not_cuda}", file=sys.stderr)
+        model = load(args.model, manifest=args.manifest, target=target, run_ahead=args.run_ahead)
         dev = model.engine.device.kind
         print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))
-    except (KernError, ManifestError) as exc:
+    except (KernError, ManifestError, CudaUnavailable) as exc:
         print(f"kern run: {exc}", file=sys.stderr)
         return 1
     print()

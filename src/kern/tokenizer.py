@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .jsonfiles import read_object
 from .runtime.errors import KernError
+
+
+def _chat_template(path: Path, value) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named templates (the one
+    named "default" is used)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in value):
+        default = [t["template"] for t in value if t.get("name") == "default"]
+        if default:
+            return default[0]
+        raise KernError(f"{path}: chat_template lists templates {[t.get('name') for t in value]}, none named 'default'")
+    raise KernError(f"{path}: chat_template must be a string or a list of named templates, "
+                    f"got a {type(value).__name__}")
 
 
 class Tokenizer:
@@ -14,19 +28,32 @@ class Tokenizer:
 
         folder = Path(folder)
         path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise KernError(f"{folder}: no tokenizer.json in the checkpoint folder")
-        self.tok = HFTokenizer.from_file(str(path))
+        if not path.exists():
+            raise KernError(f"{path}: missing; a checkpoint folder needs its tokenizer.json to run on text")
+        try:
+            self.tok = HFTokenizer.from_file(str(path))
+        except Exception:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
+            read_object(path)  # says, in kern's words, when the file is not even a JSON object
+            raise KernError(f"{path}: not a tokenizer the tokenizers library can load "
+                            "(valid JSON, but its model, normalizer or pre_tokenizer is malformed)") from None
         cfg_path = folder / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template = self.config.get("chat_template")
+        self.config_path = cfg_path
+        self.config = read_object(cfg_path) if cfg_path.exists() else {}
+        self.chat_template = _chat_template(cfg_path, self.config.get("chat_template"))
         tpl = folder / "chat_template.jinja"
         if self.chat_template is None and tpl.is_file():
-            self.chat_template = tpl.read_text()
+            self.config_path = tpl
+            try:
+                self.chat_template = tpl.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise KernError(f"{tpl}: cannot read it: {exc}") from None
 
     def _special(self, key: str) -> str:
         v = self.config.get(key)
-        return v.get("content", "") if isinstance(v, dict) else (v or "")
+        v = v.get("content", "") if isinstance(v, dict) else (v or "")
+        if not isinstance(v, str):
+            raise KernError(f"{self.config_path}: {key} must be a string or an object with content, got {v!r}")
+        return v
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         return self.tok.encode(text, add_special_tokens=special).ids
@@ -36,7 +63,8 @@ class Tokenizer:
 
     def chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise KernError("this checkpoint's tokenizer has no chat template (tokenizer_config.json chat_template)")
+            raise KernError(f"{self.config_path}: this checkpoint's tokenizer has no chat template "
+                            "(tokenizer_config.json chat_template)")
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -45,9 +73,12 @@ class Tokenizer:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
+        except TemplateError as exc:
+            raise KernError(f"{self.config_path}: the chat template fails: {exc}") from None
 
 
 class Detokenizer:

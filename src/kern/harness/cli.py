@@ -20,10 +20,9 @@ def main(args) -> int:
 
         weights = default_model(progress=not args.json)
     d = Options()
-    opts = Options(seed=args.seed, seqs=getattr(args, "seqs", None) or d.seqs,
-                   decode_steps=d.decode_steps if getattr(args, "decode_steps", None) is None else args.decode_steps,
-                   max_prompt=getattr(args, "max_prompt", None),
-                   limit=getattr(args, "kl_limit", None) or d.limit)
+    given = lambda v, default: default if v is None else v  # noqa: E731 - an explicit 0 stays 0
+    opts = Options(seed=args.seed, seqs=given(args.seqs, d.seqs), decode_steps=given(args.decode_steps, d.decode_steps),
+                   max_prompt=args.max_prompt, limit=given(args.kl_limit, d.limit))
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
         if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence

@@ -19,7 +19,7 @@ from .device import Device, Program
 from .errors import BoundsError, DeviceError
 from .lower import LoweredLaunch, lower_program
 from .modules import fetch
-from .safetensors import Checkpoint
+from .safetensors import WeightFiles
 from .dtypes import NP
 from .weights import bind_all
 
@@ -72,7 +72,7 @@ class Engine:
         if weights_needed:
             if weights is None:
                 raise DeviceError("this manifest binds weights: give the checkpoint folder")
-            ckpt = Checkpoint(weights)
+            ckpt = WeightFiles(weights)
             by_dtype: dict[str, dict] = {}
             for n, (b, s) in weights_needed.items():
                 by_dtype.setdefault(b.dtype, {})[n] = (b, s)

@@ -8,10 +8,10 @@ import numpy as np
 
 from ..manifest.model import Buffer
 from .errors import WeightError
-from .safetensors import Checkpoint
+from .safetensors import WeightFiles
 
 
-def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: Checkpoint, np_dtype) -> dict[str, np.ndarray]:
+def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: WeightFiles, np_dtype) -> dict[str, np.ndarray]:
     """Host arrays for every weight buffer; one WeightError listing every missing or
     mis-shaped tensor. weights maps buffer name -> (buffer, resolved shape)."""
     problems: list[str] = []

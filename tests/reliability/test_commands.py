@@ -1,0 +1,125 @@
+"""The commands' flags: every bad value is refused by the parser naming the flag (exit 2, no
+traceback), an explicit 0 is never turned into a default, `kern --version` answers, a verb that
+has not landed says so, and `kern run` piped into a reader that goes away stops quietly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kern import __version__
+
+from .conftest import kern
+
+RUN_FLAGS = [  # (id, flags, what the message says)
+    ("temperature-nan", ["--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
+    ("temperature-inf", ["--temperature", "inf"], "argument --temperature: must be a finite number >= 0, got inf"),
+    ("temperature-negative", ["--temperature", "-0.5"], "argument --temperature: must be a finite number >= 0"),
+    ("temperature-word", ["--temperature", "hot"], "argument --temperature: expected a number, got 'hot'"),
+    ("seed-negative", ["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+    ("seed-fraction", ["--seed", "1.5"], "argument --seed: expected a whole number, got '1.5'"),
+    ("max-tokens-zero", ["--max-tokens", "0"], "argument --max-tokens: must be at least 1, got 0"),
+    ("run-ahead-zero", ["--run-ahead", "0"], "argument --run-ahead: must be at least 1, got 0"),
+    ("target-unknown", ["--target", "tpu"], "argument --target: invalid choice: 'tpu'"),
+    # argv bytes that are not UTF-8 reach Python as lone surrogates
+    ("prompt-not-utf8", ["--prompt", "w1 \udcff"], "argument --prompt: not valid UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("flags,says", [c[1:] for c in RUN_FLAGS], ids=[c[0] for c in RUN_FLAGS])
+def test_kern_run_refuses_bad_flags(capsys, flags, says):
+    r = kern(capsys, "run", "/nonexistent", *flags)
+    assert r.code == 2 and "Traceback" not in r.err and r.out == ""
+    assert says in r.err.splitlines()[-1]
+
+
+TEST_FLAGS = [  # (id, flags, what the message says)
+    ("seed-negative", ["--seed", "-3"], "argument --seed: must be at least 0, got -3"),
+    ("seqs-zero", ["--seqs", "0"], "argument --seqs: must be at least 1, got 0"),
+    ("decode-steps-negative", ["--decode-steps", "-1"], "argument --decode-steps: must be at least 0, got -1"),
+    ("max-prompt-zero", ["--max-prompt", "0"], "argument --max-prompt: must be at least 1, got 0"),
+    ("kl-limit-nan", ["--kl-limit", "nan"], "argument --kl-limit: must be a finite number >= 0, got nan"),
+    ("kl-limit-negative", ["--kl-limit=-1e-3"], "argument --kl-limit: must be a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize("flags,says", [c[1:] for c in TEST_FLAGS], ids=[c[0] for c in TEST_FLAGS])
+def test_kern_test_refuses_bad_flags(capsys, flags, says):
+    r = kern(capsys, "test", "--reference", "a", "--candidate", "b", *flags)
+    assert r.code == 2 and "Traceback" not in r.err and r.out == ""
+    assert says in r.err.splitlines()[-1]
+
+
+def test_kern_test_keeps_an_explicit_zero(capsys, monkeypatch, tiny):
+    """Seed 0, 0 decode steps (prefill only) and a KL limit of 0 reach the judge as given."""
+    import kern.harness.cli as harness_cli
+
+    seen = []
+    monkeypatch.setattr(harness_cli, "judge", lambda a, b, w, opts, say: seen.append(opts) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        kern(capsys, "test", "--reference", "a", "--candidate", "b", "--weights", str(tiny), "--seed", "0",
+             "--decode-steps", "0", "--kl-limit", "0")
+    (opts,) = seen
+    assert (opts.seed, opts.decode_steps, opts.limit, opts.seqs) == (0, 0, 0.0, 6)
+
+
+def test_version(capsys):
+    r = kern(capsys, "--version")
+    assert r.code == 0 and r.out.strip() == f"kern {__version__}"
+
+
+@pytest.mark.parametrize("verb", ["bench", "cut", "kernels"])
+def test_a_verb_that_has_not_landed_says_so(capsys, verb):
+    r = kern(capsys, verb, "--help")
+    assert r.code == 0 and "has not landed yet" in r.out
+    r = kern(capsys, verb)
+    assert r.code == 2 and "has not landed yet" in r.out and "Traceback" not in r.err
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="an NVIDIA device is present")
+def test_target_cuda_without_a_gpu_is_one_line(capsys, tiny):
+    r = kern(capsys, "run", str(tiny), "--prompt", "w1", "--target", "cuda")
+    lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
+    assert r.code == 1 and r.out == "" and "Traceback" not in r.err and len(lines) == 1, r.err
+    assert lines[0].startswith("kern run: ") and "cuda" in lines[0]
+
+
+def test_the_cpu_fallback_says_why_when_a_gpu_is_usable(monkeypatch):
+    """A usable GPU without what the CUDA kernels need never silently becomes a CPU run."""
+    import shutil
+
+    import kern.run_cmd as run_cmd
+    from kern.runtime.devices.cuda import driver
+
+    monkeypatch.setattr(driver, "open_device", lambda ordinal=0: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    target, why = run_cmd._auto_target()
+    assert target == "cpu" and "GPU 0 is usable but nvcc" in why
+
+
+def _kern_run(tiny: Path, stdout) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kern.cli", "run", str(tiny), "--prompt", "w1 w2",
+                           "--max-tokens", "64", "--target", "cpu"],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tiny):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first token is written
+    try:
+        r = _kern_run(tiny, write)
+    finally:
+        os.close(write)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
+
+
+def test_output_into_head_ends_quietly(tiny):
+    r = subprocess.run(f"{sys.executable} -m kern.cli run {tiny} --prompt 'w1 w2' --max-tokens 200 --target cpu "
+                       "2>err | head -c 5; cat err", shell=True, capture_output=True, text=True, timeout=300,
+                       cwd=tiny)
+    assert len(r.stdout.split("[kern]")[0]) == 5
+    assert "Traceback" not in r.stdout and "Error" not in r.stdout, r.stdout
