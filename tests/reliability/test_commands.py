@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kern import __version__
+from kern.cli import NOT_LANDED
 
 from .conftest import kern
 
@@ -72,7 +73,7 @@ def test_version(capsys):
     assert r.code == 0 and r.out.strip() == f"kern {__version__}"
 
 
-@pytest.mark.parametrize("verb", ["bench", "cut", "kernels"])
+@pytest.mark.parametrize("verb", sorted(NOT_LANDED))
 def test_a_verb_that_has_not_landed_says_so(capsys, verb):
     r = kern(capsys, verb, "--help")
     assert r.code == 0 and "has not landed yet" in r.out
