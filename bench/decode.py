@@ -14,9 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
 
 from kern_models.llama.random_checkpoint import SHAPES, make
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.raw_pages steps by hand
+from tests.raw_pages import raw  # noqa: E402
 
 
 def cache_kw(ref) -> str:
@@ -121,9 +126,9 @@ def run_kern(model, prompts: np.ndarray, new: int, ahead: int = 1, reach: bool =
     the device; the host waits once per chunk)."""
     eng, proto = model.engine, model.protocol
     batch, plen = prompts.shape
-    pages = [model.alloc.take(-(-(plen + new) // model.page_tokens)) for _ in range(batch)]
+    pages = [raw(model).take(-(-(plen + new) // model.page_tokens)) for _ in range(batch)]
     t0 = time.perf_counter()
-    nxt = [model.step_rows(p.tolist(), 0, pg, ragged=True)[0] for p, pg in zip(prompts, pages)]
+    nxt = [raw(model).step_rows(p.tolist(), 0, pg, ragged=True)[0] for p, pg in zip(prompts, pages)]
     prefill_ms = (time.perf_counter() - t0) * 1e3 / batch
     st = proto.for_rows(batch, 1)
     (table,) = st.page_tables
@@ -161,7 +166,7 @@ def run_kern(model, prompts: np.ndarray, new: int, ahead: int = 1, reach: bool =
         step(k, ahead)
     dt = time.perf_counter() - t0
     for pg in pages:
-        model.alloc.give(pg)
+        raw(model).give(pg)
     return {"tok_s": batch * steps / dt, "step_ms": dt / steps * 1e3, "prefill_ms": prefill_ms, "tokens": toks}
 
 
@@ -169,15 +174,15 @@ def prefill(model, ref, ids) -> dict:
     """One prefill of len(ids) tokens: kern (one ragged program call) vs one transformers sdpa forward."""
     import torch
 
-    pages = model.alloc.take(-(-len(ids) // model.page_tokens))
+    pages = raw(model).take(-(-len(ids) // model.page_tokens))
     ids = [int(i) for i in ids]
     times = []
     for _ in range(4):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.step_rows(ids, 0, pages, ragged=True)
+        raw(model).step_rows(ids, 0, pages, ragged=True)
         times.append(time.perf_counter() - t0)
-    model.alloc.give(pages)
+    raw(model).give(pages)
     x = torch.tensor([ids], device="cuda")
     ref.config._attn_implementation = "sdpa"
     hf_times = []

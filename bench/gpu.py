@@ -16,6 +16,11 @@ Presets (comma-separated, run in order):
   variants  decode tok/s of this tree, of --base (a models/ tree, e.g. `git archive C models`)
             and of each kernel variant of --variants (models/llama/cuda/table.py VARIANTS)
   fused     the fused decode kernels against the plain ones (tests/cuda/bench_cuda_kernels.py)
+  embedded  kern installed as a user installs it, the real embedded model (its wheel joined in
+            /tmp/smol beforehand): kern run's first byte and decode tok/s, cold then warm
+            (bench/first_token.py), beside bench/decode.py's batch-1 SmolLM2-135M figure, then
+            kern test of the sm_90a deployment against the cpu one on those weights
+  serve     kern serve against transformers serve over HTTP (bench/serve_gpu.sh)
 
 Wheels (cuda-bindings, the cuBLAS wheel, ...) are carried to the machine in .whl/ (no network
 there): `pip download --only-binary :all: -d .whl ...` here, then pass .whl in the run's carry.
@@ -32,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused")
+PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -54,6 +59,23 @@ def models_env(site: Path, models: Path, cache: Path) -> dict:
         (link / "kern_models").symlink_to(models)
     return {**os.environ, "PYTHONPATH": f"{site}:{ROOT / 'src'}:{link}", "PYTHONUNBUFFERED": "1",
             "KERN_CACHE": str(cache)}
+
+
+def installed_env(site: Path, cache: Path) -> dict:
+    """kern pip-installed from this tree (not editable: package data and entry points as a user
+    gets them) into /tmp/kern-install; the embedded model's wheel found offline in /tmp/smol."""
+    target = Path("/tmp/kern-install")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+                    "--no-cache-dir", "--upgrade", "--target", str(target), str(ROOT)], check=True)
+    return {**os.environ, "PYTHONPATH": f"{target}:{site}", "PYTHONUNBUFFERED": "1", "KERN_CACHE": str(cache),
+            "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1", "PATH": f"{target}/bin:{os.environ['PATH']}"}
+
+
+DEPLOYMENTS = """
+from kern.registry import default_model, deployment_for
+ckpt = default_model(progress=False)
+print(ckpt, deployment_for(ckpt, "cpu").parent, deployment_for(ckpt, "cuda").parent)
+"""
 
 
 class Run:
@@ -138,6 +160,26 @@ def main() -> int:
             text = r.step("fused", [sys.executable, "tests/cuda/bench_cuda_kernels.py", "bench_fused"], args.timeout,
                           {**env, "PYTHONPATH": env["PYTHONPATH"] + f":{ROOT / 'tests/cuda'}"})
             r.summary += sorted({ln for ln in text.splitlines() if ln.startswith("fused")})
+        elif p == "embedded":
+            emb = installed_env(site, Path("/tmp/kern-cache-embedded"))
+            text = r.step("first_token", [sys.executable, str(ROOT / "bench/first_token.py"), "--runs", "3",
+                                          "--max-tokens", "256", "--target", "cuda", "--api"], 400, emb, cwd=Path("/tmp"))
+            r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", "first_token"))]
+            r.decode("engine_b1", ["--shapes", "smollm2-135m", "--batch", "1", "--prefill", "0", "--run-ahead", "8"],
+                     args.timeout)
+            paths = r.step("deployments", [sys.executable, "-c", DEPLOYMENTS], 120, emb, cwd=Path("/tmp")).split()
+            if len(paths) == 3:
+                ckpt, cpu, cuda = paths
+                t0 = time.monotonic()
+                text = r.step("kern_test", [sys.executable, "-m", "kern.cli", "test", "--reference", cpu, "--candidate",
+                                            cuda, "--weights", ckpt], 300, emb, cwd=Path("/tmp"))
+                tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
+                r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} "
+                                 f"({time.monotonic() - t0:.1f} s)")
+        elif p == "serve":
+            emb = installed_env(site, Path("/tmp/kern-cache-serve"))
+            text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], 560, emb)
+            r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", " {", "["))]
     (out / "summary.txt").write_text("\n".join(r.summary) + "\n")
     print("\n".join(r.summary))
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decode import SHAPES, checkpoint  # noqa: E402 (bench/ is the working directory's sibling)
+from decode import SHAPES, checkpoint, raw  # noqa: E402 (bench/ is the working directory's sibling)
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
         for batch in [int(b) for b in args.batch.split(",")]:
             st = model.protocol.for_rows(batch, 1)
             (table,) = st.page_tables
-            pages = model.alloc.take(batch * (-(-args.context // 16)))
+            pages = raw(model).take(batch * (-(-args.context // 16)))
             pt = np.array(pages, np.int32).reshape(batch, -1)
             full = np.zeros((batch, model.engine.shapes[table.buffer][1]), np.int32)
             full[:, :pt.shape[1]] = pt
@@ -89,7 +89,7 @@ def main() -> None:
                               "by_kernel": {k: {"n": n, "us": round(t, 1), "share": round(t / total, 3)}
                                             for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])}}),
                   flush=True)
-            model.alloc.give(pages)
+            raw(model).give(pages)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python -m kern_models.examples [OUT_DIR]     default: examples/ of this repository
 
 One folder per model and target: the embedded SmolLM2-135M-Instruct for the cpu and for
-sm_90a (needs nvcc). tests/test_examples.py checks they match a fresh generation."""
+sm_90a (the shipped cubins; nvcc only after a kernel source changed). tests/test_examples.py
+checks they match a fresh generation."""
 
 from __future__ import annotations
 

@@ -7,21 +7,22 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from .generation.limits import limits_for
+from .generation.loop import Loop
+from .generation.outputs import Delta
+from .generation.params import SamplingParams
 from .manifest import load_verified
-from .manifest.protocol import derive
 from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
-from .runtime.paging import Paging
 from .runtime.errors import BoundsError, KernError
 from .jsonfiles import read_object, token_ids
 from .registry import default_model, deployment_for
-from .tokenizer import Detokenizer, Tokenizer
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -44,26 +45,6 @@ class Generation:
         return self.decode_steps / self.decode_s if self.decode_s else 0.0
 
 
-class RawPages:
-    """Pages for stepping a model by hand (tests, benches): take(k) leases k pages from the
-    pool without caching; give(pages) frees them."""
-
-    def __init__(self, paging: Paging, state: str, page_tokens: int):
-        self.paging, self.state, self.page_tokens = paging, state, page_tokens
-        self._leases: dict[tuple[int, ...], object] = {}
-
-    def take(self, k: int) -> list[int]:
-        n = k * self.page_tokens
-        lease = self.paging.lease([], n).lease
-        self.paging.extend(lease, [0] * n)
-        pages = list(lease.page_table(self.state))
-        self._leases[tuple(pages)] = lease
-        return pages
-
-    def give(self, pages: list[int]) -> None:
-        self.paging.pool.free(self._leases.pop(tuple(pages)))
-
-
 # Greedy decode steps a host wait where the device runs them as one launch: at 8 the host's
 # part of a step (the launch, the wait, the read) is paid once in 8 (docs/perf.md: +3-5% tok/s
 # on the H200); a stop token inside a run costs at most 7 steps' work that is thrown away.
@@ -72,32 +53,38 @@ RUN_AHEAD = 8
 
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET,
-                 run_ahead: int | None = None, **engine_kw):
+                 run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
+                 host_bytes: int = 0, device=None):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
-        the device). Default: RUN_AHEAD where the device runs them as one launch (CUDA: one graph
-        for all of them), else 1 (a loop of single steps saves nothing)."""
+        the device) when one sequence runs alone. Default: RUN_AHEAD where the device runs them
+        as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
+        nothing). `context`: positions a sequence may reach (default: the manifest's bound,
+        clipped to what the state budget holds for one sequence). `max_seqs`: sequences
+        running at once (default: the decode program's bound)."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        self.protocol = derive(self.verified)
-        if len(self.protocol.paged_states) != 1:
-            raise KernError(f"{manifest}: kern run steps manifests with exactly one paged state, this one has "
+        self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
+                             state_budget=state_budget, paged=True, host_bytes=host_bytes)
+        self.protocol, self.paging = self.engine.protocol, self.engine.paging
+        if self.paging.state is None:
+            raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
                             f"{len(self.protocol.paged_states)}")
-        (self.state, self.page_tokens), = self.protocol.paged_states.items()
-        device = engine_kw.pop("device", None) or make_device(self.verified)
-        self.paging = Paging(self.verified, self.page_tokens, state_budget, device.chunk_granularity)
-        self.engine = Engine(self.verified, checkpoint, device=device, state_sizes=self.paging.sizes,
-                             chunk_bytes=self.paging.chunk_bytes, **engine_kw)
-        self.paging.bind(self.engine)
-        self.alloc = RawPages(self.paging, self.state, self.page_tokens)
-        self.eos = self._eos_ids(checkpoint)
-        self.context = self.protocol.max_positions
+        self.state, self.page_tokens = self.paging.state, self.paging.page_tokens
         if run_ahead is None:
             native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)
             run_ahead = RUN_AHEAD if native else 1
+        if run_ahead < 1:
+            raise BoundsError(f"run_ahead must be at least 1, got {run_ahead}")
         self.run_ahead = run_ahead
-        if self.run_ahead < 1:
-            raise BoundsError(f"run_ahead must be at least 1, got {self.run_ahead}")
+        limits = limits_for(self.protocol, self.paging.fits, self.paging.page_tokens, context, max_seqs, run_ahead,
+                            scratch_tokens=self.paging.page_tokens)
+        if limits.note:
+            print(f"[kern] {limits.note}", file=sys.stderr)
+        self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
+                         self.verified.manifest.model)
+        self.context = self.loop.context
+        self._n = 0
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -115,125 +102,118 @@ class Model:
                 ids.update(token_ids(p, read_object(p), "eos_token_id"))
         return ids
 
-    # ---- one sequence: the host loop the server generalizes -------------------------------
-    def _table(self, stepper, pages: list[int]) -> dict[str, np.ndarray]:
-        out = {}
-        for pt in stepper.page_tables:
-            width = self.engine.shapes[pt.buffer][1]
-            row = np.zeros((1, width), np.int32)
-            row[0, :len(pages)] = pages
-            out[pt.buffer] = row
-        return out
+    def _ids(self, prompt: str | list[int], chat: bool) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        text = self.tokenizer.chat([{"role": "user", "content": prompt}]) if chat else prompt
+        return self.tokenizer.encode(text)
 
-    def step_rows(self, ids: list[int], start: int, pages: list[int], ragged: bool = False):
-        """Run `ids` at positions start.. of one sequence; return (next token, logits).
-        One row goes through the decode program unless ragged (prefill) is asked for."""
-        st = self.protocol.for_rows(1, None if ragged or len(ids) > 1 else 1)
-        inputs = {st.inputs["token"]: np.array(ids, np.int32),
-                  st.inputs["position"]: np.arange(start, start + len(ids), dtype=np.int32),
-                  **self._table(st, pages)}
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.array([0, len(ids)], np.int32)
-        env = self.engine.run(st.program, st.vars_for(1, len(ids), reach=start + len(ids)), inputs)
-        tok = int(self.engine.read(st.outputs["tokens"], env)[0])
-        logits = self.engine.read(st.outputs["logits"], env)[0] if "logits" in st.outputs else None
-        return tok, logits
+    def _request_id(self) -> str:
+        self._n += 1
+        return f"model-{self._n}"
+
+    def warm_up(self, progress: bool = True) -> int:
+        """Capture every graph the loop can use (each decode batch size at each reach), so no
+        request pays a capture; the server calls it at start-up. Returns the steps run."""
+        return self.loop.warm_up(progress=progress)
 
     def generate(self, prompt: str | list[int], *, chat: bool = False, max_tokens: int = 64,
-                 temperature: float = 0.0, seed: int = 0, on_text: Callable[[str], None] | None = None) -> Generation:
-        if isinstance(prompt, str):
-            text = self.tokenizer.chat([{"role": "user", "content": prompt}]) if chat else prompt
-            ids = self.tokenizer.encode(text)
-        else:
-            ids = list(prompt)
-        if not ids:
-            raise BoundsError("empty prompt")
-        if max_tokens < 1:
-            raise BoundsError(f"max_tokens must be at least 1, got {max_tokens}")
-        if self.context is not None and len(ids) >= self.context:
-            raise BoundsError(f"prompt of {len(ids)} tokens does not fit the context bound of {self.context} "
-                              "positions (the position input's domain; the prompt plus one generated token)")
-        max_tokens = min(max_tokens, self.context - len(ids)) if self.context else max_tokens
-        rng = np.random.Generator(np.random.PCG64(seed))
-        grant = self.paging.lease(ids, len(ids) + max_tokens)
-        lease = grant.lease
-        detok = Detokenizer(self.tokenizer)
-        out: list[int] = []
+                 temperature: float = 0.0, seed: int = 0, on_text: Callable[[str], None] | None = None,
+                 **sampling) -> Generation:
+        """One prompt through the loop; `sampling`: the other SamplingParams fields."""
+        ids = self._ids(prompt, chat)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, **sampling)
+        rid = self._request_id()
+        self.loop.add(rid, ids, params)
+        self.loop.warm_up(sizes=[1], reach=min(len(ids) + params.max_tokens, self.loop.context), progress=False)
+        return self._drive({rid: on_text})[rid]
+
+    def generate_batch(self, prompts: list[str | list[int]],
+                       params: SamplingParams | list[SamplingParams] | None = None, *,
+                       chat: bool = False) -> list[Generation]:
+        """Many prompts at once through the loop (continuous batching); results in prompt order."""
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise BoundsError(f"generate_batch: {len(prompts)} prompts but {len(plist)} SamplingParams")
+        rids = []
         try:
-            t0 = time.perf_counter()
-            chunk = self.protocol.max_chunk
-            pos = grant.cached  # tokens whose state a cached prefix already holds
-            while pos < len(ids):
-                part = ids[pos:pos + chunk]
-                self.paging.extend(lease, part)
-                nxt, logits = self.step_rows(part, pos, lease.page_table(self.state), ragged=True)
-                pos += len(part)
-            t1 = time.perf_counter()
-            finish = "length"
-            ahead = self.run_ahead if temperature <= 0 else 1
-            made = [nxt if temperature <= 0 else self._sample(logits, temperature, rng)]  # not yet emitted
-            while True:
-                written = []  # emitted tokens whose state the last run wrote (all but its last)
-                for i, tok in enumerate(made):
-                    out.append(tok)
-                    piece = detok.push(tok)
-                    if piece and on_text:
-                        on_text(piece)
-                    if tok in self.eos:
-                        finish = "stop"
-                        break
-                    if len(out) >= max_tokens:
-                        break
-                    if i < len(made) - 1:
-                        written.append(tok)
-                if len(made) > 1:  # the run's state past these tokens is not kept
-                    self.paging.extend(lease, written, ahead=len(made) - 1 - len(written))
-                if finish == "stop" or len(out) >= max_tokens:
-                    break
-                n = min(ahead, max_tokens - len(out))
-                pos = len(ids) + len(out) - 1
-                self.paging.extend(lease, [out[-1]], ahead=n - 1)
-                if n == 1:
-                    nxt, logits = self.step_rows([out[-1]], pos, lease.page_table(self.state))
-                    made = [nxt if temperature <= 0 else self._sample(logits, temperature, rng)]
-                else:
-                    made = self._decode_run(out[-1], pos, n, lease.page_table(self.state))
-            steps = len(out) - 1
-            t2 = time.perf_counter()
+            for p, sp in zip(prompts, plist):
+                rid = self._request_id()
+                self.loop.add(rid, self._ids(p, chat), sp)
+                rids.append(rid)
         except BaseException:
-            self.paging.pool.free(lease)
+            for rid in rids:
+                self.loop.abort(rid)
+            self._drain()
             raise
-        self.paging.pool.checkpoint(lease)  # its pages stay as a cached prefix until evicted
-        return Generation(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, finish, steps,
-                          cached_tokens=grant.cached)
+        done = self._drive({rid: None for rid in rids})
+        return [done[rid] for rid in rids]
 
-    def _decode_run(self, tok: int, pos: int, n: int, pages: list[int]) -> list[int]:
-        """n greedy decode steps of one sequence from `tok` at `pos`, one host wait: the tokens."""
-        st = self.protocol.for_rows(1, 1)
-        inputs = {st.inputs["token"]: np.array([tok], np.int32), st.inputs["position"]: np.array([pos], np.int32),
-                  **self._table(st, pages)}
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
-        outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + n), inputs,
-                                     [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, n)],
-                                     feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
-        return [int(o[st.outputs["tokens"]][0]) for o in outs]
+    def _drain(self) -> None:
+        while self.loop.has_work():
+            self.loop.step()
 
-    @staticmethod
-    def _sample(logits, temperature, rng) -> int:
-        z = logits.astype(np.float64) / temperature
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        return int(rng.choice(len(p), p=p))
+    def _drive(self, want: dict[str, Callable[[str], None] | None]) -> dict[str, Generation]:
+        """Step the loop until every request in `want` has finished: their Generations."""
+        acc = {rid: _Acc(time.perf_counter()) for rid in want}
+        done: dict[str, Generation] = {}
+        try:
+            while len(done) < len(want):
+                for d in self.loop.step():
+                    a = acc.get(d.request_id)
+                    if a is None:
+                        continue
+                    a.add(d, time.perf_counter())
+                    if d.text and want[d.request_id]:
+                        want[d.request_id](d.text)
+                    if d.finish_reason:
+                        done[d.request_id] = a.result(d)
+        except BaseException:
+            for rid in want:
+                if rid not in done:
+                    self.loop.abort(rid)
+            self._drain()
+            raise
+        return done
+
+
+@dataclass
+class _Acc:
+    """A request's tokens and clock as its Deltas arrive."""
+
+    t0: float
+    tokens: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    first: float | None = None
+    last: float = 0.0
+
+    def add(self, d: Delta, now: float) -> None:
+        if d.token_ids and self.first is None:
+            self.first = now
+        self.tokens += d.token_ids
+        self.text.append(d.text)
+        self.last = now
+
+    def result(self, d: Delta) -> Generation:
+        first = self.first if self.first is not None else self.last
+        return Generation("".join(self.text), self.tokens, d.prompt_tokens, first - self.t0, self.last - first,
+                          d.finish_reason, max(len(self.tokens) - 1, 0), cached_tokens=d.cached_tokens)
 
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
-         progress: bool = True, **engine_kw) -> Model:
+         context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
+         progress: bool = True, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
-    manifest.json); or a deployment folder's manifest given with manifest=."""
+    manifest.json); or a deployment folder's manifest given with manifest=. `context`:
+    positions a sequence may reach (default: the generator's, from the model's own; clipped
+    to what the memory holds);
+    `max_seqs`: sequences running at once; `memory`: the state budget in bytes."""
+    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise BoundsError(f"{name} must be a positive integer, got {v!r}")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
-    man = Path(manifest) if manifest else deployment_for(ckpt, target)
-    return Model(man, ckpt, **engine_kw)
+    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context)
+    return Model(man, ckpt, context=context, max_seqs=max_seqs,
+                 state_budget=memory or DEFAULT_STATE_BUDGET, **model_kw)

@@ -9,10 +9,6 @@ import math
 import os
 import sys
 
-NOT_LANDED = {
-    "serve": "kern serve (the OpenAI-compatible server) has not landed yet",
-}
-
 
 def _verify(args: argparse.Namespace) -> int:
     """`PATH: ok, N programs, M calls, K launches`, or `PATH: manifest failed verification:` and
@@ -70,6 +66,12 @@ def _kernels(args: argparse.Namespace) -> int:
     return kernels_main(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from kern.serve.command import main as serve_main
+
+    return serve_main(args)
+
+
 def _whole(lowest: int):
     """An argparse type: a whole number >= lowest (the message names the flag's value)."""
     def parse(text: str) -> int:
@@ -106,6 +108,30 @@ _positive = _whole(1)
 _non_negative = _whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
 
 
+def _memory(text: str) -> int:
+    """A byte count: a whole number of MiB, or with a unit: 512M, 2G."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(t[-1:], None)
+    try:
+        n = float(t[:-1] if scale else t) * (scale or 1 << 20)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if n < 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
+    return int(n)
+
+
+def loop_options(p: argparse.ArgumentParser) -> None:
+    """The host loop's options, shared by kern run and kern serve."""
+    p.add_argument("--context", type=_positive, default=None,
+                   help="positions a sequence may reach (default: the model's own, where --memory holds it)")
+    p.add_argument("--max-seqs", type=_positive, default=None,
+                   help="sequences running at once (default: the manifest's decode bound)")
+    p.add_argument("--memory", type=_memory, default=None,
+                   help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
+
+
 def parser() -> argparse.ArgumentParser:
     from kern import __version__
 
@@ -132,6 +158,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-ahead", type=_positive, default=None,
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
+    loop_options(p)
     p.set_defaults(fn=_run)
 
     p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")
@@ -173,11 +200,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=_kernels)
 
-    for name, why in NOT_LANDED.items():
-        p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)",
-                           description=why + " (exit 2).")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(fn=lambda a, why=why: (print(why), 2)[1])
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (default: the embedded model)")
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    loop_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.set_defaults(fn=_serve)
+
     return ap
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,8 +11,9 @@ from .runtime.errors import KernError
 
 
 def _auto_target() -> tuple[str, str | None]:
-    """cuda when the driver sees a GPU and the CUDA kernels can be built, else cpu. The second
-    value says why not cuda when an NVIDIA device is present, so that a fallback is never silent."""
+    """cuda when the driver sees a GPU, else cpu (the model package ships its pinned kernels: no
+    CUDA toolkit is needed). The second value says why not cuda when an NVIDIA device is
+    present, so that a fallback is never silent."""
     present = Path("/dev/nvidiactl").exists()
     try:
         from .runtime.devices.cuda.driver import open_device
@@ -21,8 +21,6 @@ def _auto_target() -> tuple[str, str | None]:
         open_device(0)
     except Exception as exc:  # noqa: BLE001 - any failure of the probe means: run on the cpu
         return "cpu", (f"an NVIDIA device is present but unusable: {exc}" if present else None)
-    if shutil.which("nvcc") is None:
-        return "cpu", "GPU 0 is usable but nvcc (the CUDA toolkit) is not on PATH to build the kernels"
     return "cuda", None
 
 
@@ -35,7 +33,8 @@ def main(args) -> int:
             target, why_not_cuda = _auto_target()
             if why_not_cuda:
                 print(f"[kern] running on the cpu: {why_not_cuda}", file=sys.stderr)
-        model = load(args.model, manifest=args.manifest, target=target, run_ahead=args.run_ahead)
+        model = load(args.model, manifest=args.manifest, target=target, context=args.context,
+                     max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead)
         dev = model.engine.device.kind
         print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,

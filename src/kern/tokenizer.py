@@ -1,4 +1,5 @@
-"""Text in and out: a Hugging Face tokenizer.json, its chat template, incremental detokenizing."""
+"""Text in and out: a Hugging Face tokenizer.json and its chat template (incremental
+detokenizing: kern.generation.detok)."""
 
 from __future__ import annotations
 
@@ -80,20 +81,3 @@ class Tokenizer:
         except TemplateError as exc:
             raise KernError(f"{self.config_path}: the chat template fails: {exc}") from None
 
-
-class Detokenizer:
-    """Emits text as tokens arrive, never half a multi-byte character, never moving back."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok = tok
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd") or len(text) <= self.sent:
-            return ""
-        out = text[self.sent:]
-        self.sent = len(text)
-        return out

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from tests.raw_pages import raw
 
 pytestmark = pytest.mark.gpu
 
@@ -27,11 +28,11 @@ def model(request, tmp_path_factory):
 
 
 def _teacher_forced(model, ids):
-    pages = model.alloc.take(-(-len(ids) // model.page_tokens))
+    pages = raw(model).take(-(-len(ids) // model.page_tokens))
     try:
-        return np.stack([model.step_rows([t], i, pages)[1] for i, t in enumerate(ids)])
+        return np.stack([raw(model).step_rows([t], i, pages)[1] for i, t in enumerate(ids)])
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
 
 
 def _hf(ckpt, ids, attn):
@@ -59,24 +60,24 @@ def test_chunked_prefill_equals_token_by_token(model):
     vocab = model.verified.constants["vocab"]
     ids = np.random.default_rng(1).integers(0, vocab, 70).tolist()
     one = _teacher_forced(model, ids)
-    pages = model.alloc.take(5)
+    pages = raw(model).take(5)
     try:
         pos = 0
         for size in (16, 17, 15, 22):
-            _, logits = model.step_rows(ids[pos:pos + size], pos, pages, ragged=True)
+            _, logits = raw(model).step_rows(ids[pos:pos + size], pos, pages, ragged=True)
             pos += size
             a, b = one[pos - 1], logits
             assert a.argmax() == b.argmax() or np.sort(a)[-1] - np.sort(a)[-2] < 0.05
             assert np.max(np.abs(a - b)) < 0.1 * max(1.0, np.max(np.abs(a)))
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
 
 
 def test_graph_replay_is_bitwise_equal_to_eager_launches(model):
     eng = model.engine
     st = model.protocol.for_rows(4, 1)
     (table,) = st.page_tables
-    pages = model.alloc.take(4 * 2)
+    pages = raw(model).take(4 * 2)
     pt = np.zeros((4, eng.shapes[table.buffer][1]), np.int32)
     pt[:, :2] = np.array(pages, np.int32).reshape(4, 2)
     inputs = {st.inputs["token"]: np.array([5, 6, 7, 8], np.int32),
@@ -91,7 +92,7 @@ def test_graph_replay_is_bitwise_equal_to_eager_launches(model):
         eng.device.lower(eng.launches[st.program], eng.buffers, eng.states).run(env)
         eager = eng.read(st.outputs["logits"], env)
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
     assert np.isfinite(graph).all()
     assert graph.tobytes() == again.tobytes() == eager.tobytes()
 
@@ -103,7 +104,7 @@ def test_k_decode_steps_in_one_graph_equal_k_single_steps(model):
     st = model.protocol.for_rows(4, 1)
     (table,) = st.page_tables
     tok, pos, out, logits = st.inputs["token"], st.inputs["position"], st.outputs["tokens"], st.outputs["logits"]
-    pages = model.alloc.take(4 * 3)
+    pages = raw(model).take(4 * 3)
     pt = np.zeros((4, eng.shapes[table.buffer][1]), np.int32)
     pt[:, :3] = np.array(pages, np.int32).reshape(4, 3)
     start = np.array([3, 9, 17, 30], np.int32)
@@ -123,7 +124,7 @@ def test_k_decode_steps_in_one_graph_equal_k_single_steps(model):
                               feedback={out: tok}, collect=[logits])  # the captured graph, replayed
         after = eng.read(out, eng.run(st.program, v, {**step, tok: np.array(loop[-2], np.int32), pos: start + k - 1}))
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
     assert [o[out].tolist() for o in outs] == [o[out].tolist() for o in again] == loop
     assert outs[-1][logits].tobytes() == last.tobytes()
     assert after.tolist() == loop[-1]  # single steps after a run_steps see the inputs they write
@@ -144,3 +145,38 @@ def test_generate_runs_ahead_by_default_and_gives_the_same_tokens(model):
         model.run_ahead = RUN_AHEAD
     assert ahead.tokens == one.tokens and ahead.finish_reason == one.finish_reason
     model.paging.pool.check()
+
+
+def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(model):
+    """40 sequences (more than the decode program's 32) step one row each through the prefill
+    program (ragged rows, cuBLASLt projections, gemv_f32 logits in passes of 32 rows): the same
+    tokens as each row through the decode program alone, logits within bf16 GEMM noise."""
+    eng, n = model.engine, 40
+    st = model.protocol.for_rows(n, 1)
+    assert st.program == "prefill"
+    (table,) = st.page_tables
+    one = model.protocol.for_rows(1, 1)
+    pages = raw(model).take(n)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, model.verified.constants["vocab"], n).astype(np.int32)
+    pos = np.zeros(n, np.int32)  # each sequence's first row: no earlier K/V to depend on
+    pt = np.zeros((n, eng.shapes[table.buffer][1]), np.int32)
+    pt[:, 0] = pages
+    try:
+        env = eng.run(st.program, st.vars_for(n, n, reach=1), {
+            st.inputs["token"]: ids, st.inputs["position"]: pos,
+            st.inputs["cu_seqlens"]: np.arange(n + 1, dtype=np.int32), table.buffer: pt})
+        batch_tok, batch_logits = eng.read(st.outputs["tokens"], env), eng.read(st.outputs["logits"], env)
+        alone_tok, alone_logits = [], []
+        for i in range(n):
+            tok, logits = raw(model).step_rows([int(ids[i])], 0, [pages[i]])
+            alone_tok.append(tok)
+            alone_logits.append(logits)
+    finally:
+        raw(model).give(pages)
+    alone = np.stack(alone_logits)
+    assert np.isfinite(batch_logits).all()
+    close = [bool(batch_tok[i] == alone_tok[i] or np.sort(alone[i])[-1] - np.sort(alone[i])[-2] < 0.05)
+             for i in range(n)]
+    assert all(close), [i for i, c in enumerate(close) if not c]
+    assert np.max(np.abs(batch_logits - alone)) < 0.1 * max(1.0, float(np.max(np.abs(alone))))

@@ -45,7 +45,7 @@ def test_a_build_that_loses_the_race_keeps_the_winner(tiny, monkeypatch, tmp_pat
     from kern_models.llama.generator import GENERATOR
 
     config = json.loads((tiny / "config.json").read_text())
-    again = registry._build(GENERATOR, config, winner.parent.parent, winner.parent, "cpu", "tiny")
+    again = registry._build(GENERATOR, config, winner.parent.parent, winner.parent, "cpu", "tiny", {})
     assert again == winner and (winner.read_bytes(), winner.stat().st_mtime_ns) == before
     assert [p.name for p in _deployments().iterdir()] == [winner.parent.name]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kern.api import Model
+from tests.raw_pages import raw
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -28,8 +29,8 @@ def compare(ref: np.ndarray, got: np.ndarray, noise: float = 1e-2) -> dict:
 
 def teacher_forced(model: Model, ids: list[int]) -> np.ndarray:
     """kern's logits at every position, fed one token at a time through the decode program."""
-    pages = model.alloc.take(-(-len(ids) // model.page_tokens))
+    pages = raw(model).take(-(-len(ids) // model.page_tokens))
     try:
-        return np.stack([model.step_rows([t], i, pages)[1] for i, t in enumerate(ids)])
+        return np.stack([raw(model).step_rows([t], i, pages)[1] for i, t in enumerate(ids)])
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)

@@ -8,7 +8,7 @@ from math import lcm
 import pytest
 
 from kern.manifest import load_verified
-from kern.runtime.paging import MIN_CHUNK, Paging, declarations
+from kern.runtime.paging import MIN_CHUNK, Paging, declarations, plan_pool, state_sizes
 
 
 class _Engine:
@@ -39,21 +39,19 @@ def test_chunks_hold_whole_pages_and_respect_the_mapping_granularity(verified, g
 
 
 def test_the_initial_plan_maps_every_dynamic_chunk_once(verified):
-    paging = Paging(verified, 16, 64 << 20, granularity=2 << 20)
     eng = _Engine()
-    paging.bind(eng)
+    paging = Paging(plan_pool(verified, 16, 64 << 20, granularity=2 << 20), eng)
     ((state, unmap, mapped),) = eng.remaps
     n = paging.pool.layout.dynamic
     assert state == "kv" and unmap == []
     assert sorted(p for p, _ in mapped) == list(range(n))  # physical chunks, numbered from 0
     assert sorted(v for _, v in mapped) == list(range(n))  # places in the state's virtual range
-    assert paging.sizes["kv"] == n * paging.chunk_bytes
+    assert state_sizes(paging.pool)["kv"] == n * paging.pool.layout.chunk_bytes
 
 
 def test_a_cached_prefix_ending_inside_a_page_copies_that_page(verified):
-    paging = Paging(verified, 16, 64 << 20)
     eng = _Engine()
-    paging.bind(eng)
+    paging = Paging(plan_pool(verified, 16, 64 << 20), eng)
     first = paging.lease(list(range(40)), 48)
     paging.extend(first.lease, list(range(40)))
     paging.pool.checkpoint(first.lease)

@@ -9,6 +9,7 @@ from kern.api import Model
 
 from .conftest import reference_logits
 from .parity import compare, teacher_forced
+from tests.raw_pages import raw
 
 POSITIONS = 160
 
@@ -46,15 +47,15 @@ def test_chunked_prefill_equals_token_by_token(tiny):
     model = Model(manifest, ckpt)
     ids = np.random.default_rng(2).integers(0, 256, 70).tolist()
     one_by_one = teacher_forced(model, ids)
-    pages = model.alloc.take(5)
+    pages = raw(model).take(5)
     try:
         pos = 0
         for size in (1, 16, 17, 15, 21):  # page boundaries +/- 1, a single-row prefill
-            _, logits = model.step_rows(ids[pos:pos + size], pos, pages, ragged=True)
+            _, logits = raw(model).step_rows(ids[pos:pos + size], pos, pages, ragged=True)
             pos += size
             np.testing.assert_allclose(logits, one_by_one[pos - 1], rtol=0, atol=1e-4)
     finally:
-        model.alloc.give(pages)
+        raw(model).give(pages)
 
 
 def test_batched_decode_gives_each_sequence_its_own_tokens(smollm2_model):
@@ -63,9 +64,9 @@ def test_batched_decode_gives_each_sequence_its_own_tokens(smollm2_model):
     alone = [m.generate(p, max_tokens=8).tokens for p in prompts]
 
     # all three together: prefill each, then decode them as one batch of 3 groups x 1 row
-    pages = [m.alloc.take(4) for _ in prompts]
+    pages = [raw(m).take(4) for _ in prompts]
     seqs = [m.tokenizer.encode(p) for p in prompts]
-    nxt = [m.step_rows(s, 0, pg, ragged=True)[0] for s, pg in zip(seqs, pages)]
+    nxt = [raw(m).step_rows(s, 0, pg, ragged=True)[0] for s, pg in zip(seqs, pages)]
     out = [[t] for t in nxt]
     st = m.protocol.for_rows(3, 1)
     (table,) = st.page_tables
@@ -81,7 +82,7 @@ def test_batched_decode_gives_each_sequence_its_own_tokens(smollm2_model):
         for o, t in zip(out, m.engine.read(st.outputs["tokens"], env)):
             o.append(int(t))
     for pg in pages:
-        m.alloc.give(pg)
+        raw(m).give(pg)
     for a, b in zip(alone, out):
         n = len(a)  # a sequence that stopped at eos early compares up to there
         assert b[:n] == a
@@ -122,9 +123,9 @@ def test_one_prefill_step_of_several_sequences_equals_each_alone(tiny):
     model = Model(manifest, ckpt)
     rng = np.random.default_rng(3)
     seqs = [rng.integers(0, 256, n).tolist() for n in (5, 17, 33)]  # page boundaries +/- 1
-    pages = [model.alloc.take(3) for _ in seqs]
+    pages = [raw(model).take(3) for _ in seqs]
     try:
-        alone = [model.step_rows(s, 0, pg, ragged=True)[1] for s, pg in zip(seqs, pages)]
+        alone = [raw(model).step_rows(s, 0, pg, ragged=True)[1] for s, pg in zip(seqs, pages)]
         st = model.protocol.for_rows(3, None)
         (table,) = st.page_tables
         pt = np.zeros((3, model.engine.shapes[table.buffer][1]), np.int32)
@@ -139,6 +140,6 @@ def test_one_prefill_step_of_several_sequences_equals_each_alone(tiny):
         together = model.engine.read(st.outputs["logits"], env)
     finally:
         for pg in pages:
-            model.alloc.give(pg)
+            raw(model).give(pg)
     for a, b in zip(alone, together):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)

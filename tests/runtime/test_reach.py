@@ -11,6 +11,7 @@ import pytest
 from kern.api import Model
 from kern.manifest.protocol import ProtocolError
 from kern.runtime.errors import BoundsError
+from tests.raw_pages import raw
 
 
 def test_reach_rounds_up_to_power_of_two_buckets(tiny):
@@ -31,7 +32,7 @@ def test_a_position_past_the_steps_reach_is_refused_before_launch(tiny):
     model = Model(manifest, ckpt)
     st = model.protocol.for_rows(1, 1)
     (table,) = st.page_tables
-    pages = model.alloc.take(5)
+    pages = raw(model).take(5)
     pt = np.zeros((1, model.engine.shapes[table.buffer][1]), np.int32)
     pt[0, :5] = pages
     inputs = {st.inputs["token"]: np.array([3], np.int32), st.inputs["position"]: np.array([64], np.int32),
@@ -39,4 +40,4 @@ def test_a_position_past_the_steps_reach_is_refused_before_launch(tiny):
     with pytest.raises(BoundsError, match=r"input 'd_pos' holds values in \[64, 64\], outside its domain \[0, 64\)"):
         model.engine.run(st.program, st.vars_for(1, 1, reach=10), inputs)  # says 10, writes 65
     model.engine.run(st.program, st.vars_for(1, 1, reach=65), inputs)
-    model.alloc.give(pages)
+    raw(model).give(pages)

@@ -9,14 +9,15 @@ import pytest
 
 from kern.api import Model, deployment_for
 from kern.runtime.errors import BoundsError
+from tests.raw_pages import raw
 
 
 def _decode_setup(model: Model, batch: int, prompt: int, new: int):
     """Prefill `batch` random prompts; return (stepper, first inputs, pages)."""
     rng = np.random.default_rng(batch)
     vocab = model.verified.constants["vocab"]
-    pages = [model.alloc.take(-(-(prompt + new) // model.page_tokens)) for _ in range(batch)]
-    first = [model.step_rows(rng.integers(0, vocab, prompt).tolist(), 0, pg, ragged=True)[0] for pg in pages]
+    pages = [raw(model).take(-(-(prompt + new) // model.page_tokens)) for _ in range(batch)]
+    first = [raw(model).step_rows(rng.integers(0, vocab, prompt).tolist(), 0, pg, ragged=True)[0] for pg in pages]
     st = model.protocol.for_rows(batch, 1)
     (table,) = st.page_tables
     pt = np.zeros(model.engine.shapes[table.buffer], np.int32)[:batch]
@@ -54,7 +55,7 @@ def test_k_steps_in_one_call_equal_k_single_steps(tiny, batch):
     assert model.engine.read(st.inputs["token"], model.engine.env(st.program, st.vars_for(batch, batch))).tolist() \
         == want[-1]
     for pg in pages:
-        model.alloc.give(pg)
+        raw(model).give(pg)
 
 
 def test_bad_run_steps_requests_are_refused_naming_the_problem(tiny):
@@ -78,7 +79,7 @@ def test_bad_run_steps_requests_are_refused_naming_the_problem(tiny):
         with pytest.raises(BoundsError, match="shapes and dtypes must match"):
             eng.run_steps(st.program, v, inputs, [], feedback={st.outputs["logits"]: tok}, collect=[])
     for pg in pages:
-        model.alloc.give(pg)
+        raw(model).give(pg)
 
 
 def test_generate_running_ahead_gives_the_same_text_and_keeps_the_pool_right(smollm2):
@@ -96,12 +97,12 @@ def test_generate_running_ahead_gives_the_same_text_and_keeps_the_pool_right(smo
     # a stop token in the middle of a run (token 0 comes from the prefill, runs make 1-4, 5-8, ...)
     first = next(i for i, t in enumerate(want.tokens) if want.tokens.index(t) == i and i > 4 and (i - 1) % 4 == 1)
     stop = want.tokens[first]
-    one.eos = four.eos = {stop}
+    one.loop.eos = four.loop.eos = {stop}
     a, b = one.generate(prompt, max_tokens=23), four.generate(prompt, max_tokens=23)
     assert b.tokens == a.tokens and b.finish_reason == a.finish_reason == "stop" and b.tokens == want.tokens[:first + 1]
     four.paging.pool.check()
     longer = prompt + want.tokens[:first]  # the first request's tokens, a cached prefix now
-    four.eos = one.eos = set()
+    four.loop.eos = one.loop.eos = set()
     c, d = four.generate(longer, max_tokens=5), one.generate(longer, max_tokens=5)
     assert c.cached_tokens > len(prompt) and c.tokens == d.tokens == want.tokens[first:first + 5]
     four.paging.pool.check()

@@ -15,9 +15,11 @@ from ..manifest.expr import evaluate
 from ..manifest.model import DTYPE_BYTES
 from ..manifest.protocol import Protocol, derive
 from ..manifest.verify import Verified
+from ..pool import Pool
 from .device import Device, Program
 from .errors import BoundsError, DeviceError
 from .lower import LoweredLaunch, lower_program
+from .paging import Paging, plan_pool, state_sizes
 from .modules import fetch
 from .safetensors import WeightFiles
 from .dtypes import NP
@@ -52,8 +54,10 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
 
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                 state_budget: int = DEFAULT_STATE_BUDGET, state_sizes: dict[str, int] | None = None,
-                 chunk_bytes: int | None = None):
+                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0):
+        """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
+        chunks its plans map, `host_bytes` of host tier) and the engine owns `paging`, the pool
+        bound to its states. Else each state is what the budget holds, fully backed."""
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -65,7 +69,8 @@ class Engine:
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
-        self._alloc_states(state_budget, state_sizes or {}, chunk_bytes)
+        pool = self._plan_pool(state_budget, host_bytes) if paged else None
+        self._alloc_states(state_budget, state_sizes(pool) if pool else {}, pool.layout.chunk_bytes if pool else None)
         self.buffers = {}
         weights_needed = {n: (b, self.shapes[n]) for n, b in self.m.buffers.items() if b.kind == "weight"}
         host_weights = {}
@@ -89,6 +94,14 @@ class Engine:
                                              for p, ls in self.launches.items()}
         for p in self.protocol.once:
             self.run(p, {})
+        self.paging = Paging(pool, self) if pool else None
+
+    def _plan_pool(self, budget: int, host_bytes: int) -> Pool:
+        page_tokens = set(self.protocol.paged_states.values())
+        if len(page_tokens) != 1:
+            raise DeviceError(f"paging needs one page size for every paged state; the manifest's page tables give "
+                              f"{sorted(page_tokens)}")
+        return plan_pool(self.v, page_tokens.pop(), budget, self.device.chunk_granularity, host_bytes)
 
     def _alloc_states(self, budget: int, sizes: dict[str, int], chunk_bytes: int | None) -> None:
         """Each state's memory: `sizes[name]` bytes when given (the pool's layout: a virtual
@@ -246,6 +259,21 @@ class Engine:
     def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None:
         """Copy bytes within a state's memory (a pool plan's page copy)."""
         self.device.copy_bytes(self.states[state], dst, src, nbytes)
+
+    def domain(self, buffer: str) -> tuple[int, int]:
+        """The [lo, hi) range an input's values must lie in, at the vars' bounds."""
+        d = self.m.buffers[buffer].domain
+        if d is None or d.range is None:
+            return (-(1 << 31), 1 << 31)
+        return evaluate(d.range[0], self.max_env), evaluate(d.range[1], self.max_env)
+
+    def read_state(self, state: str, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes of a state's memory (a checkpoint's page parked to host memory)."""
+        return self.device.read(self.states[state], "u8", (nbytes,), offset)
+
+    def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
+        """Write bytes into a state's memory (a parked page woken)."""
+        self.device.write(self.states[state], data, offset)
 
     def page_bytes(self, state: str) -> int:
         return self.state_bytes[state]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from math import lcm
 
+import numpy as np
+
 from ..manifest.expr import evaluate
 from ..manifest.verify import Verified
 from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
@@ -19,6 +21,10 @@ MIN_CHUNK = 2 << 20
 
 class OutOfMemory(KernError):
     """The state budget cannot hold a request; says how much it needs and how much there is."""
+
+
+class Busy(OutOfMemory):
+    """The state budget cannot hold a request now: live requests hold the memory."""
 
 
 def declarations(v: Verified, page_tokens: int, granularity: int = 1) -> tuple[list[StateDecl], int]:
@@ -39,29 +45,37 @@ def declarations(v: Verified, page_tokens: int, granularity: int = 1) -> tuple[l
     return decls, unit * -(-MIN_CHUNK // unit)
 
 
-class Paging:
-    def __init__(self, v: Verified, page_tokens: int, budget_bytes: int, granularity: int = 1):
-        decls, chunk = declarations(v, page_tokens, granularity)
-        self.chunk_bytes = chunk
-        budget = max(budget_bytes // chunk, 1) * chunk
-        self.pool = Pool(budget, decls, page_tokens, chunk_bytes=chunk)
-        lay = self.pool.layout
-        self.kinds = {k.name: k for k in lay.kinds}
-        self.sizes = {k.name: lay.range_bytes(k) for k in lay.kinds}
-        self.sizes.update({f.name: f.bytes for f in lay.fixed})
-        self.engine = None
+def plan_pool(v: Verified, page_tokens: int, budget_bytes: int, granularity: int = 1, host_bytes: int = 0) -> Pool:
+    """The pool for a manifest's states under a device budget (pure: nothing is allocated)."""
+    decls, chunk = declarations(v, page_tokens, granularity)
+    budget = max(budget_bytes // chunk, 1) * chunk
+    return Pool(budget, decls, page_tokens, chunk_bytes=chunk, host_bytes=host_bytes)
 
-    def bind(self, engine) -> None:
-        """Attach the engine whose state memory the plans act on; run the initial plan."""
-        self.engine = engine
-        self.execute(self.pool.initial_plan)
+
+def state_sizes(pool: Pool) -> dict[str, int]:
+    """Bytes of each state's memory: the virtual range of a paged or per-sequence state, the
+    bytes of a fixed one."""
+    lay = pool.layout
+    return {**{k.name: lay.range_bytes(k) for k in lay.kinds}, **{f.name: f.bytes for f in lay.fixed}}
+
+
+class Paging:
+    """Built by the engine once its states exist: runs the pool's initial plan at once."""
+
+    def __init__(self, pool: Pool, engine):
+        self.pool, self.engine = pool, engine
+        lay = pool.layout
+        self.kinds = {k.name: k for k in lay.kinds}
+        self.page_tokens = lay.page_tokens
+        paged = [k.name for k in lay.kinds if k.paged]
+        self.state = paged[0] if len(paged) == 1 else None  # the one paged state a loop steps
+        self._host = np.zeros(lay.host_chunks * lay.chunk_bytes, np.uint8)
+        self.execute(pool.initial_plan)
 
     def execute(self, plan: Plan) -> None:
         """Run a plan on the engine's states, in the plan's order: unmap and map chunks in the
         states' virtual ranges (dynamic chunks are numbered from 0 for the device), then copy
         page bytes."""
-        if plan.to_host or plan.from_host:
-            raise KernError("this engine has no host tier (pool built with host_bytes=0)")
         lay = self.pool.layout
         first = lay.first_dynamic
         for state in dict.fromkeys([u.state for u in plan.unmaps] + [m.state for m in plan.maps]):
@@ -69,14 +83,35 @@ class Paging:
                 continue  # a fixed state: its memory is its own, for good
             self.engine.remap_state(state, unmap=[u.vchunk for u in plan.unmaps if u.state == state],
                                     map=[(m.chunk - first, m.vchunk) for m in plan.maps if m.state == state])
+        for t in plan.to_host:
+            k = self.kinds[t.state]
+            self._host[t.host:t.host + k.unit_bytes] = self.engine.read_state(t.state, lay.offset(k, t.unit),
+                                                                              k.unit_bytes)
         for c in plan.copies:
             k = self.kinds[c.state]
             self.engine.copy_state(c.state, lay.offset(k, c.dst), lay.offset(k, c.src), k.unit_bytes)
+        for f in plan.from_host:
+            k = self.kinds[f.state]
+            self.engine.write_state(f.state, lay.offset(k, f.unit), self._host[f.host:f.host + k.unit_bytes])
 
-    def lease(self, prompt: list[int], reserve: int):
+    def fits(self, reserve: int) -> bool:
+        """Whether a lease of `reserve` tokens fits the budget with nothing else in it."""
+        lay = self.pool.layout
+        chunks = sum(-(-(-(-reserve // self.page_tokens) if k.paged else 1) // k.per_chunk) for k in lay.kinds)
+        return chunks <= lay.dynamic
+
+    def try_lease(self, prompt: list[int], reserve: int, cache: bool = True) -> Granted | None:
+        """A lease for a request (all or nothing), evicting cached prefixes when asked to;
+        None when live requests hold the memory (ask again after one ends)."""
+        try:
+            return self.lease(prompt, reserve, cache)
+        except Busy:
+            return None
+
+    def lease(self, prompt: list[int], reserve: int, cache: bool = True):
         """A lease for a request (all or nothing), evicting cached prefixes when asked to."""
         while True:
-            r = self.pool.lease(prompt, reserve)
+            r = self.pool.lease(prompt, reserve, cache=cache)
             if isinstance(r, Granted):
                 self.execute(r.plan)
                 return r
@@ -86,13 +121,13 @@ class Paging:
             elif isinstance(r, Evict):
                 plan = self.pool.evict_one()
                 if plan is None:
-                    raise OutOfMemory(f"the state budget cannot hold {reserve} tokens now: live requests hold it")
+                    raise Busy(f"the state budget cannot hold {reserve} tokens now: live requests hold it")
                 self.execute(plan)
             elif isinstance(r, NeverFits):
                 raise OutOfMemory(f"a request of {reserve} tokens needs {r.chunks_needed} chunks, the state "
                                   f"budget has {r.chunks_in_pool}: raise the budget or shorten the request")
             elif isinstance(r, Wait):
-                raise OutOfMemory(f"the state budget cannot hold {reserve} tokens now: {r.why}")
+                raise Busy(f"the state budget cannot hold {reserve} tokens now: {r.why}")
 
     def extend(self, lease, tokens: list[int], ahead: int = 0) -> None:
         """Record `tokens` as written, and bind pages for `ahead` more (pool.extend)."""
@@ -107,4 +142,13 @@ class Paging:
             if isinstance(r, Evict) and (plan := self.pool.evict_one()) is not None:
                 self.execute(plan)
                 continue
-            raise OutOfMemory(f"the state budget cannot grow a request past {len(lease.tokens)} tokens")
+            raise Busy(f"the state budget cannot grow a request past {len(lease.tokens)} tokens now")
+
+    def try_grow(self, lease, tokens: int) -> bool:
+        """Bind pages for `tokens` more tokens of the lease (past its promise the budget is
+        asked again); False when live requests hold the memory."""
+        try:
+            self.extend(lease, [], ahead=tokens)
+        except Busy:
+            return False
+        return True

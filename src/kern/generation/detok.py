@@ -1,0 +1,60 @@
+"""Text out, token by token: never half a UTF-8 character, never moving back, stop strings
+withheld until they are ruled out."""
+
+from __future__ import annotations
+
+
+class Detokenizer:
+    """Decodes only a window of recent tokens a push: `prefix` starts the window (enough
+    context for the tokenizer's spacing), `read` ends what has been emitted."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        if self.tok is None:
+            return ""
+        before = self.tok.decode(self.ids[self.prefix:self.read])
+        now = self.tok.decode(self.ids[self.prefix:])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return ""  # an incomplete character (or a token with no text yet): wait for the next
+        self.prefix, self.read = self.read, len(self.ids)
+        return now[len(before):]
+
+
+class TextStream:
+    """A request's text: pushes tokens, returns what may be sent, and says when a stop
+    string ends it (the text excludes the stop string and anything after it)."""
+
+    def __init__(self, tok, stop: tuple[str, ...]):
+        self.detok = Detokenizer(tok)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # everything decoded
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.text += self.detok.push(token)
+        if self.stop:
+            hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                self.stopped = True
+                return self.flush()
+        end = len(self.text) - self.hold if self.stop else len(self.text)
+        if end <= self.sent:
+            return ""
+        out = self.text[self.sent:end]
+        self.sent = end
+        return out
+
+    def flush(self) -> str:
+        """The withheld tail, at the end of the request."""
+        out = self.text[self.sent:]
+        self.sent = len(self.text)
+        return out

@@ -1,0 +1,79 @@
+"""What a request asks of generation: the sampling knobs, checked once at the door."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..runtime.errors import BoundsError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy (the device's argmax tokens; no logits copied unless logprobs)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None  # per request: the same seed reproduces the output; never global state
+    stop: tuple[str, ...] = ()  # stop strings: generation ends at the first; the text excludes it
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus the top k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether the host must read this row's logits (the device's argmax token suffices otherwise)."""
+        return not self.greedy or self.penalized or self.logprobs is not None
+
+    def check(self) -> None:
+        """Raise BoundsError naming the first field outside its domain."""
+        for name, ok, domain in _RULES:
+            value = getattr(self, name)
+            if not ok(value):
+                raise BoundsError(f"{name} must be {domain}, got {value!r}")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _strs(v) -> bool:
+    return isinstance(v, tuple) and all(isinstance(s, str) and s for s in v)
+
+
+def _ids(v) -> bool:
+    return isinstance(v, tuple) and all(_int(t) and t >= 0 for t in v)
+
+
+_RULES = (
+    ("max_tokens", lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    ("temperature", lambda v: _num(v) and v >= 0, "a finite number >= 0"),
+    ("top_p", lambda v: _num(v) and 0 < v <= 1, "in (0, 1]"),
+    ("top_k", lambda v: _int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+    ("min_p", lambda v: _num(v) and 0 <= v <= 1, "in [0, 1]"),
+    ("repetition_penalty", lambda v: _num(v) and v > 0, "a finite number > 0"),
+    ("frequency_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2]"),
+    ("presence_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2]"),
+    ("seed", lambda v: v is None or (_int(v) and v >= 0), "None or an integer >= 0"),
+    ("stop", _strs, "a tuple of non-empty strings"),
+    ("stop_token_ids", _ids, "a tuple of token ids >= 0"),
+    ("ignore_eos", lambda v: isinstance(v, bool), "a bool"),
+    ("logprobs", lambda v: v is None or (_int(v) and 0 <= v <= 20), "None or an integer in [0, 20]"),
+)

@@ -1,0 +1,109 @@
+"""Runs a step's rows through the protocol's programs: decode rows alone go through the
+decode program (graph-captured on the GPU, padded up to a captured batch size), any other mix
+through the ragged program, where a decode row is a one-token chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..manifest.protocol import Protocol, Stepper
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """One sequence's rows this step."""
+
+    tokens: list[int]
+    start: int  # position of the first
+    pages: list[int]  # the sequence's page table
+
+
+def buckets(limit: int) -> list[int]:
+    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `limit`."""
+    out = [b for b in (1, 2, 4, 8) if b < limit]
+    out += list(range(16, limit, 8))
+    return out + [limit]
+
+
+def bucket(n: int, sizes: list[int]) -> int:
+    return next(b for b in sizes if b >= n)
+
+
+class Runner:
+    def __init__(self, engine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
+        self.engine = engine
+        self.protocol = protocol
+        self.decode = protocol.for_rows(1, 1)
+        self.ragged = protocol.for_rows(1, None)
+        self.graphs = engine.runs_steps_natively(self.decode.program)
+        self.decode_max = min(decode_max or self.decode.groups_max, self.decode.groups_max)
+        self.sizes = buckets(self.decode_max)
+        self.mixed_groups = self.ragged.groups_max
+        # decode rows alone: the decode program up to its bound, the ragged one past it
+        self.decode_groups = max(self.decode_max, self.mixed_groups)
+        self.scratch = scratch_page  # padding rows write here, a page no sequence reads
+
+    def scratch_feed(self, position: int) -> Feed:
+        """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
+        width = self.engine.shapes[self.decode.page_tables[0].buffer][1]
+        return Feed([0], position, [self.scratch] * width)
+
+    def reach_buckets(self, reach: int) -> list[int]:
+        """The decode program's reach buckets up to the one holding `reach` positions."""
+        st = self.decode
+        if st.reach_var is None:
+            return [reach]
+        top = st.reach_bucket(min(reach, st.reach_max))
+        out, r = [], st.reach_bucket(1)
+        while r < top:
+            out.append(r)
+            r = st.reach_bucket(r + 1)
+        return out + [top]
+
+    def stepper_for(self, feeds: list[Feed]) -> Stepper:
+        if all(len(f.tokens) == 1 for f in feeds) and len(feeds) <= self.decode_max:
+            return self.decode
+        return self.ragged
+
+    def run(self, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each sequence's next token (its last row's argmax) and, when asked, its logits."""
+        st = self.stepper_for(feeds)
+        if st is self.decode and self.graphs:  # pad to a captured size: one graph per bucket
+            pad = bucket(len(feeds), self.sizes) - len(feeds)
+            feeds = feeds + [self.scratch_feed(0)] * pad
+        n = len(feeds)
+        rows = sum(len(f.tokens) for f in feeds)
+        inputs = {st.inputs["token"]: np.array([t for f in feeds for t in f.tokens], np.int32),
+                  st.inputs["position"]: np.array([f.start + j for f in feeds for j in range(len(f.tokens))],
+                                                  np.int32)}
+        for pt in st.page_tables:
+            table = np.zeros((n, self.engine.shapes[pt.buffer][1]), np.int32)
+            for i, f in enumerate(feeds):
+                table[i, :len(f.pages)] = f.pages
+            inputs[pt.buffer] = table
+        if "cu_seqlens" in st.inputs:
+            inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(f.tokens) for f in feeds], dtype=np.int32)
+        reach = max(f.start + len(f.tokens) for f in feeds)
+        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
+        tokens = self.engine.read(st.outputs["tokens"], env)
+        out = self.engine.read(st.outputs["logits"], env) if logits else None
+        return tokens, out
+
+    def run_ahead(self, feed: Feed, k: int) -> list[int]:
+        """k greedy decode steps of one sequence, one host wait (the token fed back on the
+        device): the k tokens."""
+        st = self.decode
+        (tok,), pos = feed.tokens, feed.start
+        inputs = {st.inputs["token"]: np.array([tok], np.int32), st.inputs["position"]: np.array([pos], np.int32)}
+        for pt in st.page_tables:
+            table = np.zeros((1, self.engine.shapes[pt.buffer][1]), np.int32)
+            table[0, :len(feed.pages)] = feed.pages
+            inputs[pt.buffer] = table
+        if "cu_seqlens" in st.inputs:
+            inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
+        outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + k), inputs,
+                                     [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, k)],
+                                     feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
+        return [int(o[st.outputs["tokens"]][0]) for o in outs]

@@ -1,0 +1,41 @@
+"""A request inside the loop: its tokens so far, its lease, and how it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..pool import Lease
+from .detok import TextStream
+from .params import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens clipped to the context
+    text: TextStream
+    rng: np.random.Generator
+    out: list[int] = field(default_factory=list)
+    lease: Lease | None = None
+    written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)
+    cached: int = 0  # prompt tokens served from the prefix cache at first admission
+    admitted: bool = False
+    finish: str | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.out
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next token comes out (1 when decoding)."""
+        return len(self.prompt) + len(self.out) - self.written
+
+    @property
+    def reserve(self) -> int:
+        """Tokens the lease must hold at worst: everything fed until max_tokens."""
+        return len(self.prompt) + self.max_tokens

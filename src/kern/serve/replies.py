@@ -1,0 +1,134 @@
+"""OpenAI response bodies and stream chunks, built from the loop's Deltas (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..generation.outputs import Delta, TokenLogprob
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What every body and chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice's text and logprobs so far, and its final counts."""
+
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, d: Delta) -> None:
+        self.text.append(d.text)
+        self.logprobs.extend(d.logprobs)
+        self.finish_reason = d.finish_reason
+        self.prompt_tokens, self.cached_tokens, self.completion_tokens = (d.prompt_tokens, d.cached_tokens,
+                                                                         d.completion_tokens)
+
+
+def usage(choices: list[Choice]) -> dict:
+    """The prompt counts once (the n choices share it); completions add up."""
+    first = choices[0]
+    done = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": done,
+            "total_tokens": first.prompt_tokens + done,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+
+
+def _token(decode, t: int) -> tuple[str, list[int]]:
+    s = decode(t)
+    return s, list(s.encode("utf-8"))
+
+
+def chat_logprobs(decode, lps: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict:
+    content = []
+    for lp in lps:
+        s, b = _token(decode, lp.token)
+        top = []
+        for t, v in lp.top:
+            ts, tb = _token(decode, t)
+            top.append({"token": ts, "logprob": v, "bytes": tb})
+        content.append({"token": s, "logprob": lp.logprob, "bytes": b, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(decode, lps, offset: int) -> dict:
+    """The legacy completions layout; text_offset counts characters from `offset`."""
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        s = decode(lp.token)
+        tokens.append(s)
+        values.append(lp.logprob)
+        tops.append({decode(t): v for t, v in lp.top})
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def body(head: Head, choices: list[Choice], decode, with_logprobs: bool) -> dict:
+    """The whole response of a stream=false request."""
+    out = []
+    for i, c in enumerate(choices):
+        text = "".join(c.text)
+        lp = None
+        if with_logprobs:
+            lp = chat_logprobs(decode, c.logprobs) if head.chat else completion_logprobs(decode, c.logprobs, 0)
+        if head.chat:
+            out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                        "finish_reason": c.finish_reason})
+        else:
+            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
+    return {"id": head.id, "object": head.object, "created": head.created, "model": head.model, "choices": out,
+            "usage": usage(choices)}
+
+
+def chunk(head: Head, index: int, *, text: str | None = None, role: bool = False, finish: str | None = None,
+          logprobs: dict | None = None, with_usage: bool = False) -> dict:
+    """One streamed choice update; finish_reason stays null until the choice's last chunk."""
+    if head.chat:
+        delta = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    else:
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+    out = {"id": head.id, "object": head.chunk_object, "created": head.created, "model": head.model,
+           "choices": [choice]}
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(head: Head, choices: list[Choice]) -> dict:
+    """The last chunk under stream_options.include_usage: no choices, the usage."""
+    return {"id": head.id, "object": head.chunk_object, "created": head.created, "model": head.model,
+            "choices": [], "usage": usage(choices)}
+
+
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+DONE = sse("[DONE]")

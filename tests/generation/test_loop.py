@@ -1,0 +1,210 @@
+"""The loop on a tiny random model (CPU): batching never changes a sequence's tokens, memory
+comes back after every workload, aborts free within a step, prefixes are reused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kern.generation import SamplingParams
+from kern.runtime.errors import BoundsError
+
+from .conftest import make_loop
+
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def _prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, rng.integers(lo, hi)).tolist() for _ in range(n)]
+
+
+def _run(loop, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]]) -> dict[str, list]:
+    """Step the loop, adding requests at the steps given; every request's Deltas."""
+    out: dict[str, list] = {}
+    step = 0
+    while loop.has_work() or any(s >= step for s in arrivals):
+        for rid, ids, params in arrivals.get(step, []):
+            loop.add(rid, ids, params)
+        for d in loop.step():
+            out.setdefault(d.request_id, []).append(d)
+        step += 1
+    return out
+
+
+def _tokens(deltas) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_llama):
+    """Each prompt's greedy tokens, run alone in a loop of its own."""
+    loop = make_loop(tiny_llama)
+    return {i: _tokens(_run(loop, {0: [(f"a{i}", p, GREEDY)]})[f"a{i}"]) for i, p in enumerate(_prompts(6))}
+
+
+def test_batched_decode_gives_each_sequence_its_tokens_alone(tiny_llama, alone):
+    loop = make_loop(tiny_llama, budget=24)  # small budget: prefill chunks mix with decode rows
+    prompts = _prompts(6)
+    arrivals = {0: [("b0", prompts[0], GREEDY), ("b1", prompts[1], GREEDY)],
+                3: [("b2", prompts[2], GREEDY)], 4: [("b3", prompts[3], GREEDY), ("b4", prompts[4], GREEDY)],
+                9: [("b5", prompts[5], GREEDY)]}
+    got = _run(loop, arrivals)
+    for i in range(6):
+        assert _tokens(got[f"b{i}"]) == alone[i], i
+        assert got[f"b{i}"][-1].finish_reason == "length" and got[f"b{i}"][-1].completion_tokens == 12
+
+
+def test_a_preempted_request_resumes_from_its_checkpoint_with_the_same_tokens(tiny_llama, alone):
+    loop = make_loop(tiny_llama)
+    prompts = _prompts(6)
+    loop.add("p0", prompts[0], GREEDY)
+    loop.add("p1", prompts[1], GREEDY)
+    got: dict[str, list] = {}
+    for _ in range(5):
+        for d in loop.step():
+            got.setdefault(d.request_id, []).append(d)
+    loop.preempt("p0")
+    assert [s.id for s in loop.waiting] == ["p0"] and loop.paging.pool.leases.__len__() == 2  # p1 + scratch
+    while loop.has_work():
+        for d in loop.step():
+            got.setdefault(d.request_id, []).append(d)
+    assert _tokens(got["p0"]) == alone[0] and _tokens(got["p1"]) == alone[1]
+
+
+def test_when_the_budget_cannot_grow_them_the_youngest_are_preempted_and_resume_with_the_same_tokens(tiny_llama):
+    # one chunk (256 pages); 16 requests of up to 30 + 300 tokens (about 21 pages each), promised
+    # only 16 tokens past their prompt
+    loop = make_loop(tiny_llama, state_budget=1, headroom=16)
+    prompts = _prompts(16, seed=4, lo=2, hi=30)
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    preempted = []
+    real = loop.preempt
+    loop.preempt = lambda rid: (preempted.append(rid), real(rid))
+    got = _run(loop, {0: [(f"g{i}", p, params) for i, p in enumerate(prompts)]})
+    assert preempted  # the pool said so
+    alone = make_loop(tiny_llama, headroom=None)
+    for i in sorted({int(r[1:]) for r in preempted})[:3]:
+        want = _tokens(_run(alone, {0: [(f"a{i}", prompts[i], params)]})[f"a{i}"])
+        assert _tokens(got[f"g{i}"]) == want, i
+    assert all(len(_tokens(d)) == 300 for d in got.values())
+    loop.paging.pool.check()
+    assert len(loop.paging.pool.leases) == 1
+
+
+def test_the_head_of_the_queue_waits_for_memory_and_is_not_overtaken(tiny_llama):
+    # one chunk: 256 pages of 16 tokens of the tiny model; each lease promised its worst case
+    loop = make_loop(tiny_llama, state_budget=1, headroom=None)
+    big = SamplingParams(max_tokens=509, ignore_eos=True)  # 512 tokens reserved: 32 pages
+    for i in range(10):
+        loop.add(f"big{i}", [1, 2, 3], big)
+    loop.add("small", [7], SamplingParams(max_tokens=2, ignore_eos=True))
+    loop.step()
+    k = len(loop.running)
+    assert k == 7  # 7 x 32 pages and the scratch page: the eighth does not fit
+    assert [s.id for s in loop.waiting] == [f"big{i}" for i in range(7, 10)] + ["small"]
+    loop.abort("big0")
+    loop.step()
+    assert [s.id for s in loop.running][-1] == "big7" and loop.waiting[0].id == "big8"
+
+
+def test_abort_frees_the_lease_at_once_and_reports_it_next_step(tiny_llama):
+    loop = make_loop(tiny_llama)
+    for i, p in enumerate(_prompts(3, seed=1)):
+        loop.add(f"r{i}", p, GREEDY)
+    loop.step()
+    before = len(loop.paging.pool.leases)
+    loop.abort("r1")
+    assert len(loop.paging.pool.leases) == before - 1
+    loop.abort("nobody")  # unknown: nothing happens
+    deltas = loop.step()
+    (ab,) = [d for d in deltas if d.request_id == "r1"]
+    assert ab.finish_reason == "abort" and ab.token_ids == ()
+    assert all(d.request_id != "r1" for d in loop.step())
+
+
+def test_a_hundred_random_requests_leave_the_pool_at_its_baseline(tiny_llama):
+    loop = make_loop(tiny_llama, budget=64, max_seqs=12, state_budget=1, headroom=8)
+    pool = loop.paging.pool
+    idle = pool.usage()["kv"]
+    rng = np.random.default_rng(7)
+    prompts = _prompts(110, seed=3, hi=120)
+    pending = list(range(110))
+    finished: dict[str, str] = {}
+    step = 0
+    while pending or loop.has_work():
+        for _ in range(int(rng.integers(0, 4))):
+            if pending:
+                i = pending.pop(0)
+                temp = float(rng.choice([0.0, 0.0, 0.8]))
+                loop.add(f"q{i}", prompts[i], SamplingParams(
+                    max_tokens=int(rng.integers(1, 60)), temperature=temp, seed=i, top_k=int(rng.integers(0, 5)),
+                    stop_token_ids=(int(rng.integers(0, 256)),), logprobs=2 if i % 7 == 0 else None))
+        if step % 5 == 0 and loop.running:
+            loop.abort(loop.running[int(rng.integers(0, len(loop.running)))].id)
+        for d in loop.step():
+            if d.finish_reason:
+                finished[d.request_id] = d.finish_reason
+        step += 1
+        if step % 25 == 0:
+            pool.check()
+    assert len(finished) == 110 and set(finished.values()) <= {"stop", "length", "abort"}
+    assert "abort" in finished.values() and "length" in finished.values()
+    pool.check()
+    assert len(pool.leases) == 1  # the scratch page padding rows write to
+    now = pool.usage()["kv"]
+    assert now["reserved"] == idle["reserved"]
+    pool.clear()  # checkpoints aside, everything is back
+    assert pool.usage()["kv"] == idle
+    assert loop.stats().running == loop.stats().waiting == 0
+
+
+def test_a_repeated_prefix_is_served_from_the_cache(tiny_llama, alone):
+    loop = make_loop(tiny_llama)
+    prompt = _prompts(6)[3]
+    first = _run(loop, {0: [("c1", prompt, GREEDY)]})["c1"]
+    again = _run(loop, {0: [("c2", prompt, GREEDY)]})["c2"]
+    assert first[-1].cached_tokens == 0 and again[-1].cached_tokens > 0
+    assert _tokens(again) == _tokens(first) == alone[3]
+    # a second turn: the first turn's prompt and answer are its history
+    turn2 = prompt + _tokens(first) + [5, 6, 7]
+    t2 = _run(loop, {0: [("c3", turn2, GREEDY)]})["c3"]
+    assert t2[-1].cached_tokens >= len(prompt) + len(_tokens(first)) - 1 - loop.paging.page_tokens
+    assert loop.stats().cached_tokens == again[-1].cached_tokens + t2[-1].cached_tokens
+
+
+def test_a_parked_checkpoint_wakes_with_the_same_tokens(tiny_llama, alone):
+    loop = make_loop(tiny_llama, host_bytes=4 << 20)
+    prompt = _prompts(6)[2]
+    _run(loop, {0: [("w1", prompt, GREEDY)]})
+    pool, paging = loop.paging.pool, loop.paging
+    (ckpt,) = [c for c in pool.checkpoints() if c.on_device]
+    paging.execute(pool.park(ckpt))
+    assert ckpt.parked and not ckpt.on_device
+    loop.engine.states["kv"][:] = 0x7F  # the device copy is gone for sure: only the host copy can serve
+    woke = _run(loop, {0: [("w2", prompt, GREEDY)]})["w2"]
+    assert woke[-1].cached_tokens > 0 and _tokens(woke) == alone[2]
+    pool.check()
+
+
+BAD_REQUESTS = [
+    ("empty prompt", [], GREEDY, "empty prompt"),
+    ("beyond the context", [1] * 512, GREEDY, "does not fit the context of 512 positions"),
+    ("outside the vocabulary", [1, 999], GREEDY, r"prompt token ids must be integers in \[0, 256\)"),
+    ("bad params", [1], SamplingParams(top_p=2), r"top_p must be in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize("what,ids,params,message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_a_request_that_can_never_run_is_refused_at_add(tiny_llama, what, ids, params, message):
+    loop = make_loop(tiny_llama)
+    with pytest.raises(BoundsError, match=message):
+        loop.add("x", ids, params)
+    assert not loop.has_work()
+
+
+def test_a_duplicate_id_is_refused(tiny_llama):
+    loop = make_loop(tiny_llama)
+    loop.add("x", [1], GREEDY)
+    with pytest.raises(BoundsError, match="request id 'x' is already in the loop"):
+        loop.add("x", [1], GREEDY)

@@ -1,0 +1,74 @@
+"""`kern serve` as a user runs it: a subprocess on loopback, stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from kern.cli import parser
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_kern_serve_a_checkpoint_folder(checkpoint):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kern.cli", "serve", str(checkpoint), "--target", "cpu",
+                             "--port", str(port), "--context", "128", "--max-seqs", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "kern serve did not come up"
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        with urllib.request.urlopen(base + "/v1/models") as r:
+            (model,) = json.load(r)["data"]
+        assert model["max_model_len"] == 128
+        req = urllib.request.Request(base + "/v1/completions", json.dumps(
+            {"model": model["id"], "prompt": "w5 w6 w7", "max_tokens": 3, "temperature": 0}).encode(),
+            {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req) as r:
+            assert json.load(r)["usage"]["prompt_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+
+
+def test_kern_serve_a_missing_folder_says_so_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kern.cli", "serve", str(tmp_path / "nowhere"), "--target", "cpu"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"kern serve: {tmp_path / 'nowhere'}: not a folder"
+
+
+@pytest.mark.parametrize("text,size", [("4GiB", 4 << 30), ("512M", 512 << 20), ("2G", 2 << 30), ("1000", 1000 << 20)])
+def test_memory_sizes(text, size):
+    assert parser().parse_args(["serve", "--memory", text]).memory == size
+
+
+@pytest.mark.parametrize("text", ["3x", "0", "-1GiB", "GiB", "1K"])
+def test_a_bad_memory_size_is_refused_in_one_line(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(["serve", f"--memory={text}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("kern serve: error: argument --memory:") and repr(text) in err
