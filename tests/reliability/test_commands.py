@@ -1,6 +1,6 @@
 """The commands' flags: every bad value is refused by the parser naming the flag (exit 2, no
-traceback), an explicit 0 is never turned into a default, `kern --version` answers, a verb that
-has not landed says so, and `kern run` piped into a reader that goes away stops quietly."""
+traceback), an explicit 0 is never turned into a default, `kern --version` answers, and
+`kern run` piped into a reader that goes away stops quietly."""
 
 from __future__ import annotations
 
