@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 
 from . import manifest_cpu, manifest_cuda
 from .config import ARCHITECTURES, ConfigError, shape_of
+from .cuda.build import compile_one, flags
 from .cuda.build import provide as provide_cubins
 from .cuda.table import ARCH
 
@@ -61,6 +63,22 @@ class _Generator:
     def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
                  context: int | None = None, **limits) -> Path:
         return generate(config, out_dir, target=target, model=model, context=context, **limits)
+
+    def rebuild(self, source: str, target: str) -> bytes | None:
+        """A module this generator writes, rebuilt from its source (kern kernels --rebuild), or
+        None when `source` (a manifest's module source) is not one of ours. cpu: the kernels
+        module as the generator copies it; cuda: nvcc with the pinned flags (variants aside)."""
+        name = PurePosixPath(source).name
+        if target == "cpu":
+            return (HERE / "cpu" / "kernels.py").read_bytes() if name == "llama_cpu.py" else None
+        src = HERE / "cuda" / f"{PurePosixPath(name).stem}.cu"
+        if target != ARCH or not name.endswith(".cubin") or not src.is_file():
+            return None
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise ConfigError(f"rebuilding {name} needs nvcc (the CUDA toolkit) on PATH")
+        with tempfile.TemporaryDirectory() as tmp:
+            return compile_one(src, Path(tmp), nvcc, flags()).read_bytes()
 
 
 GENERATOR = _Generator()

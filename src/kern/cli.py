@@ -9,12 +9,6 @@ import math
 import os
 import sys
 
-NOT_LANDED = {
-    "bench": "kern bench (per-call pricing on real shapes) has not landed yet",
-    "cut": "kern cut (pipeline stages) has not landed yet",
-    "kernels": "kern kernels (list and rebuild a manifest's modules) has not landed yet",
-}
-
 
 def _verify(args: argparse.Namespace) -> int:
     """`PATH: ok, N programs, M calls, K launches`, or `PATH: manifest failed verification:` and
@@ -52,6 +46,24 @@ def _test(args: argparse.Namespace) -> int:
     from kern.harness.cli import main as test_main
 
     return test_main(args)
+
+
+def _cut(args: argparse.Namespace) -> int:
+    from kern.cut_cmd import main as cut_main
+
+    return cut_main(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from kern.bench.cli import main as bench_main
+
+    return bench_main(args)
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    from kern.kernels_cmd import main as kernels_main
+
+    return kernels_main(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -162,6 +174,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kl-limit", type=_non_negative_real, default=None, help="KL(A||B) limit in nats (default 0.01)")
     p.set_defaults(fn=_test)
 
+    p = sub.add_parser("bench", help="price every call of a manifest on a workload of real shapes")
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--workload", required=True, metavar="TOML", help="samples, seed and [[sweep]] shapes")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR", help="default: the embedded model")
+    p.add_argument("--isolate", action="store_true", help="also time each distinct call alone, cold and warm")
+    p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
+    p.add_argument("--samples", type=_positive, default=None, help="override the workload's samples")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
+    p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
+                   "needs matplotlib)")
+    p.set_defaults(fn=_bench)
+
+    p = sub.add_parser("cut", help="slice a manifest into pipeline stages")
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--stages", type=_positive, required=True, metavar="N")
+    p.add_argument("--out", default=None, metavar="DIR", help="default: <manifest folder>.stages<N>")
+    p.add_argument("--times", default=None, metavar="BENCH_JSON",
+                   help="balance by kern bench times instead of weight bytes")
+    p.set_defaults(fn=_cut)
+
+    p = sub.add_parser("kernels", help="list a manifest's modules; --rebuild checks their sha256 from source")
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--rebuild", action="store_true", help="rebuild from source with the generator's build")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=_kernels)
+
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (default: the embedded model)")
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
                    help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
@@ -173,11 +211,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
     p.set_defaults(fn=_serve)
 
-    for name, why in NOT_LANDED.items():
-        p = sub.add_parser(name, help=why.split(" (")[0].removeprefix("kern ") + " (not landed yet)",
-                           description=why + " (exit 2).")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(fn=lambda a, why=why: (print(why), 2)[1])
     return ap
 
 

@@ -32,6 +32,11 @@ def _entry_points(group: str):
     return list(entry_points(group=group))
 
 
+def generators() -> list:
+    """Every installed generator (the kern.generators entry points), in their order."""
+    return [ep.load() for ep in _entry_points("kern.generators")]
+
+
 def default_model(progress: bool = True) -> Path:
     eps = _entry_points("kern.default_model")
     if not eps:

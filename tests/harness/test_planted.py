@@ -53,8 +53,14 @@ def test_fused_norm_residual_replacing_two_calls_passes(smol_a, smollm2, tmp_pat
 
 
 def test_pipeline_stages_pass(smol_a, smollm2, tmp_path):
-    cut = pytest.importorskip("kern.manifest.cut", reason="kern cut has not landed yet")
-    pytest.skip(f"cut exists ({cut.__name__}); wire its stages into this test")
+    """kern cut's stages, run in sequence, against the uncut manifest: bit-identical."""
+    from kern.cut_cmd import write_stages
+    from kern.harness.pipeline import judge_pipeline
+
+    write_stages(smol_a, 2, tmp_path / "stages")
+    r = judge_pipeline(smol_a, tmp_path / "stages", smollm2, SMALL)
+    print(r.verdict.line)
+    assert (r.verdict.status, r.verdict.kind) == ("PASS", "bit-identical"), r.verdict.line
 
 
 def test_change_in_a_program_the_workload_never_runs_is_inconclusive(smol_a, smollm2, tmp_path):

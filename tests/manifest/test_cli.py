@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kern.cli import NOT_LANDED, main, parser
+from kern.cli import main, parser
 
 SUBCOMMANDS = ("run", "test", "bench", "serve", "verify", "cut", "kernels")
 
@@ -17,13 +17,6 @@ SUBCOMMANDS = ("run", "test", "bench", "serve", "verify", "cut", "kernels")
 def test_every_subcommand_exists():
     sub = next(a for a in parser()._actions if a.dest == "cmd")
     assert set(SUBCOMMANDS) <= set(sub.choices)
-
-
-@pytest.mark.parametrize("name", sorted(NOT_LANDED))
-def test_a_subcommand_not_landed_says_so_in_one_line_and_exits_2(name, capsys):
-    assert main([name]) == 2
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "has not landed" in out
 
 
 @pytest.fixture

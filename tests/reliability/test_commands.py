@@ -1,6 +1,6 @@
 """The commands' flags: every bad value is refused by the parser naming the flag (exit 2, no
-traceback), an explicit 0 is never turned into a default, `kern --version` answers, a verb that
-has not landed says so, and `kern run` piped into a reader that goes away stops quietly."""
+traceback), an explicit 0 is never turned into a default, `kern --version` answers, and
+`kern run` piped into a reader that goes away stops quietly."""
 
 from __future__ import annotations
 
@@ -70,14 +70,6 @@ def test_kern_test_keeps_an_explicit_zero(capsys, monkeypatch, tiny):
 def test_version(capsys):
     r = kern(capsys, "--version")
     assert r.code == 0 and r.out.strip() == f"kern {__version__}"
-
-
-@pytest.mark.parametrize("verb", ["bench", "cut", "kernels"])
-def test_a_verb_that_has_not_landed_says_so(capsys, verb):
-    r = kern(capsys, verb, "--help")
-    assert r.code == 0 and "has not landed yet" in r.out
-    r = kern(capsys, verb)
-    assert r.code == 2 and "has not landed yet" in r.out and "Traceback" not in r.err
 
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="an NVIDIA device is present")

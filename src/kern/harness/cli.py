@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..manifest.problems import ManifestError
 from ..runtime.errors import KernError
+from ..runtime.pipeline import PIPELINE_FILE
 from .judge import HarnessError, Options, judge
 
 
@@ -23,7 +25,12 @@ def main(args) -> int:
                    max_prompt=args.max_prompt, limit=given(args.kl_limit, d.limit))
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
-        report = judge(args.reference, args.candidate, weights, opts, say)
+        if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence
+            from .pipeline import judge_pipeline
+
+            report = judge_pipeline(args.reference, args.candidate, weights, opts, say)
+        else:
+            report = judge(args.reference, args.candidate, weights, opts, say)
     except (HarnessError, ManifestError, KernError) as exc:
         line = f"INCONCLUSIVE: {exc}"
         print(json.dumps({"verdict": "INCONCLUSIVE", "exit": 2, "line": line}) if args.json else line)

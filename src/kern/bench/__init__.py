@@ -1,0 +1,1 @@
+"""kern bench: workloads of real shapes, per-call attribution, isolate, compare, report."""

@@ -1,0 +1,86 @@
+"""A scenario: one workload shape made real. Its sequences first get their context from the
+model's own prefill (the ragged program, in chunks), then the measured step runs on it.
+
+`plan` is pure (from the protocol and the manifest's limits): a Scenario, or why the shape is
+dropped. `prepare` runs the prefix on an engine and returns the measured step's vars and inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..harness.workload import Chunk, Limits, Seq, Step, feed
+from ..manifest.protocol import Protocol, ProtocolError, Stepper
+from ..runtime.engine import Engine
+from .workload import Shape
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    shape: Shape
+    stepper: Stepper
+    seqs: tuple[Seq, ...]
+    prefix: tuple[Step, ...]  # the steps that build the context
+    measured: Step
+
+    @property
+    def program(self) -> str:
+        return self.stepper.program
+
+
+def _ragged(protocol: Protocol) -> Stepper | None:
+    return next((s for s in protocol.steppers if s.ragged), None)
+
+
+def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario | str:
+    """The scenario for a shape, or the reason no program of this manifest accepts it."""
+    g, r, c = shape.groups, shape.rows, shape.context
+    try:
+        st = protocol.for_rows(g, r)
+    except ProtocolError as exc:
+        return str(exc)
+    if c + r > lim.context:
+        return f"context {c} + {r} rows passes the {lim.context} positions the manifest allows"
+    pre = _ragged(protocol)
+    if c and pre is None:
+        return "no ragged (prefill) program to build the context with"
+    pages_each = -(-(c + r) // lim.page_tokens)
+    if pages_each > lim.table_width:
+        return f"a sequence needs {pages_each} pages, a page table holds {lim.table_width}"
+    if g * pages_each > lim.pages:
+        return f"{g} sequences need {g * pages_each} pages, the paged state holds {lim.pages}"
+    rng = np.random.Generator(np.random.PCG64([seed, g, r, c]))
+    lo, hi = lim.vocab
+    seqs = tuple(Seq(tuple(int(x) for x in rng.integers(lo, hi, c + r)), (), tuple(range(i * pages_each,
+                                                                                         (i + 1) * pages_each)),
+                     "bench") for i in range(g))
+    prefix: list[Step] = []
+    if c:
+        done = [0] * g
+        while any(d < c for d in done):
+            budget, chunks = pre.rows_max, []
+            for i in range(g):
+                if done[i] < c and budget > 0 and len(chunks) < pre.groups_max:
+                    k = min(budget, c - done[i])
+                    chunks.append(Chunk(i, done[i], seqs[i].prompt[done[i]:done[i] + k]))
+                    done[i] += k
+                    budget -= k
+            prefix.append(Step(True, tuple(chunks)))
+    measured = Step(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)))
+    return Scenario(shape, st, seqs, tuple(prefix), measured)
+
+
+def widths(engine: Engine) -> dict[str, int]:
+    return {pt.buffer: engine.shapes[pt.buffer][-1] for st in engine.protocol.steppers for pt in st.page_tables}
+
+
+def prepare(engine: Engine, sc: Scenario) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Build the context with the prefill program; the measured step's (vars, inputs)."""
+    w = widths(engine)
+    for step in sc.prefix:
+        st = engine.protocol.for_rows(len(step.chunks), None)
+        vars, ins = feed(step, st, sc.seqs, w)
+        engine.run(st.program, vars, ins)
+    engine.device.synchronize()
+    return feed(sc.measured, sc.stepper, sc.seqs, w)
