@@ -51,7 +51,7 @@ def main() -> None:
     from kern.manifest import checks
     from kern.manifest.context import build
     from kern.manifest.load import parse
-    from kern.manifest.model import Manifest
+    from kern.manifest.schema import Manifest
     from kern.manifest.verify import verify_text
 
     out = Path(tempfile.mkdtemp(prefix="kern-bench-verify-"))

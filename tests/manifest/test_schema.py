@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kern.manifest import schema
+from kern.manifest import json_schema as schema
 
 COMMITTED = Path(__file__).resolve().parents[2] / "schema" / "manifest-v1.schema.json"
-REGENERATE = "python -m kern.manifest.schema > schema/manifest-v1.schema.json"
+REGENERATE = "python -m kern.manifest.json_schema > schema/manifest-v1.schema.json"
 
 
 def test_committed_schema_matches_the_code():
@@ -20,7 +20,7 @@ def test_committed_schema_matches_the_code():
 
 
 def test_the_generator_command_prints_it():
-    out = subprocess.run([sys.executable, "-m", "kern.manifest.schema"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "kern.manifest.json_schema"], capture_output=True, text=True, check=True)
     assert out.stdout == COMMITTED.read_text()
 
 

@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from ..manifest.expr import evaluate
-from ..manifest.model import DTYPE_BYTES
+from ..manifest.schema import DTYPE_BYTES
 from ..runtime.engine import Engine
 from ..runtime.lower import View
 from .timers import stats

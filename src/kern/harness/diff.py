@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..manifest.model import BufArg, Call, StateArg
+from ..manifest.schema import BufArg, Call, StateArg
 from ..manifest.verify import Verified
 
 

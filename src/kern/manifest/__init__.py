@@ -1,6 +1,6 @@
 """Manifest v1: typed schema, expressions, verifier, serving protocol."""
 
-from .model import Manifest
+from .schema import Manifest
 from .problems import ManifestError, Problem
 from .verify import Report, Verified, check, load_verified, verify_path, verify_text
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .expr import ExprError, interval, names, resolve_constants
-from .model import Call, Expr, Manifest
+from .schema import Call, Expr, Manifest
 from .problems import Broken, Problem
 from .types import Param, parse_param
 

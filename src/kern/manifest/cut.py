@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from math import prod
 
 from .expr import evaluate, names
-from .model import DTYPE_BYTES, BufArg, StateArg
+from .schema import DTYPE_BYTES, BufArg, StateArg
 from .verify import Verified
 
 
@@ -274,7 +274,7 @@ def _calls_of(v: Verified, program: str, p: Plan, k: int):
 
 def _prune_names(doc: dict) -> dict:
     """Drop vars and constants nothing in the stage names (the verifier refuses unused ones)."""
-    from .model import Manifest
+    from .schema import Manifest
 
     m = Manifest.model_validate(doc)
     exprs: list = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from .model import Add, CeilDiv, Expr, Mul
+from .schema import Add, CeilDiv, Expr, Mul
 
 
 class ExprError(Exception):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter, ValidationError
 
 from .limits import MAX_DEPTH
-from .model import Call, Manifest
+from .schema import Call, Manifest
 from .problems import Broken, Problem
 
 SECTIONS = ("constants", "vars", "buffers", "states", "modules", "ops", "programs")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .expr import evaluate
-from .model import INPUT_ROLES, BufArg
+from .schema import INPUT_ROLES, BufArg
 from .verify import Verified
 
 

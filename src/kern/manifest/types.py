@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .model import DTYPE_BYTES
+from .schema import DTYPE_BYTES
 
 SCALARS: dict[str, tuple[int, int] | None] = {
     "i32": (-(2**31), 2**31 - 1),

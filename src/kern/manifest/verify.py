@@ -10,7 +10,7 @@ from . import checks
 from .context import build
 from .limits import MAX_MANIFEST_BYTES
 from .load import parse_all
-from .model import Manifest
+from .schema import Manifest
 from .problems import Broken, ManifestError, Problem
 from .types import Param
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..manifest.expr import evaluate
-from ..manifest.model import DTYPE_BYTES
+from ..manifest.schema import DTYPE_BYTES
 from ..manifest.protocol import Protocol, derive
 from ..manifest.verify import Verified
 from ..pool import Pool

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..manifest.expr import evaluate, names, number
-from ..manifest.model import Add, BufArg, CeilDiv, Expr, Mul, StateArg
+from ..manifest.schema import Add, BufArg, CeilDiv, Expr, Mul, StateArg
 from ..manifest.verify import Verified
 
 

@@ -6,7 +6,7 @@ from math import prod
 
 import numpy as np
 
-from ..manifest.model import Buffer
+from ..manifest.schema import Buffer
 from .errors import WeightError
 from .safetensors import WeightFiles
 

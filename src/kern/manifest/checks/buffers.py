@@ -9,7 +9,7 @@ from math import prod
 
 from ..context import Context
 from ..limits import INT32_MAX, MAX_BYTES, MAX_DIMS, MEMORY
-from ..model import DTYPE_BYTES, INPUT_ROLES
+from ..schema import DTYPE_BYTES, INPUT_ROLES
 from ..problems import Problem
 
 _ROLE_DTYPES = {"token": ("i32",), "position": ("i32",), "slot": ("i32",), "seq_len": ("i32",),

@@ -9,7 +9,7 @@ from math import prod
 
 from ..context import Context
 from ..expr import ExprError, evaluate, names
-from ..model import DTYPE_BYTES, BufArg, StateArg, ValueArg
+from ..schema import DTYPE_BYTES, BufArg, StateArg, ValueArg
 from ..problems import Problem
 from ..types import SCALARS
 from .launches import extern, geometry, uses_params

@@ -11,7 +11,7 @@ from math import prod
 from ..context import Context
 from ..expr import names
 from ..limits import CUDA, EXTERNS
-from ..model import Launch
+from ..schema import Launch
 from ..problems import Problem
 from ..types import SCALARS, Param
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from ..context import Context
 from ..expr import ExprError, evaluate
-from ..model import Add, BufArg, Mul
+from ..schema import Add, BufArg, Mul
 from ..problems import Problem
 
 _NOT_WRITTEN_BY_CALLS = ("input", "weight", "pointers")  # the caller, the checkpoint, the runtime

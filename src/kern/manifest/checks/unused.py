@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from ..context import Context
 from ..expr import names
-from ..model import BufArg, StateArg, ValueArg
+from ..schema import BufArg, StateArg, ValueArg
 from ..problems import Problem
 
 

@@ -12,7 +12,7 @@ from math import prod
 import numpy as np
 
 from ....manifest.expr import evaluate
-from ....manifest.model import DTYPE_BYTES
+from ....manifest.schema import DTYPE_BYTES
 from ...dtypes import NP
 from ...errors import DeviceError
 from ...lower import LoweredLaunch, StateRef, View
