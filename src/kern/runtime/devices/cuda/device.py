@@ -36,6 +36,9 @@ class CudaDevice:
         cc = self.dev.compute_capability
         if arch and arch.startswith("sm_") and arch[3:5] != f"{cc[0]}{cc[1]}":
             raise DeviceError(f"manifest targets {arch}, but {self.dev.name} is sm_{cc[0]}{cc[1]}")
+        # open_device is once per process, but a context is current per thread: the thread that
+        # builds the device (a server's engine thread) may not be the one that first opened it.
+        call("cuCtxSetCurrent", self.dev.context, where=f"device {ordinal}")
         self.name = self.dev.name
         self.stream = memory.Stream()
         self.modules: dict[str, Module] = {}
