@@ -43,6 +43,38 @@ def alone(tiny_llama):
     return {i: _tokens(_run(loop, {0: [(f"a{i}", p, GREEDY)]})[f"a{i}"]) for i, p in enumerate(_prompts(6))}
 
 
+def test_decode_rows_take_decode_slices_beside_a_prefill_chunk_where_graphs_exist(tiny_llama, alone):
+    """With decode graphs (forced here on the CPU, the bound cut to 2), one-row feeds go through
+    the decode program in slices of its bound and only longer chunks through the ragged one,
+    in the same step; every sequence still gets its tokens alone."""
+    from kern.generation.runner import buckets
+
+    loop = make_loop(tiny_llama, budget=24)
+    runner = loop.runner
+    runner.graphs, runner.decode_max, runner.sizes = True, 2, buckets(2)
+    steps: list[list[tuple[str, int]]] = []  # each step's (program, groups) runs
+    real_run, real_step = runner.engine.run, loop.step
+
+    def run(program, vars, inputs=None):
+        steps[-1].append((program, vars.get(runner.decode.groups_var)))
+        return real_run(program, vars, inputs)
+
+    def step():
+        steps.append([])
+        return real_step()
+
+    runner.engine.run, loop.step = run, step
+    try:
+        got = _run(loop, {0: [(f"c{i}", p, GREEDY) for i, p in enumerate(_prompts(6))]})
+    finally:
+        runner.engine.run, loop.step = real_run, real_step
+    assert {i: _tokens(got[f"c{i}"]) for i in range(6)} == alone
+    decode = [g for s in steps for p, g in s if p == runner.decode.program]
+    assert max(decode) <= 2  # never more rows than the decode bound in one run
+    assert any(len(s) > 2 for s in steps)  # 6 decode rows: three slices in one step
+    assert any({p for p, _ in s} == {runner.decode.program, runner.ragged.program} for s in steps)
+
+
 def test_batched_decode_gives_each_sequence_its_tokens_alone(tiny_llama, alone):
     loop = make_loop(tiny_llama, budget=24)  # small budget: prefill chunks mix with decode rows
     prompts = _prompts(6)

@@ -68,8 +68,28 @@ class Runner:
         return self.ragged
 
     def run(self, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Each sequence's next token (its last row's argmax) and, when asked, its logits."""
-        st = self.stepper_for(feeds)
+        """Each sequence's next token (its last row's argmax) and, when asked, its logits.
+        Where decode graphs exist, one-row feeds always take them (in slices of the decode
+        bound) and only longer chunks take the ragged program: a step of many decode rows and
+        a prefill chunk is then a few graph replays and one ragged run, not one ragged run of
+        every row (which launches eagerly, far slower per row)."""
+        single = [i for i, f in enumerate(feeds) if len(f.tokens) == 1]
+        if not self.graphs or not single or (len(single) == len(feeds) and len(feeds) <= self.decode_max):
+            return self._run(self.stepper_for(feeds), feeds, logits)
+        parts = [[i for i in range(len(feeds)) if len(feeds[i].tokens) > 1]]
+        parts += [single[j:j + self.decode_max] for j in range(0, len(single), self.decode_max)]
+        tokens = np.empty(len(feeds), np.int64)
+        out = None
+        for idx in filter(None, parts):
+            sub = [feeds[i] for i in idx]
+            t, l = self._run(self.stepper_for(sub), sub, logits)
+            tokens[idx] = t[:len(idx)]
+            if l is not None:
+                out = np.empty((len(feeds), l.shape[1]), l.dtype) if out is None else out
+                out[idx] = l[:len(idx)]
+        return tokens, out
+
+    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
         if st is self.decode and self.graphs:  # pad to a captured size: one graph per bucket
             pad = bucket(len(feeds), self.sizes) - len(feeds)
             feeds = feeds + [self.scratch_feed(0)] * pad
