@@ -24,15 +24,20 @@ def _auto_target() -> tuple[str, str | None]:
     return "cuda", None
 
 
+def pick_target(target: str | None, doing: str) -> str:
+    """The --target given, else the auto target; a fall back to the cpu says why on stderr."""
+    if target is None:
+        target, why_not_cuda = _auto_target()
+        if why_not_cuda:
+            print(f"[kern] {doing} on the cpu: {why_not_cuda}", file=sys.stderr)
+    return target
+
+
 def main(args) -> int:
     from .api import load
 
     try:
-        target = args.target
-        if target is None:
-            target, why_not_cuda = _auto_target()
-            if why_not_cuda:
-                print(f"[kern] running on the cpu: {why_not_cuda}", file=sys.stderr)
+        target = pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
                      max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead)
         dev = model.engine.device.kind

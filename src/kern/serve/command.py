@@ -11,16 +11,12 @@ from ..runtime.errors import KernError
 
 def main(args) -> int:
     from ..api import load
-    from ..run_cmd import _auto_target
+    from ..run_cmd import pick_target
     from .server import serve_forever
 
     def make_loop():
         """On the engine thread: load, then capture every decode graph (never inside a request)."""
-        target = args.target
-        if target is None:
-            target, why_not_cuda = _auto_target()
-            if why_not_cuda:
-                print(f"[kern] serving from the cpu: {why_not_cuda}", file=sys.stderr)
+        target = pick_target(args.target, "serving")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
                      max_seqs=args.max_seqs, memory=args.memory, progress=True)
         loop = model.loop
