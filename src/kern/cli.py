@@ -36,40 +36,15 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
-def _run(args: argparse.Namespace) -> int:
-    from kern.run_cmd import main as run_main
+def _verb(module: str):
+    """The verb's `main(args)` in `module`, imported only when that verb runs (so `kern verify`
+    and `kern --help` start fast)."""
+    def fn(args: argparse.Namespace) -> int:
+        from importlib import import_module
 
-    return run_main(args)
+        return import_module(module).main(args)
 
-
-def _test(args: argparse.Namespace) -> int:
-    from kern.harness.cli import main as test_main
-
-    return test_main(args)
-
-
-def _cut(args: argparse.Namespace) -> int:
-    from kern.cut_cmd import main as cut_main
-
-    return cut_main(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from kern.bench.cli import main as bench_main
-
-    return bench_main(args)
-
-
-def _kernels(args: argparse.Namespace) -> int:
-    from kern.kernels_cmd import main as kernels_main
-
-    return kernels_main(args)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from kern.serve.command import main as serve_main
-
-    return serve_main(args)
+    return fn
 
 
 def _whole(lowest: int):
@@ -159,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
     loop_options(p)
-    p.set_defaults(fn=_run)
+    p.set_defaults(fn=_verb("kern.run_cmd"))
 
     p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")
     p.add_argument("--reference", required=True, metavar="A")
@@ -172,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
                    help="decode steps per sequence (default 4; 0 judges prefill only)")
     p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
     p.add_argument("--kl-limit", type=_non_negative_real, default=None, help="KL(A||B) limit in nats (default 0.01)")
-    p.set_defaults(fn=_test)
+    p.set_defaults(fn=_verb("kern.harness.cli"))
 
     p = sub.add_parser("bench", help="price every call of a manifest on a workload of real shapes")
     p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
@@ -184,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
     p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
                    "needs matplotlib)")
-    p.set_defaults(fn=_bench)
+    p.set_defaults(fn=_verb("kern.bench.cli"))
 
     p = sub.add_parser("cut", help="slice a manifest into pipeline stages")
     p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
@@ -192,13 +167,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="DIR", help="default: <manifest folder>.stages<N>")
     p.add_argument("--times", default=None, metavar="BENCH_JSON",
                    help="balance by kern bench times instead of weight bytes")
-    p.set_defaults(fn=_cut)
+    p.set_defaults(fn=_verb("kern.cut_cmd"))
 
     p = sub.add_parser("kernels", help="list a manifest's modules; --rebuild checks their sha256 from source")
     p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
     p.add_argument("--rebuild", action="store_true", help="rebuild from source with the generator's build")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(fn=_kernels)
+    p.set_defaults(fn=_verb("kern.kernels_cmd"))
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page (default: the embedded model)")
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
@@ -209,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
-    p.set_defaults(fn=_serve)
+    p.set_defaults(fn=_verb("kern.serve.command"))
 
     return ap
 
