@@ -14,6 +14,7 @@ from .manifest.problems import ManifestError
 from .manifest.verify import load_verified, verify_text
 from .runtime.errors import KernError
 from .say import manifest_line
+from .runtime.jsonfiles import read_object
 from .runtime.pipeline import PIPELINE_FILE
 
 
@@ -25,12 +26,10 @@ def manifest_file(path: str | Path) -> Path:
 def read_times(path: str | Path, sha256: str) -> dict[str, list[float]]:
     """program -> time of each call (us): the scenarios' p50, weighted, summed, from kern bench JSON."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise KernError(f"--times {path}: cannot read ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise KernError(f"--times {path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("kern_bench") != 1 or not isinstance(doc.get("scenarios"), list):
+        doc = read_object(Path(path))
+    except KernError as exc:  # the flag is the place a user looks for
+        raise KernError(f"--times {exc}") from None
+    if doc.get("kern_bench") != 1 or not isinstance(doc.get("scenarios"), list):
         raise KernError(f"--times {path}: not kern bench output (kern_bench 1 with scenarios)")
     if doc.get("manifest", {}).get("sha256") != sha256:
         raise KernError(f"--times {path}: measured on another manifest (sha256 "

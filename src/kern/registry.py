@@ -19,7 +19,7 @@ import time
 from functools import cache
 from pathlib import Path
 
-from .jsonfiles import read_object
+from .runtime.jsonfiles import read_object
 from .runtime.errors import KernError
 from .runtime.modules import cache_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .jsonfiles import read_object
+from .runtime.jsonfiles import read_object
 from .runtime.errors import KernError
 
 

@@ -7,7 +7,6 @@ declares them. Outputs are read from the stage that writes them last."""
 
 from __future__ import annotations
 
-import json
 from math import prod
 from pathlib import Path
 
@@ -16,19 +15,17 @@ import numpy as np
 from ..manifest.verify import load_verified
 from .engine import Engine
 from .errors import KernError
+from .jsonfiles import read_object
 
 PIPELINE_FILE = "pipeline.json"
 
 
 def read_pipeline(folder: str | Path) -> dict:
     path = Path(folder) / PIPELINE_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise KernError(f"{path}: cannot read ({exc.strerror or exc}); give a folder written by kern cut") from None
-    except ValueError as exc:
-        raise KernError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("kern_pipeline") != 1 or not isinstance(doc.get("stages"), list):
+    if not path.is_file():
+        raise KernError(f"{path}: cannot read it: no such file; give a folder written by kern cut")
+    doc = read_object(path)
+    if doc.get("kern_pipeline") != 1 or not isinstance(doc.get("stages"), list):
         raise KernError(f"{path}: not a kern cut pipeline (kern_pipeline 1 with a stages list)")
     return doc
 
