@@ -64,8 +64,14 @@ class Model:
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
-                             state_budget=state_budget, paged=True, host_bytes=host_bytes)
+        if self.verified.manifest.topology.ranks > 1:  # a split deployment: every rank, one thread each
+            from .runtime.ranks import RankedEngine
+
+            self.engine = RankedEngine.load(manifest, checkpoint, state_budget=state_budget, paged=True,
+                                            host_bytes=host_bytes)
+        else:
+            self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
+                                 state_budget=state_budget, paged=True, host_bytes=host_bytes)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
