@@ -64,11 +64,11 @@ class Model:
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        if self.verified.manifest.topology.ranks > 1:  # a split deployment: every rank, one thread each
-            from .runtime.ranks import RankedEngine
+        if self.verified.manifest.topology.ranks > 1:  # a split deployment (docs/tensor-parallel.md)
+            from .runtime.ranks import load_split
 
-            self.engine = RankedEngine.load(manifest, checkpoint, state_budget=state_budget, paged=True,
-                                            host_bytes=host_bytes)
+            self.engine = load_split(manifest, checkpoint, state_budget=state_budget, paged=True,
+                                     host_bytes=host_bytes)
         else:
             self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
                                  state_budget=state_budget, paged=True, host_bytes=host_bytes)

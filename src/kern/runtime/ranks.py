@@ -11,7 +11,8 @@ are (one `Paging`, whose plans run on every rank's states), and every rank's lau
 at once and each waits on its own: a rank's kernels wait for the others inside the all-reduce,
 so a single thread that launched and waited rank after rank would deadlock the first
 all-reduce. Each thread owns its rank's device (a CUDA context is current per thread) and
-captures its own graphs. One process per rank (torchrun, Slurm) is `kern.runtime.world`.
+captures its own graphs. One process per rank (torchrun, Slurm: `load_split` under WORLD_SIZE)
+is `kern.runtime.world`.
 """
 
 from __future__ import annotations
@@ -184,6 +185,21 @@ class RankedEngine:
 
     def page_bytes(self, state: str) -> int:
         return self.ranks[0].page_bytes(state)
+
+
+def load_split(path: str | Path, weights: str | Path | None, **kw):
+    """The engine of a split deployment (path: one of its rank manifests). Under a launcher
+    (WORLD_SIZE > 1: torchrun, Slurm) this process's rank alone, on GPU LOCAL_RANK, joined to
+    the others (kern.runtime.world); else every rank, one thread each (RankedEngine)."""
+    from .world import World, join, rank_path
+
+    world = World.from_env()
+    if world is None:
+        return RankedEngine.load(path, weights, **kw)
+    v = load_verified(rank_path(path, world))
+    engine = Engine(v, weights, device=rank_device(v, world.local_rank), **kw)
+    join(world, engine)
+    return engine
 
 
 def link(ranks: list[Engine], workers: Workers) -> None:
