@@ -62,7 +62,8 @@ def device_run(args) -> int:
         print("\n".join(text.splitlines()[-60:]))
     for shape in args.shapes.split(","):
         text = step(f"tp_{shape}", [sys.executable, __file__, "--shapes", shape, "--tp", str(args.tp),
-                                    "--batch", args.batch, "--out", str(out / f"tp_{shape}.json")],
+                                    "--batch", args.batch, "--out", str(out / f"tp_{shape}.json"),
+                                    *(["--commands"] if shape == args.commands_shape else [])],
                     args.timeout_8b if "8b" in shape else args.timeout)
         for ln in text.splitlines():
             if ln.startswith("{") or "Error" in ln or "error" in ln:
@@ -83,7 +84,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=110, help="seconds a shape (--device)")
     ap.add_argument("--timeout-8b", type=int, default=200, help="seconds for the 8B shape (--device)")
     ap.add_argument("--test-timeout", type=int, default=100)
+    ap.add_argument("--commands-shape", default="llama-3.2-1b", help="the shape kern run --tp runs on (--device)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--commands", action="store_true", help="also kern run --tp, in one process and one a rank")
     args = ap.parse_args()
     if args.device:
         return device_run(args)
@@ -163,7 +166,36 @@ def run_shape(name: str, args) -> list[dict]:
                         "greedy_first32_agreement": agree})
     for batch in [int(b) for b in args.batch.split(",")]:
         emit(rows, {"shape": name, "gpu": gpu, **all_reduce_time(many, batch, cfg["hidden_size"])})
+    if args.commands:
+        del one, many, models
+        emit(rows, {"shape": name, **commands(tmp / "ckpt", "cuda", args.tp)})
     return rows
+
+
+def commands(ckpt: Path, target: str, tp: int, port: int = 29533) -> dict:
+    """kern run on the checkpoint: unsplit, split over `tp` ranks in one process, and one
+    process a rank as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT); whether each gives the unsplit text."""
+    argv = [sys.executable, "-m", "kern.cli", "run", str(ckpt), "--target", target, "--max-tokens", "24",
+            "--prompt", " ".join(f"w{i}" for i in range(1, 40, 3))]
+
+    def run(extra: list[str], env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(argv + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
+
+    def done(p: subprocess.Popen) -> tuple[int, str, str]:
+        out, err = p.communicate(timeout=150)
+        return p.returncode, out, err.strip().splitlines()[-1:] and err.strip().splitlines()[-1]
+
+    code1, text1, _ = done(run([]))
+    code2, text2, err2 = done(run(["--tp", str(tp)]))
+    world = {"WORLD_SIZE": str(tp), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    procs = [run(["--tp", str(tp)], {**world, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(tp)]
+    ranks = [done(p) for p in procs]
+    return {"kern_run": {"unsplit_exit": code1, "split_exit": code2, "split_same_text": text2 == text1,
+                         "split_stderr_tail": err2, "text": text1[:200]},
+            "one_process_a_rank": {"exits": [c for c, _, _ in ranks], "same_text": [t == text1 for _, t, _ in ranks],
+                                   "stderr_tails": [e for _, _, e in ranks]}}
 
 
 def prefilled(model, prompt: list[int], cont: list[int]) -> np.ndarray:
