@@ -122,13 +122,13 @@ def run_shape(name: str, args) -> list[dict]:
     cfg = json.loads((tmp / "ckpt" / "config.json").read_text())
     made_s = time.perf_counter() - t0
     models = {}
-    for n in (1, args.tp):
-        man = generate(cfg, tmp / f"tp{n}", target="cuda", model=name, context=args.context, tp=n)
+    for n, pdl in ((1, True), (args.tp, True), (args.tp, False)):
+        man = generate(cfg, tmp / f"tp{n}-{pdl}", target="cuda", model=name, context=args.context, tp=n, tp_pdl=pdl)
         t0 = time.perf_counter()
-        models[n] = Model(man, tmp / "ckpt", state_budget=4 << 30)
-        emit(rows, {"shape": name, "gpu": gpu, "tp": n, "load_s": round(time.perf_counter() - t0, 1),
+        models[n if pdl else "nopdl"] = Model(man, tmp / "ckpt", state_budget=4 << 30)
+        emit(rows, {"shape": name, "gpu": gpu, "tp": n, "pdl": pdl, "load_s": round(time.perf_counter() - t0, 1),
                     "checkpoint_made_s": round(made_s, 1)})
-    one, many = models[1], models[args.tp]
+    one, many, nopdl = models[1], models[args.tp], models["nopdl"]
     rng = np.random.default_rng(0)
     vocab = cfg["vocab_size"]
 
@@ -158,16 +158,19 @@ def run_shape(name: str, args) -> list[dict]:
         for ahead in ((1, 8) if batch == 1 else (1,)):
             r1 = run_kern(one, prompts, args.new, ahead)
             rn = run_kern(many, prompts, args.new, ahead)
+            r0 = run_kern(nopdl, prompts, args.new, ahead)
             agree = float(np.mean(np.array(r1["tokens"])[:, :32] == np.array(rn["tokens"])[:, :32]))
             emit(rows, {"shape": name, "gpu": gpu, "batch": batch, "run_ahead": ahead,
                         "tp1_tok_s": round(r1["tok_s"], 1), f"tp{args.tp}_tok_s": round(rn["tok_s"], 1),
                         "speedup": round(rn["tok_s"] / r1["tok_s"], 3), "tp1_step_ms": round(r1["step_ms"], 3),
                         f"tp{args.tp}_step_ms": round(rn["step_ms"], 3),
-                        "greedy_first32_agreement": agree})
+                        f"tp{args.tp}_without_pdl_tok_s": round(r0["tok_s"], 1),
+                        "greedy_first32_agreement": agree,
+                        "without_pdl_same_tokens": r0["tokens"] == rn["tokens"]})
     for batch in [int(b) for b in args.batch.split(",")]:
         emit(rows, {"shape": name, "gpu": gpu, **all_reduce_time(many, batch, cfg["hidden_size"])})
     if args.commands:
-        del one, many, models
+        del one, many, nopdl, models
         emit(rows, {"shape": name, **commands(tmp / "ckpt", "cuda", args.tp)})
     return rows
 

@@ -49,9 +49,12 @@ def check(s: Shape, ranks: int) -> None:
         raise ConfigError(f"tp {ranks}: " + "; ".join(problems))
 
 
-def shard(m: dict, s: Shape, ranks: int, rank: int) -> dict:
+def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
-    manifest_cuda for shape `s`; not changed)."""
+    manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
+    peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
+    projection streams its weights while attention finishes, the next one while the all-reduce
+    waits on the other ranks (allreduce.cu)."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}
@@ -88,7 +91,7 @@ def shard(m: dict, s: Shape, ranks: int, rank: int) -> dict:
             if w is None:
                 calls.append(call)
                 continue
-            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank)
+            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl)
             k += 1
         prog["calls"] = calls
     used = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
@@ -111,7 +114,7 @@ def _fan_in_weight(call: dict) -> str | None:
 
 
 def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max: int, k: int, cuda: bool,
-                 ranks: int, rank: int) -> list[dict]:
+                 ranks: int, rank: int, pdl: bool) -> list[dict]:
     """A fan-in projection followed by the all-reduce that sums its output over the ranks.
 
     Peer path: the projection writes its part into half k % 2 of the program's exported part
@@ -146,27 +149,33 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
         return [{**call, "args": [a[0], a[1], view]},
                 {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
     if residual:
-        ops.setdefault("gemv_logits", _gemv_f32())
+        ops.setdefault("gemv_part", _gemv_f32(pdl))
         ops.setdefault("all_reduce_add", _op("allreduce", "all_reduce_add_f32", "res: inout buffer<bf16>", "ar_blocks",
-                                             AR_THREADS))
+                                             AR_THREADS, pdl))
         x, w = a[0], a[1]
-        return [{"op": "gemv_logits", "args": [x, w, view, *a[3:]]},
+        return [{"op": "gemv_part", "args": [x, w, view, *a[3:]]},
                 {"op": "all_reduce_add", "args": [*barrier, a[2], *scalars]}]
     ops.setdefault("all_reduce", _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS))
     return [{**call, "args": [a[0], a[1], view, *a[3:]]},
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
 
 
-def _op(module: str, entry: str, out: str, grid, block) -> dict:
+def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False) -> dict:
+    launch = {"module": module, "entry": entry, "grid": [grid], "block": [block], **({"pdl": True} if pdl else {})}
     return {"params": ["parts: in buffer<u64>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
                        "epoch: inout buffer<u32>", out, "rank: i32", "ranks: i32", "offset: i32", "n: i32"],
-            "impl": {"launches": [{"module": module, "entry": entry, "grid": [grid], "block": [block]}]}}
+            "impl": {"launches": [launch]}}
 
 
-def _gemv_f32() -> dict:
+def _gemv_f32(pdl: bool) -> dict:
+    """gemv_f32 (y = x @ W^T in fp32) as decode's fan-in projection: under PDL it streams its
+    weights before its wait, as gemv_residual does in the unsplit chain."""
     from .cuda import table
 
-    return table.ops()["gemv_logits"]
+    op = copy.deepcopy(table.ops()["gemv_logits"])
+    if pdl:
+        op["impl"]["launches"][0]["pdl"] = True
+    return op
 
 
 # ---- the modules a split adds --------------------------------------------------------------

@@ -99,3 +99,19 @@ def test_a_split_deployment_has_no_host_tier(tmp_path):
     with pytest.raises(RankError, match="no host tier|without it"):
         RankedEngine(rank_manifests(tmp_path / "rank0.json"), None, host_bytes=1 << 20)
     assert issubclass(RankError, KernError)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_the_split_decode_keeps_the_pdl_order(tmp_path, arch):
+    """The peer all-reduce triggers at entry and reads nothing before its wait; what launches
+    behind it (the next projection) reads only weights before its own (common.cuh)."""
+    from tests.cuda.test_cuda_pdl_order import EARLY, WEIGHTS_ONLY_BEFORE_WAIT, _violations
+
+    m = json.loads(generate({**LLAMA, "architectures": [arch]}, tmp_path, target="cuda", tp=2).read_text())
+    seq = [(la["entry"], bool(la.get("pdl"))) for c in m["programs"]["decode"]["calls"]
+           for la in m["ops"][c["op"]]["impl"]["launches"]]
+    assert ("all_reduce_add_f32", True) in seq and ("gemv_f32", True) in seq
+    early, weights_only = EARLY | {"all_reduce_add_f32"}, WEIGHTS_ONLY_BEFORE_WAIT | {"all_reduce_add_f32"}
+    bad = [f"{e} behind {b}" for (b, _), (e, pdl) in zip(seq, seq[1:])
+           if pdl and b in early and e not in weights_only]
+    assert bad == [] and _violations(seq) == []

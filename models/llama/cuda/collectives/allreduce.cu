@@ -5,8 +5,11 @@
 // so the part the previous kernel wrote is visible first), then waits until its own slots
 // [b][p] have reached the epoch for every p (system-scope acquire). The manifest alternates two
 // halves of the part buffer between calls, so no second barrier is needed: a rank writes a
-// half again only after every rank has passed the next call's barrier. Launched without PDL:
-// it starts after its producer has finished and lets its consumer start only when it is done.
+// half again only after every rank has passed the next call's barrier.
+// Under programmatic dependent launch (the manifest's choice) it lets the next kernel launch at
+// entry, so the next projection streams its weights while this one waits on the other ranks,
+// and waits for the projection before it before touching anything (common.cuh); without the
+// launch attribute both are no-ops.
 // A rank that never arrives (it failed) traps after WAIT_NS rather than hanging the GPU.
 #include "common.cuh"
 
@@ -29,6 +32,8 @@ __device__ __forceinline__ unsigned load_acquire_sys(const unsigned *p) {
 // The barrier of block blockIdx.x among `ranks` ranks (see the top of the file).
 __device__ void barrier(const unsigned long long *flag_peers, unsigned *flags, unsigned *epoch, int rank,
                         int ranks) {
+    pdl_launch_dependents();
+    pdl_wait();
     if (threadIdx.x == 0) {
         const int b = blockIdx.x;
         const unsigned e = epoch[b] + 1;
