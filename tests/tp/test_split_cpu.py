@@ -52,3 +52,20 @@ def test_every_rank_holds_its_own_heads_and_computes_the_same_logits(pair):
     st = two.protocol.for_rows(1, 1)
     logits = [e.read(st.outputs["logits"], e.env(st.program, st.vars_for(1, 1))) for e in ranks]
     assert np.array_equal(*logits)  # the last step's, on both ranks: bit for bit
+
+
+def test_one_rank_loaded_alone_is_an_error_not_a_crash(tmp_path):
+    """kern test or kern bench given one rank's manifest: its peer tables are never filled, and
+    the first all-reduce says so (a LaunchError naming the call) instead of reading address 0."""
+    from kern.manifest import load_verified
+    from kern.runtime.engine import Engine
+    from kern.runtime.errors import LaunchError
+    from kern_models.llama.generator import generate
+
+    ckpt = tiny_checkpoint(tmp_path / "ck", "llama")
+    man = generate(json.loads((ckpt / "config.json").read_text()), tmp_path / "tp2", target="cpu", tp=2)
+    e = Engine(load_verified(man), ckpt)
+    st = e.protocol.for_rows(1, 1)
+    with pytest.raises(LaunchError, match=r"op all_reduce\) launch 0: collectives.all_reduce_sum failed .*"
+                                          "the peer tables are empty"):
+        e.run(st.program, st.vars_for(1, 1, reach=64), {st.inputs["token"]: [1], st.inputs["position"]: [0]})

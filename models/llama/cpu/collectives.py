@@ -21,6 +21,9 @@ def _at(address, dtype, n):
 
 
 def all_reduce_sum(parts, flag_peers, flags, epoch, y, rank, ranks, offset, n):
+    if not (parts.all() and flag_peers.all()):
+        raise ValueError("the peer tables are empty: a split deployment's ranks load together "
+                         "(kern.runtime.ranks), not one rank alone")
     e = int(epoch[0]) + 1
     epoch[0] = e
     for p in range(ranks):
