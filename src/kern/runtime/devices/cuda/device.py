@@ -20,7 +20,11 @@ from . import memory
 from .driver import call
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
+from .cublaslt import CUDA_R_16BF, CUDA_R_32F
 from .launch import Module, PackedLaunch, launch
+
+# The manifest's cuBLASLt externs (kern.manifest.limits.EXTERNS): the data type of their y.
+EXTERN_OUT = {"extern:cublaslt_bf16_tn": CUDA_R_16BF, "extern:cublaslt_bf16_tn_f32": CUDA_R_32F}
 
 
 class CudaDevice:
@@ -200,7 +204,9 @@ class CudaProgram:
             vals = [self._value(a, env) for a in l.args]
             if k is None:
                 x, w, y, m, n, kk = vals
-                out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk: self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s))
+                o = EXTERN_OUT[l.entry]
+                out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk, o=o:
+                           self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s, o))
                 continue
             grid, block = tuple(evaluate(g, env) for g in l.grid), tuple(evaluate(b, env) for b in l.block)
             out.append(PackedLaunch(k, grid, block, tuple(vals), shared_mem=evaluate(l.shared_mem, env),
