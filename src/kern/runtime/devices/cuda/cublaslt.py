@@ -88,7 +88,7 @@ class CublasLt:
                "cublasLtMatrixLayoutCreate")
         return lay
 
-    def _plan(self, M: int, N: int, K: int, out: int) -> tuple[Any, ...]:
+    def plan(self, M: int, N: int, K: int, out: int) -> tuple[Any, ...]:
         key = (M, N, K, out)
         if key in self._plans:
             return self._plans[key]
@@ -122,7 +122,7 @@ class CublasLt:
                      out: int = CUDA_R_16BF) -> None:
         """y[M, N] = x[M, K] @ w[N, K]^T on `stream` (device addresses; bf16 in, fp32 accumulate,
         y in `out`: bf16, or fp32 for logits)."""
-        desc, a, b, c, _pref, result = self._plan(M, N, K, out)
+        desc, a, b, c, _pref, result = self.plan(M, N, K, out)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         stream_ptr = ctypes.c_void_p(int(stream.handle))
         _check(self.lib.cublasLtMatmul(

@@ -165,6 +165,8 @@ class CudaProgram:
                 continue
             kinds = ["ptr" if isinstance(a, (View, StateRef)) else _KIND[a.dtype] for a in l.args]
             self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
+        if graph and None in self.kernels:
+            dev.blas  # made now: its workspace allocation cannot happen inside a graph capture
         self._cache: dict[tuple, list] = {}
         self._slots: dict[tuple, memory.PinnedHost] = {}
         # staged inputs this program reads, each with the views it reads them through
@@ -205,6 +207,7 @@ class CudaProgram:
             if k is None:
                 x, w, y, m, n, kk = vals
                 o = EXTERN_OUT[l.entry]
+                self.dev.blas.plan(m, n, kk, o)  # picked now, outside any capture
                 out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk, o=o:
                            self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s, o))
                 continue
