@@ -10,7 +10,7 @@ device; nothing but the all-reduces crosses between GPUs).
 
 The transform is data: constants (heads, kv_heads, inter become a rank's), bind segments with
 row / column ranges, and each fan-in projection followed by an all-reduce call. The all-reduce
-a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES the
+a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES (2 MiB) the
 peer-memory kernel (collectives/allreduce.cu: one barrier and one read of every rank's part
 over NVLink, a few microseconds), past it NCCL (the runtime's extern call). The cpu target
 always uses the peer kernel (collectives/cpu.py): the cpu device runs ranks as threads of one
@@ -26,7 +26,7 @@ from pathlib import Path
 from .config import ConfigError, Shape
 from .cuda import build
 
-PEER_MAX_BYTES = 1 << 20
+PEER_MAX_BYTES = 2 << 20
 AR_BLOCKS_CUDA = 16  # blocks of the peer kernel: each owns a barrier slot (flags, epoch) and a stripe
 AR_THREADS = 512
 TP_GROUP = "tp"
@@ -136,7 +136,7 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             "params": ["x: inout buffer<bf16>", "n: i32"],
             "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
-    part = f"{prog[0]}_ar_part"
+    part = f"ar_part.{prog}"
     m["buffers"][part] = {"kind": "workspace", "dtype": part_dtype, "shape": [2, rows, "hidden"]}
     m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
     offset = {"mul": [k % 2, rows, "hidden"]} if k % 2 else 0

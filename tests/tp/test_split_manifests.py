@@ -44,17 +44,20 @@ def test_each_rank_verifies_and_binds_its_slice(tmp_path, target, tp):
 
 
 def test_two_all_reduces_a_layer_chosen_by_message_size(tmp_path):
-    """Decode's largest message (32 rows of fp32 at hidden 256) goes through the peer kernel;
-    prefill's (2,048 rows) through it too at hidden 256 (1 MiB), through NCCL past it."""
+    """Decode's largest message (32 rows of fp32) goes through the peer kernel, and the wide
+    decode's (256 rows of bf16) too up to hidden 4096; prefill's (2,048 rows) through it at
+    hidden 256 (1 MiB), through NCCL past 2 MiB."""
     def ops(cfg, out):
         m = json.loads(generate(cfg, out, target="cuda", tp=2).read_text())
         return {p: [c["op"] for c in m["programs"][p]["calls"] if c["op"].startswith("all_reduce")]
-                for p in ("prefill", "decode")}
+                for p in ("prefill", "decode", "decode_wide")}
 
     small = ops(LLAMA, tmp_path / "small")
-    assert small == {"prefill": ["all_reduce"] * 4, "decode": ["all_reduce_add"] * 4}
-    large = ops({**LLAMA, "hidden_size": 512}, tmp_path / "large")
-    assert large == {"prefill": ["all_reduce_nccl"] * 4, "decode": ["all_reduce_add"] * 4}
+    assert small == {"prefill": ["all_reduce"] * 4, "decode": ["all_reduce_add"] * 4,
+                     "decode_wide": ["all_reduce"] * 4}
+    large = ops({**LLAMA, "hidden_size": 1024}, tmp_path / "large")
+    assert large == {"prefill": ["all_reduce_nccl"] * 4, "decode": ["all_reduce_add"] * 4,
+                     "decode_wide": ["all_reduce"] * 4}
 
 
 @pytest.mark.parametrize("cfg, tp, why", [
@@ -70,7 +73,7 @@ def test_a_split_that_does_not_divide_is_one_line(tmp_path, cfg, tp, why):
 
 
 def test_the_verifier_holds_peers_and_collectives_to_the_topology(tmp_path):
-    m = json.loads(generate({**LLAMA, "hidden_size": 512}, tmp_path, target="cuda", tp=2).read_text())
+    m = json.loads(generate({**LLAMA, "hidden_size": 1024}, tmp_path, target="cuda", tp=2).read_text())
     bad = json.loads(json.dumps(m))
     bad["buffers"]["ar_flag_peers"]["dtype"] = "u32"
     problems = [(p.where, p.what) for p in verify_text(json.dumps(bad), base_dir=tmp_path).problems]

@@ -14,9 +14,9 @@ from tests.runtime.parity import compare, teacher_forced
 
 pytestmark = pytest.mark.gpu
 
-# hidden 512: the prefill's largest message (2048 rows) is past the peer kernel's limit (NCCL),
-# decode's (32 rows, f32) within it (the peer kernel)
-CONFIG = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+# hidden 1024: the prefill's largest message (2048 rows) is past the peer kernel's limit (NCCL),
+# decode's (32 rows, f32) and the wide decode's (256 rows, bf16) within it (the peer kernel)
+CONFIG = dict(hidden_size=1024, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
               intermediate_size=1024, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=False)
 
 
@@ -49,7 +49,7 @@ def pair(tmp_path_factory):
 def test_the_split_uses_both_collectives(pair):
     _, two = pair
     entries = {p: {l.entry for l in ls} for p, ls in two.engine.launches.items()}
-    assert "all_reduce_add_f32" in entries["decode"]
+    assert "all_reduce_add_f32" in entries["decode"] and "all_reduce_bf16" in entries["decode_wide"]
     assert "extern:nccl_all_reduce_sum_bf16" in entries["prefill"]
 
 

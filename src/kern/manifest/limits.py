@@ -33,6 +33,8 @@ CUDA = {
 EXTERNS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
     # y[M, N] = x[M, K] @ W[N, K]^T, bf16 in and out, fp32 accumulation.
     "cublaslt_bf16_tn": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
+    # The same with an fp32 y (logits).
+    "cublaslt_bf16_tn_f32": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
     # x[:n] summed in place over the manifest's ranks (NCCL), bf16. Needs 2 or more ranks.
     "nccl_all_reduce_sum_bf16": (("buffer", "scalar"), (0,)),
 }
