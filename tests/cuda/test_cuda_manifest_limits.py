@@ -48,7 +48,7 @@ def test_the_prefill_grids_resolve_over_256_sequences(sm90):
                 grids[la.entry] = tuple(evaluate(g, {**env, **vals}) for g in la.grid)
     assert grids["gather_last"] == (256,)
     assert grids["prefill_attention"] == (4, 256 // 64 + 256)
-    assert grids["argmax_partial"] == (128, 256) and grids["argmax_final"] == (256,)
+    assert grids["sample_partial"] == (128, 256) and grids["argmax_final"] == (256,)
 
 
 def test_context_defaults_to_the_model_clipped_to_the_kernels(sm90, tmp_path):
