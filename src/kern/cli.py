@@ -156,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--isolate", action="store_true", help="also time each distinct call alone, cold and warm")
     p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
     p.add_argument("--samples", type=_positive, default=None, help="override the workload's samples")
+    p.add_argument("--memory", type=_memory, default=None,
+                   help="state (KV cache) budget, e.g. 2G (default: what the workload's largest shape needs)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
     p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
                    "needs matplotlib)")
