@@ -186,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
     p.set_defaults(fn=_verb("kern.serve.command"))
 
     return ap
