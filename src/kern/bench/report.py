@@ -76,14 +76,16 @@ def chart(doc: dict, path: str | Path) -> None:
     labels = [f"{sc['program']} {sc['groups']}x{sc['rows']} @{sc['context']}" for sc in scs]
     left = [0.0] * len(scs)
     cmap = plt.get_cmap("tab20")
+    steps = [sc["step"]["untraced_us"]["p50"] for sc in scs]
+    unit, scale = ("ms", 1e-3) if max(steps, default=0.0) >= 10_000 else ("us", 1.0)
     # an op's p50 sum can dip below zero when its calls are cheaper than the clock's noise
     for k, op in enumerate(ops):
-        widths = [max(next((o["us"] for o in sc["ops"] if o["op"] == op), 0.0), 0.0) for sc in scs]
+        widths = [max(next((o["us"] for o in sc["ops"] if o["op"] == op), 0.0), 0.0) * scale for sc in scs]
         ax.barh(labels, widths, left=left, label=op, color=cmap(k % 20))
         left = [a + b for a, b in zip(left, widths)]
-    ax.scatter([sc["step"]["untraced_us"]["p50"] for sc in scs], labels, marker="|", s=400, color="black",
-               zorder=3, label="whole step (p50)")
-    ax.set_xlabel("us per step (bars: each op's calls, p50 summed; tick: the untraced step)")
+    ax.scatter([x * scale for x in steps], labels, marker="|", s=400, color="black", zorder=3,
+               label="whole step (p50)")
+    ax.set_xlabel(f"{unit} per step (bars: each op's calls, p50 summed; tick: the untraced step)")
     ax.set_title(f"{doc['model']} on {doc['device']['kind']}: where the step's time goes")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
