@@ -67,3 +67,15 @@ def test_a_served_trace_is_a_workload_kern_bench_measures(tiny_a, tiny_ckpt, tmp
     doc = bench(tiny_a, tiny_ckpt, wl, samples=1, progress=False)
     assert {s["program"] for s in doc["scenarios"]} == {"prefill", "decode"} and not doc["dropped"]
     assert sum(s["weight"] for s in doc["scenarios"]) == len(lines) - 1
+
+
+def test_steps_run_ahead_in_one_call_are_traced_one_by_one(tiny_a, tiny_ckpt, tmp_path):
+    from kern.api import Model
+
+    model = Model(tiny_a / "manifest.json", tiny_ckpt, state_budget=8 << 20, run_ahead=4)
+    path = tmp_path / "ahead.jsonl"
+    w = record(model.engine, path)
+    model.generate([5, 6, 7], max_tokens=5)
+    w.out.close()
+    decode = [json.loads(ln) for ln in path.read_text().splitlines()[1:] if '"decode"' in ln]
+    assert [d["start"] for d in decode] == [[3], [4], [5], [6]]  # the first token comes from the prefill
