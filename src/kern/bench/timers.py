@@ -45,8 +45,8 @@ def stats(xs) -> dict[str, float]:
 
 
 class CpuTimer:
-    """Each call's launches lowered on their own (the harness's EngineIO) and timed in program
-    order: the walk runs exactly the program's launches, a clock around each call."""
+    """A clock around each of the program's own bound launches (attribute); one call alone
+    through its launches lowered on their own (the harness's EngineIO: isolate)."""
 
     kind = "cpu"
 
