@@ -34,11 +34,13 @@ NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
 def device_run(args) -> int:
-    from gpu import install
+    from gpu import install, installed_env
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     env = install(Path("/tmp/site"))
+    if args.commands_only:  # kern as a user installs it (entry points: the generators)
+        env = installed_env(Path("/tmp/site"), Path("/tmp/kern-cache-tp"))
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip().replace("\n", " | ")
     print(f"gpus: {smi}", flush=True)
@@ -55,6 +57,10 @@ def device_run(args) -> int:
         print(f"[{label}: {time.monotonic() - t0:.0f} s]", flush=True)
         return text
 
+    if args.commands_only:
+        text = step("tp_commands", [sys.executable, __file__, "--commands-only", "--tp", str(args.tp)], args.timeout)
+        print("\n".join(ln[:3000] for ln in text.splitlines() if ln.startswith("{") or "rror" in ln), flush=True)
+        return 0
     text = step("tp_gpu_tests", [sys.executable, "-m", "pytest", "tests/tp", "-m", "gpu", "-q", "-x",
                                  "-p", "no:cacheprovider"], args.test_timeout)
     print("tests:", ([ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"])[0], flush=True)
@@ -87,9 +93,14 @@ def main() -> int:
     ap.add_argument("--commands-shape", default="llama-3.2-1b", help="the shape kern run --tp runs on (--device)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--commands", action="store_true", help="also kern run --tp, in one process and one a rank")
+    ap.add_argument("--commands-only", action="store_true",
+                    help="only kern run --tp (one process, one a rank) on a small random checkpoint, kern installed")
     args = ap.parse_args()
     if args.device:
         return device_run(args)
+    if args.commands_only:
+        print(json.dumps(commands(tiny_checkpoint(Path(tempfile.mkdtemp()) / "ckpt"), "cuda", args.tp)), flush=True)
+        return 0
     rows = []
     for shape in args.shapes.split(","):
         rows += run_shape(shape, args)
@@ -173,6 +184,21 @@ def run_shape(name: str, args) -> list[dict]:
         del one, many, nopdl, models
         emit(rows, {"shape": name, **commands(tmp / "ckpt", "cuda", args.tp)})
     return rows
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    """A small random llama checkpoint (4 layers, hidden 1024) with its word tokenizer."""
+    import torch
+    import transformers
+
+    from kern_models.llama.random_checkpoint import word_tokenizer
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                   head_dim=128, intermediate_size=2048, vocab_size=4096, max_position_embeddings=1024)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    word_tokenizer(cfg.vocab_size).save(str(folder / "tokenizer.json"))
+    return folder
 
 
 def commands(ckpt: Path, target: str, tp: int, port: int = 29533) -> dict:
