@@ -18,7 +18,8 @@ from ..runtime.engine import Engine
 from ..runtime.pipeline import Pipeline
 from . import workload
 from .engine_io import EngineIO
-from .judge import HarnessError, Options, Report, end_to_end
+from .facts import end_to_end
+from .judge import HarnessError, Options, Report
 from .record import StepOut, stepper_for
 from .replay import free_run
 from .verdict import Facts, decide
