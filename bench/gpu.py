@@ -21,6 +21,9 @@ Presets (comma-separated, run in order):
             (bench/first_token.py), beside bench/decode.py's batch-1 SmolLM2-135M figure, then
             kern test of the sm_90a deployment against the cpu one on those weights
   serve     kern serve against transformers serve over HTTP (bench/serve_gpu.sh)
+  verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
+            beforehand): `kern test` of the sm_90a deployment against the cpu one, timed, then
+            the gpu-marked harness tests (that check again and the planted sm_90a bugs)
 
 Wheels (cuda-bindings, the cuBLAS wheel, ...) are carried to the machine in .whl/ (no network
 there): `pip download --only-binary :all: -d .whl ...` here, then pass .whl in the run's carry.
@@ -37,7 +40,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve")
+PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
+           "verdict")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -105,6 +109,25 @@ class Run:
 
         text = self.step(label, [sys.executable, "bench/decode.py", *flags], timeout, env)
         self.summary += lines(text.splitlines(), label)
+
+
+def verdict(r: Run, site: Path, env: dict) -> None:
+    cache = Path("/tmp/kern-cache-verdict")
+    tenv = {**env, "KERN_CACHE": str(cache), "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1"}
+    text = r.step("harness_gpu", [sys.executable, "-m", "pytest", "tests/harness/test_cuda_vs_cpu.py",
+                                  "tests/cuda/test_cuda_gpu_kern_test.py", "-m", "gpu", "-q", "-s", "-p",
+                                  "no:cacheprovider"], 170, tenv)
+    r.summary += [ln for ln in text.splitlines() if ln.startswith(("PASS", "FAIL", "INCONCLUSIVE", "wall"))]
+    r.summary += [ln for ln in text.splitlines() if ln.strip()][-1:]
+    emb = installed_env(site, cache)
+    paths = r.step("deployments", [sys.executable, "-c", DEPLOYMENTS], 60, emb, cwd=Path("/tmp")).split()
+    if len(paths) == 3:
+        ckpt, cpu, cuda = paths
+        t0 = time.monotonic()
+        text = r.step("kern_test", [sys.executable, "-m", "kern.cli", "test", "--reference", cpu, "--candidate",
+                                    cuda, "--weights", ckpt], 60, emb, cwd=Path("/tmp"))
+        tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} ({time.monotonic() - t0:.1f} s)")
 
 
 def main() -> int:
@@ -176,6 +199,8 @@ def main() -> int:
                 tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
                 r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} "
                                  f"({time.monotonic() - t0:.1f} s)")
+        elif p == "verdict":
+            verdict(r, site, env)
         elif p == "serve":
             emb = installed_env(site, Path("/tmp/kern-cache-serve"))
             text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], 560, emb)

@@ -139,3 +139,67 @@ def split_norm(base: Path, out: Path, layer: int = 1) -> Path:
 
 FAILS = {"rope_theta": rope_theta, "residual_dropped": residual_dropped, "kv_off_by_one": kv_off_by_one,
          "gqa_mapping": gqa_mapping, "lm_head_prenorm": lm_head_prenorm}
+
+
+# ---- the same bugs planted in the sm_90a manifest (manifest edits only: its kernels are cubins)
+
+
+def _prefill_calls(m: dict, op: str) -> list[dict]:
+    return [c for c in _calls(m, "prefill") if c["op"] == op]
+
+
+def cuda_rope_theta(base: Path, out: Path) -> Path:
+    """The rope table built with theta / 10 (the largest float argument of rope_table)."""
+    def edit(m):
+        args = _calls(m, "rope_init")[0]["args"]
+        theta = max((a for a in args if isinstance(a.get("value"), float)), key=lambda a: a["value"])
+        theta["value"] /= 10
+    return variant(base, out, edit)
+
+
+def cuda_residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
+    """Prefill's attention residual of one layer: add_rms_norm(x, attn_out, ln2, h, ...) ->
+    rms_norm(attn_out, ln2, h, ...)."""
+    def edit(m):
+        for c in _prefill_calls(m, "add_rms_norm"):
+            if _bufs(c)[2] == f"ln2.{layer}":
+                c["op"] = "rms_norm"
+                c["args"] = c["args"][1:]
+    return variant(base, out, edit)
+
+
+def cuda_kv_off_by_one(base: Path, out: Path) -> Path:
+    """Prefill's KV append strides the page table one page too wide (pages_per_seq + 1): the
+    k and v of sequence s land s pages on, where attention does not look. (Positions cannot be
+    shifted by one in a manifest: views are 16-byte aligned.)"""
+    def edit(m):
+        for c in _prefill_calls(m, "kv_append"):
+            c["args"][6] = {"value": {"add": [c["args"][6]["value"], 1]}}  # pages_per_seq
+    return variant(base, out, edit)
+
+
+def cuda_gqa_mapping(base: Path, out: Path) -> Path:
+    """Prefill attention told there is one kv head: every query head reads kv head 0."""
+    def edit(m):
+        for c in _prefill_calls(m, "attention_prefill"):
+            c["args"][12] = {"value": 1}  # n_kv_heads
+    return variant(base, out, edit)
+
+
+def cuda_lm_head_prenorm(base: Path, out: Path) -> Path:
+    """The LM head on the residual stream x: prefill gathers x, not the final norm's h; decode
+    projects x without the final norm (gemv_logits for norm_gemv_logits)."""
+    def edit(m):
+        g = _prefill_calls(m, "gather_last")[-1]
+        g["args"][0]["buf"] = "p_x"
+        for c in _calls(m, "decode"):
+            if c["op"] == "norm_gemv_logits":
+                x, _norm, w, y, rows, n, k, _eps = c["args"]
+                c["op"], c["args"] = "gemv_logits", [x, w, y, rows, n, k]
+        del m["ops"]["norm_gemv_logits"]
+    return variant(base, out, edit)
+
+
+CUDA_FAILS = {"rope_theta": cuda_rope_theta, "residual_dropped": cuda_residual_dropped,
+              "kv_off_by_one": cuda_kv_off_by_one, "gqa_mapping": cuda_gqa_mapping,
+              "lm_head_prenorm": cuda_lm_head_prenorm}

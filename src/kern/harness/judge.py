@@ -270,7 +270,7 @@ def _say_spans(facts_spans, fact: Callable[[str], None]) -> None:
                 state = (f"not replayable: {s.unreplayable}" if s.unreplayable else
                          ("DEVIATES at load" if s.first_step == -1 else
                           f"DEVIATES from step {s.first_step}") + f": {s.worst}")
-                fact(f"span {s.label} ({s.ops}): {state}" + (f"; {s.outside} bytes written outside A's write set"
+                fact(f"span {s.label} ({_short(s.ops)}): {state}" + (f"; {s.outside} bytes written outside A's write set"
                                                              if s.outside else ""))
             shown += 1
     if shown > 12:
@@ -282,6 +282,12 @@ def _say_spans(facts_spans, fact: Callable[[str], None]) -> None:
     out_b = sum(s.outside for s in facts_spans)
     if out_b:
         fact(f"spans: B wrote {out_b} bytes outside A's write sets in all")
+
+
+def _short(ops: str, most: int = 6) -> str:
+    """A long span's ops, its first few each side."""
+    sides = [x.split("+") for x in ops.split(" -> ")]
+    return " -> ".join("+".join(x[:most]) + (f"+... ({len(x)} calls)" if len(x) > most else "") for x in sides)
 
 
 def _say_e2e(f: Facts, fact: Callable[[str], None]) -> None:

@@ -102,7 +102,9 @@ def _culprit(f: Facts) -> str:
     first = min(dev, key=lambda s: (s.first_step if s.first_step is not None else 1 << 30))
     more = f" (+{len(dev) - 1} more span{'s' if len(dev) > 2 else ''})" if len(dev) > 1 else ""
     at = "at load" if first.first_step == -1 else f"at step {first.first_step}"
-    return f"; failing span {first.label} ({first.ops}) {at}: {first.worst}{more}"
+    ops = " -> ".join("+".join(x[:6]) + (f"+... ({len(x)} calls)" if len(x) > 6 else "")
+                      for x in (side.split("+") for side in first.ops.split(" -> ")))
+    return f"; failing span {first.label} ({ops}) {at}: {first.worst}{more}"
 
 
 def _grown(f: Facts) -> str:
