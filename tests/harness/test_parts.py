@@ -45,7 +45,7 @@ def test_a_bf16_port_lies_within_the_floor_of_the_reference_in_bf16():
     assert 0 < port.rel <= sim.rel * compare.FLOOR_FACTOR and compare.within(port, None, sim)
     assert 2 ** -9 < sim.rel < 2 ** -5  # about a bf16 unit roundoff of the largest value
     wrong = a.copy()
-    wrong[7] *= 1.5
+    wrong[7] *= 3
     assert not compare.within(compare.region(a, wrong.astype(ml_dtypes.bfloat16), [(0, 1000)]), None, sim)
     assert not compare.within(port, None, None)
 
@@ -63,11 +63,11 @@ def test_rounding_in_the_same_dtype_still_measures_a_floor():
 
 def test_within_scales_with_the_larger_measured_floor():
     noise, sim = compare.Err(10, 3, 1e-3, 0), compare.Err(10, 3, 1e-4, 0)
-    assert compare.within(compare.Err(10, 5, 7.9e-3, 0), noise, sim)
-    assert not compare.within(compare.Err(10, 5, 8.1e-3, 0), noise, sim)
+    assert compare.within(compare.Err(10, 5, 15.9e-3, 0), noise, sim)
+    assert not compare.within(compare.Err(10, 5, 16.1e-3, 0), noise, sim)
     # integers and state bytes: exact unless A itself (or A in B's precision) differs
     assert not compare.within(compare.Err(10, 1, math.inf, 0), None, None)
-    assert compare.within(compare.Err(10, 8, math.inf, 0), compare.Err(10, 1, math.inf, 0), None)
+    assert compare.within(compare.Err(10, 16, math.inf, 0), compare.Err(10, 1, math.inf, 0), None)
 
 
 def test_outside_counts_bytes_changed_beyond_the_write_set():

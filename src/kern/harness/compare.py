@@ -4,11 +4,11 @@ argmax, margin, rank).
 
 The rule for tolerances (docs/kern-test.md): every float comparison happens in f32 (f64 for
 logits). A span's error on a buffer is max|b - a| / max|a| over A's write set. Floors are
-measured, never fixed: a span is within its floor on a buffer when its error is at most 8 x
+measured, never fixed: a span is within its floor on a buffer when its error is at most 16 x
 the larger of A's own replay error there and the error of A replayed in the candidate's
 precision (`rounded`: every float A reads and writes rounded to B's dtype). Integer buffers
-and states (opaque bytes) are within the floor when no more elements or bytes differ than 8 x
-those two do."""
+are within the floor when no more elements differ than 16 x those two do; states (opaque bytes)
+are held to A's own replay alone (facts.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ FLOATS = tuple(UNIT_ROUNDOFF)
 # How far beyond the measured noise a span may go: a port rounds inside its calls (a fused
 # kernel's intermediates, a reduction's partial sums) where the simulation rounds only what each
 # call writes, so a faithful one lands a few times above it (a linear whose f32 reduction runs
-# in two halves: up to 4.7 x on SmolLM2-135M).
-FLOOR_FACTOR = 8
+# in two halves: up to 10 x on SmolLM2-135M, its down projections cancelling).
+FLOOR_FACTOR = 16
 # End to end, the logits' noise comes from a whole run in B's precision: no rounding hides.
 E2E_FACTOR = 4
 
