@@ -31,12 +31,16 @@ E2E_FACTOR = 4
 
 
 def rounded(x: np.ndarray, dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """x as an implementation in `dtype` would hold it: rounded to dtype after a seeded relative
-    jitter of one unit roundoff, so that even a candidate in A's own dtype gets a measured
-    floor (a faithful port rounds at least once per value; a reordered sum does too)."""
+    """x as an implementation in `dtype` would hold it: rounded to nearest in dtype; in x's own
+    dtype, where that changes nothing, after a seeded relative jitter of one unit roundoff, so
+    that a candidate in A's own dtype gets a measured floor too (a reordered sum rounds
+    differently, it does not round less)."""
+    t = np.dtype(NP[dtype])
+    if x.dtype != t:
+        return x.astype(np.float32).astype(t)
     f = x.astype(np.float64)
     f *= 1.0 + UNIT_ROUNDOFF[dtype] * rng.uniform(-1.0, 1.0, f.shape)
-    return f.astype(np.float32).astype(NP[dtype])
+    return f.astype(t)
 
 
 def nudged(value: float, rng: np.random.Generator) -> float:

@@ -168,11 +168,11 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     lim = limits(io_a, opts)
     wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt)
     fact(wl.describe())
-    rec: Recording = record(io_a, d, wl)
+    rec: Recording = record(io_a, d, wl, prec.carried)
     secs["record_a"] = rec.seconds
     fact(f"record A: {len(wl.steps)} steps, {len(rec.records)} span records, "
          f"{rec.stored_bytes / 2**20:.1f} MiB kept, {rec.seconds:.2f} s")
-    noise, secs["noise"] = replay(io_a, "a", d, rec)
+    noise, secs["noise"] = replay(io_a, "a", d, rec, prec)
     sim, secs["floor"] = replay(io_a, "a", d, rec, prec, np.random.Generator(np.random.PCG64(opts.seed)))
     rows = Rows(a=list(rec.outputs))
     t = time.perf_counter()
@@ -205,7 +205,7 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
                  if s in eng_b.states}
         b_out, secs["free_b"] = free_run(io_b, wl)
         rows.b = b_out
-        runs, secs["replay_b"] = replay(io_b, "b", d, rec, prec, start=start)
+        runs, secs["replay_b"] = replay(io_b, "b", d, rec, prec, start=start, wl=wl)
         del io_b, eng_b
     except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
         err = f"{type(exc).__name__}: {exc}"

@@ -62,8 +62,8 @@ def stepper_for(io: EngineIO, step: Step):
 
 
 class Recorder:
-    def __init__(self, io: EngineIO, diff: Diff, wl: Workload):
-        self.io, self.diff, self.wl = io, diff, wl
+    def __init__(self, io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()):
+        self.io, self.diff, self.wl, self.carried = io, diff, wl, carried
         self.rec = Recording()
         self.dirty: dict[str, bool] = {}
         self.by_program: dict[str, list[int]] = {}
@@ -77,6 +77,8 @@ class Recorder:
         tape = self.rec.tapes.get(state)
         if tape is None:
             tape = self.rec.tapes[state] = Tape(self.io.state_prefix(state, self.wl.pages_used))
+        elif state in self.carried:  # replays carry it from its first version: never read again
+            return tape.version
         if self.dirty.get(state, True):
             tape.snap(self.io.read_state(state, tape.nbytes))
             self.dirty[state] = False
@@ -126,5 +128,6 @@ class Recorder:
         return self.rec
 
 
-def record(io: EngineIO, diff: Diff, wl: Workload) -> Recording:
-    return Recorder(io, diff, wl).run()
+def record(io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()) -> Recording:
+    """carried: states the replays carry (precision.py), kept at their first version only."""
+    return Recorder(io, diff, wl, carried).run()

@@ -31,13 +31,15 @@ class SpanRun:
 
 
 def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision | None = None,
-           rng: np.random.Generator | None = None, start: dict[str, np.ndarray] | None = None
-           ) -> tuple[list[SpanRun], float]:
+           rng: np.random.Generator | None = None, start: dict[str, np.ndarray] | None = None,
+           wl: Workload | None = None) -> tuple[list[SpanRun], float]:
     """Every span record replayed on this side, in order.
 
-    side "a", no prec: A's own noise. side "a" with prec and rng: A in B's precision (inputs
-    and every call's writes rounded, precision.py). side "b" with prec: B; its carried states
-    start from `start` (its own bytes at load) and are never restored or compared."""
+    side "a" without rng: A's own noise. side "a" with prec and rng: A in B's precision
+    (inputs and every call's writes rounded, precision.py). side "b": B, each step's vars from
+    its own stepper for the workload `wl` (B may name and bound them otherwise). prec's carried
+    states start from A's first recorded version (side "a") or `start`, B's own bytes at load,
+    and are never restored again nor compared."""
     t0 = time.perf_counter()
     readers = {s: t.reader() for s, t in rec.tapes.items()}
     carried = prec.carried if prec is not None else frozenset()
@@ -45,12 +47,16 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision 
     started: set[str] = set()
     out: list[SpanRun] = []
     bufs, states = io.e.m.buffers, io.e.states
+    own: dict[int, dict[str, int]] = {}
+    if side == "b" and wl is not None:
+        widths = io.table_widths()
+        own = {i: feed(step, stepper_for(io, step), wl.seqs, widths)[0] for i, step in enumerate(wl.steps)}
     for r in rec.records:
         span = diff.spans[r.span]
         program = span.program
         lo, hi = span.a if side == "a" else span.b
         launches = io.launches(program, lo, hi)
-        env = io.e.env(program, r.vars)
+        env = io.e.env(program, own.get(r.step, r.vars))
         if simulate:
             pre = {b: compare.rounded(x, prec.dtypes[b], rng) if prec.rounds(b) else x for b, x in r.pre.items()}
         else:
