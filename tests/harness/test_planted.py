@@ -32,7 +32,7 @@ def test_planted_bug_fails_and_names_its_span(bug, smol_a, smollm2, tmp_path):
     print(r.verdict.line)
     assert r.verdict.status == "FAIL" and r.verdict.code == 1, r.verdict.line
     assert r.verdict.kind == "argmax flip"
-    assert f"failing span " in r.verdict.line and FAIL_SPANS[bug] in r.verdict.line, r.verdict.line
+    assert "failing span " in r.verdict.line and FAIL_SPANS[bug] in r.verdict.line, r.verdict.line
 
 
 @pytest.mark.parametrize("name,kind", [("embed_swapped", "bit-identical"),
@@ -79,6 +79,24 @@ def test_planted_bug_in_a_bf16_port_fails_and_names_its_span(bug, smol_a, smol_b
     print(r.verdict.line)
     assert (r.verdict.status, r.verdict.kind) == ("FAIL", "argmax flip"), r.verdict.line
     assert BF16_FAIL_SPANS[bug] in r.verdict.line.split("failing span ")[1], r.verdict.line
+
+
+def test_thin_logit_evidence_grows_the_workload_with_natural_prompts(smol_a, smollm2, tmp_path):
+    """Every linear's reduction reordered and a decode buffer renamed: the decode span cannot be
+    replayed, so the logits must vouch for decode; six decode rows are too few, and the
+    workload grows with text from the checkpoint's tokenizer."""
+    def rename(m):
+        m["buffers"]["d_x2"] = m["buffers"].pop("d_x")
+        for c in m["programs"]["decode"]["calls"]:
+            for a in c["args"]:
+                if a.get("buf") == "d_x":
+                    a["buf"] = "d_x2"
+    cand = planted.variant(planted.reduction_reordered(smol_a, tmp_path / "r"), tmp_path / "b", rename)
+    r = judge(smol_a, cand, smollm2, SMALL)
+    print("\n".join(r.lines + [r.verdict.line]))
+    assert (r.verdict.status, r.verdict.kind) == ("PASS", "logit evidence"), r.verdict.line
+    assert r.facts.grown and "natural-ish prompts)" in r.verdict.line
+    assert any(line.startswith("round 2: ") and "natural-ish text" in line for line in r.lines)
 
 
 def test_pipeline_stages_pass(smol_a, smollm2, tmp_path):

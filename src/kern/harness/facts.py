@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 
-from ..manifest.verify import Verified
 from . import compare
 from .diff import Diff
 from .record import StepOut

@@ -20,7 +20,7 @@ the workload until it decides or a time cap is hit (judge.py); the line says whi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 2}
