@@ -21,6 +21,8 @@ Presets (comma-separated, run in order):
             (bench/first_token.py), beside bench/decode.py's batch-1 SmolLM2-135M figure, then
             kern test of the sm_90a deployment against the cpu one on those weights
   serve     kern serve against transformers serve over HTTP (bench/serve_gpu.sh)
+  toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
+            kern kernels --rebuild (bench/toolset_gpu.py), then the gpu tests of tests/bench_cmd and tests/cut
   verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
             beforehand): `kern test` of the sm_90a deployment against the cpu one, timed, then
             the planted sm_90a bugs (tests/harness/test_cuda_vs_cpu.py -k planted)
@@ -41,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
-           "verdict")
+           "toolset", "verdict")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -200,6 +202,14 @@ def main() -> int:
                 tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
                 r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} "
                                  f"({time.monotonic() - t0:.1f} s)")
+        elif p == "toolset":
+            text = r.step("toolset", [sys.executable, str(ROOT / "bench/toolset_gpu.py"), "--out", str(out)], 560,
+                          installed_env(site, Path("/tmp/kern-cache-toolset")), cwd=Path("/tmp"))
+            r.summary += [ln for ln in text.splitlines() if ln.startswith("toolset")]
+            text = r.step("toolset_tests", [sys.executable, "-m", "pytest", "tests/bench_cmd", "tests/cut", "-m", "gpu",
+                                            "-q", "-s", "-p", "no:cacheprovider"], args.timeout)
+            r.summary += [ln for ln in text.splitlines() if " @ " in ln or "PASS" in ln or "FAIL" in ln]
+            r.summary.append(f"toolset gpu tests: {([ln for ln in text.splitlines() if ln.strip()] or ['(none)'])[-1]}")
         elif p == "verdict":
             verdict(r, site, env)
         elif p == "serve":
