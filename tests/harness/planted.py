@@ -137,7 +137,7 @@ def bf16(base: Path, out: Path) -> Path:
     another precision, so it must PASS. Logits stay f32, through a linear_logits op."""
     def edit(m):
         for n, b in m["buffers"].items():
-            if b["kind"] != "weight" and b["dtype"] == "f32" and n != "rope" and not n.endswith("_logits"):
+            if b["kind"] == "workspace" and b["dtype"] == "f32":
                 b["dtype"] = "bf16"
         m["states"]["kv"]["bytes_per_token"]["mul"][-1] = 2
         for op in m["ops"].values():
