@@ -105,6 +105,8 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                    help="sequences running at once (default: the manifest's decode bound)")
     p.add_argument("--memory", type=_memory, default=None,
                    help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
+    p.add_argument("--tp", type=_positive, default=1,
+                   help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ def main(args) -> int:
         """On the engine thread: load, then capture every decode graph (never inside a request)."""
         target = pick_target(args.target, "serving")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
-                     max_seqs=args.max_seqs, memory=args.memory, progress=True)
+                     max_seqs=args.max_seqs, memory=args.memory, progress=True, tp=args.tp)
         loop = model.loop
         loop.warm_up(progress=True)
         if args.trace:  # after the warm-up: only served steps
