@@ -1,0 +1,128 @@
+"""The llama family as one kernel on sm_90a: the per-op manifest (manifest_cuda.py) with its
+decode program replaced by one cooperative launch of mega.cu, and a `generate` program that runs
+a whole greedy generation (prompt chunks, then fed-back tokens) in that one launch.
+
+The prefill program stays the per-op one (cuBLASLt projections, flash prefill attention): a
+long prompt is compute-bound and the megakernel's gemv tiles are not. Buffer and program names
+match the per-op manifest, so kern test judges this manifest against it span by span; the
+decode program is one span.
+
+The kernel reads its weights through a pointers buffer (`mega_weights`, filled by the runtime
+at load): per layer ln1, qkv_w, o_w, ln2, gate_up_w, down_w, then embed, final_norm, lm_head
+(mega.cu's PER_LAYER / GLOBALS). Its grid is one block a multiprocessor (`sms`, 132 on an
+H100/H200 SXM), one resident block each at 256 threads: the runtime refuses a grid the
+occupancy API says cannot be co-resident, which is what keeps the grid barrier from hanging."""
+
+from __future__ import annotations
+
+from ..config import ConfigError, Shape
+from ..manifest_cpu import _buf, b, v
+from .. import manifest_cuda
+
+SMS = 132             # H100 / H200 SXM multiprocessors: one block each
+THREADS = 256         # mega.cu MEGA_THREADS
+MAX_ROWS = 64         # mega.cu MEGA_MAX_ROWS: rows a step (prompt chunks of every sequence)
+MAX_SEQS = 32         # mega.cu MEGA_MAX_SEQS
+MAX_CHUNK = 8         # prompt tokens a sequence consumes a step, at most
+PHASES_PER_LAYER = 5  # qkv, attention, o, mlp, down
+LAYER_WEIGHTS = ("ln1", "qkv_w", "o_w", "ln2", "gate_up_w", "down_w")
+GLOBAL_WEIGHTS = ("embed", "final_norm", "lm_head")
+
+PARAMS = (
+    "wt: in buffer<u64>", "kv_state: inout state", "page_table: in buffer<i32>", "ids: in buffer<i32>",
+    "pos: in buffer<i32>", "cu_seqlens: in buffer<i32>", "rope: in buffer<f32>", "x: out buffer<bf16>",
+    "qkv: out buffer<bf16>", "attn: out buffer<bf16>", "act: out buffer<bf16>", "logits: out buffer<f32>",
+    "arg_val: out buffer<f32>", "arg_idx: out buffer<i32>", "tokens: out buffer<i32>", "bar: inout buffer<u32>",
+    *(f"{n}: i32" for n in ("n_seqs", "pages_per_seq", "n_layers", "hidden", "inter", "n_q_heads", "n_kv_heads",
+                            "head_dim", "page_tokens", "vocab", "chunks", "chunk", "max_new", "max_steps",
+                            "phase_lo", "phase_hi")),
+    "eps: f32",
+)
+
+
+def n_phases(layers: int) -> int:
+    """embed, five a layer, LM head, argmax partials, the pick (mega.cu's phase numbers)."""
+    return 1 + PHASES_PER_LAYER * layers + 3
+
+
+def check_shape(s: Shape) -> None:
+    problems = []
+    if s.qk_norm:
+        problems.append("q/k norms (Qwen3): the megakernel has no per-head norm phase yet")
+    if s.head_dim not in (64, 128):
+        problems.append(f"head_dim {s.head_dim}: the megakernel's attention takes 64 or 128")
+    if s.heads // s.kv_heads > 8:
+        problems.append(f"{s.heads // s.kv_heads} query heads a kv head: the megakernel takes at most 8")
+    if problems:
+        raise ConfigError("cannot build the sm_90a megakernel manifest: " + "; ".join(problems))
+
+
+def _call(s: Shape, p: str, seqs: str, tokens: str, logits: str, chunk, max_new, max_steps, lo: int, hi: int,
+          ids: str, pos: str, cu: str, page_table: str) -> dict:
+    pages = {"ceil_div": ["context", "page_tokens"]}
+    return {"op": "mega_step", "args": [
+        b("mega_weights"), {"state": "kv"}, b(page_table), b(ids), b(pos), b(cu), b("rope"), b("mega_x"),
+        b("mega_qkv"), b("mega_attn"), b("mega_act"), b(logits), b("mega_argmax_val"), b("mega_argmax_idx"),
+        b(tokens), b("mega_bar"), v(seqs), v(pages), v("layers"), v("hidden"), v("inter"), v("heads"), v("kv_heads"),
+        v("head_dim"), v("page_tokens"), v("vocab"), v(manifest_cuda.ARGMAX_CHUNKS), v(chunk), v(max_new),
+        v(max_steps), v(lo), v(hi), v(s.eps)]}
+
+
+def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, context: int | None = None,
+          **limits) -> dict:
+    """phases: the debug mode, the decode program as one launch a phase (the same bits)."""
+    check_shape(s)
+    if sms < 1:
+        raise ConfigError(f"sms {sms}: the megakernel's grid needs at least one block")
+    m = manifest_cuda.build(s, model, context=context, **limits)
+    if m["vars"]["seqs"]["max"] > MAX_SEQS:
+        raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
+    bufs = m["buffers"]
+    for n in ("d_x", "d_qkv", "d_attn", "d_act", "d_part_o", "d_part_ml", "d_sem", "d_argmax_val", "d_argmax_idx"):
+        del bufs[n]
+    bw = lambda shape, dtype="bf16": _buf(shape, "workspace", dtype)
+    bufs.update({
+        "mega_weights": {"kind": "pointers", "dtype": "u64",
+                         "shape": [len(LAYER_WEIGHTS) * s.layers + len(GLOBAL_WEIGHTS)],
+                         "entries": [f"{w}.{l}" for l in range(s.layers) for w in LAYER_WEIGHTS]
+                         + list(GLOBAL_WEIGHTS)},
+        "mega_x": bw([MAX_ROWS, "hidden"]), "mega_qkv": bw([MAX_ROWS, "qkv_dim"]),
+        "mega_attn": bw([MAX_ROWS, "q_dim"]), "mega_act": bw([MAX_ROWS, "inter"]),
+        "mega_argmax_val": bw([MAX_SEQS, manifest_cuda.ARGMAX_CHUNKS], "f32"),
+        "mega_argmax_idx": bw([MAX_SEQS, manifest_cuda.ARGMAX_CHUNKS], "i32"),
+        # the grid barrier's counter and generation: zero at load, the counter zero after every barrier
+        "mega_bar": _buf([2], "carry", "u32"),
+    })
+    decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
+    total = n_phases(s.layers)
+    ranges = [(i, i + 1) for i in range(total)] if phases else [(0, total)]
+    m["programs"]["decode"]["calls"] = [_call(s, "d_", "seqs", "d_next", "d_logits", 1, 1, 1, lo, hi, **decode_io)
+                                        for lo, hi in ranges]
+
+    # generate: prompts packed (cu_seqlens), each from its position, new_tokens greedy tokens a
+    # sequence; steps bounds the in-kernel loop (prompt chunks + new tokens is always enough).
+    context_max = m["vars"]["context"]["max"]
+    m["vars"].update({"gen_seqs": {"max": MAX_SEQS}, "gen_rows": {"max": m["vars"]["tokens"]["max"]},
+                      "new_tokens": {"max": context_max}, "chunk": {"max": MAX_CHUNK},
+                      "steps": {"max": m["vars"]["tokens"]["max"] + context_max}})
+    pages = {"ceil_div": ["context", "page_tokens"]}
+    bufs.update({
+        "g_ids": _buf(["gen_rows"], "input", "i32", domain={"range": [0, "vocab"]}),
+        "g_pos": _buf(["gen_rows"], "input", "i32", domain={"range": [0, "context"]}),
+        "g_cu_seqlens": _buf([{"add": ["gen_seqs", 1]}], "input", "i32", domain={"range": [0, {"add": ["gen_rows", 1]}]}),
+        "g_page_table": _buf(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
+        "g_tokens": _buf(["gen_seqs", "new_tokens"], "output", "i32"),
+        "g_logits": _buf(["gen_seqs", "vocab"], "output", "f32"),
+    })
+    m["programs"]["generate"] = {"calls": [_call(s, "g_", "gen_seqs", "g_tokens", "g_logits", "chunk", "new_tokens",
+                                                 "steps", 0, total, ids="g_ids", pos="g_pos", cu="g_cu_seqlens",
+                                                 page_table="g_page_table")]}
+
+    m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
+        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True}]}}
+    used_ops = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
+    m["ops"] = {n: op for n, op in m["ops"].items() if n in used_ops}
+    used_modules = {l.get("module") for op in m["ops"].values() for l in op["impl"]["launches"]}
+    m["modules"] = {n: mod for n, mod in m["modules"].items() if n in used_modules}
+    m["modules"]["mega"] = {"source": "kernels/mega.cubin", "sha256": ""}
+    return m
