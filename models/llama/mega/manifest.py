@@ -57,7 +57,7 @@ def check_shape(s: Shape) -> None:
         raise ConfigError("cannot build the sm_90a megakernel manifest: " + "; ".join(problems))
 
 
-def _call(s: Shape, p: str, seqs: str, tokens: str, logits: str, chunk, max_new, max_steps, lo: int, hi: int,
+def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_steps, lo: int, hi: int,
           ids: str, pos: str, cu: str, page_table: str) -> dict:
     pages = {"ceil_div": ["context", "page_tokens"]}
     return {"op": "mega_step", "args": [
@@ -68,9 +68,10 @@ def _call(s: Shape, p: str, seqs: str, tokens: str, logits: str, chunk, max_new,
         v(max_steps), v(lo), v(hi), v(s.eps)]}
 
 
-def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, context: int | None = None,
-          **limits) -> dict:
-    """phases: the debug mode, the decode program as one launch a phase (the same bits)."""
+def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False,
+          context: int | None = None, **limits) -> dict:
+    """phases: the debug mode, the decode program as one launch a phase (the same bits).
+    graph: capture the decode program as a CUDA graph (its one launch and the input copies)."""
     check_shape(s)
     if sms < 1:
         raise ConfigError(f"sms {sms}: the megakernel's grid needs at least one block")
@@ -96,30 +97,36 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, context
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
     total = n_phases(s.layers)
     ranges = [(i, i + 1) for i in range(total)] if phases else [(0, total)]
-    m["programs"]["decode"]["calls"] = [_call(s, "d_", "seqs", "d_next", "d_logits", 1, 1, 1, lo, hi, **decode_io)
+    m["programs"]["decode"]["calls"] = [_call(s, "seqs", "d_next", "d_logits", 1, 1, 1, lo, hi, **decode_io)
                                         for lo, hi in ranges]
+    m["programs"]["decode"]["graph"] = graph
 
     # generate: prompts packed (cu_seqlens), each from its position, new_tokens greedy tokens a
-    # sequence; steps bounds the in-kernel loop (prompt chunks + new tokens is always enough).
+    # sequence, prompts taken MAX_CHUNK tokens a step. The in-kernel loop ends by itself (every
+    # step consumes prompt tokens or makes one); max_steps is only a bound. No `batch`: the host
+    # loop never steps it; kern.MegaModel finds it by its roles.
     context_max = m["vars"]["context"]["max"]
     m["vars"].update({"gen_seqs": {"max": MAX_SEQS}, "gen_rows": {"max": m["vars"]["tokens"]["max"]},
-                      "new_tokens": {"max": context_max}, "chunk": {"max": MAX_CHUNK},
-                      "steps": {"max": m["vars"]["tokens"]["max"] + context_max}})
+                      "new_tokens": {"max": context_max}})
     pages = {"ceil_div": ["context", "page_tokens"]}
     bufs.update({
-        "g_ids": _buf(["gen_rows"], "input", "i32", domain={"range": [0, "vocab"]}),
-        "g_pos": _buf(["gen_rows"], "input", "i32", domain={"range": [0, "context"]}),
-        "g_cu_seqlens": _buf([{"add": ["gen_seqs", 1]}], "input", "i32", domain={"range": [0, {"add": ["gen_rows", 1]}]}),
+        "g_ids": _buf(["gen_rows"], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+        "g_pos": _buf(["gen_rows"], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+        "g_cu_seqlens": _buf([{"add": ["gen_seqs", 1]}], "input", "i32", fill="cu_seqlens",
+                             domain={"range": [0, {"add": ["gen_rows", 1]}]}),
         "g_page_table": _buf(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
-        "g_tokens": _buf(["gen_seqs", "new_tokens"], "output", "i32"),
-        "g_logits": _buf(["gen_seqs", "vocab"], "output", "f32"),
+        "g_tokens": _buf(["gen_seqs", "new_tokens"], "output", "i32", fill="tokens"),
+        "g_logits": _buf(["gen_seqs", "vocab"], "output", "f32", fill="logits"),
     })
-    m["programs"]["generate"] = {"calls": [_call(s, "g_", "gen_seqs", "g_tokens", "g_logits", "chunk", "new_tokens",
-                                                 "steps", 0, total, ids="g_ids", pos="g_pos", cu="g_cu_seqlens",
+    m["programs"]["generate"] = {"calls": [_call(s, "gen_seqs", "g_tokens", "g_logits", MAX_CHUNK,
+                                                 "new_tokens", 1 << 30, 0, total, ids="g_ids", pos="g_pos", cu="g_cu_seqlens",
                                                  page_table="g_page_table")]}
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
-        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True}]}}
+        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True,
+        # bar: zero between launches (every barrier leaves its counter at zero), so the launch
+        # leaves it as it found it and does not list it (kern test would poison it: a hang)
+        "writes": [p.split(":")[0] for p in PARAMS if ": out " in p or p.startswith("kv_state")]}]}}
     used_ops = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used_ops}
     used_modules = {l.get("module") for op in m["ops"].values() for l in op["impl"]["launches"]}
