@@ -66,7 +66,7 @@ def test_the_kernel_signature_is_the_ops_params():
 def test_the_debug_mode_is_one_launch_a_phase(tmp_path):
     m = json.loads(generate(TINY, tmp_path, target="mega", model="tiny", phases=True).read_text())
     calls = m["programs"]["decode"]["calls"]
-    assert len(calls) == mega.n_phases(2) == 1 + 5 * 2 + 3
+    assert len(calls) == mega.n_phases(2) == 1 + 5 * 2 + 2
     assert [(c["args"][-3]["value"], c["args"][-2]["value"]) for c in calls] == [(i, i + 1) for i in range(len(calls))]
 
 

@@ -24,6 +24,7 @@ THREADS = 256         # mega.cu MEGA_THREADS
 MAX_ROWS = 64         # mega.cu MEGA_MAX_ROWS: rows a step (prompt chunks of every sequence)
 MAX_SEQS = 32         # mega.cu MEGA_MAX_SEQS
 MAX_CHUNK = 8         # prompt tokens a sequence consumes a step, at most
+MAX_SPLITS = 16       # mega.cu ATT_MAX_SPLITS: attention's context splits a row
 PHASES_PER_LAYER = 5  # qkv, attention, o, mlp, down
 LAYER_WEIGHTS = ("ln1", "qkv_w", "o_w", "ln2", "gate_up_w", "down_w")
 GLOBAL_WEIGHTS = ("embed", "final_norm", "lm_head")
@@ -31,18 +32,19 @@ GLOBAL_WEIGHTS = ("embed", "final_norm", "lm_head")
 PARAMS = (
     "wt: in buffer<u64>", "kv_state: inout state", "page_table: in buffer<i32>", "ids: in buffer<i32>",
     "pos: in buffer<i32>", "cu_seqlens: in buffer<i32>", "rope: in buffer<f32>", "x: out buffer<bf16>",
-    "qkv: out buffer<bf16>", "attn: out buffer<bf16>", "act: out buffer<bf16>", "logits: out buffer<f32>",
-    "arg_val: out buffer<f32>", "arg_idx: out buffer<i32>", "tokens: out buffer<i32>", "bar: inout buffer<u32>",
+    "qkv: out buffer<bf16>", "attn: out buffer<bf16>", "act: out buffer<bf16>", "part_o: out buffer<f32>",
+    "part_ml: out buffer<f32>", "sem: inout buffer<i32>", "logits: out buffer<f32>", "arg_val: out buffer<f32>",
+    "arg_idx: out buffer<i32>", "tokens: out buffer<i32>", "bar: inout buffer<u32>",
     *(f"{n}: i32" for n in ("n_seqs", "pages_per_seq", "n_layers", "hidden", "inter", "n_q_heads", "n_kv_heads",
-                            "head_dim", "page_tokens", "vocab", "chunks", "chunk", "max_new", "max_steps",
-                            "phase_lo", "phase_hi")),
+                            "head_dim", "page_tokens", "vocab", "chunk", "max_new", "max_steps", "phase_lo",
+                            "phase_hi")),
     "eps: f32",
 )
 
 
 def n_phases(layers: int) -> int:
-    """embed, five a layer, LM head, argmax partials, the pick (mega.cu's phase numbers)."""
-    return 1 + PHASES_PER_LAYER * layers + 3
+    """embed, five a layer, LM head (with each block's argmax), the pick (mega.cu's phase numbers)."""
+    return 1 + PHASES_PER_LAYER * layers + 2
 
 
 def check_shape(s: Shape) -> None:
@@ -62,10 +64,10 @@ def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_ste
     pages = {"ceil_div": ["context", "page_tokens"]}
     return {"op": "mega_step", "args": [
         b("mega_weights"), {"state": "kv"}, b(page_table), b(ids), b(pos), b(cu), b("rope"), b("mega_x"),
-        b("mega_qkv"), b("mega_attn"), b("mega_act"), b(logits), b("mega_argmax_val"), b("mega_argmax_idx"),
-        b(tokens), b("mega_bar"), v(seqs), v(pages), v("layers"), v("hidden"), v("inter"), v("heads"), v("kv_heads"),
-        v("head_dim"), v("page_tokens"), v("vocab"), v(manifest_cuda.ARGMAX_CHUNKS), v(chunk), v(max_new),
-        v(max_steps), v(lo), v(hi), v(s.eps)]}
+        b("mega_qkv"), b("mega_attn"), b("mega_act"), b("mega_part_o"), b("mega_part_ml"), b("mega_sem"), b(logits),
+        b("mega_argmax_val"), b("mega_argmax_idx"), b(tokens), b("mega_bar"), v(seqs), v(pages), v("layers"),
+        v("hidden"), v("inter"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"), v("vocab"), v(chunk),
+        v(max_new), v(max_steps), v(lo), v(hi), v(s.eps)]}
 
 
 def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False,
@@ -89,8 +91,12 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
                          + list(GLOBAL_WEIGHTS)},
         "mega_x": bw([MAX_ROWS, "hidden"]), "mega_qkv": bw([MAX_ROWS, "qkv_dim"]),
         "mega_attn": bw([MAX_ROWS, "q_dim"]), "mega_act": bw([MAX_ROWS, "inter"]),
-        "mega_argmax_val": bw([MAX_SEQS, manifest_cuda.ARGMAX_CHUNKS], "f32"),
-        "mega_argmax_idx": bw([MAX_SEQS, manifest_cuda.ARGMAX_CHUNKS], "i32"),
+        # attention's split partials; sem counts a (row, kv head)'s splits, zero between phases
+        "mega_part_o": bw([MAX_ROWS, "heads", MAX_SPLITS, "head_dim"], "f32"),
+        "mega_part_ml": bw([MAX_ROWS, "heads", MAX_SPLITS, 2], "f32"),
+        "mega_sem": _buf([MAX_ROWS, "kv_heads"], "carry", "i32"),
+        # each block's maximum of each row's logits
+        "mega_argmax_val": bw([MAX_SEQS, sms], "f32"), "mega_argmax_idx": bw([MAX_SEQS, sms], "i32"),
         # the grid barrier's counter and generation: zero at load, the counter zero after every barrier
         "mega_bar": _buf([2], "carry", "u32"),
     })
@@ -124,8 +130,9 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
         "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True,
-        # bar: zero between launches (every barrier leaves its counter at zero), so the launch
-        # leaves it as it found it and does not list it (kern test would poison it: a hang)
+        # bar and sem: zero between launches (every barrier and every merge leaves its counter at
+        # zero), so the launch leaves them as it found them and does not list them (kern test
+        # would poison them: a hang, a merge that never happens)
         "writes": [p.split(":")[0] for p in PARAMS if ": out " in p or p.startswith("kv_state")]}]}}
     used_ops = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used_ops}

@@ -5,13 +5,13 @@
 // Phases of one step (phase numbers: PH_* below; a layer has five):
 //   embed      x[r] = embed[id[r]]
 //   qkv        rmsnorm(x) @ qkv_w^T, rope on q and k, k and v appended to the paged KV state
-//   attention  a block per (row, kv head): the whole causal context, fp32 online softmax
+//   attention  a block per (row, kv head, context split), the splits merged by the last block
 //   o          x += attn @ o_w^T
 //   mlp        act = silu(gate) * up, [gate | up] = rmsnorm(x) @ gate_up_w^T
 //   down       x += act @ down_w^T
-//   lm_head    logits = rmsnorm(x[last row of each sequence]) @ lm_head^T
-//   argmax     partial maxima per (row, chunk of the vocabulary)
-//   pick       every block reduces the partials itself and feeds the token back (no barrier)
+//   lm_head    logits = rmsnorm(x[last row of each sequence]) @ lm_head^T, and each block's
+//              maximum over the logits it wrote
+//   pick       every block reduces the blocks' maxima itself and feeds the token back (no barrier)
 // The projections are gemv.cuh's (the same tiles, the same Y epilogues, the same reduction
 // order: the same bits as the per-op kernels), taken by the grid's blocks tile after tile.
 //
@@ -45,6 +45,7 @@
 #define PER_LAYER 6   // pointers table: ln1, qkv_w, o_w, ln2, gate_up_w, down_w a layer, then
 #define GLOBALS 3     // embed, final_norm, lm_head
 static_assert(MEGA_THREADS == 256, "the attention and argmax phases are laid out for 8 warps");
+static_assert((MEGA_MAX_G * MEGA_MAX_HD) % MEGA_THREADS == 0, "attention's (head, dim) pairs a thread");
 
 enum { PH_EMBED = 0, PH_LAYER = 1, PH_PER_LAYER = 5 };
 
@@ -238,19 +239,6 @@ __device__ __forceinline__ void mega_pass(const X &xs, const bf16 *__restrict__ 
     __syncthreads();
 }
 
-// y over `rows` rows, the grid's blocks taking tiles tile = blockIdx.x, + gridDim.x, ...
-template <class X, class Y>
-__device__ void mega_gemv(const X &xs, const bf16 *W, const Y &ys, int rows, int N, int K, int n_tiles,
-                          char *smem, float *ssr) {
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x)
-        for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
-            const int R = min(8 * GEMV_MAX_NT, rows - r0);
-            if (R <= 8) mega_pass<1>(xs, W, ys, tile, r0, R, N, K, smem, ssr);
-            else if (R <= 16) mega_pass<2>(xs, W, ys, tile, r0, R, N, K, smem, ssr);
-            else mega_pass<4>(xs, W, ys, tile, r0, R, N, K, smem, ssr);
-        }
-}
-
 // rmsnorm(res[rows[j]]) * w: XNorm over a gathered subset of rows (the LM head's last rows).
 struct XNormRows {
     static constexpr bool NORM = true;
@@ -264,82 +252,165 @@ struct XNormRows {
     }
 };
 
-// ---- attention: a block per (row, kv head) -------------------------------------------------
-// Warp w takes tokens w, w + 8, ... of the row's context 0..pos: a lane holds head_dim / 32
-// elements of each of the G query heads, of k and of v; a score is a warp sum (xor tree); each
-// warp keeps an online softmax per head (log2 units). The 8 warps merge in order.
+// ---- attention: a block per (row, kv head, split of the context) ----------------------------
+// Row r attends to positions 0..pos[r] of its sequence, cut into n_used splits of att_split()
+// tokens (a function of the row's own context only, so a row's bits do not depend on the other
+// rows or on its step): at most ATT_MAX_SPLITS splits, each taken in tiles of ATT_TILE tokens.
+// Per tile the block copies the tile's K and V rows into shared memory (cp.async, every copy in
+// flight at once), computes the scores with a thread per (query head, token), takes the tile's
+// softmax with a warp per head (log2 units, running max and sum), and adds P.V with a thread per
+// (query head, dim). One split: the block writes o. Several: each writes its partial (o, max,
+// sum) and counts itself in sem[r, kv head]; the last to arrive merges the splits in order
+// z = 0, 1, ... (the same bits whichever block is last) and resets the counter to zero.
+#define ATT_TILE 64
+#define ATT_MAX_SPLITS 16
+
+__device__ __forceinline__ int att_split(int ctx) {
+    const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
+    return max(ATT_TILE, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+}
+
 struct AttnSmem {
-    float m[GEMV_WARPS][MEGA_MAX_G], l[GEMV_WARPS][MEGA_MAX_G];
-    float acc[GEMV_WARPS][MEGA_MAX_G][MEGA_MAX_HD];
+    __align__(16) bf16 k[ATT_TILE][MEGA_MAX_HD + 8];
+    __align__(16) bf16 v[ATT_TILE][MEGA_MAX_HD];
+    float q[MEGA_MAX_G][MEGA_MAX_HD];
+    float p[MEGA_MAX_G][ATT_TILE];
+    float m[MEGA_MAX_G], l[MEGA_MAX_G], corr[MEGA_MAX_G];
+    int last;
 };
 
+struct AttnArgs {
+    const bf16 *qkv;
+    const char *kv_state;
+    const int *page_table;
+    float *part_o, *part_ml;
+    int *sem;
+    bf16 *attn;
+    int pages_per_seq, n_seqs, layer, n_layers, n_q_heads, n_kv_heads, page_tokens;
+};
+
+#define ATT_PAIRS ((MEGA_MAX_G * MEGA_MAX_HD) / MEGA_THREADS)  // (head, dim) pairs a thread, at most
+
 template <int HD>
-__device__ void attend(const bf16 *qkv, const char *kv_state, const int *page_table, const Layout &Lo, int r,
-                       int kh, bf16 *attn, int pages_per_seq, int n_seqs, int layer, int n_layers, int n_q_heads,
-                       int n_kv_heads, int page_tokens, AttnSmem &sm) {
-    constexpr int E = HD / 32;  // elements a lane
-    const int G = n_q_heads / n_kv_heads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int qkv_dim = (n_q_heads + 2 * n_kv_heads) * HD;
-    const int s = seq_of_row(Lo.cu, n_seqs, r), p = Lo.pos[r];
+__device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z, AttnSmem &sm) {
+    constexpr int CH = HD / 8;  // 16-byte chunks a row
+    const int G = a.n_q_heads / a.n_kv_heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int qkv_dim = (a.n_q_heads + 2 * a.n_kv_heads) * HD, q_dim = a.n_q_heads * HD;
+    const int ctx = Lo.pos[r] + 1, split = att_split(ctx), n_used = (ctx + split - 1) / split;
+    if (z >= n_used) return;
+    const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
-    float q[MEGA_MAX_G][E], acc[MEGA_MAX_G][E], m[MEGA_MAX_G], l[MEGA_MAX_G];
-#pragma unroll
-    for (int g = 0; g < MEGA_MAX_G; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            acc[g][e] = 0.f;
-            q[g][e] = g < G ? to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G + g) * HD + lane * E + e)) * scale
-                            : 0.f;
-        }
+    for (int i = tid; i < G * HD; i += blockDim.x)
+        sm.q[i / HD][i % HD] = to_f(__ldcg(a.qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
+    if (tid < G) {
+        sm.m[tid] = -INFINITY;
+        sm.l[tid] = 0.f;
     }
-    for (int t = warp; t <= p; t += GEMV_WARPS) {
-        const int phys = page_table[(size_t)s * pages_per_seq + t / page_tokens];
-        const bf16 *k = reinterpret_cast<const bf16 *>(
-            kv_state + kv_offset(phys, layer, 0, kh, t % page_tokens, n_layers, n_kv_heads, HD, page_tokens));
-        const bf16 *v = reinterpret_cast<const bf16 *>(
-            kv_state + kv_offset(phys, layer, 1, kh, t % page_tokens, n_layers, n_kv_heads, HD, page_tokens));
-        float kf[E], vf[E];
+    float acc[ATT_PAIRS];
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            kf[e] = to_f(__ldcg(k + lane * E + e));
-            vf[e] = to_f(__ldcg(v + lane * E + e));
+    for (int j = 0; j < ATT_PAIRS; ++j) acc[j] = 0.f;
+    for (int tb = t0; tb < t1; tb += ATT_TILE) {
+        const int n = min(ATT_TILE, t1 - tb);
+        for (int c = tid; c < n * CH; c += blockDim.x) {
+            const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
+            const int phys = a.page_table[(size_t)s * a.pages_per_seq + tok / a.page_tokens];
+            const size_t kb = kv_offset(phys, a.layer, 0, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            const size_t vb = kv_offset(phys, a.layer, 1, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            cp_async16(&sm.k[t][off], a.kv_state + kb + off * 2);
+            cp_async16(&sm.v[t][off], a.kv_state + vb + off * 2);
         }
-#pragma unroll
-        for (int g = 0; g < MEGA_MAX_G; ++g) {
-            if (g >= G) break;
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int i = tid; i < G * n; i += blockDim.x) {  // scores: a thread per (head, token)
+            const int g = i / n, t = i - g * n;
             float d = 0.f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) d += q[g][e] * kf[e];
-            d = warp_sum(d);
-            const float mn = fmaxf(m[g], d), c = exp2f(m[g] - mn), pe = exp2f(d - mn);
-            l[g] = l[g] * c + pe;
+            for (int e = 0; e < HD; e += 8) {
+                float kf[8];
+                unpack8(*reinterpret_cast<const uint4 *>(&sm.k[t][e]), kf);
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * c + pe * vf[e];
-            m[g] = mn;
+                for (int u = 0; u < 8; ++u) d += sm.q[g][e + u] * kf[u];
+            }
+            sm.p[g][t] = d;
         }
+        __syncthreads();
+        if (warp < G) {  // the tile's softmax of head `warp`
+            float mx = -INFINITY;
+            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sm.p[warp][t]);
+            mx = warp_max(mx);
+            const float m_old = sm.m[warp], m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int t = lane; t < n; t += 32) {
+                const float e = exp2f(sm.p[warp][t] - m_new);
+                sm.p[warp][t] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float c = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+                sm.corr[warp] = c;
+                sm.l[warp] = sm.l[warp] * c + sum;
+                sm.m[warp] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < ATT_PAIRS; ++j) {  // P.V: a thread per (head, dim)
+            const int i = tid + j * MEGA_THREADS, g = i / HD, d = i - g * HD;
+            if (g < G) {
+                float o = acc[j] * sm.corr[g];
+                for (int t = 0; t < n; ++t) o += sm.p[g][t] * to_f(sm.v[t][d]);
+                acc[j] = o;
+            }
+        }
+        __syncthreads();  // the next tile overwrites k, v and p
     }
-    for (int g = 0; g < G; ++g) {
-        if (lane == 0) {
-            sm.m[warp][g] = m[g];
-            sm.l[warp][g] = l[g];
-        }
+    const size_t head0 = (size_t)r * a.n_q_heads + kh * G;
+    if (n_used == 1) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) sm.acc[warp][g][lane * E + e] = acc[g][e];
+        for (int j = 0; j < ATT_PAIRS; ++j) {
+            const int i = tid + j * MEGA_THREADS, g = i / HD, d = i - g * HD;
+            if (g < G) a.attn[(size_t)r * q_dim + (kh * G + g) * HD + d] = to_bf(acc[j] / sm.l[g]);
+        }
+        __syncthreads();  // the next item rewrites m and l
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_PAIRS; ++j) {
+        const int i = tid + j * MEGA_THREADS, g = i / HD, d = i - g * HD;
+        if (g < G) a.part_o[((head0 + g) * ATT_MAX_SPLITS + z) * HD + d] = acc[j];
+    }
+    if (tid < G) {
+        a.part_ml[((head0 + tid) * ATT_MAX_SPLITS + z) * 2] = sm.m[tid];
+        a.part_ml[((head0 + tid) * ATT_MAX_SPLITS + z) * 2 + 1] = sm.l[tid];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-        const int g = i / HD, d = i % HD;
-        float M = -INFINITY;
-        for (int w = 0; w < GEMV_WARPS; ++w) M = fmaxf(M, sm.m[w][g]);
-        float den = 0.f, num = 0.f;
-        for (int w = 0; w < GEMV_WARPS; ++w) {
-            const float f = exp2f(sm.m[w][g] - M);  // 0 for a warp without tokens (m = -inf)
-            den += sm.l[w][g] * f;
-            num += sm.acc[w][g][d] * f;
+    if (tid == 0) {
+        __threadfence();
+        const int old = atomicAdd(a.sem + r * a.n_kv_heads + kh, 1);
+        sm.last = old == n_used - 1;
+        if (sm.last) {
+            __threadfence();
+            a.sem[r * a.n_kv_heads + kh] = 0;  // zero again for the next layer and launch
         }
-        attn[(size_t)r * n_q_heads * HD + (kh * G + g) * HD + d] = to_bf(num / den);
+    }
+    __syncthreads();
+    if (!sm.last) return;
+    for (int i = tid; i < G * HD; i += blockDim.x) {  // the last block merges z = 0, 1, ... in order
+        const int g = i / HD, d = i - g * HD;
+        const float *ml = a.part_ml + (head0 + g) * ATT_MAX_SPLITS * 2;
+        float M = -INFINITY;
+        for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, __ldcg(ml + zz * 2));
+        float L = 0.f, O = 0.f;
+        for (int zz = 0; zz < n_used; ++zz) {
+            const float f = exp2f(__ldcg(ml + zz * 2) - M);
+            L += __ldcg(ml + zz * 2 + 1) * f;
+            O += __ldcg(a.part_o + ((head0 + g) * ATT_MAX_SPLITS + zz) * HD + d) * f;
+        }
+        a.attn[(size_t)r * q_dim + (kh * G + g) * HD + d] = to_bf(O / L);
     }
     __syncthreads();
 }
@@ -360,45 +431,112 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
     }
 }
 
+// ---- L2 prefetch of the weights ahead ----------------------------------------------------
+// A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
+// (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
+// Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
+// next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
+// for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
+#define MEGA_PREFETCH_TILES 2
+enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
+struct Proj {
+    const bf16 *W;
+    int N, K, n_tiles, kind, head_dim;
+};
+
+__device__ __forceinline__ void prefetch_l2(const bf16 *p, int rows, int K) {
+    if (rows > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(rows * K * 2)) : "memory");
+}
+__device__ __forceinline__ void prefetch_tile(const Proj &p, int tile) {
+    if (p.W == nullptr || tile >= p.n_tiles) return;
+    const size_t K = p.K;
+    if (p.kind == TILE_PLAIN) {
+        prefetch_l2(p.W + (size_t)GEMV_COLS * tile * K, min(GEMV_COLS, p.N - GEMV_COLS * tile), p.K);
+    } else if (p.kind == TILE_SWIGLU) {
+        const int w0 = (GEMV_COLS / 2) * tile, n = min(GEMV_COLS / 2, p.N - w0);
+        prefetch_l2(p.W + w0 * K, n, p.K);
+        prefetch_l2(p.W + (size_t)(p.N + w0) * K, n, p.K);
+    } else {
+        const int per_head = p.head_dim >> 4, head = tile / per_head;
+        const int w0 = head * p.head_dim + (tile - head * per_head) * 8;
+        prefetch_l2(p.W + w0 * K, 8, p.K);
+        prefetch_l2(p.W + (size_t)(w0 + (p.head_dim >> 1)) * K, 8, p.K);
+    }
+}
+__device__ __forceinline__ void prefetch_first(const Proj &p) {
+    if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
+}
+
+// y over `rows` rows, the grid's blocks taking tiles tile = blockIdx.x, + gridDim.x, ...
+template <class X, class Y>
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr) {
+    for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+        if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
+        for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
+            const int R = min(8 * GEMV_MAX_NT, rows - r0);
+            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
+            else if (R <= 16) mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
+            else mega_pass<4>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
+        }
+    }
+}
+
 union MegaSmem {
     struct {
         __align__(16) char tiles[GEMV_WARPS * GEMV_WARP_SMEM];
         float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
     } g;
     AttnSmem a;
-    struct {
-        float v[GEMV_WARPS];
-        int i[GEMV_WARPS];
-    } am;
 };
 
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1)
 mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_state,
             const int *__restrict__ page_table, const int *__restrict__ ids, const int *__restrict__ pos,
             const int *__restrict__ cu_seqlens, const float *__restrict__ rope, bf16 *__restrict__ x,
-            bf16 *__restrict__ qkv, bf16 *__restrict__ attn, bf16 *__restrict__ act, float *__restrict__ logits,
-            float *__restrict__ arg_val, int *__restrict__ arg_idx, int *__restrict__ tokens, unsigned *bar,
-            int n_seqs, int pages_per_seq, int n_layers, int hidden, int inter, int n_q_heads, int n_kv_heads,
-            int head_dim, int page_tokens, int vocab, int chunks, int chunk, int max_new, int max_steps,
-            int phase_lo, int phase_hi, float eps) {
+            bf16 *__restrict__ qkv, bf16 *__restrict__ attn, bf16 *__restrict__ act, float *__restrict__ part_o,
+            float *__restrict__ part_ml, int *sem, float *__restrict__ logits, float *__restrict__ arg_val,
+            int *__restrict__ arg_idx, int *__restrict__ tokens, unsigned *bar, int n_seqs, int pages_per_seq,
+            int n_layers, int hidden, int inter, int n_q_heads, int n_kv_heads, int head_dim, int page_tokens,
+            int vocab, int chunk, int max_new, int max_steps, int phase_lo, int phase_hi, float eps) {
     __shared__ MegaSmem sm;
     __shared__ Layout Lo;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qkv_dim = (n_q_heads + 2 * n_kv_heads) * head_dim, q_dim = n_q_heads * head_dim;
     const bf16 *const *W = reinterpret_cast<const bf16 *const *>(wt);
     const bf16 *embed = W[n_layers * PER_LAYER], *final_norm = W[n_layers * PER_LAYER + 1];
-    const bf16 *lm_head = W[n_layers * PER_LAYER + 2];
-    const int ph_lm = PH_LAYER + PH_PER_LAYER * n_layers, ph_argmax = ph_lm + 1, ph_pick = ph_lm + 2;
+    const int ph_lm = PH_LAYER + PH_PER_LAYER * n_layers, ph_pick = ph_lm + 1;
+    // The projection of phase ph (W null for the phases without one).
+    auto proj = [&](int ph) -> Proj {
+        if (ph == ph_lm)
+            return {W[n_layers * PER_LAYER + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
+        if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0, 0, 0};
+        const bf16 *const *lw = W + ((ph - PH_LAYER) / PH_PER_LAYER) * PER_LAYER;
+        switch ((ph - PH_LAYER) % PH_PER_LAYER) {
+            case 0: return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS, TILE_ROPE, head_dim};
+            case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
+            case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2), TILE_SWIGLU, 0};
+            case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
+            default: return {nullptr, 0, 0, 0, 0, 0};  // attention
+        }
+    };
     if (tid < MEGA_MAX_SEQS) {
         Lo.consumed[tid] = 0;
         Lo.n_gen[tid] = 0;
     }
     __syncthreads();
-    // Runs phase ph when it is in [phase_lo, phase_hi); a barrier after it unless it ends the range.
+    // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, asks L2
+    // for the next projection's first tiles and crosses the grid barrier.
     auto in = [&](int ph) { return ph >= phase_lo && ph < phase_hi; };
     auto done = [&](int ph) {
-        if (ph + 1 < phase_hi) grid_barrier(bar);
+        if (ph + 1 < phase_hi) {
+            const Proj next = proj(ph + 1);
+            prefetch_first(next.W ? next : proj(ph + 2));  // past attention: the o projection
+            grid_barrier(bar);
+        }
     };
+    AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
+                n_q_heads, n_kv_heads, page_tokens};
 
     for (int step = 0; step < max_steps; ++step) {
         plan_step(Lo, ids, pos, cu_seqlens, n_seqs, chunk, max_new);
@@ -420,73 +558,59 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 KvAppend app{nullptr, kv_state, page_table, Lo.cu, pages_per_seq, n_seqs, layer, n_layers,
                              page_tokens};
                 YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                mega_gemv(XNorm{x, lw[0], eps}, lw[1], y, R, qkv_dim, hidden, qkv_dim / GEMV_COLS, sm.g.tiles,
-                          sm.g.ssr);
+                mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr);
                 done(ph);
             }
-            if (in(ph + 1)) {  // attention
-                for (int item = blockIdx.x; item < R * n_kv_heads; item += gridDim.x) {
-                    const int r = item / n_kv_heads, kh = item - r * n_kv_heads;
-                    if (head_dim == 64)
-                        attend<64>(qkv, kv_state, page_table, Lo, r, kh, attn, pages_per_seq, n_seqs, layer,
-                                   n_layers, n_q_heads, n_kv_heads, page_tokens, sm.a);
-                    else
-                        attend<128>(qkv, kv_state, page_table, Lo, r, kh, attn, pages_per_seq, n_seqs, layer,
-                                    n_layers, n_q_heads, n_kv_heads, page_tokens, sm.a);
+            if (in(ph + 1)) {  // attention, its context splits merged in the phase
+                aa.layer = layer;
+                const int per_split = R * n_kv_heads;
+                for (int item = blockIdx.x; item < ATT_MAX_SPLITS * per_split; item += gridDim.x) {
+                    const int z = item / per_split, rk = item - z * per_split, r = rk / n_kv_heads;
+                    if (head_dim == 64) attend<64>(aa, Lo, r, rk - r * n_kv_heads, z, sm.a);
+                    else attend<128>(aa, Lo, r, rk - r * n_kv_heads, z, sm.a);
                 }
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, lw[2], YAddRes{x}, R, hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS,
-                          sm.g.tiles, sm.g.ssr);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddRes{x}, R, sm.g.tiles, sm.g.ssr);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, lw[4], YSwiGLU{act}, R, inter, hidden,
-                          (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2), sm.g.tiles, sm.g.ssr);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, lw[5], YAddRes{x}, R, hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS,
-                          sm.g.tiles, sm.g.ssr);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddRes{x}, R, sm.g.tiles, sm.g.ssr);
                 done(ph + 4);
             }
         }
         const int n_lm = Lo.n_lm;
-        if (in(ph_lm)) {  // final norm and LM head of each sequence's last row
-            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm_head, YF32{logits}, n_lm, vocab,
-                      hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, sm.g.tiles, sm.g.ssr);
-            done(ph_lm);
-        }
-        const int cs = (vocab + chunks - 1) / chunks;
-        if (in(ph_argmax)) {  // partial maxima: a block per (row, chunk)
-            for (int item = blockIdx.x; item < n_lm * chunks; item += gridDim.x) {
-                const int j = item / chunks, c = item - j * chunks;
-                const int end = min((c + 1) * cs, vocab);
-                float v = -INFINITY;
-                int i = INT_MAX;
-                for (int k = c * cs + tid; k < end; k += blockDim.x) better(v, i, __ldcg(logits + (size_t)j * vocab + k), k);
-                warp_best(v, i);
-                if (lane == 0) {
-                    sm.am.v[warp] = v;
-                    sm.am.i[warp] = i;
-                }
-                __syncthreads();
-                if (tid == 0) {
-                    for (int w = 1; w < GEMV_WARPS; ++w) better(v, i, sm.am.v[w], sm.am.i[w]);
-                    arg_val[j * chunks + c] = v;
-                    arg_idx[j * chunks + c] = i;
-                }
-                __syncthreads();
-            }
-            done(ph_argmax);
-        }
-        if (in(ph_pick)) {  // every block picks every row's token (no barrier): warp j % 8 takes row j
+        if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
+            const Proj lm = proj(ph_lm);
+            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
+                      sm.g.ssr);
+            const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
                 float v = -INFINITY;
                 int i = INT_MAX;
-                for (int c = lane; c < chunks; c += 32) better(v, i, __ldcg(arg_val + j * chunks + c),
-                                                               __ldcg(arg_idx + j * chunks + c));
+                for (int c = lane; c < mine; c += 32) {  // the block's own logits: it wrote them
+                    const int col = (blockIdx.x + (c / GEMV_COLS) * gridDim.x) * GEMV_COLS + c % GEMV_COLS;
+                    if (col < vocab) better(v, i, __ldcg(logits + (size_t)j * vocab + col), col);
+                }
+                warp_best(v, i);
+                if (lane == 0) {
+                    arg_val[j * gridDim.x + blockIdx.x] = v;
+                    arg_idx[j * gridDim.x + blockIdx.x] = i;
+                }
+            }
+            done(ph_lm);
+        }
+        if (in(ph_pick)) {  // every block picks every row's token from the blocks' maxima (no barrier)
+            for (int j = warp; j < n_lm; j += GEMV_WARPS) {
+                float v = -INFINITY;
+                int i = INT_MAX;
+                for (int b = lane; b < gridDim.x; b += 32)
+                    better(v, i, __ldcg(arg_val + j * gridDim.x + b), __ldcg(arg_idx + j * gridDim.x + b));
                 warp_best(v, i);
                 if (lane == 0) {
                     const int s = Lo.lm_seq[j], tok = i == INT_MAX ? -1 : i;
