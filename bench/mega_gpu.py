@@ -2,7 +2,7 @@
 in seconds (a kernel that hangs stops everything here), the gpu-marked tests of tests/mega,
 then bench/mega.py. Every step has a timeout; logs land under $OUT.
 
-    python3 bench/mega_gpu.py [--tests-timeout 85] [--bench-timeout 100] [--bench-args "..."]
+    python3 bench/mega_gpu.py [--smoke-timeout 75] [--tests-timeout 80] [--bench-timeout 80] [--bench-args "..."]
 """
 
 from __future__ import annotations
@@ -20,28 +20,39 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu import Run, install  # noqa: E402
 
 SMOKE = """
-import json, sys, tempfile, time
+import faulthandler, json, sys, tempfile, time
+faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)  # where it hangs, if it does
 from pathlib import Path
+T0 = time.perf_counter()
+def say(*a):
+    print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
 from kern.mega import MegaModel
 from kern_models.llama.generator import generate
 from kern_models.llama.random_checkpoint import make
 tmp = Path(tempfile.mkdtemp())
 ckpt = make("smollm2-135m", tmp / "ckpt", device="cuda", max_positions=1024)
 cfg = json.loads((ckpt / "config.json").read_text())
+say("checkpoint")
+debug = MegaModel(generate(cfg, tmp / "phases", target="mega", model="s", context=1024, phases=True), ckpt)
+say("debug mode loaded:", len(debug.engine.launches[debug.decode.program]), "launches a step")
+a = debug.decode_step(5, 0)
+say("debug decode_step (no grid barrier):", a.shape, float(a.max()), int(a.argmax()))
 m = MegaModel(generate(cfg, tmp / "mega", target="mega", model="s", context=1024), ckpt)
-t0 = time.perf_counter(); lg = m.decode_step(5, 0); print("decode_step", lg.shape, float(lg.max()), int(lg.argmax()),
-      f"{(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
-t0 = time.perf_counter(); toks = m.generate(list(range(1, 33)), 16)
-print("generate", toks, f"{(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
+say("fused loaded")
+b = m.decode_step(5, 0)
+say("fused decode_step:", float(b.max()), int(b.argmax()), "bitwise the debug mode:", a.tobytes() == b.tobytes())
+toks = m.generate(list(range(1, 33)), 16)
+say("generate (one launch):", toks)
+t0 = time.perf_counter(); m.generate(list(range(1, 33)), 128); say(f"32 + 128 tokens: {(time.perf_counter() - t0) * 1e3:.1f} ms")
 print("SMOKE OK")
 """
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke-timeout", type=int, default=40)
-    ap.add_argument("--tests-timeout", type=int, default=85)
-    ap.add_argument("--bench-timeout", type=int, default=100)
+    ap.add_argument("--smoke-timeout", type=int, default=75)
+    ap.add_argument("--tests-timeout", type=int, default=80)
+    ap.add_argument("--bench-timeout", type=int, default=80)
     ap.add_argument("--bench-args", default="")
     ap.add_argument("--tests", default=None, help="a pytest -k expression")
     args = ap.parse_args()
@@ -52,10 +63,11 @@ def main() -> int:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     r.summary.append(f"gpu: {gpu}; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}")
-    text = r.step("smoke", [sys.executable, "-c", SMOKE], args.smoke_timeout)
-    r.summary += [ln for ln in text.splitlines() if ln.startswith(("decode_step", "generate", "SMOKE"))][-3:]
+    text = r.step("smoke", [sys.executable, "-c", SMOKE, str(args.smoke_timeout)], args.smoke_timeout)
+    r.summary += [ln for ln in text.splitlines() if ln.startswith(("[", "SMOKE"))]
     if "SMOKE OK" in text:
-        cmd = [sys.executable, "-m", "pytest", "tests/mega", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rA"]
+        cmd = [sys.executable, "-m", "pytest", "tests/mega", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rA",
+               "-o", "faulthandler_timeout=40"]
         text = r.step("tests", cmd + (["-k", args.tests] if args.tests else []), args.tests_timeout)
         r.summary += [ln for ln in text.splitlines() if " PASSED" in ln or " FAILED" in ln or " ERROR" in ln]
         r.summary += [ln for ln in text.splitlines() if ln.strip()][-1:]

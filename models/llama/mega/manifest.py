@@ -97,7 +97,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         "mega_sem": _buf([MAX_ROWS, "kv_heads"], "carry", "i32"),
         # each block's maximum of each row's logits
         "mega_argmax_val": bw([MAX_SEQS, sms], "f32"), "mega_argmax_idx": bw([MAX_SEQS, sms], "i32"),
-        # the grid barrier's counter and generation: zero at load, the counter zero after every barrier
+        # the grid barrier's arrival and leaving counters: zero at load, zero again after every launch
         "mega_bar": _buf([2], "carry", "u32"),
     })
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
@@ -130,8 +130,8 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
         "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True,
-        # bar and sem: zero between launches (every barrier and every merge leaves its counter at
-        # zero), so the launch leaves them as it found them and does not list them (kern test
+        # bar and sem: zero between launches (the last block to leave resets bar, every merge its
+        # counter in sem), so the launch leaves them as it found them and does not list them (kern test
         # would poison them: a hang, a merge that never happens)
         "writes": [p.split(":")[0] for p in PARAMS if ": out " in p or p.startswith("kv_state")]}]}}
     used_ops = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}

@@ -22,12 +22,10 @@
 // of phases of one step (the debug mode launches one phase a launch): the same code on the same
 // data, so the same bits as the fused launch.
 //
-// The grid barrier is a counter and a generation word in `bar` (u32[2], zero before the first
-// launch, the counter zero again after every barrier): thread 0 of each block arrives with a
-// release add and the last to arrive resets the counter and bumps the generation (release);
-// the others spin on the generation (acquire). It deadlocks unless every block is resident:
-// the runtime refuses a cooperative grid the occupancy API says cannot be co-resident. Data
-// another block wrote is read at L2 (ld.global.cg), never through a possibly stale L1 line.
+// The grid barrier (GridBar below: an arrival counter and a leaving counter in `bar`, u32[2],
+// zero between launches) deadlocks unless every block is resident: the runtime refuses a
+// cooperative grid the occupancy API says cannot be co-resident. Data another block wrote is
+// read at L2 (ld.global.cg), never through a possibly stale L1 line.
 //
 // Row layout of a step (every block computes it, the same, in shared memory): sequence s has
 // prompt tokens ids[cu_seqlens[s] .. cu_seqlens[s+1]) from position pos[cu_seqlens[s]]; a step
@@ -50,28 +48,50 @@ static_assert((MEGA_MAX_G * MEGA_MAX_HD) % MEGA_THREADS == 0, "attention's (head
 enum { PH_EMBED = 0, PH_LAYER = 1, PH_PER_LAYER = 5 };
 
 // ---- the grid barrier ---------------------------------------------------------------------
+// ctr[0] counts arrivals, ctr[1] blocks that have left; both are zero between launches. Barrier
+// n (n = 1, 2, ...) is passed when ctr[0] reaches n * gridDim.x: a block arrives (a release
+// add, after the block's writes) at the end of a phase, and waits (thread 0 spins with acquire
+// loads) at the start of the next one only once it has issued what does not depend on the
+// other blocks: its first weight loads. The last block to leave resets both words. Arrive and
+// wait are CUTLASS's pattern (fence.acq_rel + relaxed red; ld.acquire), each block passing the
+// same barriers in the same order.
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ void grid_barrier(unsigned *bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned gen = ld_acquire(bar + 1);  // cannot move before every block arrived
-        __threadfence();
-        unsigned old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
-        if (old == gridDim.x - 1) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-        } else {
-            while (ld_acquire(bar + 1) == gen) __nanosleep(32);
-        }
-        __threadfence();
+struct GridBar {
+    unsigned *ctr;
+    unsigned round;  // barriers this block has arrived at
+    bool pending;    // arrived at, not yet waited for
+    __device__ void arrive() {
+        __syncthreads();
+        if (threadIdx.x == 0)
+            asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        ++round;
+        pending = true;
     }
-    __syncthreads();
-}
+    __device__ void wait() {
+        if (!pending) return;
+        pending = false;
+        if (threadIdx.x == 0) {
+            const unsigned target = round * gridDim.x;
+            while ((int)(ld_acquire(ctr) - target) < 0) __nanosleep(20);
+        }
+        __syncthreads();
+    }
+    __device__ void leave() {
+        wait();
+        if (threadIdx.x == 0) {
+            unsigned old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(ctr + 1) : "memory");
+            if (old == gridDim.x - 1) {  // every block is past its last wait: nobody reads ctr[0] again
+                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(ctr) : "memory");
+                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(ctr + 1) : "memory");
+            }
+        }
+    }
+};
 
 // ---- the step's rows ----------------------------------------------------------------------
 struct Layout {
@@ -119,11 +139,12 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
 }
 
 // ---- projections: gemv.cuh's pass, one tile at a time ---------------------------------------
-// gemv_pass without programmatic dependent launch and with the tile given (not blockIdx.x):
-// the same loads, mma order and reduction, so the same bits as the per-op kernels.
+// gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
+// the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
+// kernels.
 template <int NT, class X, class Y>
-__device__ __forceinline__ void mega_pass(const X &xs, const bf16 *__restrict__ W, const Y &ys, int tile, int r0,
-                                          int R, int N, int K, char *smem, float *ssr) {
+__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys, int tile, int r0,
+                                          int R, int N, int K, char *smem, float *ssr, GridBar &gb) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = GEMV_COLS * tile;
@@ -144,6 +165,10 @@ __device__ __forceinline__ void mega_pass(const X &xs, const bf16 *__restrict__ 
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    gb.wait();  // weights never depend on the other blocks; x does
+    // after(): the activations' addresses come from after the wait, so their loads (asm that the
+    // compiler may move or merge) neither rise above it nor reuse an earlier phase's values
+    const X xs = xs0.after();
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
@@ -245,6 +270,7 @@ struct XNormRows {
     XNorm base;
     const int *rows;
     float eps;
+    __device__ XNormRows after() const { return {base.after(), rows, eps}; }
     __device__ uint4 weight(int k) const { return base.weight(k); }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(base.res + (size_t)rows[row] * K + k); }
     __device__ uint4 form(const uint4 &v, const uint4 &nw, bool ok, float &ss) const {
@@ -469,17 +495,21 @@ __device__ __forceinline__ void prefetch_first(const Proj &p) {
 }
 
 // y over `rows` rows, the grid's blocks taking tiles tile = blockIdx.x, + gridDim.x, ...
+// The first pass waits for the barrier after its first weight loads; a block without tiles
+// waits at the end. Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers
+// (the rows past 16, prompt chunks, re-read the tile's weights, from L2).
+#define MEGA_NT 2
 template <class X, class Y>
-__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr) {
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb) {
     for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
         if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
-        for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
-            const int R = min(8 * GEMV_MAX_NT, rows - r0);
-            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
-            else if (R <= 16) mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
-            else mega_pass<4>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr);
+        for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
+            const int R = min(8 * MEGA_NT, rows - r0);
+            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
+            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
         }
     }
+    gb.wait();
 }
 
 union MegaSmem {
@@ -526,13 +556,15 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     }
     __syncthreads();
     // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, asks L2
-    // for the next projection's first tiles and crosses the grid barrier.
+    // for the next projection's first tiles and arrives at the grid barrier, which the next
+    // phase waits for (a projection after its first weight loads).
+    GridBar gb{bar, 0, false};
     auto in = [&](int ph) { return ph >= phase_lo && ph < phase_hi; };
     auto done = [&](int ph) {
         if (ph + 1 < phase_hi) {
             const Proj next = proj(ph + 1);
             prefetch_first(next.W ? next : proj(ph + 2));  // past attention: the o projection
-            grid_barrier(bar);
+            gb.arrive();
         }
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
@@ -558,10 +590,11 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 KvAppend app{nullptr, kv_state, page_table, Lo.cu, pages_per_seq, n_seqs, layer, n_layers,
                              page_tokens};
                 YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr);
+                mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph);
             }
             if (in(ph + 1)) {  // attention, its context splits merged in the phase
+                gb.wait();
                 aa.layer = layer;
                 const int per_split = R * n_kv_heads;
                 for (int item = blockIdx.x; item < ATT_MAX_SPLITS * per_split; item += gridDim.x) {
@@ -572,15 +605,15 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddRes{x}, R, sm.g.tiles, sm.g.ssr);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddRes{x}, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddRes{x}, R, sm.g.tiles, sm.g.ssr);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddRes{x}, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph + 4);
             }
         }
@@ -588,7 +621,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
             const Proj lm = proj(ph_lm);
             mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
-                      sm.g.ssr);
+                      sm.g.ssr, gb);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
                 float v = -INFINITY;
@@ -606,6 +639,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             done(ph_lm);
         }
         if (in(ph_pick)) {  // every block picks every row's token from the blocks' maxima (no barrier)
+            gb.wait();
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
                 float v = -INFINITY;
                 int i = INT_MAX;
@@ -622,4 +656,5 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         }
         __syncthreads();
     }
+    gb.leave();
 }
