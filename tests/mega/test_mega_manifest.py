@@ -49,6 +49,15 @@ def test_the_weights_table_lists_every_layer_in_the_kernels_order(deployment):
                                 "embed", "final_norm", "lm_head"]
     text = SOURCE.read_text()
     assert f"#define PER_LAYER {len(mega.LAYER_WEIGHTS)}" in text and f"#define GLOBALS {len(mega.GLOBAL_WEIGHTS)}" in text
+    assert f"#define PER_LAYER_QK {len(mega.LAYER_WEIGHTS) + len(mega.QK_WEIGHTS)}" in text
+
+
+def test_qwen3_adds_its_q_k_norms_to_the_table_and_a_phase_a_layer(tmp_path):
+    m = json.loads(generate({**TINY, "architectures": ["Qwen3ForCausalLM"]}, tmp_path, target="mega",
+                            model="tiny", phases=True).read_text())
+    assert m["buffers"]["mega_weights"]["entries"][:8] == ["ln1.0", "qkv_w.0", "o_w.0", "ln2.0", "gate_up_w.0",
+                                                          "down_w.0", "q_norm.0", "k_norm.0"]
+    assert len(m["programs"]["decode"]["calls"]) == mega.n_phases(2, qk_norm=True) == 1 + 6 * 2 + 2
 
 
 def test_the_kernel_signature_is_the_ops_params():
@@ -83,7 +92,6 @@ def test_a_manifest_without_a_generation_program_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("change, why", [
-    (dict(architectures=["Qwen3ForCausalLM"], head_dim=64), "q/k norms"),
     (dict(head_dim=256), "head_dim 256"),
     (dict(num_attention_heads=16, num_key_value_heads=1), "16 query heads a kv head"),
 ])

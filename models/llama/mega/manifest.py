@@ -27,6 +27,7 @@ MAX_CHUNK = 8         # prompt tokens a sequence consumes a step, at most
 MAX_SPLITS = 16       # mega.cu ATT_MAX_SPLITS: attention's context splits a row
 PHASES_PER_LAYER = 5  # qkv, attention, o, mlp, down
 LAYER_WEIGHTS = ("ln1", "qkv_w", "o_w", "ln2", "gate_up_w", "down_w")
+QK_WEIGHTS = ("q_norm", "k_norm")  # after a layer's others, with q/k norms (Qwen3)
 GLOBAL_WEIGHTS = ("embed", "final_norm", "lm_head")
 
 PARAMS = (
@@ -36,21 +37,20 @@ PARAMS = (
     "part_ml: out buffer<f32>", "sem: inout buffer<i32>", "logits: out buffer<f32>", "arg_val: out buffer<f32>",
     "arg_idx: out buffer<i32>", "tokens: out buffer<i32>", "bar: inout buffer<u32>",
     *(f"{n}: i32" for n in ("n_seqs", "pages_per_seq", "n_layers", "hidden", "inter", "n_q_heads", "n_kv_heads",
-                            "head_dim", "page_tokens", "vocab", "chunk", "max_new", "max_steps", "phase_lo",
-                            "phase_hi")),
+                            "head_dim", "page_tokens", "vocab", "qk_norm", "chunk", "max_new", "max_steps",
+                            "phase_lo", "phase_hi")),
     "eps: f32",
 )
 
 
-def n_phases(layers: int) -> int:
-    """embed, five a layer, LM head (with each block's argmax), the pick (mega.cu's phase numbers)."""
-    return 1 + PHASES_PER_LAYER * layers + 2
+def n_phases(layers: int, qk_norm: bool = False) -> int:
+    """embed, five a layer (six with q/k norms), LM head (with each block's argmax), the pick
+    (mega.cu's phase numbers)."""
+    return 1 + (PHASES_PER_LAYER + qk_norm) * layers + 2
 
 
 def check_shape(s: Shape) -> None:
     problems = []
-    if s.qk_norm:
-        problems.append("q/k norms (Qwen3): the megakernel has no per-head norm phase yet")
     if s.head_dim not in (64, 128):
         problems.append(f"head_dim {s.head_dim}: the megakernel's attention takes 64 or 128")
     if s.heads // s.kv_heads > 8:
@@ -66,7 +66,8 @@ def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_ste
         b("mega_weights"), {"state": "kv"}, b(page_table), b(ids), b(pos), b(cu), b("rope"), b("mega_x"),
         b("mega_qkv"), b("mega_attn"), b("mega_act"), b("mega_part_o"), b("mega_part_ml"), b("mega_sem"), b(logits),
         b("mega_argmax_val"), b("mega_argmax_idx"), b(tokens), b("mega_bar"), v(seqs), v(pages), v("layers"),
-        v("hidden"), v("inter"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"), v("vocab"), v(chunk),
+        v("hidden"), v("inter"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"), v("vocab"),
+        v(int(s.qk_norm)), v(chunk),
         v(max_new), v(max_steps), v(lo), v(hi), v(s.eps)]}
 
 
@@ -84,11 +85,10 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
     for n in ("d_x", "d_qkv", "d_attn", "d_act", "d_part_o", "d_part_ml", "d_sem", "d_argmax_val", "d_argmax_idx"):
         del bufs[n]
     bw = lambda shape, dtype="bf16": _buf(shape, "workspace", dtype)
+    per_layer = LAYER_WEIGHTS + (QK_WEIGHTS if s.qk_norm else ())
+    entries = [f"{w}.{l}" for l in range(s.layers) for w in per_layer] + list(GLOBAL_WEIGHTS)
     bufs.update({
-        "mega_weights": {"kind": "pointers", "dtype": "u64",
-                         "shape": [len(LAYER_WEIGHTS) * s.layers + len(GLOBAL_WEIGHTS)],
-                         "entries": [f"{w}.{l}" for l in range(s.layers) for w in LAYER_WEIGHTS]
-                         + list(GLOBAL_WEIGHTS)},
+        "mega_weights": {"kind": "pointers", "dtype": "u64", "shape": [len(entries)], "entries": entries},
         "mega_x": bw([MAX_ROWS, "hidden"]), "mega_qkv": bw([MAX_ROWS, "qkv_dim"]),
         "mega_attn": bw([MAX_ROWS, "q_dim"]), "mega_act": bw([MAX_ROWS, "inter"]),
         # attention's split partials; sem counts a (row, kv head)'s splits, zero between phases
@@ -101,7 +101,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         "mega_bar": _buf([2], "carry", "u32"),
     })
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
-    total = n_phases(s.layers)
+    total = n_phases(s.layers, s.qk_norm)
     ranges = [(i, i + 1) for i in range(total)] if phases else [(0, total)]
     m["programs"]["decode"]["calls"] = [_call(s, "seqs", "d_next", "d_logits", 1, 1, 1, lo, hi, **decode_io)
                                         for lo, hi in ranges]

@@ -40,11 +40,16 @@
 #define MEGA_MAX_SEQS 32
 #define MEGA_MAX_G 8
 #define MEGA_MAX_HD 128
-#define PER_LAYER 6   // pointers table: ln1, qkv_w, o_w, ln2, gate_up_w, down_w a layer, then
-#define GLOBALS 3     // embed, final_norm, lm_head
+// pointers table: per layer ln1, qkv_w, o_w, ln2, gate_up_w, down_w (and q_norm, k_norm with
+// qk_norm), then the GLOBALS: embed, final_norm, lm_head
+#define PER_LAYER 6
+#define PER_LAYER_QK 8
+#define GLOBALS 3
 static_assert(MEGA_THREADS == 256, "the attention and argmax phases are laid out for 8 warps");
 static_assert((MEGA_MAX_G * MEGA_MAX_HD) % MEGA_THREADS == 0, "attention's (head, dim) pairs a thread");
 
+// Phases: embed, then per layer qkv, (qk: the q/k norms, with qk_norm), attention, o, mlp,
+// down; then lm_head and pick.
 enum { PH_EMBED = 0, PH_LAYER = 1, PH_PER_LAYER = 5 };
 
 // ---- the grid barrier ---------------------------------------------------------------------
@@ -512,6 +517,49 @@ __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, cha
     gb.wait();
 }
 
+// ---- Qwen3's q/k norms: a warp per (row, head) ---------------------------------------------
+// rope.cu's qk_norm_rope_append for one head: per-head RMSNorm (bf16(w * bf16(x / rms)), as
+// transformers), rope, stored back in place; a k head's rotated row and the matching v row also
+// go to the paged KV state. Lane l holds the rope pairs (i, i + head_dim/2), i = l + 32 j.
+template <int HD>
+__device__ void qk_norm_head(bf16 *qkv, int r, int h, const bf16 *qw, const bf16 *kw, const Layout &Lo,
+                             const float *table, const KvAppend &app, int n_q_heads, int n_kv_heads, float eps) {
+    constexpr int HALF = HD / 2, J = HALF / 32;
+    const int lane = threadIdx.x & 31, qkv_dim = (n_q_heads + 2 * n_kv_heads) * HD, p = Lo.pos[r];
+    bf16 *x = qkv + (size_t)r * qkv_dim + (size_t)h * HD;
+    float x0[J], x1[J], ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        x0[j] = to_f(__ldcg(x + lane + 32 * j));
+        x1[j] = to_f(__ldcg(x + lane + 32 * j + HALF));
+        ss += x0[j] * x0[j] + x1[j] * x1[j];
+    }
+    const float rs = 1.f / sqrtf(warp_sum(ss) / (float)HD + eps);
+    const bf16 *w = h < n_q_heads ? qw : kw;
+    bf16 *dk = nullptr, *dv = nullptr;
+    const bf16 *vr = nullptr;
+    if (h >= n_q_heads) {
+        const int kh = h - n_q_heads;
+        dk = app.dst(r, 0, kh, p, n_kv_heads, HD);
+        dv = app.dst(r, 1, kh, p, n_kv_heads, HD);
+        vr = qkv + (size_t)r * qkv_dim + (size_t)(n_q_heads + n_kv_heads + kh) * HD;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int i = lane + 32 * j;
+        float a = rbf(to_f(w[i]) * rbf(x0[j] * rs)), b = rbf(to_f(w[i + HALF]) * rbf(x1[j] * rs));
+        rotate(a, b, table, p, i, HD);
+        x[i] = to_bf(a);
+        x[i + HALF] = to_bf(b);
+        if (dk) {
+            dk[i] = to_bf(a);
+            dk[i + HALF] = to_bf(b);
+            dv[i] = __ldcg(vr + i);
+            dv[i + HALF] = __ldcg(vr + i + HALF);
+        }
+    }
+}
+
 union MegaSmem {
     struct {
         __align__(16) char tiles[GEMV_WARPS * GEMV_WARP_SMEM];
@@ -528,26 +576,29 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             float *__restrict__ part_ml, int *sem, float *__restrict__ logits, float *__restrict__ arg_val,
             int *__restrict__ arg_idx, int *__restrict__ tokens, unsigned *bar, int n_seqs, int pages_per_seq,
             int n_layers, int hidden, int inter, int n_q_heads, int n_kv_heads, int head_dim, int page_tokens,
-            int vocab, int chunk, int max_new, int max_steps, int phase_lo, int phase_hi, float eps) {
+            int vocab, int qk_norm, int chunk, int max_new, int max_steps, int phase_lo, int phase_hi, float eps) {
     __shared__ MegaSmem sm;
     __shared__ Layout Lo;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qkv_dim = (n_q_heads + 2 * n_kv_heads) * head_dim, q_dim = n_q_heads * head_dim;
     const bf16 *const *W = reinterpret_cast<const bf16 *const *>(wt);
-    const bf16 *embed = W[n_layers * PER_LAYER], *final_norm = W[n_layers * PER_LAYER + 1];
-    const int ph_lm = PH_LAYER + PH_PER_LAYER * n_layers, ph_pick = ph_lm + 1;
+    const int per_layer = qk_norm ? PER_LAYER_QK : PER_LAYER, ppl = PH_PER_LAYER + (qk_norm ? 1 : 0);
+    const bf16 *embed = W[n_layers * per_layer], *final_norm = W[n_layers * per_layer + 1];
+    const int ph_lm = PH_LAYER + ppl * n_layers, ph_pick = ph_lm + 1;
     // The projection of phase ph (W null for the phases without one).
     auto proj = [&](int ph) -> Proj {
         if (ph == ph_lm)
-            return {W[n_layers * PER_LAYER + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
+            return {W[n_layers * per_layer + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
         if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0, 0, 0};
-        const bf16 *const *lw = W + ((ph - PH_LAYER) / PH_PER_LAYER) * PER_LAYER;
-        switch ((ph - PH_LAYER) % PH_PER_LAYER) {
-            case 0: return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS, TILE_ROPE, head_dim};
+        const bf16 *const *lw = W + ((ph - PH_LAYER) / ppl) * per_layer;
+        const int k = (ph - PH_LAYER) % ppl;
+        if (k == 0)  // with q/k norms the projection stores qkv as it is (the qk phase rotates)
+            return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS, qk_norm ? TILE_PLAIN : TILE_ROPE, head_dim};
+        switch (k - (qk_norm ? 1 : 0)) {
             case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
             case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2), TILE_SWIGLU, 0};
             case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-            default: return {nullptr, 0, 0, 0, 0, 0};  // attention
+            default: return {nullptr, 0, 0, 0, 0, 0};  // q/k norms, attention
         }
     };
     if (tid < MEGA_MAX_SEQS) {
@@ -562,8 +613,9 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     auto in = [&](int ph) { return ph >= phase_lo && ph < phase_hi; };
     auto done = [&](int ph) {
         if (ph + 1 < phase_hi) {
-            const Proj next = proj(ph + 1);
-            prefetch_first(next.W ? next : proj(ph + 2));  // past attention: the o projection
+            Proj next = proj(ph + 1);
+            for (int k = 2; !next.W && k <= 3; ++k) next = proj(ph + k);  // past q/k norms and attention
+            prefetch_first(next);
             gb.arrive();
         }
     };
@@ -584,13 +636,29 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             done(PH_EMBED);
         }
         for (int layer = 0; layer < n_layers; ++layer) {
-            const bf16 *const *lw = W + layer * PER_LAYER;
-            const int ph = PH_LAYER + PH_PER_LAYER * layer;
-            if (in(ph)) {  // qkv, rope, KV append
-                KvAppend app{nullptr, kv_state, page_table, Lo.cu, pages_per_seq, n_seqs, layer, n_layers,
-                             page_tokens};
-                YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb);
+            const bf16 *const *lw = W + layer * per_layer;
+            const KvAppend app{nullptr, kv_state, page_table, Lo.cu, pages_per_seq, n_seqs, layer, n_layers,
+                               page_tokens};
+            int ph = PH_LAYER + ppl * layer;
+            if (in(ph)) {  // qkv; without q/k norms rope and the KV append in its epilogue
+                if (qk_norm) {
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm.g.tiles, sm.g.ssr, gb);
+                } else {
+                    YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb);
+                }
+                done(ph);
+            }
+            if (qk_norm && in(++ph)) {  // q/k norms, rope, KV append: a warp per (row, head)
+                gb.wait();
+                const int heads = n_q_heads + n_kv_heads;
+                for (int item = blockIdx.x * GEMV_WARPS + warp; item < R * heads; item += gridDim.x * GEMV_WARPS) {
+                    const int r = item / heads, h = item - r * heads;
+                    if (head_dim == 64)
+                        qk_norm_head<64>(qkv, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
+                    else
+                        qk_norm_head<128>(qkv, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
+                }
                 done(ph);
             }
             if (in(ph + 1)) {  // attention, its context splits merged in the phase
