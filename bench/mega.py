@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -46,7 +47,19 @@ def read_ceiling_tb_s() -> float:
     return n / best / 1e12
 
 
-def timed(fn, repeats: int = 3) -> tuple[float, object]:
+def checkpoint(name: str) -> Path:
+    """The seeded random checkpoint of shape `name`, made once in $MEGA_CKPTS (shared by the
+    steps of bench/mega_gpu.py) or in a fresh temporary folder."""
+    from kern_models.llama.random_checkpoint import make
+
+    root = Path(os.environ.get("MEGA_CKPTS") or tempfile.mkdtemp())
+    folder = root / name
+    if not (folder / "config.json").is_file():
+        make(name, folder, device="cuda", max_positions=4096)
+    return folder
+
+
+def timed(fn, repeats: int = 2) -> tuple[float, object]:
     """(median wall seconds of `repeats` calls after one warm-up, the last result)."""
     out = fn()
     times = []
@@ -73,7 +86,6 @@ def main() -> None:
     from kern.api import Model
     from kern.mega import MegaModel
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import make
 
     ceiling = read_ceiling_tb_s()
     results = {"gpu": torch.cuda.get_device_name(0), "read_ceiling_tb_s": round(ceiling, 2), "runs": []}
@@ -81,7 +93,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     for name in args.shapes.split(","):
         tmp = Path(tempfile.mkdtemp())
-        ckpt = make(name, tmp / "ckpt", device="cuda", max_positions=4096)
+        ckpt = checkpoint(name)
         cfg = json.loads((ckpt / "config.json").read_text())
         mega = MegaModel(generate(cfg, tmp / "mega", target="mega", model=name, context=1024), ckpt,
                          sequences=max(batches))

@@ -4,6 +4,8 @@ issue 17 promises of it, each a test. Bitwise promises compare bytes, not tolera
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +17,13 @@ CONTEXT = 1024
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
+    """A seeded random SmolLM2-135M; the one bench/mega_gpu.py made already when $MEGA_CKPTS has it."""
     from kern_models.llama.random_checkpoint import make
 
-    return make("smollm2-135m", tmp_path_factory.mktemp("ckpt"), max_positions=CONTEXT)
+    shared = Path(os.environ.get("MEGA_CKPTS", "/nonexistent")) / "smollm2-135m"
+    if (shared / "config.json").is_file():
+        return shared
+    return make("smollm2-135m", tmp_path_factory.mktemp("ckpt"), device="cuda", max_positions=4096)
 
 
 def deploy(ckpt, folder, **kw):
