@@ -78,7 +78,8 @@ class MegaModel:
         self.verified = load_verified(manifest)
         self.gen = generation_program(self.verified)
         m = self.verified.manifest
-        self.decode = next((st for st in derive(self.verified).steppers if st.rows == 1), None)
+        protocol = derive(self.verified)
+        self.decode = protocol.for_rows(1, 1) if any(st.rows == 1 for st in protocol.steppers) else None
         consts = self.verified.constants
         bound = {**consts, **{n: var.max for n, var in m.vars.items()}}
         pt_shape = m.buffers[self.gen.page_table].shape

@@ -82,8 +82,6 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
     if m["vars"]["seqs"]["max"] > MAX_SEQS:
         raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
     bufs = m["buffers"]
-    for n in ("d_x", "d_qkv", "d_attn", "d_act", "d_part_o", "d_part_ml", "d_sem", "d_argmax_val", "d_argmax_idx"):
-        del bufs[n]
     bw = lambda shape, dtype="bf16": _buf(shape, "workspace", dtype)
     per_layer = LAYER_WEIGHTS + (QK_WEIGHTS if s.qk_norm else ())
     entries = [f"{w}.{l}" for l in range(s.layers) for w in per_layer] + list(GLOBAL_WEIGHTS)
@@ -134,6 +132,11 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         # counter in sem), so the launch leaves them as it found them and does not list them (kern test
         # would poison them: a hang, a merge that never happens)
         "writes": [p.split(":")[0] for p in PARAMS if ": out " in p or p.startswith("kv_state")]}]}}
+    # what only the per-op decode read (its sampling inputs among them: the megakernel picks the
+    # argmax; a host that samples reads the logits)
+    passed = {a["buf"] for prog in m["programs"].values() for c in prog["calls"] for a in c["args"] if "buf" in a}
+    listed = set(bufs["mega_weights"]["entries"])
+    m["buffers"] = {n: b for n, b in bufs.items() if n in passed or n in listed}
     used_ops = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used_ops}
     used_modules = {l.get("module") for op in m["ops"].values() for l in op["impl"]["launches"]}

@@ -18,12 +18,18 @@ class Feed:
     tokens: list[int]
     start: int  # position of the first
     pages: list[int]  # the sequence's page table
+    temperature: float = 0.0  # the device draws the next token at this temperature (0: argmax)
+    key: int = 0  # the 64-bit key of that draw
 
 
-def buckets(limit: int) -> list[int]:
-    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `limit`."""
-    out = [b for b in (1, 2, 4, 8) if b < limit]
-    out += list(range(16, limit, 8))
+def buckets(limit: int, narrow: int | None = None) -> list[int]:
+    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `narrow`
+    (the small-batch decode program's bound; None: `limit`), steps of 16 past it (a wide
+    program's graphs: larger, so fewer of them), and `limit` itself."""
+    narrow = limit if narrow is None else min(narrow, limit)
+    out = [b for b in (1, 2, 4, 8) if b < narrow]
+    out += list(range(16, narrow, 8))
+    out += list(range(narrow, limit, 16)) if narrow < limit else []
     return out + [limit]
 
 
@@ -35,19 +41,25 @@ class Runner:
     def __init__(self, engine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
         self.engine = engine
         self.protocol = protocol
-        self.decode = protocol.for_rows(1, 1)
+        # one-row-a-sequence programs, fewest sequences first: decode, and a wide decode where
+        # the manifest has one (the step takes the smallest that holds its batch)
+        self.decoders = protocol.fixed(1)
+        self.decode = self.decoders[0]
         self.ragged = protocol.for_rows(1, None)
         self.graphs = engine.runs_steps_natively(self.decode.program)
-        self.decode_max = min(decode_max or self.decode.groups_max, self.decode.groups_max)
-        self.sizes = buckets(self.decode_max)
+        top = self.decoders[-1].groups_max
+        self.decode_max = min(decode_max or top, top)
+        self.sizes = buckets(self.decode_max, self.decode.groups_max)
         self.mixed_groups = self.ragged.groups_max
-        # decode rows alone: the decode program up to its bound, the ragged one past it
+        # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
+        # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
+        self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
 
     def scratch_feed(self, position: int) -> Feed:
         """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
-        width = self.engine.shapes[self.decode.page_tables[0].buffer][1]
+        width = min(self.engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
         return Feed([0], position, [self.scratch] * width)
 
     def reach_buckets(self, reach: int) -> list[int]:
@@ -63,8 +75,10 @@ class Runner:
         return out + [top]
 
     def stepper_for(self, feeds: list[Feed]) -> Stepper:
-        if all(len(f.tokens) == 1 for f in feeds) and len(feeds) <= self.decode_max:
-            return self.decode
+        n = len(feeds)
+        if all(len(f.tokens) == 1 for f in feeds) and n <= self.decode_max:
+            n = bucket(n, self.sizes) if self.graphs else n
+            return next(d for d in self.decoders if d.groups_max >= n)
         return self.ragged
 
     def run(self, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -90,7 +104,7 @@ class Runner:
         return tokens, out
 
     def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        if st is self.decode and self.graphs:  # pad to a captured size: one graph per bucket
+        if st is not self.ragged and self.graphs:  # pad to a captured size: one graph per bucket
             pad = bucket(len(feeds), self.sizes) - len(feeds)
             feeds = feeds + [self.scratch_feed(0)] * pad
         n = len(feeds)
@@ -105,6 +119,10 @@ class Runner:
             inputs[pt.buffer] = table
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(f.tokens) for f in feeds], dtype=np.int32)
+        if "temperature" in st.inputs:
+            inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds], np.float32)
+        if "rng" in st.inputs:  # each key as two i32, low word first
+            inputs[st.inputs["rng"]] = np.array([f.key for f in feeds], "<u8").view("<i4").reshape(n, 2)
         reach = max(f.start + len(f.tokens) for f in feeds)
         env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
         tokens = self.engine.read(st.outputs["tokens"], env)
@@ -123,6 +141,9 @@ class Runner:
             inputs[pt.buffer] = table
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
+        for role, a in (("temperature", np.zeros(1, np.float32)), ("rng", np.zeros((1, 2), np.int32))):
+            if role in st.inputs:  # greedy: the argmax fed back on the device
+                inputs[st.inputs[role]] = a
         outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + k), inputs,
                                      [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, k)],
                                      feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])

@@ -19,6 +19,7 @@ class Sequence:
     max_tokens: int  # params.max_tokens clipped to the context
     text: TextStream
     rng: np.random.Generator
+    seed: int  # the request's seed (its own or one derived from its id): keys the device's draws
     out: list[int] = field(default_factory=list)
     lease: Lease | None = None
     written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)
@@ -29,6 +30,13 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.out
+
+    def span(self, start: int, n: int) -> list[int]:
+        """tokens[start:start + n] without building tokens (a step reads one row of each)."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.out[start - p:start - p + n]
+        return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
 
     @property
     def pending(self) -> int:

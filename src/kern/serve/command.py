@@ -21,6 +21,10 @@ def main(args) -> int:
                      max_seqs=args.max_seqs, memory=args.memory, progress=True)
         loop = model.loop
         loop.warm_up(progress=True)
+        if args.trace:  # after the warm-up: only served steps
+            from ..bench.trace import record
+
+            record(model.engine, args.trace)
         print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
               f" (chat page at /, API at /v1)", file=sys.stderr)
         return loop
