@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu import Run, install  # noqa: E402
+from gpu import Run, install, models_env  # noqa: E402
 
 SMOKE = """
 import faulthandler, json, sys, time
@@ -60,7 +60,12 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    env = {**install(Path("/tmp/site")), "MEGA_CKPTS": "/tmp/mega-ckpts"}
+    # Another preset of the same call may be running from /tmp/site: use it as it is when its
+    # wheels are in (no rewrite under a running process), else install into a site of our own.
+    shared = Path("/tmp/site")
+    env = (models_env(shared, ROOT / "models", Path("/tmp/kern-cache-mega")) if (shared / "cuda").is_dir()
+           else install(Path("/tmp/site-mega")))
+    env["MEGA_CKPTS"] = "/tmp/mega-ckpts"
     r = Run(out, env)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
