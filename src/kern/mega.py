@@ -72,9 +72,9 @@ def generation_program(v: Verified) -> GenerationProgram:
 
 class MegaModel:
     def __init__(self, manifest: str | Path, checkpoint: str | Path, *, sequences: int = 1,
-                 context: int | None = None):
+                 context: int | None = None, device=None):
         """`sequences` x `context` positions of paged state are allocated (context: the
-        manifest's bound by default)."""
+        manifest's bound by default). `device`: the engine's (default: the manifest target's)."""
         self.verified = load_verified(manifest)
         self.gen = generation_program(self.verified)
         m = self.verified.manifest
@@ -90,7 +90,7 @@ class MegaModel:
         per_token = evaluate(m.states[state].bytes_per_token, consts)
         self.seq_pages = -(-self.context // self.page_tokens)
         budget = max(sequences, 1) * self.seq_pages * self.page_tokens * per_token
-        self.engine = Engine(self.verified, checkpoint, state_budget=budget)
+        self.engine = Engine(self.verified, checkpoint, state_budget=budget, device=device)
         self.sequences = self.engine.pages[state] // self.seq_pages
 
     @classmethod
