@@ -147,8 +147,20 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
 // the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
 // kernels.
+// gemv.cuh's YAddRes with its residual pointer taken after the wait (see mega_pass); the same
+// arithmetic, so the same bits. The other outputs only write, or read weights and the block's
+// own shared memory.
+struct YAddResMega {
+    static constexpr bool PAIRED = false;
+    bf16 *res;
+    __device__ void put(size_t i, float v) const { res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v)); }
+};
+template <class Y>
+__device__ __forceinline__ Y y_after(const Y &y) { return y; }
+__device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
+
 template <int NT, class X, class Y>
-__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys, int tile, int r0,
+__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
                                           int R, int N, int K, char *smem, float *ssr, GridBar &gb) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -158,7 +170,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     int row0, row1;
     bool ok0, ok1;
     if constexpr (Y::PAIRED) {
-        ok0 = ok1 = ys.wrows(tile, g, N, row0, row1);
+        ok0 = ok1 = ys0.wrows(tile, g, N, row0, row1);
     } else {
         row0 = n0 + g;
         row1 = n0 + g + 8;
@@ -172,8 +184,10 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
-    // compiler may move or merge) neither rise above it nor reuse an earlier phase's values
+    // compiler may move or merge: ld_act and __ldcg are neither volatile nor memory-clobbering)
+    // neither rise above it nor reuse an earlier phase's values
     const X xs = xs0.after();
+    const Y ys = y_after(ys0);
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
@@ -331,8 +345,9 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     if (z >= n_used) return;
     const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
+    const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
-        sm.q[i / HD][i % HD] = to_f(__ldcg(a.qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
+        sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
     if (tid < G) {
         sm.m[tid] = -INFINITY;
         sm.l[tid] = 0.f;
@@ -430,16 +445,17 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     }
     __syncthreads();
     if (!sm.last) return;
+    const float *part_ml = after_wait(a.part_ml), *part_o = after_wait(a.part_o);
     for (int i = tid; i < G * HD; i += blockDim.x) {  // the last block merges z = 0, 1, ... in order
         const int g = i / HD, d = i - g * HD;
-        const float *ml = a.part_ml + (head0 + g) * ATT_MAX_SPLITS * 2;
+        const float *ml = part_ml + (head0 + g) * ATT_MAX_SPLITS * 2;
         float M = -INFINITY;
         for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, __ldcg(ml + zz * 2));
         float L = 0.f, O = 0.f;
         for (int zz = 0; zz < n_used; ++zz) {
             const float f = exp2f(__ldcg(ml + zz * 2) - M);
             L += __ldcg(ml + zz * 2 + 1) * f;
-            O += __ldcg(a.part_o + ((head0 + g) * ATT_MAX_SPLITS + zz) * HD + d) * f;
+            O += __ldcg(part_o + ((head0 + g) * ATT_MAX_SPLITS + zz) * HD + d) * f;
         }
         a.attn[(size_t)r * q_dim + (kh * G + g) * HD + d] = to_bf(O / L);
     }
@@ -654,10 +670,11 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 const int heads = n_q_heads + n_kv_heads;
                 for (int item = blockIdx.x * GEMV_WARPS + warp; item < R * heads; item += gridDim.x * GEMV_WARPS) {
                     const int r = item / heads, h = item - r * heads;
+                    bf16 *q = after_wait(qkv);
                     if (head_dim == 64)
-                        qk_norm_head<64>(qkv, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
+                        qk_norm_head<64>(q, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
                     else
-                        qk_norm_head<128>(qkv, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
+                        qk_norm_head<128>(q, r, h, lw[6], lw[7], Lo, rope, app, n_q_heads, n_kv_heads, eps);
                 }
                 done(ph);
             }
@@ -673,7 +690,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddRes{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
@@ -681,7 +698,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddRes{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
                 done(ph + 4);
             }
         }
@@ -691,12 +708,13 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
                       sm.g.ssr, gb);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
+            const float *lg = after_wait(logits);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
                 float v = -INFINITY;
                 int i = INT_MAX;
                 for (int c = lane; c < mine; c += 32) {  // the block's own logits: it wrote them
                     const int col = (blockIdx.x + (c / GEMV_COLS) * gridDim.x) * GEMV_COLS + c % GEMV_COLS;
-                    if (col < vocab) better(v, i, __ldcg(logits + (size_t)j * vocab + col), col);
+                    if (col < vocab) better(v, i, __ldcg(lg + (size_t)j * vocab + col), col);
                 }
                 warp_best(v, i);
                 if (lane == 0) {
@@ -708,11 +726,13 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         }
         if (in(ph_pick)) {  // every block picks every row's token from the blocks' maxima (no barrier)
             gb.wait();
+            const float *av = after_wait(arg_val);
+            const int *ai = after_wait(arg_idx);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
                 float v = -INFINITY;
                 int i = INT_MAX;
                 for (int b = lane; b < gridDim.x; b += 32)
-                    better(v, i, __ldcg(arg_val + j * gridDim.x + b), __ldcg(arg_idx + j * gridDim.x + b));
+                    better(v, i, __ldcg(av + j * gridDim.x + b), __ldcg(ai + j * gridDim.x + b));
                 warp_best(v, i);
                 if (lane == 0) {
                     const int s = Lo.lm_seq[j], tok = i == INT_MAX ? -1 : i;
