@@ -135,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-ahead", type=_positive, default=None,
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
+    p.add_argument("--mega", action="store_true",
+                   help="decode with the one-kernel deployment: a step is one persistent cooperative launch "
+                        "(CUDA sm_90a; docs/megakernel.md)")
     loop_options(p)
     p.set_defaults(fn=_verb("kern.run_cmd"))
 
