@@ -3,6 +3,7 @@ detokenizing: kern.generation.detok)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from .runtime.jsonfiles import read_object
@@ -21,6 +22,21 @@ def _chat_template(path: Path, value) -> str | None:
         raise KernError(f"{path}: chat_template lists templates {[t.get('name') for t in value]}, none named 'default'")
     raise KernError(f"{path}: chat_template must be a string or a list of named templates, "
                     f"got a {type(value).__name__}")
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    """A chat template, compiled once: compiling costs milliseconds, and a server renders the
+    same template for every request."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
 
 
 class Tokenizer:
@@ -67,15 +83,9 @@ class Tokenizer:
             raise KernError(f"{self.config_path}: this checkpoint's tokenizer has no chat template "
                             "(tokenizer_config.json chat_template)")
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(msg):
-            raise TemplateError(msg)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
+            return _compiled(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
         except TemplateError as exc:

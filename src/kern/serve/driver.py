@@ -86,6 +86,11 @@ class Driver:
         self._writer = threading.Thread(target=self._write, name="kern-engine-writer", daemon=True)
         self._writer.start()
 
+    @property
+    def pid(self) -> int:
+        """The engine process's id."""
+        return self._proc.pid
+
     def attach(self, aio: asyncio.AbstractEventLoop) -> None:
         """Read the engine's messages on this event loop (call it there, at start-up)."""
         self._aio = aio
