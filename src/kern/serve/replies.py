@@ -134,6 +134,7 @@ def sse(obj: dict | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=_COMPACT)}\n\n".encode()
 
 
+_json_str = json.encoder.encode_basestring  # what json.dumps(str, ensure_ascii=False) writes, without an encoder
 _MARK = "\x00"  # text no other field of a chunk holds (JSON writes it as \u0000)
 
 
@@ -153,7 +154,7 @@ class TextChunks:
             whole = sse(chunk(self.head, index, text=_MARK, with_usage=self.with_usage))
             before, after = whole.split(json.dumps(_MARK).encode())
             parts = self._parts[index] = before, after
-        return parts[0] + json.dumps(text, ensure_ascii=False).encode() + parts[1]
+        return parts[0] + _json_str(text).encode() + parts[1]
 
 
 DONE = sse("[DONE]")

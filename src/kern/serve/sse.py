@@ -1,4 +1,4 @@
-"""One HTTP request in flight: its n sequences in the loop, their Deltas on an asyncio queue,
+"""One HTTP request in flight: its n sequences in the loop, their Deltas in an inbox a step at a time,
 streamed as server-sent events or gathered into one body.
 
 A client that goes away is noticed two ways, since either alone has proved unreliable under
@@ -30,13 +30,35 @@ class ClientGone(Exception):
     pass
 
 
+class Inbox:
+    """A request's items as the driver hands them over, a step's list at a time; `take` returns
+    everything that came since the last take (an asyncio.Queue costs more a put, and a stream
+    that fell behind wants it all in one write anyway)."""
+
+    def __init__(self):
+        self.items: list = []
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, items: list) -> None:
+        self.items += items
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list:
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        items, self.items = self.items, []
+        return items
+
+
 class Flight:
     def __init__(self, driver: Driver, metrics: Metrics, job: Job, request_id: str, arrival: float):
         self.driver, self.metrics, self.job, self.arrival = driver, metrics, job, arrival
         self.ids = [f"{request_id}-{i}" for i in range(job.n)]
         self.index = {rid: i for i, rid in enumerate(self.ids)}
         self.open = set(self.ids)  # sequences the loop may still be running
-        self.queue: asyncio.Queue = asyncio.Queue()  # lists: one step's items for this request each
+        self.inbox = Inbox()
         self._early: list[Delta] = []  # Deltas that came before every choice was accepted
         self._last_token: dict[str, float] = {}
         self._watcher: asyncio.Task | None = None
@@ -45,14 +67,14 @@ class Flight:
     async def start(self, receive) -> None:
         """Submit the n sequences and wait for the loop to accept them all; a refusal aborts the
         rest and raises RequestError. `receive`: the ASGI receive, watched for a disconnect."""
-        sink = self.queue.put_nowait
+        sink = self.inbox.put
         for i, rid in enumerate(self.ids):
             self.driver.submit(rid, self.job.prompt_ids, self.job.choice_params(i), sink)
         self._watcher = asyncio.create_task(self._watch(receive))
         pending, refused = set(self.ids), None
         try:
             while pending:
-                for item in await self.queue.get():
+                for item in await self.inbox.take():
                     if isinstance(item, (Accepted, Refused)) and item.request_id in pending:
                         pending.discard(item.request_id)
                         if isinstance(item, Refused):
@@ -81,7 +103,7 @@ class Flight:
             self.driver.abort(rid)
         self.open.clear()
         self.gone = True
-        self.queue.put_nowait([GONE])
+        self.inbox.put([GONE])
 
     def close(self) -> None:
         """Abort what is still running and stop watching (idempotent)."""
@@ -96,20 +118,17 @@ class Flight:
         consumer fell behind: one write catches up), until every choice has finished."""
         items, self._early = self._early, []
         while self.open:
-            if not items:
-                items = await self.queue.get()
-            while not self.queue.empty():
-                items = items + self.queue.get_nowait()
+            items = items or await self.inbox.take()
             batch = []
             for item in items:
-                if item is GONE:
-                    raise ClientGone
-                if isinstance(item, Refused):
-                    raise RequestError(item.message, status=503, kind="server_error", code="engine_failed")
-                if isinstance(item, Delta):
+                if type(item) is Delta:
                     if item.finish_reason is not None:
                         self.open.discard(item.request_id)
                     batch.append((self.index[item.request_id], item))
+                elif item is GONE:
+                    raise ClientGone
+                elif isinstance(item, Refused):
+                    raise RequestError(item.message, status=503, kind="server_error", code="engine_failed")
             items = []
             self._observe(batch)
             yield batch
