@@ -12,8 +12,8 @@ from prometheus_client import Histogram as PromHistogram
 from kern.serve import replies
 from kern.serve.metrics import ITL_BUCKETS, Histogram
 
-TEXTS = ["", " w5", 'a "quoted" word', "back\\slash", "new\nline\ttab", "\x00\x01\x1f", "é 中文 🙂", "\u2028\u2029",
-         "</script>"]
+TEXTS = ["", " w5", 'a "quoted" word', "back\\slash", "new\nline\ttab", "\x00\x01\x1f", "é 中文 🙂",
+         "\u2028\u2029", "</script>"]
 
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])

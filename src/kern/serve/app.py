@@ -1,4 +1,4 @@
-"""The HTTP routes: OpenAI's /v1 API over the engine thread, /health, /metrics and the chat page."""
+"""The HTTP routes: OpenAI's /v1 API over the engine process, /health, /metrics and the chat page."""
 
 from __future__ import annotations
 

@@ -131,7 +131,8 @@ _COMPACT = (",", ":")
 
 def sse(obj: dict | str) -> bytes:
     """One server-sent event: `data: <json>` and a blank line."""
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=_COMPACT)}\n\n".encode()
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=_COMPACT)
+    return f"data: {data}\n\n".encode()
 
 
 _json_str = json.encoder.encode_basestring  # what json.dumps(str, ensure_ascii=False) writes, without an encoder

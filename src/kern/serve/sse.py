@@ -4,7 +4,7 @@ streamed as server-sent events or gathered into one body.
 A client that goes away is noticed two ways, since either alone has proved unreliable under
 Starlette: a watcher awaits the ASGI `http.disconnect` message, and a failed send or a
 cancelled response task closes the generator. Both end in the same `finally`, which aborts
-every sequence not yet finished (the engine thread frees its lease before the next step)."""
+every sequence not yet finished (the engine process frees its lease before its next step)."""
 
 from __future__ import annotations
 
