@@ -24,6 +24,10 @@ ARGMAX_CHUNKS = 128
 # server's, up to PREFILL_SEQS) step through the prefill program: ragged rows, one row each.
 DECODE_SEQS = 32
 PREFILL_SEQS = 256
+# The wide decode program steps 33 to WIDE_SEQS sequences, one row each, as a CUDA graph of
+# cuBLASLt GEMMs: each weight is read once a step however many rows there are (the gemv
+# kernels re-read it every 32 rows), which is what a server's large batches need.
+WIDE_SEQS = 256
 # The longest context the generator offers: the model's own max_position_embeddings, clipped to
 # this (the decode partials and the rope table grow with it; longer is untested).
 MAX_CONTEXT = 32768
@@ -121,6 +125,50 @@ def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
     return calls
 
 
+def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
+    """Decode of many sequences, one row each: the prefill program's GEMM layers (cuBLASLt,
+    weights read once a step for every row) with decode attention over each sequence's pages,
+    and the LM head as a GEMM with fp32 output."""
+    rows = "wide_seqs"
+    q, k, vv = _qkv_slices(p)
+    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
+    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    for l in range(s.layers):
+        if l == 0:
+            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
+                                                     v(s.eps)]})
+        else:
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
+                                                         b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
+        if s.qk_norm:
+            calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
+                          b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
+                          v("qkv_dim"), v(s.eps)]})
+        else:
+            calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
+                                                 v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
+        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
+                      b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v(rows), v(l), v("layers"),
+                      v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
+        calls.append({"op": "attention_decode", "args": [
+            q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
+            b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+        calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
+                                                     v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
+        calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
+        calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
+    calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
+                                                 v(rows), v("hidden"), v(s.eps)]})
+    calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
+                                                v("hidden")]})
+    calls.append(_argmax(p, rows))
+    return calls
+
+
 def _argmax(p: str, seqs: str) -> dict:
     return {"op": "argmax", "args": [b(p + "logits"), b(p + "argmax_val"), b(p + "argmax_idx"), b(p + "next"),
                                      v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
@@ -161,15 +209,16 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
             b("rope"), v("context"), v("head_dim"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high),
             v(s.rope_orig_max)]}]},
     }
-    for prog, rows, gseqs in (("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs")):
-        p = prog[0] + "_"
-        decode = prog == "decode"
+    for prog, rows, gseqs in (("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
+                              ("decode_wide", "wide_seqs", "wide_seqs")):
+        p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_"}[prog]
+        decode = prog != "prefill"
         bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
             p + "pos": _buf([rows], "input", "i32", fill="position",
-                            domain={"range": [0, "reach" if prog == "decode" else "context"]}),
+                            domain={"range": [0, "reach" if decode else "context"]}),
             p + "cu_seqlens": _buf([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
                                    domain={"range": [0, {"add": [rows, 1]}]}),
             p + "page_table": _buf([gseqs, pages], "input", "i32",
@@ -184,18 +233,21 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
             p + "next": _buf([gseqs], "output", "i32", fill="tokens"),
         })
         if decode:
-            for n in ("h", "attn_out", "gate_up", "mlp_out"):
-                del buffers[p + n]  # fused away: see _decode_calls
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = _buf(["seqs", "kv_heads"], "carry", "i32")
+            buffers[p + "sem"] = _buf([rows, "kv_heads"], "carry", "i32")
+        if prog == "decode":
+            for n in ("h", "attn_out", "gate_up", "mlp_out"):
+                del buffers[p + n]  # fused away: see _decode_calls
             calls = _decode_calls(s, p, pages, decode_split)
+        elif prog == "decode_wide":
+            calls = _wide_calls(s, p, pages, decode_split)
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])
             calls = _prefill_calls(s, p, pages)
         programs[prog] = {"calls": calls, "graph": decode,
-                          "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
+                          "batch": {"groups": gseqs, "rows": 1, "reach": "reach"} if decode
                           else {"groups": "prefill_seqs", "rows": "tokens"}}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
@@ -209,7 +261,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
-                 "context": {"max": context},
+                 "wide_seqs": {"max": WIDE_SEQS}, "context": {"max": context},
                  "reach": {"max": context}},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},

@@ -3,7 +3,6 @@ detokenizing: kern.generation.detok)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from .runtime.jsonfiles import read_object
@@ -24,21 +23,6 @@ def _chat_template(path: Path, value) -> str | None:
                     f"got a {type(value).__name__}")
 
 
-@lru_cache(maxsize=8)
-def _compiled(template: str):
-    """A chat template, compiled once: compiling costs milliseconds, and a server renders the
-    same template for every request."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(msg):
-        raise TemplateError(msg)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template)
-
-
 class Tokenizer:
     def __init__(self, folder: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -55,6 +39,7 @@ class Tokenizer:
                             "(valid JSON, but its model, normalizer or pre_tokenizer is malformed)") from None
         cfg_path = folder / "tokenizer_config.json"
         self.config_path = cfg_path
+        self._compiled = None
         self.config = read_object(cfg_path) if cfg_path.exists() else {}
         self.chat_template = _chat_template(cfg_path, self.config.get("chat_template"))
         tpl = folder / "chat_template.jinja"
@@ -78,6 +63,21 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
+    def _template(self):
+        """The chat template, compiled once (compiling costs milliseconds: a server renders it
+        for every request)."""
+        if self._compiled is None:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(msg):
+                raise TemplateError(msg)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._compiled = env.from_string(self.chat_template)
+        return self._compiled
+
     def chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise KernError(f"{self.config_path}: this checkpoint's tokenizer has no chat template "
@@ -85,7 +85,7 @@ class Tokenizer:
         from jinja2.exceptions import TemplateError
 
         try:
-            return _compiled(self.chat_template).render(
+            return self._template().render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
         except TemplateError as exc:

@@ -184,10 +184,12 @@ OPS = {
     "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
     "argmax": Op(("argmax_partial", "argmax_final"), (*_ARGMAX[:3], _buf("tokens", "i32", "out"), *_ARGMAX[3:])),
 }
-# Not a kernel here: the prefill projections go through cuBLASLt (kern.runtime's extern call).
+# Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
 EXTERN_OPS = {
     "gemm": {"params": [_buf("x"), _buf("W"), _buf("y", direction="out"), "M: i32", "N: i32", "K: i32"],
              "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]}},
+    "gemm_logits": {"params": [_buf("x"), _buf("W"), _buf("y", "f32", "out"), "M: i32", "N: i32", "K: i32"],
+                    "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn_f32"}]}},
 }
 
 

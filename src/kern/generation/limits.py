@@ -42,8 +42,8 @@ def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, 
     """`fits(tokens)`: whether the pool holds a lease that large when empty; `scratch_tokens`
     are held for good by the loop (padding rows' page)."""
     bound = protocol.max_positions or 1 << 20
-    decode, ragged = protocol.for_rows(1, 1), protocol.for_rows(1, None)
-    seqs_max = max(decode.groups_max, ragged.groups_max)
+    ragged = protocol.for_rows(1, None)
+    seqs_max = max([ragged.groups_max] + [d.groups_max for d in protocol.fixed(1)])
     if max_seqs is not None and max_seqs > seqs_max:
         raise BoundsError(f"max_seqs {max_seqs} is above the manifest's bound of {seqs_max} sequences a step")
     want = min(context or bound, bound)

@@ -157,7 +157,7 @@ class Loop:
         seqs, feeds = [], []
         for r in rows:
             s = by_id[r.id]
-            part = s.tokens[s.written:s.written + r.tokens]
+            part = s.span(s.written, r.tokens)
             self.paging.extend(s.lease, part)
             feeds.append(Feed(part, s.written, s.lease.page_table(self.state)))
             s.written += r.tokens

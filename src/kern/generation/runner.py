@@ -20,10 +20,14 @@ class Feed:
     pages: list[int]  # the sequence's page table
 
 
-def buckets(limit: int) -> list[int]:
-    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `limit`."""
-    out = [b for b in (1, 2, 4, 8) if b < limit]
-    out += list(range(16, limit, 8))
+def buckets(limit: int, narrow: int | None = None) -> list[int]:
+    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `narrow`
+    (the small-batch decode program's bound; None: `limit`), steps of 16 past it (a wide
+    program's graphs: larger, so fewer of them), and `limit` itself."""
+    narrow = limit if narrow is None else min(narrow, limit)
+    out = [b for b in (1, 2, 4, 8) if b < narrow]
+    out += list(range(16, narrow, 8))
+    out += list(range(narrow, limit, 16)) if narrow < limit else []
     return out + [limit]
 
 
@@ -35,19 +39,23 @@ class Runner:
     def __init__(self, engine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
         self.engine = engine
         self.protocol = protocol
-        self.decode = protocol.for_rows(1, 1)
+        # one-row-a-sequence programs, fewest sequences first: decode, and a wide decode where
+        # the manifest has one (the step takes the smallest that holds its batch)
+        self.decoders = protocol.fixed(1)
+        self.decode = self.decoders[0]
         self.ragged = protocol.for_rows(1, None)
         self.graphs = engine.runs_steps_natively(self.decode.program)
-        self.decode_max = min(decode_max or self.decode.groups_max, self.decode.groups_max)
-        self.sizes = buckets(self.decode_max)
+        top = self.decoders[-1].groups_max
+        self.decode_max = min(decode_max or top, top)
+        self.sizes = buckets(self.decode_max, self.decode.groups_max)
         self.mixed_groups = self.ragged.groups_max
-        # decode rows alone: the decode program up to its bound, the ragged one past it
+        # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
 
     def scratch_feed(self, position: int) -> Feed:
         """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
-        width = self.engine.shapes[self.decode.page_tables[0].buffer][1]
+        width = min(self.engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
         return Feed([0], position, [self.scratch] * width)
 
     def reach_buckets(self, reach: int) -> list[int]:
@@ -63,8 +71,10 @@ class Runner:
         return out + [top]
 
     def stepper_for(self, feeds: list[Feed]) -> Stepper:
-        if all(len(f.tokens) == 1 for f in feeds) and len(feeds) <= self.decode_max:
-            return self.decode
+        n = len(feeds)
+        if all(len(f.tokens) == 1 for f in feeds) and n <= self.decode_max:
+            n = bucket(n, self.sizes) if self.graphs else n
+            return next(d for d in self.decoders if d.groups_max >= n)
         return self.ragged
 
     def run(self, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -90,7 +100,7 @@ class Runner:
         return tokens, out
 
     def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        if st is self.decode and self.graphs:  # pad to a captured size: one graph per bucket
+        if st is not self.ragged and self.graphs:  # pad to a captured size: one graph per bucket
             pad = bucket(len(feeds), self.sizes) - len(feeds)
             feeds = feeds + [self.scratch_feed(0)] * pad
         n = len(feeds)

@@ -30,6 +30,13 @@ class Sequence:
     def tokens(self) -> list[int]:
         return self.prompt + self.out
 
+    def span(self, start: int, n: int) -> list[int]:
+        """tokens[start:start + n] without building tokens (a step reads one row of each)."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.out[start - p:start - p + n]
+        return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
+
     @property
     def pending(self) -> int:
         """Tokens to feed before the next token comes out (1 when decoding)."""

@@ -33,4 +33,6 @@ CUDA = {
 EXTERNS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
     # y[M, N] = x[M, K] @ W[N, K]^T, bf16 in and out, fp32 accumulation.
     "cublaslt_bf16_tn": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
+    # The same with an fp32 y (logits).
+    "cublaslt_bf16_tn_f32": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
 }

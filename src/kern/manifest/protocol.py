@@ -83,16 +83,21 @@ class Protocol:
     def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
         """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
 
-        A fixed-rows program that matches exactly is preferred (decode is groups x 1 row)."""
+        A fixed-rows program that matches exactly is preferred (decode is groups x 1 row), the
+        one of the fewest sequences among several (a small-batch decode beside a wide one)."""
         if rows_per_group is not None:
-            for s in self.steppers:
-                if s.rows == rows_per_group and groups <= s.groups_max:
-                    return s
+            fit = [s for s in self.steppers if s.rows == rows_per_group and groups <= s.groups_max]
+            if fit:
+                return min(fit, key=lambda s: s.groups_max)
         total = None if rows_per_group is None else groups * rows_per_group
         for s in self.steppers:
             if s.ragged and groups <= s.groups_max and (total is None or total <= s.rows_max):
                 return s
         raise ProtocolError(f"no program steps {groups} sequences of {rows_per_group or 'ragged'} rows")
+
+    def fixed(self, rows_per_group: int) -> list[Stepper]:
+        """The fixed-rows programs of rows_per_group rows a sequence, fewest sequences first."""
+        return sorted((s for s in self.steppers if s.rows == rows_per_group), key=lambda s: s.groups_max)
 
     @property
     def max_chunk(self) -> int:

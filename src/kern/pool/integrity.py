@@ -47,6 +47,11 @@ def _chunks(device: DeviceBooks, out: list[Violation]) -> None:
     for c in seen:
         if not L.first_dynamic <= c < L.chunks:
             out.append(Violation(f"chunk {c}", "is not a dynamic chunk of this pool"))
+    for b in device.books:
+        opened = sum(1 for p, c in enumerate(b.vmap) if c >= 0 and not b.pending[p])
+        if opened != b.opened:
+            out.append(Violation(f"{b.kind.name} books", f"{opened} places are mapped and ready, the count says "
+                                 f"{b.opened}"))
     pending = sum(sum(b.pending) for b in device.books)
     if pending != device.in_flight:
         out.append(Violation("pool", f"{pending} places await a remap, in-flight count says {device.in_flight}"))

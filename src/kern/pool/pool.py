@@ -143,7 +143,7 @@ class Pool:
         host units held. All zeros but `mapped`/`free` when everything is released."""
         out = {}
         for b, hb in zip(self._device.books, self._host.books):
-            mapped = sum(1 for p, c in enumerate(b.vmap) if c >= 0 and not b.pending[p]) * b.per_chunk
+            mapped = b.opened * b.per_chunk
             out[b.kind.name] = {
                 "mapped": mapped,
                 "free": len(b.free),

@@ -16,7 +16,7 @@ from kern.pool.states import UnitKind
 
 
 class Books:
-    __slots__ = ("kind", "per_chunk", "free", "refs", "lrefs", "vmap", "used", "pending", "reserved", "cached")
+    __slots__ = ("kind", "per_chunk", "free", "refs", "lrefs", "vmap", "used", "pending", "reserved", "cached", "opened")
 
     def __init__(self, kind: UnitKind, places: int) -> None:
         self.kind = kind
@@ -30,6 +30,7 @@ class Books:
         self.pending = [False] * places  # mapped in the books, not yet done by the runtime
         self.reserved = 0  # units promised to leases, not yet handed out
         self.cached = 0
+        self.opened = 0  # places mapped and not pending: kept so usage() costs no walk of vmap
 
     # -- chunk places ------------------------------------------------------------------
     def map(self, place: int, chunk: int, ready: bool) -> None:
@@ -43,6 +44,7 @@ class Books:
 
     def open(self, place: int) -> None:
         self.pending[place] = False
+        self.opened += 1
         pc = self.per_chunk
         for u in range(place * pc, place * pc + pc):
             heappush(self.free, u)
@@ -56,6 +58,7 @@ class Books:
         self.free = [u for u in self.free if u // pc not in gone]
         heapify(self.free)
         for p in places:
+            self.opened -= self.vmap[p] >= 0
             self.vmap[p] = -1
 
     def empty_places(self) -> list[tuple[int, int]]:

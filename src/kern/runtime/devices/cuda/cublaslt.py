@@ -1,7 +1,7 @@
 """bf16 GEMM through cuBLASLt, called with ctypes: y[M, N] = x[M, K] @ W[N, K]^T.
 
 "TN" in cuBLAS's column-major terms: A = W (transposed), B = x, D = y^T, fp32 accumulation
-and scale, bf16 output. libcublasLt is opened on first use, searched in this order:
+and scale, bf16 output (fp32 for logits). libcublasLt is opened on first use, searched in this order:
 $KERN_CUBLASLT, the nvidia-cublas wheels on sys.path (cu13: nvidia/cu13/lib, cu12:
 nvidia/cublas/lib), cuda-pathfinder, then the system (ldconfig, /usr/local/cuda).
 """
@@ -81,18 +81,18 @@ class CublasLt:
         self.workspace: DeviceBuffer = alloc(WORKSPACE_BYTES, "cublaslt workspace")
         self._plans: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 
-    def _layout(self, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    def _layout(self, rows: int, cols: int, ld: int, dtype: int = CUDA_R_16BF) -> ctypes.c_void_p:
         lay = ctypes.c_void_p()
-        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), CUDA_R_16BF,
+        _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype,
                ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld)),
                "cublasLtMatrixLayoutCreate")
         return lay
 
-    def _plan(self, M: int, N: int, K: int) -> tuple[Any, ...]:
-        key = (M, N, K)
+    def plan(self, M: int, N: int, K: int, out: int) -> tuple[Any, ...]:
+        key = (M, N, K, out)
         if key in self._plans:
             return self._plans[key]
-        lib, where = self.lib, f"bf16 TN GEMM M={M} N={N} K={K}"
+        lib, where = self.lib, _where(M, N, K, out)
         desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate", where)
@@ -102,7 +102,7 @@ class CublasLt:
                    "cublasLtMatmulDescSetAttribute", where)
         a = self._layout(K, N, K)  # W [N, K] row-major = K x N column-major, used transposed
         b = self._layout(K, M, K)  # x [M, K] row-major = K x M column-major
-        c = self._layout(N, M, N)  # y [M, N] row-major = N x M column-major
+        c = self._layout(N, M, N, out)  # y [M, N] row-major = N x M column-major
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
                "cublasLtMatmulPreferenceCreate", where)
@@ -118,14 +118,19 @@ class CublasLt:
         self._plans[key] = plan
         return plan
 
-    def gemm_bf16_tn(self, x: int, w: int, y: int, M: int, N: int, K: int, stream: Stream) -> None:
-        """y[M, N] = x[M, K] @ w[N, K]^T on `stream` (device addresses; bf16, fp32 accumulate)."""
-        desc, a, b, c, _pref, result = self._plan(M, N, K)
+    def gemm_bf16_tn(self, x: int, w: int, y: int, M: int, N: int, K: int, stream: Stream,
+                     out: int = CUDA_R_16BF) -> None:
+        """y[M, N] = x[M, K] @ w[N, K]^T on `stream` (device addresses; bf16 in, fp32 accumulate,
+        y in `out`: bf16, or fp32 for logits)."""
+        desc, a, b, c, _pref, result = self.plan(M, N, K, out)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         stream_ptr = ctypes.c_void_p(int(stream.handle))
         _check(self.lib.cublasLtMatmul(
             self.handle, desc, ctypes.byref(alpha), ctypes.c_void_p(w), a, ctypes.c_void_p(x), b,
             ctypes.byref(beta), ctypes.c_void_p(y), c, ctypes.c_void_p(y), c,
             ctypes.byref(result.algo), ctypes.c_void_p(self.workspace.ptr),
-            ctypes.c_size_t(WORKSPACE_BYTES), stream_ptr), "cublasLtMatmul",
-            f"bf16 TN GEMM M={M} N={N} K={K}")
+            ctypes.c_size_t(WORKSPACE_BYTES), stream_ptr), "cublasLtMatmul", _where(M, N, K, out))
+
+
+def _where(M: int, N: int, K: int, out: int) -> str:
+    return f"bf16 TN GEMM M={M} N={N} K={K}" + (" (fp32 out)" if out == CUDA_R_32F else "")

@@ -20,7 +20,11 @@ from . import memory
 from .driver import call
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
+from .cublaslt import CUDA_R_16BF, CUDA_R_32F
 from .launch import Module, PackedLaunch, launch
+
+# The manifest's cuBLASLt externs (kern.manifest.limits.EXTERNS): the data type of their y.
+EXTERN_OUT = {"extern:cublaslt_bf16_tn": CUDA_R_16BF, "extern:cublaslt_bf16_tn_f32": CUDA_R_32F}
 
 
 class CudaDevice:
@@ -161,6 +165,8 @@ class CudaProgram:
                 continue
             kinds = ["ptr" if isinstance(a, (View, StateRef)) else _KIND[a.dtype] for a in l.args]
             self.kernels.append(dev.modules[l.module].kernel(l.entry, kinds))
+        if graph and None in self.kernels:
+            dev.blas  # made now: its workspace allocation cannot happen inside a graph capture
         self._cache: dict[tuple, list] = {}
         self._slots: dict[tuple, memory.PinnedHost] = {}
         # staged inputs this program reads, each with the views it reads them through
@@ -200,7 +206,10 @@ class CudaProgram:
             vals = [self._value(a, env) for a in l.args]
             if k is None:
                 x, w, y, m, n, kk = vals
-                out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk: self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s))
+                o = EXTERN_OUT[l.entry]
+                self.dev.blas.plan(m, n, kk, o)  # picked now, outside any capture
+                out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk, o=o:
+                           self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s, o))
                 continue
             grid, block = tuple(evaluate(g, env) for g in l.grid), tuple(evaluate(b, env) for b in l.block)
             out.append(PackedLaunch(k, grid, block, tuple(vals), shared_mem=evaluate(l.shared_mem, env),
