@@ -5,6 +5,7 @@ stats cross the pipe whole."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import fields
 from functools import partial
 
@@ -14,6 +15,7 @@ from kern.generation.outputs import Delta, LoopStats, TokenLogprob
 from kern.serve import wire
 from kern.serve.driver import Driver
 from kern.serve.server import start
+from kern.tokenizer import Tokenizer
 
 from . import engines
 from .conftest import get, post
@@ -51,3 +53,10 @@ def test_deltas_and_stats_cross_the_pipe_whole():
     assert len(wire.pack_delta(d)) == len(fields(Delta))  # every field, a new one too
     s = LoopStats(*range(1, len(fields(LoopStats)) + 1))
     assert wire.unpack_stats(wire.pack_stats(s)) == s
+
+
+def test_a_tokenizer_that_has_rendered_its_template_still_crosses_to_the_api_process(checkpoint):
+    tok = Tokenizer(checkpoint)
+    text = tok.chat([{"role": "user", "content": "w5"}])
+    other = pickle.loads(pickle.dumps(tok))
+    assert other.chat([{"role": "user", "content": "w5"}]) == text
