@@ -71,3 +71,38 @@ def dying_loop(checkpoint) -> DyingLoop:
 
 def failing_load(checkpoint):
     raise ValueError(f"{checkpoint}: not what the engine expected")
+
+
+class CountingLoop:
+    """Every running request gets token 7 (text " w7") each step until its max_tokens."""
+
+    context, model_name, tokenizer = 64, "counting", None
+
+    def __init__(self):
+        self.running: dict[str, list[int]] = {}  # request id -> [max tokens, made]
+        self.steps = 0
+
+    def add(self, request_id, prompt_ids, params):
+        self.running[request_id] = [params.max_tokens, 0]
+
+    def abort(self, request_id):
+        self.running.pop(request_id, None)
+
+    def has_work(self):
+        return bool(self.running)
+
+    def step(self):
+        from kern.generation.outputs import Delta
+
+        self.steps += 1
+        out = []
+        for rid, seq in list(self.running.items()):
+            seq[1] += 1
+            finish = "length" if seq[1] == seq[0] else None
+            out.append(Delta(rid, (7,), " w7", (), finish, 3, 0, seq[1]))
+            if finish:
+                del self.running[rid]
+        return out
+
+    def stats(self):
+        return LoopStats(0, len(self.running), self.steps, 0, 0, 0, 1)

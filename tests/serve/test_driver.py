@@ -12,6 +12,7 @@ from functools import partial
 import pytest
 
 from kern.generation.outputs import Delta, LoopStats, TokenLogprob
+from kern.generation.params import SamplingParams
 from kern.serve import wire
 from kern.serve.driver import Driver
 from kern.serve.server import start
@@ -60,3 +61,24 @@ def test_a_tokenizer_that_has_rendered_its_template_still_crosses_to_the_api_pro
     text = tok.chat([{"role": "user", "content": "w5"}])
     other = pickle.loads(pickle.dumps(tok))
     assert other.chat([{"role": "user", "content": "w5"}]) == text
+
+
+def test_each_request_gets_a_steps_items_in_one_call_in_order():
+    driver = Driver(engines.CountingLoop)  # not started: its routing alone
+    got: dict[str, list] = {"x": [], "y": []}
+    for rid in ("x-0", "x-1", "y-0"):
+        driver.submit(rid, [5], SamplingParams(), got[rid[0]].append)
+
+    idle = wire.pack_stats(LoopStats(*(0 for _ in fields(LoopStats))))
+
+    def step(accepted, *deltas):
+        return wire.Step(accepted, [], [wire.pack_delta(Delta(rid, (7,), " w7", (), finish, 1, 0, 1))
+                                        for rid, finish in deltas], idle, None)
+
+    driver._route(step(["x-0", "x-1", "y-0"], ("x-0", None), ("y-0", None), ("x-1", "stop")))
+    driver._route(step([], ("x-0", None), ("x-1", None)))  # x-1 has finished: nothing more for it
+    (first, second), (only,) = got["x"], got["y"]
+    assert [(type(i).__name__, i.request_id) for i in first] == [
+        ("Accepted", "x-0"), ("Accepted", "x-1"), ("Delta", "x-0"), ("Delta", "x-1")]
+    assert [i.request_id for i in second] == ["x-0"]
+    assert [type(i).__name__ for i in only] == ["Accepted", "Delta"]
