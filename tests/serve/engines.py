@@ -69,8 +69,17 @@ def dying_loop(checkpoint) -> DyingLoop:
     return DyingLoop(Tokenizer(checkpoint))
 
 
-def failing_load(checkpoint):
-    raise ValueError(f"{checkpoint}: not what the engine expected")
+def failing_load(kind: str):
+    """Building the loop fails: with a bug, or with a user's error whose type takes more than
+    its message (pickling would call it with the message alone)."""
+    from kern.manifest.problems import ManifestError, Problem
+    from kern.runtime.devices.cuda.errors import CudaError
+
+    if kind == "manifest":
+        raise ManifestError("m/manifest.json", [Problem("buffers.x", "unknown dtype 'bf17'")])
+    if kind == "cuda":
+        raise CudaError("cuCtxCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY", "device 0")
+    raise ValueError("not what the engine expected")
 
 
 class CountingLoop:

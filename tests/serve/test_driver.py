@@ -13,6 +13,8 @@ import pytest
 
 from kern.generation.outputs import Delta, LoopStats, TokenLogprob
 from kern.generation.params import SamplingParams
+from kern.manifest.problems import ManifestError
+from kern.runtime.devices.cuda.errors import CudaError
 from kern.serve import wire
 from kern.serve.driver import Driver
 from kern.serve.server import start
@@ -40,11 +42,16 @@ def test_an_engine_failure_is_a_503_and_the_server_stays_up(checkpoint, make_loo
         running.close()
 
 
-def test_what_building_the_loop_raised_is_raised_by_start(checkpoint):
-    driver = Driver(partial(engines.failing_load, checkpoint))
-    with pytest.raises(ValueError, match="not what the engine expected") as e:
+@pytest.mark.parametrize("kind,raised,line", [
+    ("bug", ValueError, "not what the engine expected"),
+    ("manifest", ManifestError, "m/manifest.json: manifest failed verification:\n  buffers.x: unknown dtype 'bf17'"),
+    ("cuda", CudaError, "cuCtxCreate failed with CUDA_ERROR_OUT_OF_MEMORY [2] (device 0)"),
+])
+def test_what_building_the_loop_raised_is_raised_by_start(kind, raised, line):
+    driver = Driver(partial(engines.failing_load, kind))
+    with pytest.raises(raised) as e:
         driver.start()
-    assert str(e.value) == f"{checkpoint}: not what the engine expected"  # the one line a user sees
+    assert type(e.value) is raised and str(e.value) == line  # what `kern serve` says, in one line
     assert "in the engine process" in e.value.__notes__[0]  # the traceback, for a bug
 
 

@@ -81,7 +81,7 @@ class Driver:
             raise KernError(f"the engine process exited while starting (exit code {self._proc.exitcode})") from None
         if isinstance(first, wire.LoadFailed):
             self._proc.join()
-            raise first.error
+            raise first.error.rebuild()
         self.info, self.stats = first, wire.unpack_stats(first.stats)
         self._writer = threading.Thread(target=self._write, name="kern-engine-writer", daemon=True)
         self._writer.start()
@@ -187,7 +187,7 @@ class Driver:
     def _answer(self, r: wire.QueryResult) -> None:
         fut = self._queries.pop(r.key)
         if r.error is not None:
-            fut.set_exception(r.error)
+            fut.set_exception(r.error.rebuild())
         else:
             fut.set_result(r.value)
 

@@ -38,17 +38,18 @@ def main(make_loop: Callable[[], object], down: Connection, up: Connection) -> N
         pass
 
 
-def _portable(e: BaseException) -> BaseException:
-    """`e` as the API process can unpickle it, with this process's traceback as a note (str(e),
-    the one line a user sees, stays as it is)."""
+def _portable(e: BaseException) -> wire.Raised:
+    """`e` as the API process can raise it again, with this process's traceback as a note
+    (str(e), the one line a user sees, stays as it is)."""
     e.add_note("in the engine process:\n" + "".join(traceback.format_exception(e)).rstrip())
+    raised = wire.Raised.of(e)
     try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:  # noqa: BLE001 - an exception type that does not pickle: its words do
-        out = KernError(f"{type(e).__name__}: {e}")
+        pickle.loads(pickle.dumps(raised)).rebuild()
+        return raised
+    except Exception:  # noqa: BLE001 - a type or attribute that does not pickle: its words do
+        out = KernError(str(e))
         out.__notes__ = e.__notes__
-        return out
+        return wire.Raised.of(out)
 
 
 class Serving:

@@ -68,8 +68,28 @@ class Ready(NamedTuple):
     stats: tuple
 
 
+class Raised(NamedTuple):
+    """An exception as it crosses: its type (by reference), args and attributes. Pickling the
+    exception itself calls its __init__ with its args on the other side, which fails for one
+    with other parameters (ManifestError, CudaError); this rebuilds it without calling it."""
+
+    kind: type
+    args: tuple
+    state: dict
+
+    @classmethod
+    def of(cls, e: BaseException) -> Raised:
+        return cls(type(e), e.args, dict(e.__dict__))
+
+    def rebuild(self) -> BaseException:
+        e = self.kind.__new__(self.kind, *self.args)
+        e.args = self.args
+        e.__dict__.update(self.state)
+        return e
+
+
 class LoadFailed(NamedTuple):
-    error: BaseException  # what building the loop raised, re-raised by Driver.start
+    error: Raised  # what building the loop raised, raised again by Driver.start
 
 
 class Step(NamedTuple):
@@ -86,4 +106,4 @@ class Step(NamedTuple):
 class QueryResult(NamedTuple):
     key: int
     value: Any
-    error: BaseException | None
+    error: Raised | None
