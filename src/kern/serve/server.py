@@ -50,7 +50,9 @@ def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str)
 def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
           log_level: str = "warning", timeout: float = 30.0) -> Running:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
-    background thread; port 0 picks a free one. Returns once listening."""
+    background thread; port 0 picks a free one. Returns once listening. The engine process is
+    spawned, so it imports the caller's main module: a script calling this keeps its work
+    under `if __name__ == "__main__":`."""
     metrics, driver, server = _setup(make_loop, host, port, api_key, log_level)
     thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
     thread.start()
