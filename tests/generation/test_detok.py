@@ -6,11 +6,31 @@ from __future__ import annotations
 from kern.generation.detok import Detokenizer, TextStream
 
 
-class ByteTokenizer:
-    """Token i is byte i: a multi-byte character spans several tokens."""
+def _byte_level():
+    """A tokenizers Tokenizer whose token i is byte i (GPT-2's byte-to-character map, no
+    merges): a multi-byte character spans several tokens."""
+    from tokenizers import Tokenizer, decoders, models
 
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    hf = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+class ByteTokenizer:
+    """Token i is byte i (kern's Tokenizer holds the tokenizers one as `tok`)."""
+
+    tok = _byte_level()
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
 
 
 def _ids(text: str) -> list[int]:

@@ -5,25 +5,21 @@ from __future__ import annotations
 
 
 class Detokenizer:
-    """Decodes only a window of recent tokens a push: `prefix` starts the window (enough
-    context for the tokenizer's spacing), `read` ends what has been emitted."""
+    """The tokenizers library's incremental decoder (one call a token, in Rust): it returns text
+    only once a token completes a character, and handles the tokenizer's spacing itself."""
 
     def __init__(self, tok):
+        from tokenizers.decoders import DecodeStream
+
         self.tok = tok
         self.ids: list[int] = []
-        self.prefix = 0
-        self.read = 0
+        self._stream = DecodeStream(skip_special_tokens=True) if tok is not None else None
 
     def push(self, token: int) -> str:
         self.ids.append(token)
         if self.tok is None:
             return ""
-        before = self.tok.decode(self.ids[self.prefix:self.read])
-        now = self.tok.decode(self.ids[self.prefix:])
-        if len(now) <= len(before) or now.endswith("\ufffd"):
-            return ""  # an incomplete character (or a token with no text yet): wait for the next
-        self.prefix, self.read = self.read, len(self.ids)
-        return now[len(before):]
+        return self._stream.step(self.tok.tok, token) or ""
 
 
 class TextStream:
