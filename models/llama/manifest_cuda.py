@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .config import ConfigError, Shape
 from .cuda import table
-from .manifest_cpu import PAGE_TOKENS, _buf, b, context_of, v, weight_buffers
+from .manifest_cpu import PAGE_TOKENS, _buf, b, context_of, sampling_inputs, v, weight_buffers
 
 BF = "bf16"
 # Context split of decode attention: a sequence's context is spread over blocks of one tile
@@ -170,8 +170,9 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
 
 
 def _argmax(p: str, seqs: str) -> dict:
-    return {"op": "argmax", "args": [b(p + "logits"), b(p + "argmax_val"), b(p + "argmax_idx"), b(p + "next"),
-                                     v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
+    """Each sequence's next token: its logits' argmax, or a draw at its temperature (cuda/argmax.cu)."""
+    return {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "argmax_val"),
+                                     b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
 
 
 def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
@@ -231,6 +232,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
             p + "argmax_val": bw([gseqs, ARGMAX_CHUNKS], dtype="f32"),
             p + "argmax_idx": bw([gseqs, ARGMAX_CHUNKS], dtype="i32"),
             p + "next": _buf([gseqs], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, gseqs),
         })
         if decode:
             n_splits = max(-(-context // decode_split), 2)

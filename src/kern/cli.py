@@ -156,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--isolate", action="store_true", help="also time each distinct call alone, cold and warm")
     p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
     p.add_argument("--samples", type=_positive, default=None, help="override the workload's samples")
+    p.add_argument("--memory", type=_memory, default=None,
+                   help="state (KV cache) budget, e.g. 2G (default: what the workload's largest shape needs)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
     p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
                    "needs matplotlib)")
@@ -184,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
     p.set_defaults(fn=_verb("kern.serve.command"))
 
     return ap

@@ -38,8 +38,8 @@ def read_times(path: str | Path, sha256: str) -> dict[str, list[float]]:
     try:
         for sc in doc["scenarios"]:
             per = times.setdefault(sc["program"], [0.0] * sc["program_calls"])
-            for c in sc["calls"]:
-                per[c["call"]] += sc["weight"] * c["us"]["p50"]
+            for c in sc["calls"]:  # a call cheaper than the clock's noise can read below zero
+                per[c["call"]] += sc["weight"] * max(c["us"]["p50"], 0.0)
     except (KeyError, TypeError, IndexError) as exc:
         raise KernError(f"--times {path}: malformed scenario ({type(exc).__name__}: {exc})") from None
     return times

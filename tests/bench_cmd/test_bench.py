@@ -61,7 +61,13 @@ def test_every_call_is_attributed_and_the_sums_agree(doc):
         for c in calls:
             assert set(c["us"]) == STATS and c["us"]["min"] <= c["us"]["p50"] <= c["us"]["max"]
             assert c["launches"] >= 1 and c["bytes"] > 0 and c["where"].startswith(f"programs.{sc['program']}.")
-        assert sc["step"]["attributed_within_walk"] and 0 < sc["step"]["attributed_share"] <= 1
+        st = sc["step"]
+        for k in ("untraced_us", "host_us", "base_us", "calls_us"):
+            assert set(st[k]) == STATS
+        ck = st["check"]
+        assert ck["calls_us"] == pytest.approx(sum(c["us"]["p50"] for c in calls))
+        assert ck["step_us"] == st["untraced_us"]["p50"] and ck["ratio"] == pytest.approx(ck["calls_us"] / ck["step_us"])
+        assert ck["ok"] == (abs(ck["ratio"] - 1) <= ck["within"] == 0.05)
         assert sum(o["us"] for o in sc["ops"]) == pytest.approx(sum(c["us"]["p50"] for c in calls))
         assert sum(o["calls"] for o in sc["ops"]) == len(calls)
         assert sum(o["share"] for o in sc["ops"]) == pytest.approx(1.0)
@@ -135,3 +141,15 @@ def test_chart_png_and_svg(doc, tmp_path):
     for name in ("where.png", "where.svg"):
         chart(doc, tmp_path / name)
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_the_state_is_sized_for_the_workload_or_by_memory(tiny_a, tiny_ckpt):
+    # 4 sequences at context 200 + 1 row hold 13 pages of 16 tokens each: 52 pages in all
+    wl = parse("samples = 1\n[[sweep]]\ngroups = [1, 4]\nrows = 1\ncontext = 200\n")
+    doc = bench(tiny_a, tiny_ckpt, wl, progress=False)
+    assert not doc["dropped"] and doc["state_budget"] % 52 == 0
+    page = doc["state_budget"] // 52
+    short = bench(tiny_a, tiny_ckpt, wl, memory=doc["state_budget"] - page, progress=False)
+    assert [(s["groups"], s["context"]) for s in short["scenarios"]] == [(1, 200)]
+    (dr,) = short["dropped"]
+    assert (dr["groups"], dr["why"]) == (4, "4 sequences need 52 pages, the paged state holds 51 (--memory)")

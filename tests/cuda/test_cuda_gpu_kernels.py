@@ -401,6 +401,33 @@ def test_argmax_ties_go_to_the_lowest_index(gpu):
     logits[3, ::7] = np.nan  # NaN never wins
     logits[3, 999] = 50.0
     pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
-    gpu.run("argmax_partial", (chunks, n_rows), 256, gpu.put(logits), pv, pi, vocab, n_rows, chunks)
+    greedy, keys = gpu.put(np.zeros(n_rows, np.float32)), gpu.put(np.zeros((n_rows, 2), np.int32))
+    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), greedy, keys, pv, pi, vocab, n_rows, chunks)
     gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
     assert gpu.get(tok, np.int32, n_rows).tolist() == [123, vocab - 1, 0, 999]
+
+
+def test_a_temperature_draw_is_the_cpu_references_draw_and_follows_the_softmax(gpu):
+    """sample_partial at T > 0 draws what the cpu op draws for the same key (one formula; a
+    flip needs a near-tie of logit / T + noise), and over many keys the draws follow
+    softmax(logits / T)."""
+    from kern_models.llama.cpu.kernels import sample
+
+    rng = np.random.default_rng(11)
+    n_rows, vocab, chunks, t = 2000, 8, 4, 0.7
+    logits = np.tile(rng.standard_normal(vocab).astype(np.float32), (n_rows, 1))
+    temps = np.full(n_rows, t, np.float32)
+    keys = rng.integers(-2**31, 2**31, (n_rows, 2)).astype(np.int32)
+    pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
+    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), gpu.put(temps), gpu.put(keys), pv, pi,
+            vocab, n_rows, chunks)
+    gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
+    got = gpu.get(tok, np.int32, n_rows)
+    want = np.empty(n_rows, np.int32)
+    sample(logits, temps, keys, want)
+    assert np.mean(got != want) < 0.002
+    p = np.exp(logits[0] / t - np.max(logits[0] / t))
+    p /= p.sum()
+    counts = np.bincount(got, minlength=vocab)
+    chi2 = float(np.sum((counts - n_rows * p) ** 2 / (n_rows * p)))
+    assert chi2 < 24.3, f"chi-square {chi2:.1f} over {vocab - 1} degrees of freedom (p = 0.001 at 24.3)"

@@ -22,13 +22,15 @@ def sm90(tmp_path_factory):
     return load_verified(GENERATOR.generate(TINY, out, target="cuda", model="tiny"))
 
 
-def test_large_decode_batches_step_through_the_prefill_program(sm90):
+def test_large_decode_batches_step_through_the_wide_decode_program(sm90):
+    """Up to 32 sequences a step take the gemv decode program; 33 to 256 the wide one (GEMMs,
+    one row a sequence), not the ragged prefill program."""
     proto = derive(sm90)
     assert proto.for_rows(32, 1).program == "decode"
-    assert proto.for_rows(33, 1).program == "prefill"
-    assert proto.for_rows(256, 1).program == "prefill"
+    assert proto.for_rows(33, 1).program == "decode_wide"
     st = proto.for_rows(256, 1)
-    assert st.vars_for(256, 256, reach=64)["prefill_seqs"] == 256
+    assert st.program == "decode_wide" and st.vars_for(256, 256, reach=64)["wide_seqs"] == 256
+    assert proto.for_rows(256, None).program == "prefill"
 
 
 def test_the_prefill_grids_resolve_over_256_sequences(sm90):
@@ -48,7 +50,7 @@ def test_the_prefill_grids_resolve_over_256_sequences(sm90):
                 grids[la.entry] = tuple(evaluate(g, {**env, **vals}) for g in la.grid)
     assert grids["gather_last"] == (256,)
     assert grids["prefill_attention"] == (4, 256 // 64 + 256)
-    assert grids["argmax_partial"] == (128, 256) and grids["argmax_final"] == (256,)
+    assert grids["sample_partial"] == (128, 256) and grids["argmax_final"] == (256,)
 
 
 def test_context_defaults_to_the_model_clipped_to_the_kernels(sm90, tmp_path):

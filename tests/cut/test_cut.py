@@ -116,3 +116,13 @@ def test_cut_reads_kern_bench_json_as_times(tiny_a, tiny_ckpt, tmp_path, capsys)
                  "--out", str(tmp_path / "cut")]) == 0
     assert " us" in capsys.readouterr().out  # stages priced in time, not bytes
     assert json.loads((tmp_path / "cut" / "pipeline.json").read_text())["stages"] == ["stage0", "stage1"]
+
+
+def test_a_call_timed_below_zero_costs_nothing_in_the_balance(tmp_path):
+    from kern.cut_cmd import read_times
+
+    call = {"call": 0, "us": {"p50": -1.5}}
+    doc = {"kern_bench": 1, "manifest": {"sha256": "ab"}, "scenarios": [
+        {"program": "decode", "program_calls": 2, "weight": 2.0, "calls": [call, {"call": 1, "us": {"p50": 3.0}}]}]}
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    assert read_times(tmp_path / "b.json", "ab") == {"decode": [0.0, 6.0]}

@@ -62,3 +62,48 @@ def test_stop_token_ids_end_the_request_with_the_token_counted(tiny_llama):
     stop = tokens[5]
     got = _run(loop, {0: [("b", prompt, SamplingParams(max_tokens=12, stop_token_ids=(stop,)))]})["b"]
     assert _tokens(got) == tokens[:tokens.index(stop) + 1] and got[-1].finish_reason == "stop"
+
+
+def test_plain_temperature_rows_are_drawn_on_the_device_with_no_logits_copied(tiny_llama):
+    """Temperature without truncation, penalty or logprobs (the OpenAI default) is the manifest's
+    sample op's draw: the host never asks for logits, and a seed reproduces the tokens alone or
+    batched beside others; another seed gives others. A top_p row still reads its logits."""
+    loop = make_loop(tiny_llama)
+    asked: list[bool] = []
+    real = loop.runner.run
+    loop.runner.run = lambda feeds, logits: (asked.append(logits), real(feeds, logits))[1]
+    p = SamplingParams(max_tokens=10, temperature=1.0, seed=3, ignore_eos=True)
+    prompts = _prompts(4, seed=9)
+    alone = _tokens(_run(loop, {0: [("a", prompts[0], p)]})["a"])
+    assert loop.runner.samples and asked and not any(asked)
+    others = [(f"o{i}", prompts[i], SamplingParams(max_tokens=6, temperature=0.8, seed=i)) for i in range(1, 4)]
+    got = _run(make_loop(tiny_llama, budget=16), {0: others[:2], 1: [("a", prompts[0], p)], 2: others[2:]})
+    assert _tokens(got["a"]) == alone
+    reseeded = SamplingParams(max_tokens=10, temperature=1.0, seed=4, ignore_eos=True)
+    assert _tokens(_run(loop, {0: [("b", prompts[0], reseeded)]})["b"]) != alone
+    asked.clear()
+    _run(loop, {0: [("c", prompts[0], SamplingParams(max_tokens=3, temperature=1.0, top_p=0.5, seed=1))]})
+    assert any(asked)
+
+
+def test_the_sample_op_draws_follow_the_softmax_at_the_temperature():
+    """The cpu sample op (the formula of cuda/argmax.cu) over many keys: chi-square against
+    softmax(logits / T) at p = 0.001, and T = 0 is the argmax whatever the key."""
+    import numpy as np
+
+    from kern.generation.loop import draw_key
+    from kern_models.llama.cpu.kernels import sample
+
+    rng = np.random.default_rng(2)
+    n, vocab, t = 3000, 6, 0.6
+    logits = np.tile(rng.standard_normal(vocab).astype(np.float32), (n, 1))
+    keys = np.array([draw_key(7, i) for i in range(n)], "<u8").view("<i4").reshape(n, 2)
+    got = np.empty(n, np.int32)
+    sample(logits, np.full(n, t, np.float32), keys, got)
+    p = np.exp(logits[0] / t - np.max(logits[0] / t))
+    p /= p.sum()
+    counts = np.bincount(got, minlength=vocab)
+    chi2 = float(np.sum((counts - n * p) ** 2 / (n * p)))
+    assert chi2 < 20.5, f"chi-square {chi2:.1f} over {vocab - 1} degrees of freedom"
+    sample(logits, np.zeros(n, np.float32), keys, got)
+    assert (got == np.argmax(logits[0])).all()

@@ -308,7 +308,7 @@ def test_9_write_to_an_input(m):
 
 
 def test_9_output_never_written(m):
-    i = call_index(m, "decode", "argmax")
+    i = call_index(m, "decode", "sample")
     m["programs"]["decode"]["calls"].pop(i)
     reported(m, "buffers.d_next", "output buffer is never written by any program")
 
@@ -321,9 +321,10 @@ def test_9_no_program_steps_a_batch(m):
 
 def test_9_two_buffers_in_one_role(m):
     m["buffers"]["d_next2"] = dict(m["buffers"]["d_next"])
-    m["programs"]["decode"]["calls"].append({"op": "argmax", "args": [{"buf": "d_logits"}, {"buf": "d_next2"}]})
+    m["programs"]["decode"]["calls"].append({"op": "sample", "args": [{"buf": "d_logits"}, {"buf": "d_temperature"},
+                                                                      {"buf": "d_rng"}, {"buf": "d_next2"}]})
     n = len(m["programs"]["decode"]["calls"]) - 1
-    reported(m, f"programs.decode.calls[{n}] (op argmax)", "already has 'd_next' in that role")
+    reported(m, f"programs.decode.calls[{n}] (op sample)", "already has 'd_next' in that role")
 
 
 def test_9_once_program_steps_no_batch(m):

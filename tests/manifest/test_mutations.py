@@ -215,7 +215,7 @@ EXPR = st.recursive(
     max_leaves=6)
 LITERALS = {"kind": ["input", "output", "weight", "workspace", "carry", "peer", "pointers"],
             "dtype": ["bf16", "f32", "i32", "u64"], "fill": ["token", "position", "tokens", "logits", "slot"],
-            "op": ["linear", "embed", "argmax", "rope", "rms_norm"], "device": ["cpu", "cuda"]}
+            "op": ["linear", "embed", "sample", "rope", "rms_norm"], "device": ["cpu", "cuda"]}
 
 
 def expression_sites(tree):
@@ -288,9 +288,10 @@ def step_every_program(v, ckpt: Path) -> None:
         n = 1 if st.rows == 1 else min(3, st.rows_max)
         vars_ = st.vars_for(1, n, reach=n if st.reach_var else None)
         env = eng.env(st.program, vars_)
-        fill = {"token": [1] * n, "position": list(range(n)), "cu_seqlens": [0, n], "slot": [0], "seq_len": [n]}
-        inputs = {buf: np.resize(np.array(fill[role], np.int32), eng.shape(buf, env))
-                  for role, buf in st.inputs.items()}
+        fill = {"token": [1] * n, "position": list(range(n)), "cu_seqlens": [0, n], "slot": [0], "seq_len": [n],
+                "temperature": [0.0], "rng": [0]}
+        inputs = {buf: np.resize(np.array(fill[role], np.float32 if role == "temperature" else np.int32),
+                                 eng.shape(buf, env)) for role, buf in st.inputs.items()}
         inputs.update({pt.buffer: np.zeros(eng.shape(pt.buffer, env), np.int32) for pt in st.page_tables})
         env = eng.run(st.program, vars_, inputs)
         for buf in st.outputs.values():

@@ -148,6 +148,10 @@ BENCH = [
                                       str(f / "c.pdf")], 1, ".png or .svg"),
     ("samples_zero", lambda f, m, w: ["bench", str(m), "--workload", str(f / "good.toml"), "--samples", "0"], 2,
      "--samples: must be at least 1"),
+    ("memory_text", lambda f, m, w: ["bench", str(m), "--workload", str(f / "good.toml"), "--memory", "12X"], 2,
+     "--memory: expected a size"),
+    ("memory_too_small", lambda f, m, w: ["bench", str(m), "--workload", str(f / "good.toml"), "--memory", "100K"],
+     2, "--memory: must be at least 1M"),
 ]
 
 

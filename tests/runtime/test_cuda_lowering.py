@@ -93,7 +93,7 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
     # a layer: norm+qkv+rope+kv append, attention (splits merged inside), o+residual,
     # norm+gate/up+SwiGLU, down+residual
     layer = ["norm_gemv_rope_append", "attention_decode", "gemv_residual", "norm_gemv_swiglu", "gemv_residual"]
-    assert names == ["embed", *layer * 2, "norm_gemv_f32", "argmax_partial", "argmax_final"]
+    assert names == ["embed", *layer * 2, "norm_gemv_f32", "sample_partial", "argmax_final"]
     qkv = dec_items[1]
     assert qkv.args[10] == 2 and qkv.args[18:20] == (sm90.constants["qkv_dim"], 64)  # rows; N, K
     assert qkv.grid == (-(-sm90.constants["qkv_dim"] // 16), 1, 1)
@@ -101,11 +101,11 @@ def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(s
     assert [i.pdl for i in dec_items] == [False] + [True] * (len(dec_items) - 1)
 
 
-def test_argmax_runs_in_two_stages_over_the_vocabulary(sm90):
+def test_sampling_runs_in_two_stages_over_the_vocabulary(sm90):
     dec, bufs = _program(sm90, "decode")
     items = dec.resolve({**sm90.constants, "seqs": 5, "context": 512, "reach": 512})
     partial, final = items[-2], items[-1]
-    assert partial.kernel.name == "argmax_partial" and partial.grid == (128, 5, 1)
+    assert partial.kernel.name == "sample_partial" and partial.grid == (128, 5, 1)
     assert final.kernel.name == "argmax_final" and final.args[2] == bufs["d_next"].ptr
 
 
@@ -174,7 +174,7 @@ def test_decode_layers_fuse_the_norms_at_any_width(tmp_path, qk_norm):
     head = ["norm_gemv", "qk_norm_rope_append"] if qk_norm else ["norm_gemv_rope_append"]
     assert [c.op for c in v.manifest.programs["decode"].calls] == [
         "embed", *head, "attention_decode", "gemv_residual", "norm_gemv_swiglu", "gemv_residual",
-        "norm_gemv_logits", "argmax"]
+        "norm_gemv_logits", "sample"]
 
 
 def test_decode_attention_split_is_a_generator_choice(tmp_path):
@@ -239,7 +239,7 @@ def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
         prog._upload({**env_max, "seqs": seqs})
         got = {n: size for n, b in bufs.items() if isinstance(b, _Staged) for p, size in log if p == b.ptr}
         assert got == {"d_ids": 4 * seqs, "d_pos": 4 * seqs, "d_cu_seqlens": 4 * (seqs + 1),
-                       "d_page_table": 4 * seqs * pages}
+                       "d_page_table": 4 * seqs * pages, "d_temperature": 4 * seqs, "d_rng": 8 * seqs}
 
 
 class _Mirror:

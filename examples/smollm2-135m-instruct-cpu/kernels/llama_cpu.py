@@ -156,5 +156,25 @@ def gather_last(x, cu_seqlens, y):
     np.take(x, cu_seqlens[1:] - 1, axis=0, out=y)
 
 
-def argmax(logits, tokens):
-    tokens[:] = np.argmax(logits, axis=-1)
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping), as cuda/argmax.cu's mix64."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def sample(logits, temperature, key, tokens):
+    """Each row's argmax, or at temperature T > 0 a draw from softmax(logits / T) by the
+    Gumbel-max trick with noise hashed from the row's 64-bit key and the token index (the same
+    formula as cuda/argmax.cu's sample_partial, so a key reproduces its draw)."""
+    with np.errstate(over="ignore"):
+        for r in range(logits.shape[0]):
+            row = logits[r].astype(np.float32)
+            t = np.float32(temperature[r])
+            if t > 0:
+                k = np.uint64(int(key[r, 0]) & 0xFFFFFFFF) | (np.uint64(int(key[r, 1]) & 0xFFFFFFFF) << np.uint64(32))
+                h = _mix64(k ^ _mix64(np.arange(row.shape[0], dtype=np.uint64)))
+                u = ((h >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+                row = row * (np.float32(1) / t) - np.log(-np.log(u))
+            tokens[r] = np.argmax(row)

@@ -133,8 +133,9 @@ KERNELS: tuple[Kernel, ...] = (
                "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
     Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
            GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
-    Kernel("argmax", "argmax_partial", (_buf("logits", "f32"), _buf("part_val", "f32", "out"),
-                                        _buf("part_idx", "i32", "out"), *_ints("vocab", "n_rows", "chunks")),
+    Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
+                                        _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
+                                        *_ints("vocab", "n_rows", "chunks")),
            ("chunks", "n_rows"), (256,), Pdl.LATE),
     Kernel("argmax", "argmax_final", (_buf("part_val", "f32"), _buf("part_idx", "i32"), _buf("tokens", "i32", "out"),
                                       *_ints("n_rows", "chunks")), ("n_rows",), (32,), Pdl.LATE),
@@ -171,7 +172,7 @@ class Op:
 
 
 _ATTN = BY_ENTRY["attention_decode"].params
-_ARGMAX = BY_ENTRY["argmax_partial"].params
+_SAMPLE = BY_ENTRY["sample_partial"].params
 OPS = {
     "embed": Op(("embed",)), "gather_last": Op(("gather_last",)), "rms_norm": Op(("rms_norm",)),
     "add_rms_norm": Op(("add_rms_norm",)), "rope_table": Op(("rope_table",)), "rope": Op(("rope",)),
@@ -182,7 +183,7 @@ OPS = {
     "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
     "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
     "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
-    "argmax": Op(("argmax_partial", "argmax_final"), (*_ARGMAX[:3], _buf("tokens", "i32", "out"), *_ARGMAX[3:])),
+    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
 EXTERN_OPS = {

@@ -53,7 +53,7 @@ def main(args) -> int:
             weights = default_model(progress=not to_stdout)
         elif not Path(weights).is_dir():
             raise KernError(f"--weights {weights}: not a folder (give a Hugging Face checkpoint folder)")
-        kw = {"isolate": args.isolate, "samples": args.samples, "progress": not to_stdout}
+        kw = {"isolate": args.isolate, "samples": args.samples, "memory": args.memory, "progress": not to_stdout}
         doc = (bench_compare(args.manifest, args.compare, weights, wl, **kw) if args.compare
                else bench(args.manifest, weights, wl, **kw))
     except ManifestError as exc:

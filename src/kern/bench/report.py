@@ -23,9 +23,11 @@ def table(doc: dict) -> list[str]:
     for sc in doc["scenarios"]:
         st = sc["step"]
         out.append("")
+        ck = st["check"]
         out.append(f"{sc['program']}: {sc['groups']} x {sc['rows']} rows, context {sc['context']}: step p50 "
-                   f"{_us(st['untraced_us']['p50'])} (traced walk {_us(st['walk_us']['p50'])}, "
-                   f"{st['attributed_share']:.0%} of it in {sc['program_calls']} calls)")
+                   f"{_us(st['untraced_us']['p50'])} (host {_us(st['host_us']['p50'])}); its {sc['program_calls']} "
+                   f"calls sum to {_us(ck['calls_us'])} = {ck['ratio']:.1%} of the step "
+                   f"({'within' if ck['ok'] else 'NOT within'} {ck['within']:.0%}), base {_us(st['base_us']['p50'])}")
         out.append(f"  {'op':<22}{'calls':>6}{'p50 total':>14}{'share':>8}{'GB/s':>9}")
         for o in sc["ops"][:TOP_OPS]:
             gbps = o["bytes"] / o["us"] / 1e3 if o["us"] > 0 else 0.0
@@ -74,11 +76,16 @@ def chart(doc: dict, path: str | Path) -> None:
     labels = [f"{sc['program']} {sc['groups']}x{sc['rows']} @{sc['context']}" for sc in scs]
     left = [0.0] * len(scs)
     cmap = plt.get_cmap("tab20")
+    steps = [sc["step"]["untraced_us"]["p50"] for sc in scs]
+    unit, scale = ("ms", 1e-3) if max(steps, default=0.0) >= 10_000 else ("us", 1.0)
+    # an op's p50 sum can dip below zero when its calls are cheaper than the clock's noise
     for k, op in enumerate(ops):
-        widths = [next((o["us"] for o in sc["ops"] if o["op"] == op), 0.0) for sc in scs]
+        widths = [max(next((o["us"] for o in sc["ops"] if o["op"] == op), 0.0), 0.0) * scale for sc in scs]
         ax.barh(labels, widths, left=left, label=op, color=cmap(k % 20))
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_xlabel("us per step (sum of the calls' p50)")
+    ax.scatter([x * scale for x in steps], labels, marker="|", s=400, color="black", zorder=3,
+               label="whole step (p50)")
+    ax.set_xlabel(f"{unit} per step (bars: each op's calls, p50 summed; tick: the untraced step)")
     ax.set_title(f"{doc['model']} on {doc['device']['kind']}: where the step's time goes")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()

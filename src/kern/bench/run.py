@@ -12,7 +12,8 @@ from pathlib import Path
 from ..harness.diff import diff
 from ..harness.engine_io import EngineIO
 from ..manifest.verify import load_verified
-from ..runtime.engine import Engine
+from ..manifest.protocol import derive
+from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
 from . import scenario
 from .attribution import measure
 from .compare import compare
@@ -36,12 +37,14 @@ def _bar(total: int, desc: str, progress: bool):
 
 
 def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, isolate: bool = False,
-          samples: int | None = None, progress: bool = True) -> dict:
+          samples: int | None = None, memory: int | None = None, progress: bool = True) -> dict:
+    """`memory`: each state's budget in bytes (default: what the workload's largest shape needs)."""
     path = manifest_file(manifest)
     v = load_verified(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     n = samples or wl.samples
-    engine = Engine(v, weights)
+    budget = memory or scenario.state_budget(v, derive(v), wl.shapes) or DEFAULT_STATE_BUDGET
+    engine = Engine(v, weights, state_budget=budget)
     timer = timer_for(engine)
     ceiling = timer.ceiling_gbps()
     lim = EngineIO(engine).limits()
@@ -70,7 +73,8 @@ def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, iso
                                                more)
             out.append(row)
     doc = {"kern_bench": SCHEMA, "model": v.manifest.model, "manifest": {"path": str(path), "sha256": sha},
-           "device": timer.device(), "ceiling_gbps": ceiling, "workload": wl.to_json(), "dropped": dropped,
+           "device": timer.device(), "ceiling_gbps": ceiling, "state_budget": budget, "workload": wl.to_json(),
+           "dropped": dropped,
            "scenarios": out}
     del engine, timer
     gc.collect()

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..harness.workload import Chunk, Limits, Seq, Step, feed
+from ..manifest.expr import evaluate
 from ..manifest.protocol import Protocol, ProtocolError, Stepper
+from ..manifest.verify import Verified
 from ..runtime.engine import Engine
 from .workload import Shape
 
@@ -33,6 +35,31 @@ def _ragged(protocol: Protocol) -> Stepper | None:
     return next((s for s in protocol.steppers if s.ragged), None)
 
 
+def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> int:
+    """Bytes each state needs to hold the largest shape of the workload (every sequence of it
+    at its context plus its rows), over the shapes a program accepts and a page table can
+    address; 0 when none needs any. The engine gives every state this budget."""
+    m, consts = v.manifest, v.constants
+    top = {**consts, **{n: var.max for n, var in m.vars.items()}}
+    width = min((evaluate(m.buffers[pt.buffer].shape[-1], top) for st in protocol.steppers for pt in st.page_tables),
+                default=None)
+    need = 0
+    for sh in shapes:
+        try:
+            protocol.for_rows(sh.groups, sh.rows)
+        except ProtocolError:
+            continue
+        for name, st in m.states.items():
+            if st.bytes_per_token is not None:
+                tokens = max(protocol.paged_states.get(name, 1), 1)
+                pages = -(-(sh.context + sh.rows) // tokens)
+                if width is None or pages <= width:
+                    need = max(need, evaluate(st.bytes_per_token, consts) * tokens * pages * sh.groups)
+            elif st.bytes_per_seq is not None:
+                need = max(need, evaluate(st.bytes_per_seq, consts) * sh.groups)
+    return need
+
+
 def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario | str:
     """The scenario for a shape, or the reason no program of this manifest accepts it."""
     g, r, c = shape.groups, shape.rows, shape.context
@@ -49,7 +76,7 @@ def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario |
     if pages_each > lim.table_width:
         return f"a sequence needs {pages_each} pages, a page table holds {lim.table_width}"
     if g * pages_each > lim.pages:
-        return f"{g} sequences need {g * pages_each} pages, the paged state holds {lim.pages}"
+        return f"{g} sequences need {g * pages_each} pages, the paged state holds {lim.pages} (--memory)"
     rng = np.random.Generator(np.random.PCG64([seed, g, r, c]))
     lo, hi = lim.vocab
     seqs = tuple(Seq(tuple(int(x) for x in rng.integers(lo, hi, c + r)), (), tuple(range(i * pages_each,

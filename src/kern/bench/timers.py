@@ -1,20 +1,26 @@
 """Clocks, one per device kind. Timings never decide a result: they are what kern bench reports.
 
-cpu: perf_counter around each call's lowered launches in a walk of the program, around a
-whole step, and around one call alone; caches are evicted by touching a buffer twice the
-last-level cache; the ceiling is a large memory copy.
-cuda: events between launches in an eager walk of the program (contiguous, so their sum is
-the walk), host time around a whole step (a graph replay where the program is captured),
-events around one call's launches; caches are evicted by a memset larger than L2; the
-ceiling is a large device-to-device copy."""
+Each timer gives a scenario's per-call samples (`attribute`), one call alone (`call`, for
+--isolate), a cache eviction and the device's copy ceiling.
+cpu: calls run synchronously, so a clock around each of the program's own bound launches, in
+a run of the program, is inside the real program; its base is what the run spends outside
+them. Caches are evicted by touching a buffer twice the last-level cache; the ceiling is a
+large memory copy.
+cuda: the program cut after each call and each prefix timed whole with events around it
+(prefix.py); one call alone between two events; caches evicted by a memset larger than L2;
+the ceiling a large device-to-device copy.
+"""
 
 from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from .prefix import Run, Samples, boundaries, by_prefix
 
 EVICT_BYTES = 256 << 20  # cuda: more than any L2 (H200: 60 MB)
 CEILING_BYTES = 64 << 20
@@ -39,8 +45,8 @@ def stats(xs) -> dict[str, float]:
 
 
 class CpuTimer:
-    """Each call's launches lowered on their own (the harness's EngineIO) and timed in program
-    order: the walk runs exactly the program's launches, a clock around each call."""
+    """A clock around each of the program's own bound launches (attribute); one call alone
+    through its launches lowered on their own (the harness's EngineIO: isolate)."""
 
     kind = "cpu"
 
@@ -54,14 +60,33 @@ class CpuTimer:
     def device(self) -> dict:
         return {"kind": "cpu", "name": platform.processor() or platform.machine(), "driver": platform.platform()}
 
-    def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
-        """(us of each call, us of the whole walk) for one run of the program, call by call."""
+    def attribute(self, program: str, vars: dict[str, int], samples: int,
+                  tick: Callable[[], None] = lambda: None) -> Samples:
+        """A clock around each launch of the program's own bound launch list, run in order
+        (what CpuProgram.run does, minus its error wrapping); the first sample warms."""
+        prog = self.engine.programs[program]
         env = self.engine.env(program, vars)
-        out = []
-        t0 = time.perf_counter_ns()
-        for ci in range(len(self.engine.m.programs[program].calls)):
-            out.append(self.call(program, ci, env))
-        return out, (time.perf_counter_ns() - t0) / 1e3
+        bound = prog.bind(env)
+        owner = [l.call for l in self.engine.launches[program]]
+        calls: list[list[float]] = [[] for _ in self.engine.m.programs[program].calls]
+        base, steps = [], []
+        for s in range(samples + 1):
+            per = [0.0] * len(calls)
+            t0 = time.perf_counter_ns()
+            for (fn, args), c in zip(bound, owner):
+                t = time.perf_counter_ns()
+                fn(*args)
+                per[c] += (time.perf_counter_ns() - t) / 1e3
+            walk = (time.perf_counter_ns() - t0) / 1e3
+            step = self.step(program, vars)
+            if s == 0:
+                continue
+            for c, us in enumerate(per):
+                calls[c].append(us)
+            base.append(max(walk - sum(per), 0.0))
+            steps.append(step)
+            tick()
+        return Samples(calls, base, steps, steps, "a clock around each launch of a run of the program")
 
     def call(self, program: str, ci: int, env: dict[str, int]) -> float:
         t0 = time.perf_counter_ns()
@@ -113,26 +138,39 @@ class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
     def _ms(self, a, b) -> float:
         return self.drv("cuEventElapsedTime", a, b)
 
-    def walk(self, program: str, vars: dict[str, int]) -> tuple[list[float], float]:
-        """(us of each call, us of the whole walk): events between the launches of an eager
-        walk of the lowered program; a call's time is its launches'."""
+    def attribute(self, program: str, vars: dict[str, int], samples: int,
+                  tick: Callable[[], None] = lambda: None) -> Samples:
+        """Each call's time inside the real program by prefixes (prefix.py): a graph program's
+        prefixes are graphs of its first launches, captured as the program's own graph is (its
+        input copies, then the launches); an eager program's are its first launches, run
+        eagerly from an idle device as a step runs them."""
+        from ..runtime.devices.cuda.graphs import capture
+
         prog = self.engine.programs[program]
-        env = self.engine.env(program, vars)
+        env = self.engine.run(program, vars)  # a graph program's own graph is captured by now
         items = prog.resolve(env)
-        ev = self._events(len(items) + 1)
-        prog._upload(env)
-        self.drv("cuEventRecord", ev[0], self.stream.handle)
-        for i, it in enumerate(items):
-            prog._record([it])
-            self.drv("cuEventRecord", ev[i + 1], self.stream.handle)
-        self.stream.synchronize()
-        per_call = [0.0] * len(self.engine.m.programs[program].calls)
-        for i, l in enumerate(self.engine.launches[program]):
-            per_call[l.call] += self._ms(ev[i], ev[i + 1]) * 1e3
-        total = self._ms(ev[0], ev[-1]) * 1e3
-        for e in ev:
-            self.drv("cuEventDestroy", e)
-        return per_call, total
+        owner = [l.call for l in self.engine.launches[program]]
+        ends = boundaries(owner, len(self.engine.m.programs[program].calls))
+        s = self.stream
+        graphs = []
+        if prog.graph:
+            own = prog._graphs[tuple(sorted(env.items()))]
+            for m in ends:
+                graphs.append(capture(s, lambda m=m: (prog._upload(env), prog._record(items[:m])),
+                                      label=f"bench prefix of {m} launches"))
+            prefixes: list[Run] = [lambda g=g: g.replay(s) for g in graphs]
+            whole: Run = lambda: own.replay(s)  # noqa: E731
+            method = "prefixes of the captured graph, each timed whole (events around its replay)"
+        else:
+            prefixes = [lambda m=m: (prog._upload(env), prog._record(items[:m])) for m in ends]
+            whole = prefixes[-1]
+            method = "prefixes of the eager launch list, each timed whole from an idle device"
+        try:
+            return by_prefix(_Events(self, paced=not prog.graph), prefixes, whole, samples,
+                             lambda: self.step(program, vars), method, tick=tick)
+        finally:
+            for g in graphs:
+                g.destroy()
 
     def step(self, program: str, vars: dict[str, int]) -> float:
         t0 = time.perf_counter_ns()
@@ -181,6 +219,32 @@ class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
         src.free()
         dst.free()
         return 2 * n / best / 1e9
+
+
+class _Events:
+    """prefix.py's clock on CUDA: events around each timed run, everything enqueued before one
+    wait. An eager (`paced`) run starts from an idle device (a wait before its first event), so
+    the host's launch pace counts as it does in a step; a graph replay queues behind its warm
+    run, as a step's replay queues behind the step before."""
+
+    def __init__(self, timer: "CudaTimer", paced: bool):
+        self.t, self.paced = timer, paced
+
+    def elapsed(self, pairs: Sequence[tuple[Run, Run]]) -> list[float]:
+        t, s = self.t, self.t.stream
+        ev = t._events(2 * len(pairs))
+        for i, (warm, run) in enumerate(pairs):
+            warm()
+            if self.paced:
+                s.synchronize()
+            t.drv("cuEventRecord", ev[2 * i], s.handle)
+            run()
+            t.drv("cuEventRecord", ev[2 * i + 1], s.handle)
+        s.synchronize()
+        out = [t._ms(ev[2 * i], ev[2 * i + 1]) * 1e3 for i in range(len(pairs))]
+        for e in ev:
+            t.drv("cuEventDestroy", e)
+        return out
 
 
 def timer_for(engine):

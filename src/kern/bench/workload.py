@@ -105,4 +105,6 @@ def read(path: str | Path) -> Workload:
         raise WorkloadError(f"--workload {path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise WorkloadError(f"--workload {path}: not UTF-8 text") from None
-    return parse(text, str(path))
+    from . import trace  # it builds on this module's types
+
+    return trace.parse(text, str(path)) if trace.is_trace(text) else parse(text, str(path))

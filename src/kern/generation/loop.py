@@ -110,7 +110,7 @@ class Loop:
         seed = params.seed if params.seed is not None else _seed_of(request_id)
         self.waiting.append(Sequence(request_id, list(prompt_ids), params, max_tokens,
                                      TextStream(self.tokenizer, params.stop),
-                                     np.random.Generator(np.random.PCG64(seed))))
+                                     np.random.Generator(np.random.PCG64(seed)), seed))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -159,16 +159,23 @@ class Loop:
             s = by_id[r.id]
             part = s.span(s.written, r.tokens)
             self.paging.extend(s.lease, part)
-            feeds.append(Feed(part, s.written, s.lease.page_table(self.state)))
             s.written += r.tokens
+            t = s.params.temperature if s.pending == 0 and not self._host_draws(s) and not s.params.greedy else 0.0
+            feeds.append(Feed(part, s.written - r.tokens, s.lease.page_table(self.state), t,
+                              draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
         if not feeds:
             return deltas
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
-        need_logits = any(seqs[i].params.needs_logits for i in emitting)
+        need_logits = any(self._host_draws(seqs[i]) for i in emitting)
         tokens, logits = self.runner.run(feeds, need_logits)
         return deltas + self._postprocess([seqs[i] for i in emitting], tokens[emitting],
                                           None if logits is None else logits[emitting])
+
+    def _host_draws(self, s: Sequence) -> bool:
+        """Whether the host reads this row's logits (to draw, penalise, truncate or report
+        logprobs); otherwise the device's token is the row's token."""
+        return not s.params.device_samples if self.runner.samples else s.params.needs_logits
 
     def _grow(self, rows: list[Row]) -> list[Row]:
         """Bind the pages this step's rows write, before anything is recorded; where the budget
@@ -212,7 +219,7 @@ class Loop:
         if self.limits.run_ahead < 2 or len(self.running) != 1 or self.waiting:
             return None
         s = self.running[0]
-        decoding = s.out and s.pending == 1 and not s.params.needs_logits
+        decoding = s.out and s.pending == 1 and s.params.greedy and not s.params.needs_logits
         return s if decoding and s.max_tokens - len(s.out) >= self.limits.run_ahead else None
 
     def _run_ahead(self, s: Sequence) -> list[Delta]:
@@ -231,7 +238,7 @@ class Loop:
         chosen = [int(t) for t in tokens]
         lps: list[TokenLogprob | None] = [None] * len(seqs)
         if logits is not None:
-            pick = [i for i, s in enumerate(seqs) if s.params.needs_logits]
+            pick = [i for i, s in enumerate(seqs) if self._host_draws(s)]
             sub = logits[pick]
             if any(not seqs[i].params.greedy or seqs[i].params.penalized for i in pick):
                 toks, lp = sample(sub, [seqs[i].params for i in pick], [seqs[i].rng for i in pick],
@@ -285,6 +292,22 @@ class Loop:
     @staticmethod
     def _delta(s: Sequence, new: list[int], text: str, lps: list[TokenLogprob]) -> Delta:
         return Delta(s.id, tuple(new), text, tuple(lps), s.finish, len(s.prompt), s.cached, len(s.out))
+
+
+def draw_key(seed: int, n: int) -> int:
+    """The 64-bit key of a request's n-th device draw: its seed and n mixed (splitmix64), so a
+    seed reproduces every draw whatever else shares the batch."""
+    return _mix64((seed ^ _mix64(n)) & _M64)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
 def _seed_of(request_id: str) -> int:

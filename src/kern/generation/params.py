@@ -34,6 +34,14 @@ class SamplingParams:
                 or self.presence_penalty != 0.0)
 
     @property
+    def device_samples(self) -> bool:
+        """Whether a device that draws at a temperature (kern's sample op) can make this row's
+        token from the logits alone: greedy, or plain temperature sampling (no truncation, no
+        penalty, no logprobs)."""
+        plain = self.top_p >= 1.0 and self.top_k == 0 and self.min_p == 0.0
+        return self.logprobs is None and not self.penalized and (self.greedy or plain)
+
+    @property
     def needs_logits(self) -> bool:
         """Whether the host must read this row's logits (the device's argmax token suffices otherwise)."""
         return not self.greedy or self.penalized or self.logprobs is not None

@@ -18,6 +18,8 @@ class Feed:
     tokens: list[int]
     start: int  # position of the first
     pages: list[int]  # the sequence's page table
+    temperature: float = 0.0  # the device draws the next token at this temperature (0: argmax)
+    key: int = 0  # the 64-bit key of that draw
 
 
 def buckets(limit: int, narrow: int | None = None) -> list[int]:
@@ -52,6 +54,8 @@ class Runner:
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
+        # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
+        self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
 
     def scratch_feed(self, position: int) -> Feed:
         """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
@@ -115,6 +119,10 @@ class Runner:
             inputs[pt.buffer] = table
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(f.tokens) for f in feeds], dtype=np.int32)
+        if "temperature" in st.inputs:
+            inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds], np.float32)
+        if "rng" in st.inputs:  # each key as two i32, low word first
+            inputs[st.inputs["rng"]] = np.array([f.key for f in feeds], "<u8").view("<i4").reshape(n, 2)
         reach = max(f.start + len(f.tokens) for f in feeds)
         env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
         tokens = self.engine.read(st.outputs["tokens"], env)
@@ -133,6 +141,9 @@ class Runner:
             inputs[pt.buffer] = table
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
+        for role, a in (("temperature", np.zeros(1, np.float32)), ("rng", np.zeros((1, 2), np.int32))):
+            if role in st.inputs:  # greedy: the argmax fed back on the device
+                inputs[st.inputs[role]] = a
         outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + k), inputs,
                                      [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, k)],
                                      feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])

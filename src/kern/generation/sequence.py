@@ -19,6 +19,7 @@ class Sequence:
     max_tokens: int  # params.max_tokens clipped to the context
     text: TextStream
     rng: np.random.Generator
+    seed: int  # the request's seed (its own or one derived from its id): keys the device's draws
     out: list[int] = field(default_factory=list)
     lease: Lease | None = None
     written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)

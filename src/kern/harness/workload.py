@@ -136,6 +136,8 @@ def feed(step: Step, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str, int])
         "cu_seqlens": np.cumsum([0] + [len(c.tokens) for c in step.chunks]).astype(np.int32),
         "seq_len": np.array([c.start + len(c.tokens) for c in step.chunks], np.int32),
         "slot": np.array([c.seq for c in step.chunks], np.int32),
+        "temperature": np.zeros(groups, np.float32),  # greedy: the judged tokens are each side's argmax
+        "rng": np.zeros((groups, 2), np.int32),
     }
     for role, buf in st.inputs.items():
         ins[buf] = roles[role]

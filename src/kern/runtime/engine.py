@@ -6,6 +6,7 @@ their bounds and domains before anything launches. Nothing here branches on a mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from pathlib import Path
 
@@ -92,6 +93,8 @@ class Engine:
         self.programs: dict[str, Program] = {p: self.device.lower(ls, self.buffers, self.states,
                                                                   graph=self.m.programs[p].graph)
                                              for p, ls in self.launches.items()}
+        # told of every step (program, env, its inputs) once checked, before it runs: kern serve --trace
+        self.observers: list[Callable[[str, dict[str, int], dict[str, np.ndarray]], None]] = []
         for p in self.protocol.once:
             self.run(p, {})
         self.paging = Paging(pool, self) if pool else None
@@ -185,6 +188,8 @@ class Engine:
         for buf, host in (inputs or {}).items():
             self._known(program, buf)
             self.write_input(program, buf, host, env)
+        for see in self.observers:
+            see(program, env, inputs or {})
         self.programs[program].run(env)
         return env
 
@@ -230,6 +235,9 @@ class Engine:
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
         for buf, arr in first.items():
             self.device.write(self.buffers[buf], arr)
+        for see in self.observers:
+            for j in range(1 + len(later)):
+                see(program, env, {**first, **later[j - 1]} if j else first)
         shapes = {c: self.shape(c, env) for c in collect}
         raw = self.programs[program].run_steps(
             env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],

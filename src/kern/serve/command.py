@@ -10,8 +10,9 @@ from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, where: str):
-    """In the engine process: load, then capture every decode graph (never inside a request)."""
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str):
+    """In the engine process: load, then capture every decode graph (never inside a request);
+    with `trace`, record the served steps to that file."""
     from ..api import load
     from ..run_cmd import pick_target
 
@@ -19,6 +20,10 @@ def build_loop(model, manifest, target, context, max_seqs, memory, where: str):
                  max_seqs=max_seqs, memory=memory, progress=True)
     loop = model.loop
     loop.warm_up(progress=True)
+    if trace:  # after the warm-up: only served steps
+        from ..bench.trace import record
+
+        record(model.engine, trace)
     print(f"[kern] serving {loop.model_name} (context {loop.context}) on {where} (chat page at /, API at /v1)",
           file=sys.stderr)
     return loop
@@ -28,7 +33,7 @@ def main(args) -> int:
     from .server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, f"http://{args.host}:{args.port}")
+                        args.memory, args.trace, f"http://{args.host}:{args.port}")
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except (KernError, ManifestError, CudaUnavailable) as exc:

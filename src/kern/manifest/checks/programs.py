@@ -89,7 +89,8 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
 # What the first axis of a role buffer counts: the batch's groups, its rows in all (groups x rows
 # when rows is fixed; the rows var when ragged), or groups + 1 (offsets).
 _ROLE_AXIS = {"token": ("rows",), "position": ("rows",), "cu_seqlens": ("groups + 1",), "slot": ("groups",),
-              "seq_len": ("groups",), "tokens": ("groups", "rows"), "logits": ("groups", "rows")}
+              "seq_len": ("groups",), "temperature": ("groups",), "rng": ("groups",), "tokens": ("groups", "rows"),
+              "logits": ("groups", "rows")}
 
 
 def _role_axes(c: Context, pname: str, accesses) -> Iterator[Problem]:

@@ -207,7 +207,8 @@ class CudaProgram:
             if k is None:
                 x, w, y, m, n, kk = vals
                 o = EXTERN_OUT[l.entry]
-                self.dev.blas.plan(m, n, kk, o)  # picked now, outside any capture
+                if self.graph:
+                    self.dev.blas.plan(m, n, kk, o)  # picked now, outside any capture
                 out.append(lambda s, x=x, w=w, y=y, m=m, n=n, kk=kk, o=o:
                            self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s, o))
                 continue
