@@ -68,8 +68,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         for rank in range(tp):
             mr = tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl)
             tensor_parallel.add_module(mr, out / "kernels")
-            (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "
-")
+            (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "\n")
         return out / "rank0.json"
     path = out / "manifest.json"
     path.write_text(json.dumps(m, indent=1) + "\n")
