@@ -51,9 +51,12 @@ def install(site: Path) -> dict:
     """pip-install the carried wheels into site; the environment that makes kern, kern_models and
     them importable."""
     wheels = sorted(str(p) for p in (ROOT / ".whl").glob("*.whl"))
-    if wheels:
+    done = site / ".kern-wheels"  # what is installed there: never rewritten under a running preset
+    names = "\n".join(Path(w).name for w in wheels)
+    if wheels and not (done.is_file() and done.read_text() == names):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
+        done.write_text(names)
     return models_env(site, ROOT / "models", Path("/tmp/kern-cache"))
 
 
