@@ -2,9 +2,10 @@
 
     python -m kern_models.examples [OUT_DIR]     default: examples/ of this repository
 
-One folder per model and target: the embedded SmolLM2-135M-Instruct for the cpu and for
-sm_90a (the shipped cubins; nvcc only after a kernel source changed). tests/test_examples.py
-checks they match a fresh generation."""
+One folder per model and target: the embedded SmolLM2-135M-Instruct for the cpu, for sm_90a
+(the shipped cubins; nvcc only after a kernel source changed) and for sm_90a as one kernel (the
+megakernel's decode, docs/megakernel.md). tests/test_examples.py checks they match a fresh
+generation."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from kern_models.embedded import MODEL_NAME, prepare
 from kern_models.llama.generator import generate
 
-TARGETS = {"cpu": "cpu", "sm90a": "cuda"}
+TARGETS = {"cpu": "cpu", "sm90a": "cuda", "sm90a-mega": "mega"}
 SLUG = "smollm2-135m-instruct"
 
 

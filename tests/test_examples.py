@@ -17,7 +17,7 @@ def _files(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("suffix", ["cpu", "sm90a"])
+@pytest.mark.parametrize("suffix", ["cpu", "sm90a", "sm90a-mega"])
 def test_examples_match_a_fresh_generation(suffix, tmp_path):
     from kern_models.examples import SLUG, TARGETS, write
 

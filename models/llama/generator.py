@@ -13,6 +13,10 @@ from .config import ARCHITECTURES, ConfigError, shape_of
 from .cuda.build import compile_one, flags
 from .cuda.build import provide as provide_cubins
 from .cuda.table import ARCH
+from .mega import build as mega_build
+from .mega import manifest as mega_manifest
+
+MEGA = "mega"  # the target of the one-kernel sm_90a manifest (mega/manifest.py)
 
 HERE = Path(__file__).parent
 
@@ -48,8 +52,17 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         digests = provide_cubins(out / "kernels", variant)
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]
+    elif target == MEGA:
+        m = mega_manifest.build(shape, model, context=context, **limits)
+        digests = provide_cubins(out / "kernels", variant)
+        digests[mega_build.CUBIN] = mega_build.provide(out / "kernels")
+        for name, mod in m["modules"].items():
+            mod["sha256"] = digests[f"{name}.cubin"]
+        for stale in set(digests) - {f"{n}.cubin" for n in m["modules"]}:
+            (out / "kernels" / stale).unlink()
     else:
-        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
+        raise ConfigError(f"target {target!r}: this generator builds cpu, cuda ({ARCH}) and {MEGA} ({ARCH}, "
+                          "decode as one kernel)")
     if tp != 1:
         tensor_parallel.check(shape, tp)
         for rank in range(tp):

@@ -8,3 +8,12 @@ def load(*args, **kwargs):
     from .api import load as _load
 
     return _load(*args, **kwargs)
+
+
+def __getattr__(name: str):
+    """kern.MegaModel (kern.mega), imported on first use like kern.load."""
+    if name == "MegaModel":
+        from .mega import MegaModel
+
+        return MegaModel
+    raise AttributeError(f"module 'kern' has no attribute {name!r}")

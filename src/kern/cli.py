@@ -135,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-ahead", type=_positive, default=None,
                    help="greedy decode steps a host wait (default: 8 on CUDA, one graph launch for all "
                         "of them; 1 on the CPU)")
+    p.add_argument("--mega", action="store_true",
+                   help="decode with the one-kernel deployment: a step is one persistent cooperative launch "
+                        "(CUDA sm_90a; docs/megakernel.md)")
     loop_options(p)
     p.set_defaults(fn=_verb("kern.run_cmd"))
 
@@ -148,7 +151,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-steps", type=_non_negative, default=None,
                    help="decode steps per sequence (default 4; 0 judges prefill only)")
     p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
-    p.add_argument("--kl-limit", type=_non_negative_real, default=None, help="KL(A||B) limit in nats (default 0.01)")
+    p.add_argument("--kl-limit", type=_non_negative_real, default=None,
+                   help="KL(A||B) limit in nats (default 0.01; a larger measured floor raises it)")
+    p.add_argument("--time-cap", type=_non_negative_real, default=None,
+                   help="seconds after which thin evidence stops growing the workload (default 60; 0: never grow)")
     p.set_defaults(fn=_verb("kern.harness.cli"))
 
     p = sub.add_parser("bench", help="price every call of a manifest on a workload of real shapes")

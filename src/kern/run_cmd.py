@@ -35,13 +35,19 @@ def pick_target(target: str | None, doing: str) -> str:
 
 def main(args) -> int:
     from .api import load
+    from .mega import TARGET as MEGA_TARGET
 
+    if args.mega and args.target == "cpu":
+        print("kern run: --mega decodes with a CUDA kernel (sm_90a); it does not run with --target cpu",
+              file=sys.stderr)
+        return 1
     try:
-        target = pick_target(args.target, "running")
+        target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
                      max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead, tp=args.tp)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "")
-        print(f"[kern] {model.verified.manifest.model} on {dev}", file=sys.stderr)
+        print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",
+              file=sys.stderr)
         gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))

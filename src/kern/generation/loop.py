@@ -3,7 +3,7 @@
     step = schedule (admit by pool lease, pick rows) -> run the programs -> postprocess
            (sample, append, stop, stream text, checkpoint finished leases)
 
-Single-threaded: the server drives it from one engine thread."""
+Single-threaded: the server drives it from its engine process (serve/engine_process.py)."""
 
 from __future__ import annotations
 

@@ -124,6 +124,17 @@ class Device(Protocol):
             A new host array.
         """
 
+    def address(self, storage: Storage) -> int:
+        """Where a buffer or state starts in the device's address space (what a pointers
+        buffer holds).
+
+        Args:
+            storage: the buffer or state.
+
+        Returns:
+            Its address.
+        """
+
     def copy_bytes(self, storage: Storage, dst: int, src: int, n: int) -> None:
         """Copy n bytes within one storage, from byte offset src to dst (a pool page copy).
 

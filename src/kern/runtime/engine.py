@@ -21,6 +21,7 @@ from .device import Device, Program
 from .errors import BoundsError, DeviceError
 from .lower import LoweredLaunch, lower_program
 from .paging import Paging, plan_pool, state_sizes
+from .pointers import fill_pointers, pointer_tables
 from .modules import fetch
 from .safetensors import WeightFiles
 from .dtypes import NP
@@ -89,6 +90,9 @@ class Engine:
                                      b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
+        fill_pointers(pointer_tables(self.m, self.shapes),
+                      lambda e: self.device.address(self.buffers[e] if e in self.buffers else self.states[e]),
+                      lambda n, table: self.device.write(self.buffers[n], table))
         self.launches: dict[str, list[LoweredLaunch]] = {p: lower_program(v, p) for p in self.m.programs}
         self.programs: dict[str, Program] = {p: self.device.lower(ls, self.buffers, self.states,
                                                                   graph=self.m.programs[p].graph)

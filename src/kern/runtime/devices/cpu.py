@@ -46,6 +46,9 @@ class CpuDevice:
         n = int(np.prod(shape))
         return storage[offset:offset + n].reshape(shape).copy()
 
+    def address(self, storage: np.ndarray) -> int:
+        return int(storage.ctypes.data)
+
     def copy_bytes(self, storage: np.ndarray, dst: int, src: int, n: int) -> None:
         storage[dst:dst + n] = storage[src:src + n]
 

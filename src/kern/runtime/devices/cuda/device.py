@@ -20,6 +20,7 @@ from . import memory
 from .driver import call
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
+from .cooperative import check_coresident
 from .cublaslt import CUDA_R_16BF, CUDA_R_32F
 from .launch import Module, PackedLaunch, launch
 
@@ -127,6 +128,9 @@ class CudaDevice:
             flat[:] = self._bounce.array[:out.nbytes]
         return out
 
+    def address(self, storage) -> int:
+        return storage.ptr
+
     def copy_bytes(self, storage, dst: int, src: int, n: int) -> None:
         memory.copy_device(storage.ptr + dst, storage.ptr + src, n, self.stream)
 
@@ -225,8 +229,11 @@ class CudaProgram:
                            self.dev.blas.gemm_bf16_tn(x, w, y, m, n, kk, s, o))
                 continue
             grid, block = tuple(evaluate(g, env) for g in l.grid), tuple(evaluate(b, env) for b in l.block)
-            out.append(PackedLaunch(k, grid, block, tuple(vals), shared_mem=evaluate(l.shared_mem, env),
-                                    cooperative=l.cooperative, pdl=l.pdl))
+            packed = PackedLaunch(k, grid, block, tuple(vals), shared_mem=evaluate(l.shared_mem, env),
+                                  cooperative=l.cooperative, pdl=l.pdl)
+            if l.cooperative:
+                check_coresident(packed, self.dev.dev.multiprocessors, self.dev.name)
+            out.append(packed)
         return out
 
     def _record(self, items: list) -> None:
