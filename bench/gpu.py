@@ -23,6 +23,9 @@ Presets (comma-separated, run in order):
   serve     kern serve against transformers serve over HTTP (bench/serve_gpu.sh)
   toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
             kern kernels --rebuild (bench/toolset_gpu.py), then the gpu tests of tests/bench_cmd and tests/cut
+  verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
+            beforehand): `kern test` of the sm_90a deployment against the cpu one, timed, then
+            the planted sm_90a bugs (tests/harness/test_cuda_vs_cpu.py -k planted)
 
 Wheels (cuda-bindings, the cuBLAS wheel, ...) are carried to the machine in .whl/ (no network
 there): `pip download --only-binary :all: -d .whl ...` here, then pass .whl in the run's carry.
@@ -40,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
-           "toolset")
+           "toolset", "verdict")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -48,9 +51,12 @@ def install(site: Path) -> dict:
     """pip-install the carried wheels into site; the environment that makes kern, kern_models and
     them importable."""
     wheels = sorted(str(p) for p in (ROOT / ".whl").glob("*.whl"))
-    if wheels:
+    done = site / ".kern-wheels"  # what is installed there: never rewritten under a running preset
+    names = "\n".join(Path(w).name for w in wheels)
+    if wheels and not (done.is_file() and done.read_text() == names):
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
+        done.write_text(names)
     return models_env(site, ROOT / "models", Path("/tmp/kern-cache"))
 
 
@@ -109,6 +115,26 @@ class Run:
 
         text = self.step(label, [sys.executable, "bench/decode.py", *flags], timeout, env)
         self.summary += lines(text.splitlines(), label)
+
+
+def verdict(r: Run, site: Path, env: dict) -> None:
+    """`kern test` of the sm_90a deployment against the cpu one as a user runs it (timed), then
+    the planted sm_90a bugs (tests/harness/test_cuda_vs_cpu.py); about 80 s in all."""
+    cache = Path("/tmp/kern-cache-verdict")
+    emb = installed_env(site, cache)
+    paths = r.step("deployments", [sys.executable, "-c", DEPLOYMENTS], 30, emb, cwd=Path("/tmp")).split()
+    if len(paths) == 3:
+        ckpt, cpu, cuda = paths
+        t0 = time.monotonic()
+        text = r.step("kern_test", [sys.executable, "-m", "kern.cli", "test", "--reference", cpu, "--candidate",
+                                    cuda, "--weights", ckpt, "--time-cap", "25"], 35, emb, cwd=Path("/tmp"))
+        tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
+        r.summary.append(f"kern test cpu vs sm_90a, real embedded weights: {tail[0]} ({time.monotonic() - t0:.1f} s)")
+    tenv = {**env, "KERN_CACHE": str(cache), "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1"}
+    text = r.step("planted_gpu", [sys.executable, "-m", "pytest", "tests/harness/test_cuda_vs_cpu.py", "-k", "planted",
+                                  "-m", "gpu", "-q", "-s", "-p", "no:cacheprovider"], 35, tenv)
+    r.summary += [ln for ln in text.splitlines() if ln.startswith(("PASS", "FAIL", "INCONCLUSIVE"))]
+    r.summary += [ln for ln in text.splitlines() if ln.strip()][-1:]
 
 
 def main() -> int:
@@ -188,6 +214,8 @@ def main() -> int:
                                             "-q", "-s", "-p", "no:cacheprovider"], args.timeout)
             r.summary += [ln for ln in text.splitlines() if " @ " in ln or "PASS" in ln or "FAIL" in ln]
             r.summary.append(f"toolset gpu tests: {([ln for ln in text.splitlines() if ln.strip()] or ['(none)'])[-1]}")
+        elif p == "verdict":
+            verdict(r, site, env)
         elif p == "serve":
             emb = installed_env(site, Path("/tmp/kern-cache-serve"))
             text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], 560, emb)

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from . import manifest_cpu, manifest_cuda
+from . import manifest_cpu, manifest_cuda, tp as tensor_parallel
 from .config import ARCHITECTURES, ConfigError, shape_of
 from .cuda.build import compile_one, flags
 from .cuda.build import provide as provide_cubins
@@ -26,8 +26,12 @@ def _sha(path: Path) -> str:
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, variant: str | None = None, **limits) -> Path:
+             context: int | None = None, variant: str | None = None, tp: int = 1, tp_pdl: bool = True,
+             **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
+    tp > 1: one manifest a rank of a tensor-parallel split (tp.py), rank0.json ... beside the
+    kernels; the path returned is rank 0's. tp_pdl: the split decode's projections and
+    all-reduces under programmatic dependent launch (tp.shard).
 
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support). variant: for cuda, a kernel
@@ -59,6 +63,13 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     else:
         raise ConfigError(f"target {target!r}: this generator builds cpu, cuda ({ARCH}) and {MEGA} ({ARCH}, "
                           "decode as one kernel)")
+    if tp != 1:
+        tensor_parallel.check(shape, tp)
+        for rank in range(tp):
+            mr = tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl)
+            tensor_parallel.add_module(mr, out / "kernels")
+            (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "\n")
+        return out / "rank0.json"
     path = out / "manifest.json"
     path.write_text(json.dumps(m, indent=1) + "\n")
     return path
@@ -74,8 +85,8 @@ class _Generator:
         return any(a in ARCHITECTURES for a in config.get("architectures") or [])
 
     def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, **limits)
+                 context: int | None = None, tp: int = 1, **limits) -> Path:
+        return generate(config, out_dir, target=target, model=model, context=context, tp=tp, **limits)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
         """A module this generator writes, rebuilt from its source (kern kernels --rebuild), or

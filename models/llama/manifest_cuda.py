@@ -40,10 +40,10 @@ def _qkv_slices(p: str):
     return q, k, vv
 
 
-def _prefill_calls(s: Shape, p: str, pages) -> list:
-    """Prefill, one op per step of the layer: cuBLASLt GEMMs, flash prefill attention. Its
-    calls mirror the cpu reference one to one, so kern test compares every intermediate."""
-    rows, seqs = "tokens", "prefill_seqs"
+def _gemm_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention) -> list:
+    """The embedding, every layer as one op a step (cuBLASLt GEMMs for the projections) and
+    the final norm into `h`; `attention(l)` is layer l's attention call. Prefill's and the
+    wide decode's programs share it."""
     q, k, vv = _qkv_slices(p)
     lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
@@ -65,10 +65,7 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
         calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
                       b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v(seqs), v(l), v("layers"),
                       v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
-        calls.append({"op": "attention_prefill", "args": [q, {"state": "kv"}, b(p + "page_table"),
-                      b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows), v(seqs), v(pages),
-                      v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-                      v("qkv_dim")]})
+        calls.append(attention(l))
         calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
         calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
                                                      v(rows), v("hidden"), v(s.eps)]})
@@ -77,6 +74,18 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
         calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
     calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
                                                  v(rows), v("hidden"), v(s.eps)]})
+    return calls
+
+
+def _prefill_calls(s: Shape, p: str, pages) -> list:
+    """Prefill, one op per step of the layer: cuBLASLt GEMMs, flash prefill attention. Its
+    calls mirror the cpu reference one to one, so kern test compares every intermediate."""
+    rows, seqs = "tokens", "prefill_seqs"
+    q, _, _ = _qkv_slices(p)
+    calls = _gemm_layers(s, p, rows, seqs, pages, lambda l: {"op": "attention_prefill", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
+        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+        v("qkv_dim")]})
     calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
                                                 v("hidden")]})
     calls.append({"op": "gemv_logits", "args": [b(p + "last"), b("lm_head"), b(p + "logits"), v(seqs),
@@ -130,39 +139,11 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
     weights read once a step for every row) with decode attention over each sequence's pages,
     and the LM head as a GEMM with fp32 output."""
     rows = "wide_seqs"
-    q, k, vv = _qkv_slices(p)
-    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
-    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
-    for l in range(s.layers):
-        if l == 0:
-            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
-                                                     v(s.eps)]})
-        else:
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
-                                                         b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
-        calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
-        if s.qk_norm:
-            calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
-                          b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
-                          v("qkv_dim"), v(s.eps)]})
-        else:
-            calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
-                                                 v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
-        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
-                      b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v(rows), v(l), v("layers"),
-                      v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
-        calls.append({"op": "attention_decode", "args": [
-            q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
-            b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
-        calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
-                                                     v(rows), v("hidden"), v(s.eps)]})
-        calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
-        calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
-        calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
-    calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
-                                                 v(rows), v("hidden"), v(s.eps)]})
+    q, _, _ = _qkv_slices(p)
+    calls = _gemm_layers(s, p, rows, rows, pages, lambda l: {"op": "attention_decode", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "sem"),
+        b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
+        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
     calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
                                                 v("hidden")]})
     calls.append(_argmax(p, rows))

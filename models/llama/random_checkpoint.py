@@ -22,14 +22,36 @@ SHAPES = {
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8192}),
 }
+# Shapes too large for the benches' default sweep (bench/decode.py runs every SHAPES entry):
+# asked for by name (bench/tp.py).
+LARGE = {
+    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+}
 
 
 def make(name: str, folder: str | Path, *, seed: int = 0, device: str = "cpu", max_positions: int = 8192) -> Path:
-    """Write a random checkpoint of shape `name` (a key of SHAPES) into folder."""
+    """Write a random checkpoint of shape `name` (a key of SHAPES or LARGE) into folder."""
+    save(model_of(name, seed=seed, device=device, max_positions=max_positions), folder)
+    return Path(folder)
+
+
+def save(model, folder: str | Path) -> None:
+    """A model of model_of() as a checkpoint folder, with its word tokenizer."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
+
+
+def model_of(name: str, *, seed: int = 0, device: str = "cpu", max_positions: int = 8192):
+    """The seeded random transformers model (bf16) of shape `name`, on `device`."""
     import torch
     import transformers
 
-    spec = dict(SHAPES[name])
+    spec = dict({**SHAPES, **LARGE}[name])
     arch = spec.pop("arch")
     cls, cfg_cls = ((transformers.LlamaForCausalLM, transformers.LlamaConfig) if arch == "llama"
                     else (transformers.Qwen3ForCausalLM, transformers.Qwen3Config))
@@ -43,10 +65,7 @@ def make(name: str, folder: str | Path, *, seed: int = 0, device: str = "cpu", m
                     layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                     layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
         model = model.to(torch.bfloat16)
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    word_tokenizer(cfg.vocab_size).save(str(folder / "tokenizer.json"))
-    return folder
+    return model
 
 
 def word_tokenizer(vocab_size: int):

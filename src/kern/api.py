@@ -64,8 +64,14 @@ class Model:
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
-                             state_budget=state_budget, paged=True, host_bytes=host_bytes)
+        if self.verified.manifest.topology.ranks > 1:  # a split deployment (docs/tensor-parallel.md)
+            from .runtime.ranks import load_split
+
+            self.engine = load_split(manifest, checkpoint, state_budget=state_budget, paged=True,
+                                     host_bytes=host_bytes)
+        else:
+            self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
+                                 state_budget=state_budget, paged=True, host_bytes=host_bytes)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
@@ -212,18 +218,20 @@ class _Acc:
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
-         progress: bool = True, **model_kw) -> Model:
+         progress: bool = True, tp: int = 1, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); or a deployment folder's manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
     to what the memory holds);
-    `max_seqs`: sequences running at once; `memory`: the state budget in bytes."""
-    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory)):
+    `max_seqs`: sequences running at once; `memory`: the state budget in bytes (each rank's).
+    `tp`: tensor-parallel ranks, the model split over that many devices (docs/tensor-parallel.md);
+    a deployment generated for it, or the rank manifest given with manifest=."""
+    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
-    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context)
+    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
                  state_budget=memory or DEFAULT_STATE_BUDGET, **model_kw)

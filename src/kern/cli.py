@@ -105,6 +105,8 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                    help="sequences running at once (default: the manifest's decode bound)")
     p.add_argument("--memory", type=_memory, default=None,
                    help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
+    p.add_argument("--tp", type=_positive, default=1,
+                   help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -149,7 +151,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-steps", type=_non_negative, default=None,
                    help="decode steps per sequence (default 4; 0 judges prefill only)")
     p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
-    p.add_argument("--kl-limit", type=_non_negative_real, default=None, help="KL(A||B) limit in nats (default 0.01)")
+    p.add_argument("--kl-limit", type=_non_negative_real, default=None,
+                   help="KL(A||B) limit in nats (default 0.01; a larger measured floor raises it)")
+    p.add_argument("--time-cap", type=_non_negative_real, default=None,
+                   help="seconds after which thin evidence stops growing the workload (default 60; 0: never grow)")
     p.set_defaults(fn=_verb("kern.harness.cli"))
 
     p = sub.add_parser("bench", help="price every call of a manifest on a workload of real shapes")

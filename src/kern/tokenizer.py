@@ -63,6 +63,11 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
+    def __getstate__(self) -> dict:
+        """A server's engine process hands its tokenizer to the API process: the compiled
+        template holds closures, so it stays behind (the other side compiles its own)."""
+        return {**self.__dict__, "_compiled": None}
+
     def _template(self):
         """The chat template, compiled once (compiling costs milliseconds: a server renders it
         for every request)."""

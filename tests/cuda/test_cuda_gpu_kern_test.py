@@ -1,6 +1,8 @@
-"""kern test on the GPU: the sm_90a manifest of a SmolLM2-shaped model (random seeded weights,
-as the device has no network for the embedded model) judged span by span against the cpu
-reference manifest of the same checkpoint."""
+"""kern test on the GPU: the sm_90a manifest of a SmolLM2-shaped model (random seeded weights)
+judged span by span against the cpu reference manifest of the same checkpoint. Random weights
+give near-ties everywhere, so the logits may be too thin to decide (the real weights decide:
+tests/harness/test_cuda_vs_cpu.py); what must hold is every replayed span within the floor of
+the reference in bf16, and no FAIL."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def test_sm90a_manifest_passes_against_its_cpu_reference(tmp_path):
     a = generate(cfg, tmp_path / "a", target="cpu", model="smollm2-135m").parent
     b = generate(cfg, tmp_path / "b", target="cuda", model="smollm2-135m").parent
     t0 = time.perf_counter()
-    r = judge(a, b, ckpt, Options(seed=0, seqs=3, decode_steps=2, max_prompt=48))
+    r = judge(a, b, ckpt, Options(seed=0, seqs=3, decode_steps=2, max_prompt=48, time_cap=10))
     print("\n".join(r.lines + [r.verdict.line]) + f"\nwall {time.perf_counter() - t0:.1f} s")
-    assert r.verdict.status == "PASS", r.verdict.line
+    assert r.verdict.status == "PASS" or r.verdict.kind == "thin", r.verdict.line
+    assert not any(s.deviates for s in r.facts.spans), [s.worst for s in r.facts.spans if s.deviates]

@@ -32,24 +32,43 @@ def test_unwritten_poison_is_nonfinite_and_infinite_error():
     b = np.array([1, 1, np.nan, 1], np.float32)
     e = compare.region(a, b, [(0, 4)])
     assert e.nonfinite == 1 and math.isinf(e.rel)
-    assert not compare.within(e, None, compare.floor_of("f32", "f32"))
+    assert not compare.within(e, compare.Err(4, 4, 0.5, 0))
 
 
-def test_cross_dtype_compares_in_f32_with_the_coarser_floor():
-    a = np.linspace(-3, 3, 100, dtype=np.float32)
-    b = a.astype(ml_dtypes.bfloat16)
-    e = compare.region(a, b, [(0, 100)])
-    floor = compare.floor_of("f32", "bf16")
-    assert floor == 2 ** -4 and 0 < e.rel <= floor and compare.within(e, None, floor)
-    assert not compare.within(compare.Err(100, 5, 0.5, 0), None, floor)
+def test_a_bf16_port_lies_within_the_floor_of_the_reference_in_bf16():
+    """The floor is measured: A's values held in B's dtype (rounded to nearest, as a port stores
+    them). A port stays within it, a wrong value does not, and there is no floor without a
+    measurement."""
+    rng = np.random.Generator(np.random.PCG64(0))
+    a = rng.standard_normal(1000).astype(np.float32)
+    port = compare.region(a, a.astype(ml_dtypes.bfloat16), [(0, 1000)])
+    sim = compare.region(a, compare.rounded(a, "bf16", rng), [(0, 1000)])
+    assert 0 < port.rel <= sim.rel * compare.FLOOR_FACTOR and compare.within(port, None, sim)
+    assert 2 ** -10 < sim.rel <= 2 ** -8  # at most a bf16 unit roundoff of the largest value
+    wrong = a.copy()
+    wrong[7] *= 3
+    assert not compare.within(compare.region(a, wrong.astype(ml_dtypes.bfloat16), [(0, 1000)]), None, sim)
+    assert not compare.within(port, None, None)
 
 
-def test_within_scales_with_the_noise_floor():
-    noise = compare.Err(10, 3, 1e-3, 0)
-    assert compare.within(compare.Err(10, 5, 3.9e-3, 0), noise, 2.4e-4)
-    assert not compare.within(compare.Err(10, 5, 5e-3, 0), noise, 2.4e-4)
-    # integers and state bytes: exact unless A itself differs
-    assert not compare.within(compare.Err(10, 1, math.inf, 0), None, 0.0)
+def test_rounding_in_the_same_dtype_still_measures_a_floor():
+    rng = np.random.Generator(np.random.PCG64(1))
+    a = rng.standard_normal(1000).astype(np.float32)
+    r = compare.rounded(a, "f32", rng)
+    assert r.dtype == np.float32 and 0 < compare.region(a, r, [(0, 1000)]).rel < 2 ** -22
+    assert np.array_equal(compare.rounded(a, "f32", np.random.Generator(np.random.PCG64(1))),
+                          compare.rounded(a, "f32", np.random.Generator(np.random.PCG64(1))))  # seeded
+    assert compare.nudged(0.0, rng) == 0.0 and compare.nudged(1e5, rng) in (
+        float(np.nextafter(np.float32(1e5), np.float32(np.inf))), float(np.nextafter(np.float32(1e5), np.float32(0))))
+
+
+def test_within_scales_with_the_larger_measured_floor():
+    noise, sim = compare.Err(10, 3, 1e-3, 0), compare.Err(10, 3, 1e-4, 0)
+    assert compare.within(compare.Err(10, 5, 15.9e-3, 0), noise, sim)
+    assert not compare.within(compare.Err(10, 5, 16.1e-3, 0), noise, sim)
+    # integers and state bytes: exact unless A itself (or A in B's precision) differs
+    assert not compare.within(compare.Err(10, 1, math.inf, 0), None, None)
+    assert compare.within(compare.Err(10, 16, math.inf, 0), compare.Err(10, 1, math.inf, 0), None)
 
 
 def test_outside_counts_bytes_changed_beyond_the_write_set():
@@ -66,6 +85,7 @@ def test_rows_kl_margin_rank():
     assert r.kl[1] == 0 and r.kl[0] > 0
     assert list(r.a_top) == [1, 0] and list(r.b_top) == [2, 0]
     assert r.margin[0] == 1.0 and list(r.rank) == [1, 0]
+    assert r.moved[0] == -2.0 and r.moved[1] == 0.0  # A's gap of +1 became -1 in B
 
 
 def test_workload_lengths_pages_and_steps():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,9 +20,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import kern  # noqa: E402
 from kern.serve.server import Running, start  # noqa: E402
 from kern_models.llama.random_checkpoint import word_tokenizer  # noqa: E402
+
+from . import engines  # noqa: E402
 
 API_KEY = "test-key"
 CONTEXT = 256
@@ -54,15 +56,14 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(checkpoint) -> Running:
-    running = start(lambda: kern.load(checkpoint, target="cpu", context=CONTEXT, max_seqs=16, progress=False).loop,
-                    api_key=API_KEY)
+    running = start(partial(engines.model_loop, checkpoint, CONTEXT, 16), api_key=API_KEY)
     yield running
     running.close()
 
 
 @pytest.fixture(scope="session")
 def model_name(server) -> str:
-    return server.driver.loop.model_name
+    return server.driver.info.model_name
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def get(server: Running, path: str) -> tuple[int, str]:
 
 
 def wait_idle(server: Running, timeout: float = 20.0):
-    """The loop's stats once no sequence runs or waits (the engine thread replaces them per step)."""
+    """The loop's stats once no sequence runs or waits (the driver replaces them per step)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = server.driver.stats
@@ -106,9 +107,6 @@ def wait_idle(server: Running, timeout: float = 20.0):
 
 
 def leased_pages(server: Running) -> int:
-    """Pool pages held by leases, not by cached prefixes, once the loop is idle (LoopStats counts
-    both; the pool is read here only while the engine thread waits for work)."""
+    """Pool pages held by leases, not by cached prefixes, once the loop is idle."""
     wait_idle(server)
-    loop = server.driver.loop
-    u = loop.paging.pool.usage()[loop.paging.state]
-    return u["held"] - u["cached"]
+    return server.driver.query(engines.leased_pages)

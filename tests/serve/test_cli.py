@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_kern_serve_a_checkpoint_folder(checkpoint):
+def engine_processes(pid: int) -> set[int]:
+    """The server's spawned children (Linux): its engine process."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.add(int(child))
+    return out
+
+
+def alive(pids: set[int], timeout: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while (left := {p for p in pids if Path(f"/proc/{p}").exists()}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_kern_serve_a_checkpoint_folder_then_stop_it(checkpoint, stop):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kern.cli", "serve", str(checkpoint), "--target", "cpu",
                              "--port", str(port), "--context", "128", "--max-seqs", "4"],
@@ -46,11 +65,14 @@ def test_kern_serve_a_checkpoint_folder(checkpoint):
             {"Content-Type": "application/json"})
         with urllib.request.urlopen(req) as r:
             assert json.load(r)["usage"]["prompt_tokens"] == 3
+        engine = engine_processes(proc.pid)
+        assert len(engine) == 1
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "Traceback" not in out
+    assert not alive(engine), "the engine process outlived the server"
 
 
 def test_kern_serve_a_missing_folder_says_so_in_one_line(tmp_path):

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from . import engines
 from .conftest import API_KEY, get, leased_pages, wait_idle, words
 
 
@@ -49,7 +50,7 @@ def test_300_requests_at_concurrency_32_all_succeed_and_the_pool_returns_to_idle
     made = asyncio.run(everyone())
     assert len(made) == 300 and all(1 <= n <= 4 for n in made)
     assert leased_pages(server) == baseline  # every lease given back; cached prefixes may stay
-    server.driver.loop.paging.pool.check()  # and the pool's books are consistent (the loop is idle)
+    server.driver.query(engines.check_pool)  # and the pool's books are consistent
     assert metric(server, "kern_running_sequences") == 0
     assert metric(server, "kern_queue_depth") == 0
     assert time.monotonic() - t0 < 90

@@ -23,7 +23,7 @@ def test_non_streaming_chat_returns_one_body_with_usage(client, model_name, serv
     (c,) = out.choices
     assert out.object == "chat.completion" and c.message.role == "assistant"
     assert c.finish_reason == "length" and len(c.message.content.split()) == 6
-    tok = server.driver.loop.tokenizer
+    tok = server.driver.info.tokenizer
     assert out.usage.prompt_tokens == len(tok.encode(tok.chat(chat(words(5)))))
     assert out.usage.completion_tokens == 6
     assert out.usage.total_tokens == out.usage.prompt_tokens + 6
@@ -65,7 +65,7 @@ def test_a_stop_string_ends_the_text_before_it(client, model_name):
 
 def test_a_stop_token_id_ends_generation(client, model_name, server):
     free = client.completions.create(model=model_name, prompt=words(6, 70), max_tokens=8, **GREEDY)
-    ids = server.driver.loop.tokenizer.encode(free.choices[0].text)
+    ids = server.driver.info.tokenizer.encode(free.choices[0].text)
     out = client.completions.create(model=model_name, prompt=words(6, 70), max_tokens=8, temperature=0,
                                     extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]]})
     assert out.choices[0].finish_reason == "stop"

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import openai
 import pytest
 
-import kern
 from kern.serve.server import start
 
+from . import engines
 from .conftest import TEMPLATE, leased_pages, words
 
 
@@ -23,20 +24,14 @@ def gpu_server(tmp_path_factory):
 
     ckpt = make("smollm2-135m", tmp_path_factory.mktemp("gpu") / "ckpt", device="cuda")
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-
-    def make_loop():  # on the engine thread, which the device context belongs to
-        loop = kern.load(ckpt, target="cuda", context=1024, progress=False).loop
-        loop.warm_up(progress=False)
-        return loop
-
-    running = start(make_loop, timeout=300)
+    running = start(partial(engines.model_loop, ckpt, 1024, target="cuda", warm=True), timeout=300)
     yield running
     running.close()
 
 
 @pytest.mark.gpu
 def test_concurrent_clients_on_the_gpu(gpu_server):
-    name = gpu_server.driver.loop.model_name
+    name = gpu_server.driver.info.model_name
     baseline = leased_pages(gpu_server)
     client = openai.AsyncOpenAI(base_url=gpu_server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     gate = asyncio.Semaphore(32)
@@ -68,7 +63,7 @@ def test_concurrent_clients_on_the_gpu(gpu_server):
 
 @pytest.mark.gpu
 def test_an_abort_on_the_gpu_frees_the_lease(gpu_server):
-    name = gpu_server.driver.loop.model_name
+    name = gpu_server.driver.info.model_name
     baseline = leased_pages(gpu_server)
     client = openai.OpenAI(base_url=gpu_server.url + "/v1", api_key="x", max_retries=0, timeout=60)
     stream = client.completions.create(model=name, prompt=words(40), max_tokens=900, temperature=0, stream=True,

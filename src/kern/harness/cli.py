@@ -22,7 +22,8 @@ def main(args) -> int:
     d = Options()
     given = lambda v, default: default if v is None else v  # noqa: E731 - an explicit 0 stays 0
     opts = Options(seed=args.seed, seqs=given(args.seqs, d.seqs), decode_steps=given(args.decode_steps, d.decode_steps),
-                   max_prompt=args.max_prompt, limit=given(args.kl_limit, d.limit))
+                   max_prompt=args.max_prompt, limit=given(args.kl_limit, d.limit),
+                   time_cap=given(args.time_cap, d.time_cap))
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
         if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence

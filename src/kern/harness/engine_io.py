@@ -51,6 +51,12 @@ class EngineIO:
             self.e.device.synchronize()
         return ls
 
+    def run_launches(self, ls: list[LoweredLaunch], env: dict[str, int]) -> None:
+        """Run launches made here (not the program's own, so not cached)."""
+        if ls:
+            self.e.device.lower(ls, self.e.buffers, self.e.states).run(env)
+            self.e.device.synchronize()
+
     # ---- sizes ----------------------------------------------------------------------------
     def dtype(self, buf: str) -> str:
         return self.e.m.buffers[buf].dtype
@@ -95,6 +101,10 @@ class EngineIO:
         x = np.ascontiguousarray(x)
         self.e.device.write(self.e.buffers[buf], x)
         return x
+
+    def write_at(self, buf: str, host: np.ndarray, offset: int) -> None:
+        """Write host (this side's dtype) at an element offset."""
+        self.e.device.write(self.e.buffers[buf], np.ascontiguousarray(host), offset)
 
     def state_prefix(self, state: str, pages: int) -> int:
         if state in self.e.pages:

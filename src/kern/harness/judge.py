@@ -1,8 +1,11 @@
-"""kern test end to end: diff, workload, record A, noise floor, release A, then B free and
-span by span, then the facts and the verdict. A and B are never loaded together."""
+"""kern test end to end: diff, workload, record A, its floors (A's own noise, A in B's
+precision), release A, then B free and span by span, then the facts and the verdict; while the
+end-to-end evidence is too thin, more rounds of a grown workload (A free, release, B free)
+until it decides or the time cap is hit. A and B are never loaded together."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import time
@@ -14,12 +17,13 @@ import numpy as np
 
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from . import compare, workload
-from .diff import Diff, diff
+from . import corpus, precision, workload
+from .diff import diff
 from .engine_io import EngineIO
+from .facts import end_to_end, span_facts
 from .record import Recording, StepOut, record
 from .replay import SpanRun, free_run, replay
-from .verdict import EndToEnd, Facts, Flip, SpanFact, Verdict, decide
+from .verdict import GROWABLE, EndToEnd, Facts, Verdict, decide
 
 
 class HarnessError(RuntimeError):
@@ -32,7 +36,11 @@ class Options:
     seqs: int = 6
     decode_steps: int = 4
     max_prompt: int | None = None
-    limit: float = 0.01  # KL(A||B) in nats
+    limit: float = 0.01  # KL(A||B) in nats (the measured floor may raise it)
+    time_cap: float = 60.0  # seconds: no round of a grown workload starts that would end past it
+    # rows of one prefill step (the program's bound when smaller): chunked prefill is fed at a
+    # fraction of the cost of a 2,048-row bound on a cpu reference
+    chunk: int = 64
 
 
 @dataclass
@@ -58,7 +66,9 @@ class Report:
                                             "kl": x.kl if math.isfinite(x.kl) else "inf",
                                             "margin": x.margin, "rank": x.rank} for x in e.flips],
                                  "kl_over_limit_without_flip": e.kl_over_no_flip, "domain": list(e.domain),
-                                 "error": e.error}
+                                 "error": e.error, "kl_limit": f.kl_limit, "margin_floor": e.margin_floor,
+                                 "decisive": dict(e.decisive)}
+            out["grown"], out["time_cap_hit"] = f.grown, f.capped
         return out
 
 
@@ -70,99 +80,51 @@ def _load(path: str | Path, who: str) -> tuple[Verified | None, str]:
     return r.verified, ""
 
 
-# ---- facts ---------------------------------------------------------------------------------
-
-
-def span_facts(d: Diff, v_a: Verified, v_b: Verified, runs: list[SpanRun], noise: list[SpanRun],
-               ran: set[str]) -> tuple[SpanFact, ...]:
-    noise_at = {(r.span, r.step): r for r in noise}
-    by_span: dict[int, list[SpanRun]] = {}
-    for r in runs:
-        by_span.setdefault(r.span, []).append(r)
-    out = []
-    ba, bb = v_a.manifest.buffers, v_b.manifest.buffers
-    for k, span in enumerate(d.spans):
-        rs = by_span.get(k, [])
-        why = ", ".join(span.missing) if span.missing else ""
-        absent = sorted({a for r in rs for a in r.absent})
-        if absent:
-            why = why or f"B lacks {', '.join(absent)}"
-        if not why and not rs and span.program not in ran:
-            why = "the workload never runs this program"
-        identical, deviates, first, worst, score, outside = True, False, None, "", -1.0, 0
-        for r in rs:
-            outside += r.outside
-            identical &= r.outside == 0
-            nz = noise_at.get((r.span, r.step))
-            for name, err in r.errs.items():
-                identical &= err.identical
-                if name.startswith("state:"):
-                    floor = 0.0
-                else:
-                    floor = compare.floor_of(ba[name].dtype, bb[name].dtype if name in bb else ba[name].dtype)
-                ok = compare.within(err, nz.errs.get(name) if nz else None, floor)
-                if not ok:
-                    deviates = True
-                    first = r.step if first is None else min(first, r.step)
-                    s = err.rel / floor if floor and math.isfinite(err.rel) else math.inf
-                    s = s if not math.isinf(s) else 1e30 + err.differ / max(err.n, 1)
-                    if s > score:
-                        score = s
-                        if name.startswith("state:"):
-                            worst = f"{name} {err.differ} of {err.n} bytes differ"
-                        else:
-                            worst = (f"{name} rel err {err.rel:.3g} (floor {floor:.2g}), {err.differ} of {err.n} "
-                                     f"elements differ" + (f", {err.nonfinite} non-finite" if err.nonfinite else ""))
-        out.append(SpanFact(span.label, span.ops, len(rs), identical and not why, deviates, worst, first,
-                            outside, why))
-    return tuple(out)
-
-
-def end_to_end(a: list[StepOut], b: list[StepOut], limit: float, vocab: tuple[int, int],
-               a_again: list[StepOut] | None) -> EndToEnd:
-    domain: list[str] = []
-    flips: list[Flip] = []
-    logits_same = tokens_same = True
-    has_logits = all(x.logits is not None for x in a) and bool(a)
-    max_kl, over, rows = 0.0, 0, 0
-    for i, (x, y) in enumerate(zip(a, b)):
-        if y.tokens is not None:
-            bad = np.flatnonzero((y.tokens < vocab[0]) | (y.tokens >= vocab[1]))
-            if bad.size:
-                domain.append(f"step {i} ({y.program}) tokens row {int(bad[0])} = {int(y.tokens[bad[0]])}, "
-                              f"outside [{vocab[0]}, {vocab[1]})")
-        if x.tokens is not None and y.tokens is not None:
-            tokens_same &= x.tokens.shape == y.tokens.shape and bool(np.array_equal(x.tokens, y.tokens))
-        if not has_logits:
-            rows += 0 if x.tokens is None else len(x.tokens)
-            continue
-        if y.logits is None or y.logits.shape != x.logits.shape:
-            domain.append(f"step {i} ({y.program}) logits shape "
-                          f"{None if y.logits is None else list(y.logits.shape)}, A has {list(x.logits.shape)}")
-            continue
-        fin = np.isfinite(y.logits.astype(np.float32))
-        if not fin.all():
-            r = int(np.flatnonzero(~fin.all(axis=-1))[0])
-            domain.append(f"step {i} ({y.program}) logits row {r} not finite")
-        logits_same &= x.logits.dtype == y.logits.dtype and x.logits.tobytes() == y.logits.tobytes()
-        m = compare.rows(x.logits, y.logits)
-        noisy = np.zeros(len(m.kl), bool)
-        if a_again is not None and a_again[i].logits is not None:
-            noisy = compare.rows(x.logits, a_again[i].logits).b_top != m.a_top
-        rows += len(m.kl)
-        max_kl = max(max_kl, float(m.kl.max(initial=0.0)))
-        for r in range(len(m.kl)):
-            if noisy[r]:
-                continue
-            if m.a_top[r] != m.b_top[r]:
-                flips.append(Flip(i, r, float(m.kl[r]), float(m.margin[r]), int(m.rank[r])))
-            elif m.kl[r] > limit:
-                over += 1
-    return EndToEnd(rows, has_logits, logits_same and has_logits, tokens_same, max_kl, tuple(flips), over,
-                    tuple(domain))
-
-
 # ---- the run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Rows:
+    """The end-to-end outputs of every round, in order: A, B, A again (when A is noisy), A in
+    B's precision."""
+
+    a: list[StepOut] = field(default_factory=list)
+    b: list[StepOut] = field(default_factory=list)
+    a_again: list[StepOut] | None = None
+    a_sim: list[StepOut] = field(default_factory=list)
+
+
+def _floors(io_a: EngineIO, prec: precision.Precision, wl: workload.Workload, seed: int) -> list[StepOut]:
+    """A free in B's precision, its once programs first (their tables in B's precision too)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    for p in io_a.e.protocol.once:
+        precision.run_rounded(io_a, prec, p, 0, len(io_a.e.m.programs[p].calls), io_a.e.env(p, {}), rng)
+    return free_run(io_a, wl, prec, rng)[0]
+
+
+def _round(v_a: Verified, v_b: Verified, weights, prec: precision.Precision, wl: workload.Workload, seed: int,
+           rows: Rows) -> str:
+    """One more round of end-to-end rows: A free (and again when noisy, and in B's precision),
+    A released, B free. Returns the candidate's failure, or ''."""
+    io = EngineIO(Engine(v_a, weights))
+    rows.a += free_run(io, wl)[0]
+    rows.a_sim += _floors(io, prec, wl, seed)
+    del io
+    gc.collect()
+    if rows.a_again is not None:  # A is noisy: its own flips are excused
+        io = EngineIO(Engine(v_a, weights))
+        rows.a_again += free_run(io, wl)[0]
+        del io
+        gc.collect()
+    try:
+        io = EngineIO(Engine(v_b, weights))
+        rows.b += free_run(io, wl)[0]
+        del io
+    except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        gc.collect()
+    return ""
 
 
 def judge(reference: str | Path, candidate: str | Path, weights: str | Path | None, opts: Options = Options(),
@@ -188,6 +150,13 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     d = diff(v_a, v_b)
     for s in d.summary():
         fact(s)
+    prec = precision.of(v_a, v_b)
+    coarser = sorted({f"{n} {dt}" for n, dt in prec.dtypes.items() if dt != v_a.manifest.buffers[n].dtype})
+    if coarser or prec.carried:
+        fact(f"precision: {len(coarser)} buffers in another dtype in B"
+             + (f" ({', '.join(coarser[:4])}{', ...' if len(coarser) > 4 else ''})" if coarser else "")
+             + (f"; state{'s' if len(prec.carried) > 1 else ''} {', '.join(sorted(prec.carried))} declared "
+                "differently: carried by each side's replays, not compared byte for byte" if prec.carried else ""))
 
     t = time.perf_counter()
     try:
@@ -196,16 +165,20 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
         raise HarnessError(f"reference {reference} does not load: {exc}") from exc
     io_a = EngineIO(eng_a)
     secs["load_a"] = time.perf_counter() - t
-    lim = io_a.limits()
+    lim = limits(io_a, opts)
     wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt)
     fact(wl.describe())
-    rec: Recording = record(io_a, d, wl)
+    rec: Recording = record(io_a, d, wl, prec.carried)
     secs["record_a"] = rec.seconds
     fact(f"record A: {len(wl.steps)} steps, {len(rec.records)} span records, "
          f"{rec.stored_bytes / 2**20:.1f} MiB kept, {rec.seconds:.2f} s")
-    noise, secs["noise"] = replay(io_a, "a", d, rec)
+    noise, secs["noise"] = replay(io_a, "a", d, rec, prec)
+    sim, secs["floor"] = replay(io_a, "a", d, rec, prec, np.random.Generator(np.random.PCG64(opts.seed)))
+    rows = Rows(a=list(rec.outputs))
+    t = time.perf_counter()
+    rows.a_sim = _floors(io_a, prec, wl, opts.seed + 1)
+    secs["floor_e2e"] = time.perf_counter() - t
     noisy = [r for r in noise if any(not e.identical for e in r.errs.values())]
-    a_again = None
     if noisy:
         worst = max((e.rel for r in noisy for e in r.errs.values()), default=0.0)
         fact(f"noise floor: {len(noisy)} of {len(noise)} span replays of A differ from A (max rel err {worst:.3g}); "
@@ -214,7 +187,7 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
         gc.collect()
         eng_a = Engine(v_a, weights)
         io_a = EngineIO(eng_a)
-        a_again, _ = free_run(io_a, wl)
+        rows.a_again = free_run(io_a, wl)[0]
     else:
         fact(f"noise floor: A replayed {len(noise)} span records against itself: bit-identical"
              if noise else "noise floor: no spans to replay")
@@ -224,19 +197,83 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     t = time.perf_counter()
     err = ""
     runs: list[SpanRun] = []
-    b_out: list[StepOut] = []
     try:
         eng_b = Engine(v_b, weights)
         io_b = EngineIO(eng_b)
         secs["load_b"] = time.perf_counter() - t
+        start = {s: io_b.read_state(s, io_b.state_prefix(s, wl.pages_used)).copy() for s in prec.carried
+                 if s in eng_b.states}
         b_out, secs["free_b"] = free_run(io_b, wl)
-        runs, secs["replay_b"] = replay(io_b, "b", d, rec)
+        rows.b = b_out
+        runs, secs["replay_b"] = replay(io_b, "b", d, rec, prec, start=start, wl=wl)
         del io_b, eng_b
     except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
         err = f"{type(exc).__name__}: {exc}"
     gc.collect()
 
-    facts_spans = span_facts(d, v_a, v_b, runs, noise, rec.programs_run)
+    facts_spans = span_facts(d, runs, noise, sim, rec.programs_run)
+    _say_spans(facts_spans, fact)
+    unfed = tuple(sorted({s.program for s in d.spans if s.program not in rec.programs_run}))
+    e2e = _e2e(rows, err, opts, lim)
+    facts = Facts(facts_spans, e2e, opts.limit, unfed)
+    _say_e2e(facts, fact)
+    text = corpus.tokens(weights) if weights is not None else None
+    rounds, grown_rows = 0, 0
+    # a round runs twice the sequences of the one before: expect twice its time (round 1's
+    # end-to-end part: A recorded and run in B's precision, B loaded and run)
+    last = sum(secs.get(k, 0.0) for k in ("load_a", "record_a", "floor_e2e", "load_b", "free_b"))
+    while not err and decide(facts).kind in GROWABLE:
+        if time.perf_counter() - t_all + 2 * last > opts.time_cap:
+            facts = Facts(facts.spans, facts.e2e, facts.limit, facts.unfed, grown=facts.grown, capped=True)
+            break
+        rounds += 1
+        t = time.perf_counter()
+        more = _grow(opts, lim, rounds, text)
+        fact(f"round {rounds + 1}: " + more.describe().removeprefix("workload: "))
+        before = len(rows.a)
+        err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows)
+        grown_rows += sum(0 if x.logits is None else len(x.logits) for x in rows.a[before:])
+        secs[f"round_{rounds + 1}"] = last = time.perf_counter() - t
+        e2e = _e2e(rows, err, opts, lim)
+        nat = " of natural-ish prompts" if more.natural else ""
+        facts = Facts(facts.spans, e2e, opts.limit, unfed,
+                      grown=f"grown {_times(rounds)}: +{grown_rows} rows{nat}")
+        _say_e2e(facts, fact)
+    secs["total"] = time.perf_counter() - t_all
+    fact("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
+    return Report(lines, decide(facts), facts, secs)
+
+
+def limits(io: EngineIO, opts: Options) -> workload.Limits:
+    lim = io.limits()
+    return dataclasses.replace(lim, chunk=min(lim.chunk, opts.chunk))
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _grow(opts: Options, lim: workload.Limits, k: int, text: tuple[int, ...] | None) -> workload.Workload:
+    """Round k's workload: twice the sequences of the round before (as many as the pages hold),
+    a fresh seed, the text's tokens when there is a tokenizer."""
+    seqs = opts.seqs * 2 ** k
+    while True:
+        try:
+            return workload.make(opts.seed + 1000 * k, lim, seqs=seqs, decode_steps=opts.decode_steps,
+                                 max_prompt=opts.max_prompt, corpus=text)
+        except ValueError:
+            if seqs <= 1:
+                raise
+            seqs //= 2
+
+
+def _e2e(rows: Rows, err: str, opts: Options, lim: workload.Limits) -> EndToEnd:
+    if err:
+        return EndToEnd(0, False, False, False, 0.0, (), 0, (), err)
+    return end_to_end(rows.a, rows.b, opts.limit, lim.vocab, rows.a_again, rows.a_sim)
+
+
+def _say_spans(facts_spans, fact: Callable[[str], None]) -> None:
     shown = 0
     quiet = [s for s in facts_spans if not s.deviates and not s.unreplayable]
     for s in facts_spans:
@@ -245,7 +282,7 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
                 state = (f"not replayable: {s.unreplayable}" if s.unreplayable else
                          ("DEVIATES at load" if s.first_step == -1 else
                           f"DEVIATES from step {s.first_step}") + f": {s.worst}")
-                fact(f"span {s.label} ({s.ops}): {state}" + (f"; {s.outside} bytes written outside A's write set"
+                fact(f"span {s.label} ({_short(s.ops)}): {state}" + (f"; {s.outside} bytes written outside A's write set"
                                                              if s.outside else ""))
             shown += 1
     if shown > 12:
@@ -258,17 +295,21 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     if out_b:
         fact(f"spans: B wrote {out_b} bytes outside A's write sets in all")
 
-    if err:
-        e2e = EndToEnd(0, False, False, False, 0.0, (), 0, (), err)
-    else:
-        e2e = end_to_end(rec.outputs, b_out, opts.limit, lim.vocab, a_again)
-        ranks = [x.rank for x in e2e.flips]
-        fact(f"end to end: {e2e.rows} rows; argmax agrees on {e2e.rows - len(e2e.flips)}"
-             + (f"; {len(e2e.flips)} flips (A's margin {min(x.margin for x in e2e.flips):.3g} to "
-                f"{max(x.margin for x in e2e.flips):.3g}, A's token ranked up to {max(ranks)} by B)" if ranks else "")
-             + f"; max KL(A||B) {e2e.max_kl:.3g} nat; logits {'bit-identical' if e2e.logits_identical else 'differ'}")
-    unfed = tuple(sorted({s.program for s in d.spans if s.program not in rec.programs_run}))
-    facts = Facts(facts_spans, e2e, opts.limit, unfed)
-    secs["total"] = time.perf_counter() - t_all
-    fact("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
-    return Report(lines, decide(facts), facts, secs)
+
+def _short(ops: str, most: int = 6) -> str:
+    """A long span's ops, its first few each side."""
+    sides = [x.split("+") for x in ops.split(" -> ")]
+    return " -> ".join("+".join(x[:most]) + (f"+... ({len(x)} calls)" if len(x) > most else "") for x in sides)
+
+
+def _say_e2e(f: Facts, fact: Callable[[str], None]) -> None:
+    e = f.e2e
+    if e.error:
+        return
+    ranks = [x.rank for x in e.flips]
+    fact(f"end to end: {e.rows} rows; argmax agrees on {e.rows - len(e.flips)}"
+         + (f"; {len(e.flips)} flips (A's margin {min(x.margin for x in e.flips):.3g} to "
+            f"{max(x.margin for x in e.flips):.3g}, A's token ranked up to {max(ranks)} by B)" if ranks else "")
+         + f"; max KL(A||B) {e.max_kl:.3g} nat (limit {f.kl_limit:.2g}); margins beyond noise "
+           f"({e.margin_floor:.2g}) on " + (", ".join(f"{n} {p}" for p, n in e.decisive) or "no")
+         + f" rows; logits {'bit-identical' if e.logits_identical else 'differ'}")

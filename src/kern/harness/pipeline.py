@@ -18,7 +18,8 @@ from ..runtime.engine import Engine
 from ..runtime.pipeline import Pipeline
 from . import workload
 from .engine_io import EngineIO
-from .judge import HarnessError, Options, Report, end_to_end
+from .facts import end_to_end
+from .judge import HarnessError, Options, Report, limits
 from .record import StepOut, stepper_for
 from .replay import free_run
 from .verdict import Facts, decide
@@ -39,7 +40,7 @@ def judge_pipeline(reference: str | Path, stages: str | Path, weights: str | Pat
     except Exception as exc:
         raise HarnessError(f"reference {reference} does not load: {exc}") from exc
     io_a = EngineIO(eng_a)
-    lim = io_a.limits()
+    lim = limits(io_a, opts)
     wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt)
     fact(wl.describe())
     a_out, secs["free_a"] = free_run(io_a, wl)

@@ -45,10 +45,8 @@ class Recording:
 
     @property
     def stored_bytes(self) -> int:
-        n = sum(t.stored for t in self.tapes.values())
-        for r in self.records:
-            n += sum(x.nbytes for x in r.pre.values()) + sum(x.nbytes for x in r.post.values())
-        return n
+        arrays = {id(x): x for r in self.records for x in (*r.pre.values(), *r.post.values())}
+        return sum(t.stored for t in self.tapes.values()) + sum(x.nbytes for x in arrays.values())
 
 
 def outputs(io: EngineIO, st, env) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -62,10 +60,13 @@ def stepper_for(io: EngineIO, step: Step):
 
 
 class Recorder:
-    def __init__(self, io: EngineIO, diff: Diff, wl: Workload):
-        self.io, self.diff, self.wl = io, diff, wl
+    def __init__(self, io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()):
+        self.io, self.diff, self.wl, self.carried = io, diff, wl, carried
         self.rec = Recording()
-        self.dirty: dict[str, bool] = {}
+        self.dirty: dict[str, bool] = {}  # states written since their last snapshot
+        # buffers as last kept, while nothing writes them: a span's inputs are often the last
+        # span's outputs (or a table written once), kept once
+        self.kept: dict[str, np.ndarray] = {}
         self.by_program: dict[str, list[int]] = {}
         for i, s in enumerate(diff.spans):
             if not s.missing:
@@ -77,6 +78,8 @@ class Recorder:
         tape = self.rec.tapes.get(state)
         if tape is None:
             tape = self.rec.tapes[state] = Tape(self.io.state_prefix(state, self.wl.pages_used))
+        elif state in self.carried:  # replays carry it from its first version: never read again
+            return tape.version
         if self.dirty.get(state, True):
             tape.snap(self.io.read_state(state, tape.nbytes))
             self.dirty[state] = False
@@ -86,7 +89,15 @@ class Recorder:
         ls = self.io.run_calls(program, lo, hi, env)
         for s in self.io.states_written(ls):
             self.dirty[s] = True
+        for b in self.io.written(ls, env):
+            self.kept.pop(b, None)
         return ls
+
+    def _read(self, buf: str, n: int) -> np.ndarray:
+        x = self.kept.get(buf)
+        if x is None or x.size != n:
+            x = self.kept[buf] = self.io.read(buf, n)
+        return x
 
     def _program(self, program: str, step: int, vars: dict[str, int], env) -> None:
         io, at = self.io, 0
@@ -95,11 +106,11 @@ class Recorder:
             lo, hi = span.a
             self._run(program, at, lo, env)
             launches = io.launches(program, lo, hi)
-            pre = {b: io.read(b, io.extent(b, env, launches)) for b in span.inputs}
+            pre = {b: self._read(b, io.extent(b, env, launches)) for b in span.inputs}
             st_pre = {s: self._snap(s) for s in span.states}
             self._run(program, lo, hi, env)
             masks = io.written(launches, env)
-            post = {b: io.read(b, io.extent(b, env, launches)) for b in span.sa.live_writes}
+            post = {b: self._read(b, io.extent(b, env, launches)) for b in span.sa.live_writes}
             st_post = {s: self._snap(s) for s in span.states}
             self.rec.records.append(SpanRecord(k, step, dict(vars), pre, post, masks, st_pre, st_post))
             at = hi
@@ -120,11 +131,13 @@ class Recorder:
             env = io.e.env(st.program, vars)
             for buf, host in ins.items():
                 io.e.write_input(st.program, buf, host, env)
+                self.kept.pop(buf, None)
             self._program(st.program, i, vars, env)
             self.rec.outputs.append(StepOut(st.program, *outputs(io, st, env)))
         self.rec.seconds = time.perf_counter() - t0
         return self.rec
 
 
-def record(io: EngineIO, diff: Diff, wl: Workload) -> Recording:
-    return Recorder(io, diff, wl).run()
+def record(io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()) -> Recording:
+    """carried: states the replays carry (precision.py), kept at their first version only."""
+    return Recorder(io, diff, wl, carried).run()

@@ -2,17 +2,21 @@
 
 A replay restores what the span reads (A's buffers, A's state pages), poisons what only this
 side writes, runs this side's calls of the span, then compares on A's write set and counts
-the bytes this side changed outside it. Replaying A's own spans gives the noise floor."""
+the bytes this side changed outside it. Replaying A's own spans gives A's noise; replaying
+them in B's precision (precision.py) gives the floor a faithful port stays within."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import compare
 from .compare import Err
 from .diff import Diff
 from .engine_io import EngineIO, poison
+from .precision import Precision, run_rounded
 from .record import Recording, StepOut, outputs, stepper_for
 from .workload import Workload, feed
 
@@ -26,25 +30,54 @@ class SpanRun:
     absent: list[str] = field(default_factory=list)  # compared names this side lacks
 
 
-def replay(io: EngineIO, side: str, diff: Diff, rec: Recording) -> tuple[list[SpanRun], float]:
+def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision | None = None,
+           rng: np.random.Generator | None = None, start: dict[str, np.ndarray] | None = None,
+           wl: Workload | None = None) -> tuple[list[SpanRun], float]:
+    """Every span record replayed on this side, in order.
+
+    side "a" without rng: A's own noise. side "a" with prec and rng: A in B's precision
+    (inputs and every call's writes rounded, precision.py). side "b": B, each step's vars from
+    its own stepper for the workload `wl` (B may name and bound them otherwise). prec's carried
+    states start from A's first recorded version (side "a") or `start`, B's own bytes at load,
+    and are never restored again nor compared."""
     t0 = time.perf_counter()
     readers = {s: t.reader() for s, t in rec.tapes.items()}
+    carried = prec.carried if prec is not None else frozenset()
+    simulate = side == "a" and prec is not None and rng is not None
+    started: set[str] = set()
     out: list[SpanRun] = []
     bufs, states = io.e.m.buffers, io.e.states
+    own: dict[int, dict[str, int]] = {}
+    if side == "b" and wl is not None:
+        widths = io.table_widths()
+        own = {i: feed(step, stepper_for(io, step), wl.seqs, widths)[0] for i, step in enumerate(wl.steps)}
     for r in rec.records:
         span = diff.spans[r.span]
         program = span.program
         lo, hi = span.a if side == "a" else span.b
         launches = io.launches(program, lo, hi)
-        env = io.e.env(program, r.vars)
-        before = {b: io.write(b, x) for b, x in r.pre.items() if b in bufs}
+        env = io.e.env(program, own.get(r.step, r.vars))
+        if simulate:
+            pre = {b: compare.rounded(x, prec.dtypes[b], rng) if prec.rounds(b) else x for b, x in r.pre.items()}
+        else:
+            pre = r.pre
+        before = {b: io.write(b, x) for b, x in pre.items() if b in bufs}
         for b in io.written(launches, env):
             if b not in before:
                 before[b] = io.write(b, poison(io.dtype(b), io.extent(b, env, launches)))
         for s, v in r.state_pre.items():
-            if s in states:
-                io.write_state(s, readers[s].at(v))
-        io.run_calls(program, lo, hi, env)
+            if s not in states:
+                continue
+            if s in carried:  # this side's own bytes, written by its earlier replays
+                if s not in started:
+                    io.write_state(s, readers[s].at(v) if side == "a" else start[s])
+                    started.add(s)
+                continue
+            io.write_state(s, readers[s].at(v))
+        if simulate:
+            run_rounded(io, prec, program, lo, hi, env, rng)
+        else:
+            io.run_calls(program, lo, hi, env)
         run = SpanRun(r.span, r.step, {}, 0)
         for b, a_post in r.post.items():
             if b not in bufs:
@@ -58,21 +91,31 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording) -> tuple[list[Sp
             if s not in states:
                 run.absent.append(f"state {s}")
                 continue
+            if s in carried:
+                continue
             a_post = readers[s].at(v)
             run.errs[f"state:{s}"] = compare.state_bytes(a_post, io.read_state(s, a_post.size))
         out.append(run)
     return out, time.perf_counter() - t0
 
 
-def free_run(io: EngineIO, wl: Workload) -> tuple[list[StepOut], float]:
-    """The whole workload through this side's own programs, from its state at load."""
+def free_run(io: EngineIO, wl: Workload, prec: Precision | None = None,
+             rng: np.random.Generator | None = None) -> tuple[list[StepOut], float]:
+    """The whole workload through this side's own programs, from its state at load; with prec
+    and rng, call by call in B's precision (the end-to-end floor, run on A)."""
     t0 = time.perf_counter()
     widths = io.table_widths()
     out = []
     for step in wl.steps:
         st = stepper_for(io, step)
         vars, ins = feed(step, st, wl.seqs, widths)
-        env = io.e.run(st.program, vars, ins)
-        io.e.device.synchronize()
+        if prec is not None and rng is not None:
+            env = io.e.env(st.program, vars)
+            for buf, host in ins.items():
+                io.e.write_input(st.program, buf, host, env)
+            run_rounded(io, prec, st.program, 0, len(io.e.m.programs[st.program].calls), env, rng)
+        else:
+            env = io.e.run(st.program, vars, ins)
+            io.e.device.synchronize()
         out.append(StepOut(st.program, *outputs(io, st, env)))
     return out, time.perf_counter() - t0

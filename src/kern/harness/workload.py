@@ -1,10 +1,13 @@
-"""A seeded workload: prompts of random tokens, chunked prefill, decode steps, page tables.
+"""A seeded workload: prompts, chunked prefill, decode steps, page tables.
 
 Pure. Half of the prompt lengths are uniform, half sit on boundaries (a page +/- 1, the
 prefill chunk +/- 1, the rows bound); prompts are cut into chunks that several sequences share
-in one ragged step; every sequence then decodes a few rows, one per step. Pages are a
-shuffled permutation of [0, pages_used), so page tables really indirect, and the whole
-workload lives in the first pages_used pages of each paged state."""
+in one ragged step; every sequence then decodes a few rows, one per step (teacher-forced).
+Tokens are random from the token domain, or, given a corpus (a tokenized text), windows of it
+at seeded offsets: natural-ish prompts, whose predictions are decisive where random tokens
+leave near-ties everywhere. Pages are a shuffled permutation of [0, pages_used), so page
+tables really indirect, and the whole workload lives in the first pages_used pages of each
+paged state."""
 
 from __future__ import annotations
 
@@ -60,11 +63,13 @@ class Workload:
     seqs: tuple[Seq, ...]
     steps: tuple[Step, ...]
     pages_used: int
+    natural: bool = False  # tokens from a corpus, not random
 
     def describe(self) -> str:
         lens = ", ".join(f"{len(s.prompt)} ({s.why})" for s in self.seqs)
         n_pre = sum(s.ragged for s in self.steps)
-        return (f"workload: seed {self.seed}, {len(self.seqs)} sequences, prompts {lens}; "
+        return (f"workload: seed {self.seed}, {len(self.seqs)} sequences of "
+                f"{'natural-ish text' if self.natural else 'random tokens'}, prompts {lens}; "
                 f"{n_pre} prefill steps, {len(self.steps) - n_pre} decode steps; {self.pages_used} pages")
 
 
@@ -74,7 +79,8 @@ def boundaries(lim: Limits) -> dict[str, int]:
             "chunk-1": c - 1, "chunk": c, "chunk+1": c + 1}
 
 
-def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_prompt: int | None = None) -> Workload:
+def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_prompt: int | None = None,
+         corpus: tuple[int, ...] | None = None) -> Workload:
     rng = np.random.Generator(np.random.PCG64(seed))
     top = min(lim.context - decode_steps, lim.table_width * lim.page_tokens - decode_steps)
     # default cap: past one chunk and two pages, so chunked prefill and page crossings are fed,
@@ -96,14 +102,19 @@ def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_pr
         raise ValueError(f"the workload needs {sum(need)} pages, the paged state has {lim.pages}")
     perm = [int(x) for x in rng.permutation(sum(need))]
     lo, hi = lim.vocab
+    text = tuple(t for t in corpus if lo <= t < hi) if corpus else ()
     out: list[Seq] = []
     at = 0
     for (n, why), k in zip(picks, need):
-        prompt = tuple(int(x) for x in rng.integers(lo, hi, n))
-        dec = tuple(int(x) for x in rng.integers(lo, hi, decode_steps))
+        if len(text) > n + decode_steps:
+            o = int(rng.integers(0, len(text) - n - decode_steps))
+            prompt, dec = text[o:o + n], text[o + n:o + n + decode_steps]
+        else:
+            prompt = tuple(int(x) for x in rng.integers(lo, hi, n))
+            dec = tuple(int(x) for x in rng.integers(lo, hi, decode_steps))
         out.append(Seq(prompt, dec, tuple(perm[at:at + k]), why))
         at += k
-    return Workload(seed, tuple(out), _schedule(out, lim, decode_steps), sum(need))
+    return Workload(seed, tuple(out), _schedule(out, lim, decode_steps), sum(need), bool(text))
 
 
 def _schedule(seqs: list[Seq], lim: Limits, decode_steps: int) -> tuple[Step, ...]:

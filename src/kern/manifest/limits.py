@@ -35,4 +35,7 @@ EXTERNS: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
     "cublaslt_bf16_tn": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
     # The same with an fp32 y (logits).
     "cublaslt_bf16_tn_f32": (("buffer", "buffer", "buffer", "scalar", "scalar", "scalar"), (2,)),
+    # x[:n] summed in place over the manifest's ranks (NCCL), bf16. Needs 2 or more ranks.
+    "nccl_all_reduce_sum_bf16": (("buffer", "scalar"), (0,)),
 }
+COLLECTIVE_EXTERNS = ("nccl_all_reduce_sum_bf16",)

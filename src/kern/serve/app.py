@@ -1,11 +1,13 @@
-"""The HTTP routes: OpenAI's /v1 API over the engine thread, /health, /metrics and the chat page."""
+"""The HTTP routes: OpenAI's /v1 API over the engine process, /health, /metrics and the chat page."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import time
 import uuid
+from contextlib import asynccontextmanager
 from importlib.resources import files
 
 from fastapi import FastAPI, Request
@@ -27,9 +29,19 @@ def _error(e: RequestError) -> JSONResponse:
 
 def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab: int,
              api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
-    """The app over a started Driver. `vocab`: token ids a prompt may hold."""
+    """The app over a started Driver, which it reads on its event loop while it serves.
+    `vocab`: token ids a prompt may hold."""
     metrics = metrics or Metrics()
-    app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        driver.attach(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            driver.detach()
+
+    app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     counter = itertools.count()
     page = files(__package__).joinpath("page", "index.html").read_text()
     decode_cache: dict[int, str] = {}

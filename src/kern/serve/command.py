@@ -3,32 +3,37 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from ..manifest.problems import ManifestError
 from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
-def main(args) -> int:
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1):
+    """In the engine process: load, then capture every decode graph (never inside a request);
+    with `trace`, record the served steps to that file."""
     from ..api import load
     from ..run_cmd import pick_target
+
+    model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
+                 max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
+    loop = model.loop
+    loop.warm_up(progress=True)
+    if trace:  # after the warm-up: only served steps
+        from ..bench.trace import record
+
+        record(model.engine, trace)
+    print(f"[kern] serving {loop.model_name} (context {loop.context}) on {where} (chat page at /, API at /v1)",
+          file=sys.stderr)
+    return loop
+
+
+def main(args) -> int:
     from .server import serve_forever
 
-    def make_loop():
-        """On the engine thread: load, then capture every decode graph (never inside a request)."""
-        target = pick_target(args.target, "serving")
-        model = load(args.model, manifest=args.manifest, target=target, context=args.context,
-                     max_seqs=args.max_seqs, memory=args.memory, progress=True)
-        loop = model.loop
-        loop.warm_up(progress=True)
-        if args.trace:  # after the warm-up: only served steps
-            from ..bench.trace import record
-
-            record(model.engine, args.trace)
-        print(f"[kern] serving {loop.model_name} (context {loop.context}) on http://{args.host}:{args.port}"
-              f" (chat page at /, API at /v1)", file=sys.stderr)
-        return loop
-
+    make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
+                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except (KernError, ManifestError, CudaUnavailable) as exc:
@@ -36,6 +41,6 @@ def main(args) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
         print("[kern] stopped", file=sys.stderr)
-    except SystemExit as exc:  # uvicorn exits when it cannot bind; it has said why
+    except SystemExit as exc:  # uvicorn exits when it cannot bind (it has said why); SIGTERM exits 0
         return exc.code if isinstance(exc.code, int) else 1
     return 0

@@ -1,20 +1,29 @@
-"""The engine thread: the one owner of the (single-threaded) Loop.
+"""The API process's side of the engine process: the Loop's interface over two pipes.
 
-The thread builds the loop itself: a device context is current on one thread only (CUDA's is
-per thread), so the thread that loads the model, captures its graphs and steps it is one.
-Requests reach it through a thread-safe inbox (add, abort); it steps the loop while there is
-work and hands every Delta to its request's asyncio side with call_soon_threadsafe. An abort
-is taken before the next step, so a client that goes away frees its lease within one step."""
+The engine runs in a process of its own (engine_process.py), so its host work never holds the
+GIL that the event loop's JSON and SSE work needs. Requests and aborts go down one pipe from a
+writer thread (a full pipe never blocks the event loop); each step comes up as one message,
+read on the event loop itself (`attach`: a reader callback on the pipe, no thread hand-off)
+and routed to the requests' sinks: each sink is called once per step with everything the step
+made for it. An engine that fails says so in its step; one that dies is noticed at the pipe's
+end; either way every waiting request is refused and new ones are refused from then on."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import multiprocessing
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..generation.params import SamplingParams
 from ..runtime.errors import KernError
+from . import engine_process, wire
+
+STOP_TIMEOUT_S = 30.0  # for the engine process to finish its step and exit, before it is killed
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,144 +42,166 @@ class Refused:
     engine_failed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Sink:
-    """Where a request's items go: `put` runs on the asyncio loop `aio`. The engine thread wakes
-    each loop once per step with everything the step made for it, not once per item (fewer
-    wake-ups and GIL hand-offs, so tokens leave as they are made rather than in bursts)."""
-
-    aio: object  # asyncio.AbstractEventLoop
-    put: Callable[[object], None]
-
-
-def _deliver(items: list[tuple[Sink, object]]) -> None:
-    for sink, item in items:
-        sink.put(item)
-
-
-@dataclass(frozen=True, slots=True)
-class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    sink: Sink
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    request_id: str
-
-
-_STOP = object()
+Sink = Callable[[list], None]  # called on the event loop with one step's items for a request, in order
 
 
 class Driver:
     def __init__(self, make_loop: Callable[[], object], on_step: Callable[[object], None] | None = None):
-        """`make_loop()`: builds the Loop, called on the engine thread (load, warm-up).
-        `on_step(stats)`: called on the engine thread after every step (metrics)."""
+        """`make_loop()`: builds the Loop in the engine process (load, warm-up); it must pickle
+        (a module-level function or a functools.partial of one). `on_step(stats)`: called on
+        the event loop with each step's LoopStats (metrics)."""
         self._make_loop = make_loop
         self.on_step = on_step
-        self.loop = None  # set by start()
+        self.info: wire.Ready | None = None  # model name, context, tokenizer, vocab: set by start()
         self.stats = None  # the latest LoopStats, replaced whole after each step
         self.failure: str | None = None  # set once the engine has failed; the server then refuses work
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
-        self._outbox: list[tuple[Sink, object]] = []
-        self._ready = threading.Event()
-        self._load_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kern-engine", daemon=True)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._queries: dict[int, Future] = {}
+        self._keys = itertools.count()
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._gone = False  # the engine process ended
 
     def start(self) -> None:
-        """Start the engine thread; return once it has built the loop (or raise what building
-        it raised)."""
-        self._thread.start()
-        self._ready.wait()
-        if self._load_error is not None:
-            self._thread.join()
-            raise self._load_error
+        """Spawn the engine process; return once it has built the loop (or raise what building
+        it raised, as it was raised)."""
+        ctx = multiprocessing.get_context("spawn")  # a device context must not be forked
+        down_r, self._down = ctx.Pipe(duplex=False)
+        self._up, up_w = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=engine_process.main, args=(self._make_loop, down_r, up_w),
+                                 name="kern-engine", daemon=True)
+        self._proc.start()
+        down_r.close()
+        up_w.close()
+        try:
+            first = self._up.recv()
+        except (EOFError, OSError):
+            self._proc.join()
+            raise KernError(f"the engine process exited while starting (exit code {self._proc.exitcode})") from None
+        if isinstance(first, wire.LoadFailed):
+            self._proc.join()
+            raise first.error.rebuild()
+        self.info, self.stats = first, wire.unpack_stats(first.stats)
+        self._writer = threading.Thread(target=self._write, name="kern-engine-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def pid(self) -> int:
+        """The engine process's id."""
+        return self._proc.pid
+
+    def attach(self, aio: asyncio.AbstractEventLoop) -> None:
+        """Read the engine's messages on this event loop (call it there, at start-up)."""
+        self._aio = aio
+        aio.add_reader(self._up.fileno(), self._read)
+
+    def detach(self) -> None:
+        if self._aio is not None and not self._aio.is_closed():
+            self._aio.remove_reader(self._up.fileno())
+        self._aio = None
 
     def stop(self) -> None:
-        self._inbox.put(_STOP)
-        self._thread.join()
+        """Stop the engine process (it finishes its step first) and wait for it."""
+        self._stopping = True
+        self.detach()
+        self._outbox.put(wire.Stop())
+        self._proc.join(0)
+        while self._proc.is_alive():  # keep reading, so an engine blocked on a full pipe gets to the Stop
+            try:
+                if self._up.poll(0.05):
+                    self._up.recv()
+            except (EOFError, OSError):
+                break
+            if not self._proc.is_alive():
+                break
+        self._proc.join(STOP_TIMEOUT_S)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._writer.join()
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> None:
         """Queue a request; `sink` gets Accepted or Refused first, then its Deltas."""
-        self._inbox.put(_Add(request_id, prompt_ids, params, sink))
+        if self._gone:
+            sink([Refused(request_id, self.failure, engine_failed=True)])
+            return
+        self._sinks[request_id] = sink
+        self._outbox.put(wire.Add(request_id, prompt_ids, params))
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
+        self._sinks.pop(request_id, None)
+        self._outbox.put(wire.Abort(request_id))
 
-    def _take(self, item) -> bool:
-        """Apply one inbox item; False on stop."""
-        if item is _STOP:
-            return False
-        if isinstance(item, _Abort):
-            self._sinks.pop(item.request_id, None)
-            self.loop.abort(item.request_id)
-        elif self.failure is not None:
-            self._send(item.sink, Refused(item.request_id, self.failure, engine_failed=True))
-        else:
-            try:
-                self.loop.add(item.request_id, item.prompt_ids, item.params)
-            except KernError as e:
-                self._send(item.sink, Refused(item.request_id, str(e)))
-            else:
-                self._sinks[item.request_id] = item.sink
-                self._send(item.sink, Accepted(item.request_id))
-        return True
+    def query(self, fn: Callable[[object], object], timeout: float = 60.0):
+        """fn(loop), run in the engine process between steps; call it from a thread other than
+        the event loop's (tests read the pool's books with it)."""
+        key = next(self._keys)
+        self._queries[key] = fut = Future()
+        self._outbox.put(wire.Query(key, fn))
+        return fut.result(timeout)
 
-    def _step(self) -> None:
-        try:
-            deltas = self.loop.step()
-        except Exception as e:  # the engine is broken: tell every waiting request, refuse new ones
-            self.failure = f"the engine failed: {e}"
-            for rid, sink in self._sinks.items():
-                self._send(sink, Refused(rid, self.failure, engine_failed=True))
-            self._sinks.clear()
-            return
-        for d in deltas:
-            sink = self._sinks.get(d.request_id)
-            if sink is not None:
-                self._send(sink, d)
-                if d.finish_reason is not None:
-                    del self._sinks[d.request_id]
-
-    def _send(self, sink: Sink, item) -> None:
-        self._outbox.append((sink, item))
-
-    def _flush(self) -> None:
-        by_loop: dict[object, list[tuple[Sink, object]]] = {}
-        for sink, item in self._outbox:
-            by_loop.setdefault(sink.aio, []).append((sink, item))
-        self._outbox = []
-        for aio, items in by_loop.items():
-            aio.call_soon_threadsafe(_deliver, items)
-
-    def _busy(self) -> bool:
-        return self.failure is None and self.loop.has_work()
-
-    def _run(self) -> None:
-        try:
-            self.loop = self._make_loop()
-            self.stats = self.loop.stats()
-        except BaseException as e:  # noqa: BLE001 - handed to start() on the caller's thread
-            self._load_error = e
-            return
-        finally:
-            self._ready.set()
+    def _write(self) -> None:
         while True:
-            # Block only when idle; otherwise take whatever arrived since the last step.
-            items = [] if self._busy() else [self._inbox.get()]
-            while True:
-                try:
-                    items.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            if not all([self._take(i) for i in items]):
+            item = self._outbox.get()
+            try:
+                self._down.send(item)
+            except OSError:  # the engine process is gone; the reader says so
                 return
-            if self._busy():
-                self._step()
-            self._flush()
-            self.stats = self.loop.stats()
-            if self.on_step is not None:
-                self.on_step(self.stats)
+            if isinstance(item, wire.Stop):
+                return
+
+    def _read(self) -> None:
+        try:
+            while self._up.poll():
+                msg = self._up.recv()
+                if isinstance(msg, wire.Step):
+                    self._route(msg)
+                else:
+                    self._answer(msg)
+        except (EOFError, OSError):
+            self._lost()
+
+    def _route(self, step: wire.Step) -> None:
+        sinks, out = self._sinks, {}
+        for rid in step.accepted:
+            if (sink := sinks.get(rid)) is not None:
+                out.setdefault(sink, []).append(Accepted(rid))
+        for rid, message, failed in step.refused:
+            if (sink := sinks.pop(rid, None)) is not None:
+                out.setdefault(sink, []).append(Refused(rid, message, failed))
+        for t in step.deltas:
+            d = wire.unpack_delta(t)
+            if (sink := sinks.get(d.request_id)) is not None:
+                out.setdefault(sink, []).append(d)
+                if d.finish_reason is not None:
+                    del sinks[d.request_id]
+        if step.failure is not None:
+            self.failure = step.failure
+        self.stats = wire.unpack_stats(step.stats)
+        if self.on_step is not None:
+            self.on_step(self.stats)
+        for sink, items in out.items():
+            sink(items)
+
+    def _answer(self, r: wire.QueryResult) -> None:
+        fut = self._queries.pop(r.key)
+        if r.error is not None:
+            fut.set_exception(r.error.rebuild())
+        else:
+            fut.set_result(r.value)
+
+    def _lost(self) -> None:
+        """The engine process ended without being asked to: refuse everything, from now on too."""
+        self.detach()
+        self._gone = True
+        if self._stopping:
+            return
+        self._proc.join(5)
+        self.failure = f"the engine process exited unexpectedly (exit code {self._proc.exitcode})"
+        sinks, self._sinks = self._sinks, {}
+        for rid, sink in sinks.items():
+            sink([Refused(rid, self.failure, engine_failed=True)])
+        for fut in self._queries.values():
+            fut.set_exception(KernError(self.failure))
+        self._queries.clear()

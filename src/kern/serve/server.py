@@ -1,9 +1,10 @@
-"""Start and stop a server over a Loop: the engine thread, the app, uvicorn on loopback.
+"""Start and stop a server over a Loop: the engine process, the app, uvicorn on loopback.
 
 `kern serve` runs it in the foreground; tests and benchmarks run it in a background thread."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -26,21 +27,21 @@ class Running:
     thread: threading.Thread
 
     def close(self) -> None:
-        """Stop serving, then stop the engine thread."""
+        """Stop serving, then stop the engine process."""
         self.server.should_exit = True
         self.thread.join()
         self.driver.stop()
 
 
 def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str):
-    """Start the engine thread (it builds the loop), then the app over it."""
+    """Start the engine process (it builds the loop), then the app over it."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
     driver.start()
-    loop = driver.loop
-    tok = loop.tokenizer
-    app = make_app(driver, tok, model_name=loop.model_name, context=loop.context,
-                   vocab=tok.tok.get_vocab_size(with_added_tokens=True), api_key=api_key, metrics=metrics)
+    info = driver.info
+    metrics.observe_stats(driver.stats)
+    app = make_app(driver, info.tokenizer, model_name=info.model_name, context=info.context, vocab=info.vocab,
+                   api_key=api_key, metrics=metrics)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     return metrics, driver, uvicorn.Server(config)
@@ -48,8 +49,10 @@ def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str)
 
 def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
           log_level: str = "warning", timeout: float = 30.0) -> Running:
-    """Serve the loop `make_loop()` builds (on the engine thread) from background threads; port
-    0 picks a free one. Returns once listening."""
+    """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
+    background thread; port 0 picks a free one. Returns once listening. The engine process is
+    spawned, so it imports the caller's main module: a script calling this keeps its work
+    under `if __name__ == "__main__":`."""
     metrics, driver, server = _setup(make_loop, host, port, api_key, log_level)
     thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
     thread.start()
@@ -63,19 +66,15 @@ def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int
     return Running(f"http://{host}:{bound}", driver, metrics, server, thread)
 
 
-# The engine thread holds the GIL for all of a CPU step; at Python's default 5 ms switch
-# interval the HTTP thread waited for it so long that one stream's tokens left in bursts
-# (tiny model on the CPU, one client: ITL p50 0.8 ms, p99 52 ms; at 0.5 ms: p50 8.6 ms, p99 47
-# ms, an even stream, throughput unchanged within noise).
-SWITCH_INTERVAL_S = 0.0005
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def serve_forever(make_loop: Callable[[], object], *, host: str, port: int, api_key: str | None) -> None:
-    """Serve in the foreground until interrupted (Ctrl-C). This process is the server's own,
-    so it also sets the interpreter's thread switch interval (SWITCH_INTERVAL_S)."""
-    import sys
-
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    """Serve in the foreground until interrupted (Ctrl-C or SIGTERM). uvicorn shuts down
+    gracefully on either, then raises the signal again: SIGTERM's default would end the process
+    there, before the engine process is stopped, so SIGTERM exits through the `finally`."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     metrics, driver, server = _setup(make_loop, host, port, api_key, "info")
     try:
         server.run()

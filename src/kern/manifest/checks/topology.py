@@ -1,5 +1,7 @@
 """10. topology: ranks within limits.MAX_RANKS, the rank among them, each group a partition of
-the ranks (checked by counting, never by listing ranks: the count comes from the manifest)."""
+the ranks (checked by counting, never by listing ranks: the count comes from the manifest).
+What the runtime fills in or calls across ranks fits the topology: a peer buffer is a u64
+table of one address a rank ([ranks]), and a collective extern needs 2 or more ranks."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 from ..context import Context
-from ..limits import MAX_RANKS
+from ..expr import ExprError, evaluate
+from ..limits import COLLECTIVE_EXTERNS, MAX_RANKS
 from ..problems import Problem
 
 
@@ -31,3 +34,24 @@ def topology(c: Context) -> Iterator[Problem]:
             yield Problem(f"topology.groups.{g}", f"must place every rank 0..{t.ranks - 1} exactly once: {why}")
         if any(not lst for lst in lists):
             yield Problem(f"topology.groups.{g}", "a rank group cannot be empty")
+    yield from _peers(c, t.ranks)
+    if t.ranks < 2:
+        for oname, op in c.m.ops.items():
+            for li, launch in enumerate(op.impl.launches):
+                if launch.entry.removeprefix("extern:") in COLLECTIVE_EXTERNS:
+                    yield Problem(f"ops.{oname}.impl.launches[{li}].entry",
+                                  f"{launch.entry} is a collective: it needs a topology of 2 or more ranks")
+
+
+def _peers(c: Context, ranks: int) -> Iterator[Problem]:
+    """A peer buffer holds one u64 address a rank: the runtime fills it in at load."""
+    for name, b in c.m.buffers.items():
+        if b.kind != "peer" or ranks < 2:
+            continue
+        try:
+            shape = [evaluate(d, c.consts) for d in b.shape]
+        except ExprError:
+            shape = None  # names a var or something unresolved: not a table of ranks
+        if b.dtype != "u64" or shape != [ranks]:
+            yield Problem(f"buffers.{name}", f"a peer buffer is u64 of shape [{ranks}] (one address a rank), "
+                          f"got {b.dtype} {[d if isinstance(d, (int, str)) else '...' for d in b.shape]}")

@@ -50,6 +50,7 @@ class CudaDevice:
         self._blas = None
         self._bounce_bytes = 1 << 20  # reads up to this size go through pinned memory
         self._bounce = memory.PinnedHost(self._bounce_bytes, "read bounce")
+        self.communicator = None  # NCCL, set by kern.runtime.ranks for a split deployment
 
     @property
     def blas(self):
@@ -133,6 +134,14 @@ class CudaDevice:
     def copy_bytes(self, storage, dst: int, src: int, n: int) -> None:
         memory.copy_device(storage.ptr + dst, storage.ptr + src, n, self.stream)
 
+    def collective(self, where: str, vals: list):
+        """The launch of an NCCL extern (an in-place bf16 sum of x[:n] over the ranks)."""
+        if self.communicator is None:
+            raise DeviceError(f"{where}: an NCCL all-reduce needs every rank of the split deployment loaded "
+                              "together (kern.runtime.ranks); this device has no communicator")
+        x, n = vals
+        return lambda s, comm=self.communicator: comm.all_reduce_sum_bf16(x, n, s.handle)
+
     def lower(self, launches: list[LoweredLaunch], buffers, states, graph: bool = False) -> "CudaProgram":
         return CudaProgram(self, launches, buffers, states, graph)
 
@@ -208,6 +217,9 @@ class CudaProgram:
         out: list = []
         for l, k in zip(self.planned, self.kernels):
             vals = [self._value(a, env) for a in l.args]
+            if k is None and l.entry.startswith("extern:nccl_"):
+                out.append(self.dev.collective(l.where, vals))
+                continue
             if k is None:
                 x, w, y, m, n, kk = vals
                 o = EXTERN_OUT[l.entry]

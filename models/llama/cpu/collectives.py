@@ -1,0 +1,39 @@
+"""The peer-memory all-reduce for the cpu device: the sm_90a kernel (cuda/collectives/
+allreduce.cu) in numpy, so that CI runs tensor parallelism end to end without a GPU.
+
+This file is a kern module, pinned by sha256. The cpu device runs each rank on a thread of one
+process, so a peer buffer's addresses (a u64 per rank, filled in by kern.runtime.ranks) are
+plain host addresses that every rank can read. The algorithm is the GPU kernel's: bump the
+epoch, write it into every rank's flag slot of this rank, wait until every rank's flag in this
+rank's slots has reached it, then sum every rank's part in rank order (the same bits on every
+rank) into y."""
+
+import ctypes
+import time
+
+import numpy as np
+
+WAIT_S = 120.0  # a rank that never arrives (it failed): an error rather than a hang
+
+
+def _at(address, dtype, n):
+    return np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(int(address)), dtype)
+
+
+def all_reduce_sum(parts, flag_peers, flags, epoch, y, rank, ranks, offset, n):
+    if not (parts.all() and flag_peers.all()):
+        raise ValueError("the peer tables are empty: a split deployment's ranks load together "
+                         "(kern.runtime.ranks), not one rank alone")
+    e = int(epoch[0]) + 1
+    epoch[0] = e
+    for p in range(ranks):
+        _at(flag_peers[p], np.uint32, ranks)[rank] = e
+    give_up = time.monotonic() + WAIT_S
+    while int(flags.reshape(-1)[:ranks].min()) < e:
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"rank {rank}: the other ranks did not reach all-reduce {e} in {WAIT_S:.0f} s")
+        time.sleep(1e-4)  # let the other ranks run (one process, one GIL)
+    acc = np.zeros(n, np.float32)
+    for p in range(ranks):
+        acc += _at(parts[p], np.float32, offset + n)[offset:]
+    y.reshape(-1)[:] = acc

@@ -1,0 +1,77 @@
+// The peer-memory all-reduce of tensor-parallel decode (sm_90a): every rank's part is read
+// straight from its GPU over NVLink (peer access), summed in rank order in fp32 (so every rank
+// gets the same bits) and written on each rank. One barrier a call: block b bumps its epoch,
+// writes it into flag slot [b][rank] of every rank (a system-scope release after a system fence,
+// so the part the previous kernel wrote is visible first), then waits until its own slots
+// [b][p] have reached the epoch for every p (system-scope acquire). The manifest alternates two
+// halves of the part buffer between calls, so no second barrier is needed: a rank writes a
+// half again only after every rank has passed the next call's barrier.
+// Under programmatic dependent launch (the manifest's choice) it lets the next kernel launch at
+// entry, so the next projection streams its weights while this one waits on the other ranks,
+// and waits for the projection before it before touching anything (common.cuh); without the
+// launch attribute both are no-ops.
+// A rank that never arrives (it failed) traps after WAIT_NS rather than hanging the GPU.
+#include "common.cuh"
+
+#define WAIT_NS 20000000000ull
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void store_release_sys(unsigned *p, unsigned v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire_sys(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The barrier of block blockIdx.x among `ranks` ranks (see the top of the file).
+__device__ void barrier(const unsigned long long *flag_peers, unsigned *flags, unsigned *epoch, int rank,
+                        int ranks) {
+    pdl_launch_dependents();
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        const int b = blockIdx.x;
+        const unsigned e = epoch[b] + 1;
+        epoch[b] = e;
+        __threadfence_system();
+        for (int p = 0; p < ranks; ++p)
+            store_release_sys(reinterpret_cast<unsigned *>(flag_peers[p]) + b * ranks + rank, e);
+        const unsigned long long give_up = global_ns() + WAIT_NS;
+        for (int p = 0; p < ranks; ++p)
+            while (load_acquire_sys(flags + b * ranks + p) < e)
+                if (global_ns() > give_up) __trap();
+    }
+    __syncthreads();
+}
+
+// res[i] += sum over ranks p of parts[p][offset + i] (fp32 parts of a fan-in projection; decode).
+extern "C" __global__ void __launch_bounds__(512)
+all_reduce_add_f32(const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
+                   unsigned *flags, unsigned *epoch, bf16 *res, int rank, int ranks, int offset, int n) {
+    barrier(flag_peers, flags, epoch, rank, ranks);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int p = 0; p < ranks; ++p) s += __ldcv(reinterpret_cast<const float *>(parts[p]) + offset + i);
+        res[i] = to_bf(to_f(res[i]) + s);
+    }
+}
+
+// y[i] = sum over ranks p of parts[p][offset + i] (bf16 parts, fp32 sum; small prefills).
+extern "C" __global__ void __launch_bounds__(512)
+all_reduce_bf16(const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
+                unsigned *flags, unsigned *epoch, bf16 *__restrict__ y, int rank, int ranks, int offset, int n) {
+    barrier(flag_peers, flags, epoch, rank, ranks);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int p = 0; p < ranks; ++p) {
+            const unsigned short raw = __ldcv(reinterpret_cast<const unsigned short *>(parts[p]) + offset + i);
+            s += to_f(__ushort_as_bfloat16(raw));
+        }
+        y[i] = to_bf(s);
+    }
+}

@@ -1,0 +1,228 @@
+"""Ranks: one process driving the N ranks of a split manifest, one thread a rank.
+
+A tensor-parallel deployment is one verified manifest a rank (`rank0.json`, `rank1.json`, ...
+side by side with the kernels). `RankedEngine` loads each onto its own device (cpu: a
+`CpuDevice` a rank; cuda: GPU r), links them (peer tables, peer access, NCCL) and offers the
+`Engine`'s face to the host loop: a step's inputs go to every rank, every rank runs the
+program, the outputs are read from rank 0 (every rank computes the same ones).
+
+Why threads of one process: the host loop, the scheduler, the pool and the server stay as they
+are (one `Paging`, whose plans run on every rank's states), and every rank's launches are issued
+at once and each waits on its own: a rank's kernels wait for the others inside the all-reduce,
+so a single thread that launched and waited rank after rank would deadlock the first
+all-reduce. Each thread owns its rank's device (a CUDA context is current per thread) and
+captures its own graphs. One process per rank (torchrun, Slurm: `load_split` under WORLD_SIZE)
+is `kern.runtime.world`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from queue import SimpleQueue
+from typing import Any
+
+import numpy as np
+
+from ..manifest import load_verified
+from ..manifest.verify import Verified
+from .device import Device
+from .engine import DEFAULT_STATE_BUDGET, Engine
+from .errors import DeviceError, KernError
+
+
+class RankError(KernError):
+    """The ranks of a split deployment do not fit together (files, topology, devices)."""
+
+
+def rank_manifests(path: str | Path) -> list[Verified]:
+    """Every rank's verified manifest of the split deployment `path` belongs to: path is one of
+    them (rankR.json); its siblings rank0.json .. rank{N-1}.json, N = its topology's ranks.
+    Each must say it is rank r of the same N with the same groups."""
+    first = load_verified(path)
+    t = first.manifest.topology
+    folder = Path(path).parent
+    out = []
+    for r in range(t.ranks):
+        p = folder / f"rank{r}.json"
+        if not p.is_file():
+            raise RankError(f"{folder}: a {t.ranks}-rank deployment needs rank{r}.json beside {Path(path).name}")
+        v = first if p.resolve() == Path(path).resolve() else load_verified(p)
+        tr = v.manifest.topology
+        if (tr.ranks, tr.rank, tr.groups) != (t.ranks, r, t.groups):
+            raise RankError(f"{p}: topology says rank {tr.rank} of {tr.ranks} (groups {tr.groups}), the deployment "
+                            f"needs rank {r} of {t.ranks} (groups {t.groups})")
+        out.append(v)
+    return out
+
+
+class Workers:
+    """One daemon thread a rank; `each(fn)` runs fn(rank) on every rank's thread at once."""
+
+    def __init__(self, n: int):
+        self.inbox: list[SimpleQueue] = [SimpleQueue() for _ in range(n)]
+        for r, q in enumerate(self.inbox):
+            threading.Thread(target=self._serve, args=(q,), name=f"kern-rank-{r}", daemon=True).start()
+
+    @staticmethod
+    def _serve(q: SimpleQueue) -> None:
+        while True:
+            fn, reply = q.get()
+            try:
+                reply.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+                reply.put((False, exc))
+
+    def each(self, fn: Callable[[int], Any]) -> list:
+        """fn(r) on rank r's thread for every r; the results in rank order. The first rank to
+        fail raises its error at once (the others, waiting on it in an all-reduce, give up on
+        their own: the kernels' waits are bounded)."""
+        reply: SimpleQueue = SimpleQueue()
+        for r, q in enumerate(self.inbox):
+            q.put((lambda r=r: (r, fn(r)), reply))
+        got: dict[int, Any] = {}
+        for _ in self.inbox:
+            ok, val = reply.get()
+            if not ok:
+                raise val
+            got[val[0]] = val[1]
+        return [got[r] for r in range(len(self.inbox))]
+
+    def on(self, rank: int, fn: Callable[[], Any]) -> Any:
+        reply: SimpleQueue = SimpleQueue()
+        self.inbox[rank].put((fn, reply))
+        ok, val = reply.get()
+        if not ok:
+            raise val
+        return val
+
+
+def rank_device(v: Verified, ordinal: int) -> Device:
+    """The device rank `ordinal` of this process runs on: a cpu device of its own, or GPU `ordinal`."""
+    target = v.manifest.target
+    if target.device == "cpu":
+        from .devices.cpu import CpuDevice
+
+        return CpuDevice()
+    try:
+        from .devices.cuda.device import CudaDevice
+    except ImportError as exc:
+        raise DeviceError(f"manifest targets cuda {target.arch or ''}, but the CUDA device cannot load: {exc}") from None
+    return CudaDevice(arch=target.arch, ordinal=ordinal)
+
+
+def address(storage: Any) -> int:
+    """The address kernels of any rank of this process reach a buffer at (host or device)."""
+    return int(storage.ctypes.data) if isinstance(storage, np.ndarray) else int(storage.ptr)
+
+
+class RankedEngine:
+    """N ranks' engines behind the Engine's face (what the host loop, the API and the benches use)."""
+
+    def __init__(self, verified: list[Verified], weights: str | Path | None, *,
+                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 ordinals: list[int] | None = None):
+        if host_bytes:
+            raise RankError("the host tier holds one rank's pages: a split deployment runs without it (host_bytes 0)")
+        n = len(verified)
+        ordinals = ordinals or list(range(n))
+        self.workers = Workers(n)
+        self.ranks: list[Engine] = self.workers.each(lambda r: Engine(
+            verified[r], weights, device=rank_device(verified[r], ordinals[r]), state_budget=state_budget,
+            paged=paged))
+        link(self.ranks, self.workers)
+        e0 = self.ranks[0]
+        self.v, self.m, self.consts, self.protocol = e0.v, e0.m, e0.consts, e0.protocol
+        self.shapes, self.launches, self.max_env, self.device = e0.shapes, e0.launches, e0.max_env, e0.device
+        self.paging = e0.paging
+        if self.paging is not None:
+            # the loop's one pool: its plans (chunk maps, page copies) run on every rank's states,
+            # which have the same layout (the ranks' manifests declare the same state sizes)
+            self.paging.engine = self
+
+    @classmethod
+    def load(cls, path: str | Path, weights: str | Path | None, **kw) -> "RankedEngine":
+        return cls(rank_manifests(path), weights, **kw)
+
+    # ---- stepping: every rank ---------------------------------------------------------------
+    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
+        return self.workers.each(lambda r: self.ranks[r].run(program, vars, inputs))[0]
+
+    def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
+                  steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
+                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+        return self.workers.each(lambda r: self.ranks[r].run_steps(program, vars, inputs, steps, feedback,
+                                                                  collect))[0]
+
+    def runs_steps_natively(self, program: str) -> bool:
+        return self.ranks[0].runs_steps_natively(program)
+
+    def remap_state(self, state: str, unmap: list[int], map: list[tuple[int, int]]) -> None:
+        self.workers.each(lambda r: self.ranks[r].remap_state(state, unmap, map))
+
+    def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None:
+        self.workers.each(lambda r: self.ranks[r].copy_state(state, dst, src, nbytes))
+
+    def read_state(self, state: str, offset: int, nbytes: int) -> np.ndarray:
+        raise RankError("a split deployment has no host tier: its pages are not parked")
+
+    def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
+        raise RankError("a split deployment has no host tier: its pages are not parked")
+
+    # ---- reading: rank 0 (on its own thread, where its device is current) --------------------
+    def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
+        return self.workers.on(0, lambda: self.ranks[0].read(buffer, env))
+
+    def shape(self, buffer: str, env: dict[str, int]) -> tuple[int, ...]:
+        return self.ranks[0].shape(buffer, env)
+
+    def env(self, program: str, vars: dict[str, int]) -> dict[str, int]:
+        return self.ranks[0].env(program, vars)
+
+    def domain(self, buffer: str) -> tuple[int, int]:
+        return self.ranks[0].domain(buffer)
+
+    def page_bytes(self, state: str) -> int:
+        return self.ranks[0].page_bytes(state)
+
+
+def load_split(path: str | Path, weights: str | Path | None, **kw):
+    """The engine of a split deployment (path: one of its rank manifests). Under a launcher
+    (WORLD_SIZE > 1: torchrun, Slurm) this process's rank alone, on GPU LOCAL_RANK, joined to
+    the others (kern.runtime.world); else every rank, one thread each (RankedEngine)."""
+    from .world import World, join, rank_path
+
+    world = World.from_env()
+    if world is None:
+        return RankedEngine.load(path, weights, **kw)
+    v = load_verified(rank_path(path, world))
+    engine = Engine(v, weights, device=rank_device(v, world.local_rank), **kw)
+    join(world, engine)
+    return engine
+
+
+def link(ranks: list[Engine], workers: Workers) -> None:
+    """What lets the ranks reach each other: on cuda, peer access between every pair of GPUs
+    and NCCL communicators where a manifest calls NCCL; then every peer buffer filled with the
+    address of its exported buffer on each rank."""
+    if ranks[0].device.kind == "cuda":
+        from .devices.cuda import peer
+
+        ctxs = [e.device.dev for e in ranks]
+        workers.each(lambda r: peer.enable(ctxs[r], [c for p, c in enumerate(ctxs) if p != r]))
+        if any(l.entry.startswith("extern:nccl_") for ls in ranks[0].launches.values() for l in ls):
+            from .devices.cuda import nccl
+
+            comms = nccl.init_all([c.ordinal for c in ctxs])
+            for e, comm in zip(ranks, comms):
+                e.device.communicator = comm
+    tables = {name: np.array([address(e.buffers[b.of]) for e in ranks], np.uint64)
+              for name, b in ranks[0].m.buffers.items() if b.kind == "peer"}
+
+    def fill(r: int) -> None:
+        for name, table in tables.items():
+            ranks[r].device.write(ranks[r].buffers[name], table)
+        ranks[r].device.synchronize()
+
+    workers.each(fill)

@@ -1,0 +1,79 @@
+"""The split sm_90a manifest lowered onto fake device memory (no GPU): each fan-in projection
+writes its rank's part into the half of the part buffer its all-reduce reads, the halves
+alternate, and prefill's large messages go to the device's NCCL collective."""
+
+from __future__ import annotations
+
+import json
+
+from kern.manifest import load_verified
+from kern.runtime.devices.cuda import device as cuda_device
+from kern.runtime.devices.cuda.launch import PackedLaunch
+from kern.runtime.lower import lower_program
+from tests.runtime.test_cuda_lowering import _Dev, _Mem
+
+CFG = dict(architectures=["LlamaForCausalLM"], hidden_size=1024, num_hidden_layers=2, num_attention_heads=8,
+           num_key_value_heads=2, head_dim=64, intermediate_size=1024, vocab_size=256, tie_word_embeddings=True)
+
+
+class _Blas:
+    def plan(self, *shape):
+        pass
+
+
+class _RankDev(_Dev):
+    def __init__(self, modules):
+        super().__init__(modules)
+        self.collectives = []
+        self.blas = _Blas()
+
+    def collective(self, where, vals):
+        self.collectives.append((where, vals))
+        return lambda s: None
+
+
+def _lowered(tmp_path, program):
+    from kern_models.llama import manifest_cuda, tp
+    from kern_models.llama.config import shape_of
+    from kern_models.llama.cuda.build import read_recorded
+
+    m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny"), shape_of(CFG), 2, 1)
+    _, digests = read_recorded()
+    digests["allreduce.cubin"] = tp.PIN.read_text().split()[0]
+    m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": ""}
+    for name, mod in m["modules"].items():
+        mod["sha256"] = digests[f"{name}.cubin"]
+    (tmp_path / "rank1.json").write_text(json.dumps(m))
+    v = load_verified(tmp_path / "rank1.json")
+    bufs = {n: _Mem(0x100000 * (i + 1)) for i, n in enumerate(v.manifest.buffers)}
+    dev = _RankDev(v.manifest.modules)
+    prog = cuda_device.CudaProgram(dev, lower_program(v, program), bufs, {"kv": _Mem(0x70000000)},
+                                   graph=v.manifest.programs[program].graph)
+    return v, prog, bufs, dev
+
+
+def test_decode_parts_alternate_halves_and_the_all_reduce_reads_them(tmp_path):
+    v, prog, bufs, _ = _lowered(tmp_path, "decode")
+    seqs, hidden = 3, 1024
+    items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
+    names = [i.kernel.name for i in items]
+    layer = ["norm_gemv_rope_append", "attention_decode", "gemv_f32", "all_reduce_add_f32", "norm_gemv_swiglu",
+             "gemv_f32", "all_reduce_add_f32"]
+    assert names[:16] == ["embed", *layer * 2, "norm_gemv_f32"] and "all_reduce_add_f32" not in names[16:]
+    part = bufs["ar_part.decode"].ptr
+    projections = [i for i in items if i.kernel.name == "gemv_f32"]
+    reduces = [i for i in items if i.kernel.name == "all_reduce_add_f32"]
+    halves = [0, seqs * hidden, 0, seqs * hidden]
+    assert [p.args[2] for p in projections] == [part + h * 4 for h in halves]  # fp32 parts
+    for r, h in zip(reduces, halves):
+        assert r.args[:5] == (bufs["ar_part.decode_peers"].ptr, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr,
+                              bufs["ar_epoch"].ptr, bufs["d_x"].ptr)
+        assert r.args[5:] == (1, 2, h, seqs * hidden) and r.grid == (16, 1, 1) and r.pdl
+
+
+def test_prefill_sums_through_the_devices_nccl_collective(tmp_path):
+    v, prog, bufs, dev = _lowered(tmp_path, "prefill")
+    prog.resolve({**v.constants, "tokens": 7, "prefill_seqs": 1, "context": 1024, "reach": 1024})
+    assert [vals for _, vals in dev.collectives] == [[bufs["p_attn_out"].ptr, 7 * 1024],
+                                                     [bufs["p_mlp_out"].ptr, 7 * 1024]] * 2
+    assert all("(op all_reduce_nccl) launch 0" in where for where, _ in dev.collectives)

@@ -1,0 +1,120 @@
+"""What a split deployment is, as data: one verified manifest a rank, each binding its slice of
+the checkpoint's tensors, an all-reduce after every fan-in projection (which one by the size
+of its largest message), and the refusals, each one line naming its place."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kern.manifest import verify_path, verify_text
+from kern.runtime.errors import KernError
+from kern.runtime.ranks import RankedEngine, RankError, rank_manifests
+from kern_models.llama.config import ConfigError
+from kern_models.llama.generator import generate
+
+LLAMA = dict(architectures=["LlamaForCausalLM"], hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=4, head_dim=64, intermediate_size=512, vocab_size=256,
+             max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def _ranks(folder, n):
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_rank_verifies_and_binds_its_slice(tmp_path, target, tp):
+    generate(LLAMA, tmp_path, target=target, tp=tp)
+    ms = _ranks(tmp_path, tp)
+    for r, m in enumerate(ms):
+        assert verify_path(tmp_path / f"rank{r}.json").problems == []
+        assert m["topology"] == {"ranks": tp, "rank": r, "groups": {"tp": [list(range(tp))]}}
+        assert (m["constants"]["heads"], m["constants"]["kv_heads"], m["constants"]["inter"]) == \
+            (8 // tp, 4 // tp, 512 // tp)
+    # the ranks' slices tile every sharded tensor exactly once, in rank order
+    for buf, key in (("qkv_w.1", "rows"), ("gate_up_w.0", "rows"), ("o_w.0", "cols"), ("down_w.1", "cols")):
+        segs = [m["buffers"][buf]["bind"] for m in ms]
+        for i in range(len(segs[0])):
+            ranges = [s[i][key] for s in segs]
+            assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all("rows" not in s and "cols" not in s for s in ms[0]["buffers"]["embed"]["bind"])
+
+
+def test_two_all_reduces_a_layer_chosen_by_message_size(tmp_path):
+    """Decode's largest message (32 rows of fp32) goes through the peer kernel, and the wide
+    decode's (256 rows of bf16) too up to hidden 4096; prefill's (2,048 rows) through it at
+    hidden 256 (1 MiB), through NCCL past 2 MiB."""
+    def ops(cfg, out):
+        m = json.loads(generate(cfg, out, target="cuda", tp=2).read_text())
+        return {p: [c["op"] for c in m["programs"][p]["calls"] if c["op"].startswith("all_reduce")]
+                for p in ("prefill", "decode", "decode_wide")}
+
+    small = ops(LLAMA, tmp_path / "small")
+    assert small == {"prefill": ["all_reduce"] * 4, "decode": ["all_reduce_add"] * 4,
+                     "decode_wide": ["all_reduce"] * 4}
+    large = ops({**LLAMA, "hidden_size": 1024}, tmp_path / "large")
+    assert large == {"prefill": ["all_reduce_nccl"] * 4, "decode": ["all_reduce_add"] * 4,
+                     "decode_wide": ["all_reduce"] * 4}
+
+
+@pytest.mark.parametrize("cfg, tp, why", [
+    (LLAMA, 3, "tp 3: num_attention_heads 8 does not split over 3 ranks; num_key_value_heads 4 does not split "
+               "over 3 ranks; intermediate_size 512 does not split over 3 ranks"),
+    ({**LLAMA, "num_key_value_heads": 2}, 4, "tp 4: num_key_value_heads 2 does not split over 4 ranks"),
+    (LLAMA, 0, "tp 0: must be a whole number >= 1"),
+])
+def test_a_split_that_does_not_divide_is_one_line(tmp_path, cfg, tp, why):
+    with pytest.raises(ConfigError) as e:
+        generate(cfg, tmp_path, target="cpu", tp=tp)
+    assert str(e.value) == why
+
+
+def test_the_verifier_holds_peers_and_collectives_to_the_topology(tmp_path):
+    m = json.loads(generate({**LLAMA, "hidden_size": 1024}, tmp_path, target="cuda", tp=2).read_text())
+    bad = json.loads(json.dumps(m))
+    bad["buffers"]["ar_flag_peers"]["dtype"] = "u32"
+    problems = [(p.where, p.what) for p in verify_text(json.dumps(bad), base_dir=tmp_path).problems]
+    assert ("buffers.ar_flag_peers", "a peer buffer is u64 of shape [2] (one address a rank), got u32 ['ranks']") \
+        in problems
+    single = json.loads(json.dumps(m))
+    single["topology"] = {"ranks": 1, "rank": 0, "groups": {}}
+    whats = [p.what for p in verify_text(json.dumps(single), base_dir=tmp_path).problems]
+    assert "extern:nccl_all_reduce_sum_bf16 is a collective: it needs a topology of 2 or more ranks" in whats
+    assert "peer buffers need a topology of 2 or more ranks" in whats
+
+
+def test_rank_files_must_fit_together(tmp_path):
+    generate(LLAMA, tmp_path, target="cpu", tp=2)
+    assert [v.manifest.topology.rank for v in rank_manifests(tmp_path / "rank1.json")] == [0, 1]
+    shutil.copyfile(tmp_path / "rank0.json", tmp_path / "rank1.json")
+    with pytest.raises(RankError, match=r"rank1.json: topology says rank 0 of 2 .* needs rank 1 of 2"):
+        rank_manifests(tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").unlink()
+    with pytest.raises(RankError, match="a 2-rank deployment needs rank1.json beside rank0.json"):
+        rank_manifests(tmp_path / "rank0.json")
+
+
+def test_a_split_deployment_has_no_host_tier(tmp_path):
+    generate(LLAMA, tmp_path, target="cpu", tp=2)
+    with pytest.raises(RankError, match="no host tier|without it"):
+        RankedEngine(rank_manifests(tmp_path / "rank0.json"), None, host_bytes=1 << 20)
+    assert issubclass(RankError, KernError)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_the_split_decode_keeps_the_pdl_order(tmp_path, arch):
+    """The peer all-reduce triggers at entry and reads nothing before its wait; what launches
+    behind it (the next projection) reads only weights before its own (common.cuh)."""
+    from tests.cuda.test_cuda_pdl_order import EARLY, WEIGHTS_ONLY_BEFORE_WAIT, _violations
+
+    m = json.loads(generate({**LLAMA, "architectures": [arch]}, tmp_path, target="cuda", tp=2).read_text())
+    seq = [(la["entry"], bool(la.get("pdl"))) for c in m["programs"]["decode"]["calls"]
+           for la in m["ops"][c["op"]]["impl"]["launches"]]
+    assert ("all_reduce_add_f32", True) in seq and ("gemv_f32", True) in seq
+    early, weights_only = EARLY | {"all_reduce_add_f32"}, WEIGHTS_ONLY_BEFORE_WAIT | {"all_reduce_add_f32"}
+    bad = [f"{e} behind {b}" for (b, _), (e, pdl) in zip(seq, seq[1:])
+           if pdl and b in early and e not in weights_only]
+    assert bad == [] and _violations(seq) == []
