@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--smoke-timeout", type=int, default=30)
     ap.add_argument("--bench-timeout", type=int, default=50)
     ap.add_argument("--tests-timeout", type=int, default=45)
+    ap.add_argument("--smoke-only", action="store_true", help="the smoke step alone (a short call)")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,9 @@ def main() -> int:
     ok = "SMOKE OK" in text
     report([ln for ln in text.splitlines() if ln.startswith(("[", "SMOKE"))]
            or [f"smoke: no output ({text.strip()[-300:]})"])
+    if args.smoke_only:
+        print("\n".join(r.summary))
+        return 0
     if ok:
         text = r.step("bench", [sys.executable, "bench/mega.py"], args.bench_timeout)
         report([ln for ln in text.splitlines() if ln.startswith("{")] or [f"bench: {text.strip()[-300:]}"])

@@ -81,7 +81,8 @@ struct GridBar {
         pending = false;
         if (threadIdx.x == 0) {
             const unsigned target = round * gridDim.x;
-            while ((int)(ld_acquire(ctr) - target) < 0) __nanosleep(20);
+            while ((int)(ld_acquire(ctr) - target) < 0) {
+            }  // a pure spin: one thread a block, and a __nanosleep quantum would add to every barrier
         }
         __syncthreads();
     }
