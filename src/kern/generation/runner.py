@@ -54,13 +54,13 @@ class Runner:
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
+        self._scratch_width = min(engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
         # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
 
     def scratch_feed(self, position: int) -> Feed:
         """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
-        width = min(self.engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
-        return Feed([0], position, [self.scratch] * width)
+        return Feed([0], position, [self.scratch] * self._scratch_width)
 
     def reach_buckets(self, reach: int) -> list[int]:
         """The decode program's reach buckets up to the one holding `reach` positions."""
