@@ -1,7 +1,8 @@
 """Where a tensor-parallel decode step's time goes, rank by rank (bench/tp.py measures speed).
 
     python3 bench/tp_profile.py --device                on the device machine: install the carried
-                                                        wheels, then the run below in a subprocess
+                                                        wheels, the tp GPU tests, then the run below
+                                                        in a subprocess
     python3 bench/tp_profile.py --shape llama-3.1-8b    one process (the environment ready)
 
 On one random checkpoint (seeded), batch-1 decode after a prompt, in one process:
@@ -10,12 +11,14 @@ On one random checkpoint (seeded), batch-1 decode after a prompt, in one process
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on
    every rank at once: every rank runs the same prefixes in the same order from its own thread,
    so the all-reduces inside a prefix pair up across the GPUs as they do in a step.
-2. **A rank without its collectives** ("solo"): the split manifest with each fan-in projection
+2. **The split before the LM head was sharded** (whole_head: every rank reads the whole head,
+   no all-gather): tok/s beside the split as generated.
+3. **A rank without its collectives** ("solo"): the split manifest with each fan-in projection
    back to the unsplit chain's (gemv_residual in place of gemv_part + all_reduce_add, NCCL calls
    dropped). Its step alone on one GPU and every rank's at once (one thread a rank, as the split
    runs): the price of half width with nothing crossing between the GPUs. Its logits are wrong
    (each rank adds only its own part), its timing is not.
-3. **Each rank's step on its own clock**: events around each rank's launch of one step (or of
+4. **Each rank's step on its own clock**: events around each rank's launch of one step (or of
    `ahead` steps), and the host's launch time on each rank's thread (how far apart the threads
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
@@ -40,14 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-_COLLECTIVE_OPS = ("all_reduce_add", "all_reduce")
+_COLLECTIVE_OPS = ("all_reduce_add", "all_reduce", "all_gather")
+_PARTS = ("ar_part.", "lg_part.")
 
 
 def solo(m: dict, keep_topology: bool) -> dict:
     """The rank manifest `m` without its collectives (see the top of the file): each part
     projection writes its output where the all-reduce after it would have (gemv_part ->
-    gemv_residual into the residual), NCCL all-reduces dropped, the barrier's buffers and the
-    collectives module gone; keep_topology False makes it an ordinary one-device manifest."""
+    gemv_residual into the residual; the LM head's slice into the logits), NCCL all-reduces
+    dropped, the barrier's buffers and the collectives module gone; keep_topology False makes it
+    an ordinary one-device manifest."""
     m = copy.deepcopy(m)
     for prog in m["programs"].values():
         calls: list[dict] = []
@@ -60,14 +65,15 @@ def solo(m: dict, keep_topology: bool) -> dict:
                     calls[-1] = {"op": "gemv_residual", "args": [prev["args"][0], prev["args"][1], out,
                                                                  *prev["args"][3:]]}
                 else:
-                    calls[-1] = {**prev, "args": [out if str(a.get("buf", "")).startswith("ar_part.") else a
-                                                  for a in prev["args"]]}
+                    calls[-1] = {**prev, "args": [
+                        {"buf": out["buf"], "shape": a.get("shape") or m["buffers"][a["buf"]]["shape"]}
+                        if str(a.get("buf", "")).startswith(_PARTS) else a for a in prev["args"]]}
                 continue
             calls.append(c)
         prog["calls"] = calls
     used = {c["op"] for p in m["programs"].values() for c in p["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used}
-    m["buffers"] = {n: b for n, b in m["buffers"].items() if not (n.startswith("ar_") or b["kind"] == "peer")}
+    m["buffers"] = {n: b for n, b in m["buffers"].items() if not (n.startswith(("ar_", *_PARTS)) or b["kind"] == "peer")}
     mods = {la.get("module") for op in m["ops"].values() for la in op["impl"]["launches"]}
     m["modules"] = {n: mod for n, mod in m["modules"].items() if n in mods}
     for k in ("ranks", "ar_blocks"):
@@ -75,6 +81,42 @@ def solo(m: dict, keep_topology: bool) -> dict:
     if not keep_topology:
         m.pop("topology", None)
     return m
+
+
+def whole_head(m: dict) -> dict:
+    """The rank manifest `m` with its LM head whole again (the split before the head was sharded
+    by vocabulary: every rank reads all of it and needs no all-gather), to time beside it."""
+    m = copy.deepcopy(m)
+    if m["constants"].pop("vocab_shard", None) is None:
+        return m
+    head = m["buffers"]["lm_head"]
+    head["shape"] = ["vocab", *head["shape"][1:]]
+    for seg in head["bind"]:
+        seg.pop("rows", None)
+    for prog in m["programs"].values():
+        calls: list[dict] = []
+        for c in prog["calls"]:
+            if c["op"] == "all_gather":
+                calls[-1] = {**calls[-1], "args": [
+                    {"buf": c["args"][4]["buf"]} if str(a.get("buf", "")).startswith("lg_part.") else
+                    {"value": "vocab"} if a.get("value") == "vocab_shard" else a for a in calls[-1]["args"]]}
+                continue
+            calls.append(c)
+        prog["calls"] = calls
+    m["ops"].pop("all_gather", None)
+    m["buffers"] = {n: b for n, b in m["buffers"].items() if not n.startswith("lg_part.")}
+    return m
+
+
+def variant(split: Path, ranks: int, out: Path, change) -> Path:
+    """Every rank manifest of `split` through `change`, in out/ beside split's kernels."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "kernels").exists():
+        (out / "kernels").symlink_to(split / "kernels")
+    for r in range(ranks):
+        m = json.loads((split / f"rank{r}.json").read_text())
+        (out / f"rank{r}.json").write_text(json.dumps(change(m), indent=1) + "\n")
+    return out / "rank0.json"
 
 
 def solo_deployment(split: Path, unsplit_ops: dict, ranks: int, out: Path) -> Path:
@@ -211,9 +253,11 @@ def run_shape(args) -> list[dict]:
     split = generate(cfg, tmp / f"tp{args.tp}", target="cuda", model=args.shape, context=args.context, tp=args.tp)
     unsplit_ops = json.loads(one_path.read_text())["ops"]
     solo0 = solo_deployment(split.parent, unsplit_ops, args.tp, tmp / "solo")
+    whole0 = variant(split.parent, args.tp, tmp / "whole_head", whole_head)
     budget = 2 << 30
     models = {"tp1": Model(one_path, tmp / "ckpt", state_budget=budget),
               f"tp{args.tp}": Model(split, tmp / "ckpt", state_budget=budget),
+              f"tp{args.tp}_whole_head": Model(whole0, tmp / "ckpt", state_budget=budget),
               f"solo{args.tp}": Model(solo0, tmp / "ckpt", state_budget=budget),
               "solo_alone": Model(solo0.parent / "alone" / "manifest.json", tmp / "ckpt", state_budget=budget)}
     rng = np.random.default_rng(0)
@@ -257,6 +301,14 @@ def device_run(args) -> int:
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     env = install(Path("/tmp/site"))
+    t0 = time.monotonic()
+    tests = subprocess.run([sys.executable, "-m", "pytest", "tests/tp", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.test_timeout)
+    (out / "tp_gpu_tests.log").write_text(tests.stdout + tests.stderr)
+    tail = tests.stdout.strip().splitlines()
+    print(f"[tp gpu tests: {time.monotonic() - t0:.0f} s] {tail[-1] if tail else '(no output)'}", flush=True)
+    if tests.returncode:
+        print("\n".join(tail[-40:]), flush=True)
     cmd = [sys.executable, __file__, "--shape", args.shape, "--tp", str(args.tp), "--samples", str(args.samples)]
     t0 = time.monotonic()
     log = out / f"tp_profile_{args.shape}.log"
@@ -281,7 +333,8 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=3)
-    ap.add_argument("--timeout", type=int, default=200, help="seconds (--device)")
+    ap.add_argument("--timeout", type=int, default=170, help="seconds for the profile (--device)")
+    ap.add_argument("--test-timeout", type=int, default=60, help="seconds for the tp GPU tests (--device)")
     args = ap.parse_args()
     if args.device:
         return device_run(args)

@@ -36,6 +36,7 @@ _ROWS = {"self_attn.q_proj.weight": "q", "self_attn.k_proj.weight": "kv", "self_
          "mlp.gate_proj.weight": "inter", "mlp.up_proj.weight": "inter"}
 _COLS = {"self_attn.o_proj.weight": "q", "mlp.down_proj.weight": "inter"}
 _FAN_IN = ("o_w.", "down_w.")
+HEAD = "lm_head"
 
 
 def check(s: Shape, ranks: int) -> None:
@@ -80,6 +81,7 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
         "ar_epoch": {"kind": "carry", "dtype": "u32", "shape": ["ar_blocks"]},
     })
     ops = m["ops"]
+    head = _shard_head(m, ranks, rank)
     for name, prog in m["programs"].items():
         if prog.get("once"):
             continue
@@ -87,6 +89,9 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
         rows_max = m["vars"][rows]["max"]
         calls, k = [], 0
         for call in prog["calls"]:
+            if head and any(a.get("buf") == HEAD for a in call["args"]):
+                calls += _gathered(m, ops, name, call, cuda, ranks, rank, pdl)
+                continue
             w = _fan_in_weight(call)
             if w is None:
                 calls.append(call)
@@ -98,6 +103,47 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
     m["ops"] = {name: op for name, op in ops.items() if name in used}
     m["topology"] = {"ranks": ranks, "rank": rank, "groups": {TP_GROUP: [list(range(ranks))]}}
     return m
+
+
+def _shard_head(m: dict, ranks: int, rank: int) -> bool:
+    """The LM head split by vocabulary rows, rank r keeping rows [r V/N, (r+1) V/N), when the
+    vocabulary divides: the head is the largest single weight a step reads (1 GB of Llama-3.1-8B's
+    8 a rank), and its logits cross to the other ranks once a step (_gathered)."""
+    vocab = m["constants"]["vocab"]
+    if vocab % ranks:
+        return False
+    part = vocab // ranks
+    m["constants"]["vocab_shard"] = part
+    buf = m["buffers"][HEAD]
+    buf["shape"] = ["vocab_shard", *buf["shape"][1:]]
+    for seg in buf["bind"]:
+        seg["rows"] = [rank * part, (rank + 1) * part]
+    return True
+
+
+def _gathered(m: dict, ops: dict, prog: str, call: dict, cuda: bool, ranks: int, rank: int, pdl: bool) -> list[dict]:
+    """An LM head call on the rank's vocabulary slice, into an exported part buffer, then the
+    all-gather that puts every rank's slice of the logits in place on every rank: the sampling
+    after it sees the whole vocabulary, as unsplit. The part is written again only a step later,
+    after every rank has passed that step's all-reduces (so every rank has finished reading it)."""
+    a = call["args"]
+    w = next(i for i, x in enumerate(a) if x.get("buf") == HEAD)
+    y = a[w + 1]
+    rows = m["buffers"][y["buf"]]["shape"][0]
+    part = f"lg_part.{prog}"
+    m["buffers"][part] = {"kind": "workspace", "dtype": "f32", "shape": [rows, "vocab_shard"]}
+    m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
+    head = {**call, "args": [*a[:w + 1], {"buf": part},
+                             *({"value": "vocab_shard"} if x.get("value") == "vocab" else x for x in a[w + 2:])]}
+    if cuda:
+        ops.setdefault("all_gather", _op("allreduce", "all_gather_f32", "y: out buffer<f32>", "ar_blocks", AR_THREADS,
+                                         pdl, tail=("rows: i32", "width: i32")))
+    else:
+        ops.setdefault("all_gather", _op("collectives", "all_gather", "y: out buffer<f32>", 1, 1,
+                                         tail=("rows: i32", "width: i32")))
+    barrier = [{"buf": part + "_peers"}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"}, {"buf": "ar_epoch"}]
+    return [head, {"op": "all_gather", "args": [*barrier, y, {"value": rank}, {"value": ranks}, {"value": rows},
+                                                {"value": "vocab_shard"}]}]
 
 
 def _rows_var(prog: dict) -> str:
@@ -160,10 +206,11 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
 
 
-def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False) -> dict:
+def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,
+        tail: tuple[str, ...] = ("offset: i32", "n: i32")) -> dict:
     launch = {"module": module, "entry": entry, "grid": [grid], "block": [block], **({"pdl": True} if pdl else {})}
     return {"params": ["parts: in buffer<u64>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
-                       "epoch: inout buffer<u32>", out, "rank: i32", "ranks: i32", "offset: i32", "n: i32"],
+                       "epoch: inout buffer<u32>", out, "rank: i32", "ranks: i32", *tail],
             "impl": {"launches": [launch]}}
 
 

@@ -43,6 +43,23 @@ def test_each_rank_verifies_and_binds_its_slice(tmp_path, target, tp):
     assert all("rows" not in s and "cols" not in s for s in ms[0]["buffers"]["embed"]["bind"])
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_lm_head_splits_by_vocabulary_and_its_logits_are_gathered(tmp_path, target):
+    """Each rank reads its slice of the LM head's rows into its part of the logits; an all-gather
+    puts every part in place on every rank before sampling. A vocabulary that does not divide
+    keeps the whole head on every rank."""
+    generate(LLAMA, tmp_path / "even", target=target, tp=4)
+    for r, m in enumerate(_ranks(tmp_path / "even", 4)):
+        assert m["constants"]["vocab_shard"] == 64
+        assert m["buffers"]["lm_head"]["shape"][0] == "vocab_shard"
+        assert [s["rows"] for s in m["buffers"]["lm_head"]["bind"]] == [[64 * r, 64 * (r + 1)]]
+        ops = [c["op"] for c in m["programs"]["decode"]["calls"]]
+        assert ops[-2:] == ["all_gather", "sample"] and ops.count("all_gather") == 1
+    odd = json.loads(generate({**LLAMA, "vocab_size": 258}, tmp_path / "odd", target=target, tp=4).read_text())
+    assert "vocab_shard" not in odd["constants"] and "rows" not in odd["buffers"]["lm_head"]["bind"][0]
+    assert all(c["op"] != "all_gather" for p in odd["programs"].values() for c in p["calls"])
+
+
 def test_two_all_reduces_a_layer_chosen_by_message_size(tmp_path):
     """Decode's largest message (32 rows of fp32) goes through the peer kernel, and the wide
     decode's (256 rows of bf16) too up to hidden 4096; prefill's (2,048 rows) through it at
@@ -106,15 +123,17 @@ def test_a_split_deployment_has_no_host_tier(tmp_path):
 
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 def test_the_split_decode_keeps_the_pdl_order(tmp_path, arch):
-    """The peer all-reduce triggers at entry and reads nothing before its wait; what launches
-    behind it (the next projection) reads only weights before its own (common.cuh)."""
+    """The peer all-reduce and the logits' all-gather trigger at entry and read nothing before
+    their wait; what launches behind them reads only weights before its own (the next projection,
+    common.cuh) or nothing (the sampling behind the all-gather waits at entry, argmax.cu)."""
     from tests.cuda.test_cuda_pdl_order import EARLY, WEIGHTS_ONLY_BEFORE_WAIT, _violations
 
     m = json.loads(generate({**LLAMA, "architectures": [arch]}, tmp_path, target="cuda", tp=2).read_text())
     seq = [(la["entry"], bool(la.get("pdl"))) for c in m["programs"]["decode"]["calls"]
            for la in m["ops"][c["op"]]["impl"]["launches"]]
-    assert ("all_reduce_add_f32", True) in seq and ("gemv_f32", True) in seq
-    early, weights_only = EARLY | {"all_reduce_add_f32"}, WEIGHTS_ONLY_BEFORE_WAIT | {"all_reduce_add_f32"}
+    assert ("all_reduce_add_f32", True) in seq and ("gemv_f32", True) in seq and ("all_gather_f32", True) in seq
+    ours = {"all_reduce_add_f32", "all_gather_f32"}
+    early, weights_only = EARLY | ours, WEIGHTS_ONLY_BEFORE_WAIT | ours | {"sample_partial"}
     bad = [f"{e} behind {b}" for (b, _), (e, pdl) in zip(seq, seq[1:])
            if pdl and b in early and e not in weights_only]
     assert bad == [] and _violations(seq) == []

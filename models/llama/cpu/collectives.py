@@ -6,7 +6,8 @@ process, so a peer buffer's addresses (a u64 per rank, filled in by kern.runtime
 plain host addresses that every rank can read. The algorithm is the GPU kernel's: bump the
 epoch, write it into every rank's flag slot of this rank, wait until every rank's flag in this
 rank's slots has reached it, then sum every rank's part in rank order (the same bits on every
-rank) into y."""
+rank) into y; the all-gather of a vocabulary-sharded LM head's logits crosses the same barrier,
+then copies every rank's slice into place."""
 
 import ctypes
 import time
@@ -20,7 +21,7 @@ def _at(address, dtype, n):
     return np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(int(address)), dtype)
 
 
-def all_reduce_sum(parts, flag_peers, flags, epoch, y, rank, ranks, offset, n):
+def _barrier(parts, flag_peers, flags, epoch, rank, ranks):
     if not (parts.all() and flag_peers.all()):
         raise ValueError("the peer tables are empty: a split deployment's ranks load together "
                          "(kern.runtime.ranks), not one rank alone")
@@ -31,9 +32,22 @@ def all_reduce_sum(parts, flag_peers, flags, epoch, y, rank, ranks, offset, n):
     give_up = time.monotonic() + WAIT_S
     while int(flags.reshape(-1)[:ranks].min()) < e:
         if time.monotonic() > give_up:
-            raise TimeoutError(f"rank {rank}: the other ranks did not reach all-reduce {e} in {WAIT_S:.0f} s")
+            raise TimeoutError(f"rank {rank}: the other ranks did not reach collective {e} in {WAIT_S:.0f} s")
         time.sleep(1e-4)  # let the other ranks run (one process, one GIL)
+
+
+def all_reduce_sum(parts, flag_peers, flags, epoch, y, rank, ranks, offset, n):
+    _barrier(parts, flag_peers, flags, epoch, rank, ranks)
     acc = np.zeros(n, np.float32)
     for p in range(ranks):
         acc += _at(parts[p], np.float32, offset + n)[offset:]
     y.reshape(-1)[:] = acc
+
+
+def all_gather(parts, flag_peers, flags, epoch, y, rank, ranks, rows, width):
+    """y[r, p * width + j] = parts[p][r, j]: the vocabulary-sharded LM head's logits, every
+    rank's slice on every rank."""
+    _barrier(parts, flag_peers, flags, epoch, rank, ranks)
+    out = y.reshape(-1)[:rows * ranks * width].reshape(rows, ranks, width)
+    for p in range(ranks):
+        out[:, p, :] = _at(parts[p], np.float32, rows * width).reshape(rows, width)

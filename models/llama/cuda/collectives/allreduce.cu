@@ -75,3 +75,41 @@ all_reduce_bf16(const unsigned long long *__restrict__ parts, const unsigned lon
         y[i] = to_bf(s);
     }
 }
+
+// y[r][p * width + j] = parts[p][r * width + j] for every rank p: each rank's slice of a
+// vocabulary-sharded LM head's fp32 logits, gathered on every rank (the same bits everywhere,
+// so every rank samples the same token). 16-byte copies when width % 4 == 0, four of them a
+// thread in flight before any is stored.
+extern "C" __global__ void __launch_bounds__(512)
+all_gather_f32(const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
+               unsigned *flags, unsigned *epoch, float *__restrict__ y, int rank, int ranks, int rows, int width) {
+    barrier(flag_peers, flags, epoch, rank, ranks);
+    const int stride = gridDim.x * blockDim.x, t0 = blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t row_out = (size_t)ranks * width;
+    for (int p = 0; p < ranks; ++p) {
+        const float *src = reinterpret_cast<const float *>(parts[p]);
+        float *dst = y + (size_t)p * width;
+        if ((width & 3) == 0) {
+            const int w4 = width >> 2, n4 = rows * w4;
+            for (int i = t0; i < n4; i += 4 * stride) {
+                float4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (i + u * stride < n4) v[u] = __ldcv(reinterpret_cast<const float4 *>(src) + i + u * stride);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int k = i + u * stride;
+                    if (k < n4) {
+                        const int r = k / w4, c = k - r * w4;
+                        *reinterpret_cast<float4 *>(dst + r * row_out + 4 * c) = v[u];
+                    }
+                }
+            }
+        } else {
+            for (int k = t0; k < rows * width; k += stride) {
+                const int r = k / width, c = k - r * width;
+                dst[r * row_out + c] = __ldcv(src + k);
+            }
+        }
+    }
+}
