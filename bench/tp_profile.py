@@ -1,18 +1,19 @@
 """Where a tensor-parallel decode step's time goes, rank by rank (bench/tp.py measures speed).
 
     python3 bench/tp_profile.py --device                on the device machine: install the carried
-                                                        wheels, the tp GPU tests, then the run below
-                                                        in a subprocess
-    python3 bench/tp_profile.py --shape llama-3.1-8b    one process (the environment ready)
+                                                        wheels, both phases below (a process each),
+                                                        then the tp GPU tests
+    python3 bench/tp_profile.py --phase measure|fused   one phase in this process (the environment ready)
 
-On one random checkpoint (seeded), batch-1 decode after a prompt, in one process:
+On one random checkpoint (seeded), batch-1 decode after a prompt. Phase `measure` (TP=1 and
+the split with the peer all-reduce kernel, tp_fuse=False):
 
 1. **Each call's time inside the real step** (kern bench's prefixes, src/kern/bench/prefix.py:
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on
    every rank at once: every rank runs the same prefixes in the same order from its own thread,
    so the all-reduces inside a prefix pair up across the GPUs as they do in a step.
-2. **The split before the LM head was sharded** (whole_head: every rank reads the whole head,
-   no all-gather): tok/s beside the split as generated.
+2. **The split before the LM head was sharded** (whole_head: the head whole on every rank, no
+   all-gather), tok/s beside it.
 3. **A rank without its collectives** ("solo"): the split manifest with each fan-in projection
    back to the unsplit chain's (gemv_residual in place of gemv_part + all_reduce_add, NCCL calls
    dropped). Its step alone on one GPU and every rank's at once (one thread a rank, as the split
@@ -22,7 +23,11 @@ On one random checkpoint (seeded), batch-1 decode after a prompt, in one process
    `ahead` steps), and the host's launch time on each rank's thread (how far apart the threads
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
-One JSON object a line; the per-call tables in $OUT/profile_<shape>.json."""
+Phase `fused`: the split as generated (each fan-in projection and its all-reduce in one launch)
+beside TP=1 and the unfused split: tok/s, whether its tokens are the unfused ones, its clocks
+and per-call attribution.
+
+One JSON object a line; the per-call tables in $OUT/profile_<shape>_<phase>.json."""
 
 from __future__ import annotations
 
@@ -59,6 +64,9 @@ def solo(m: dict, keep_topology: bool) -> dict:
         for c in prog["calls"]:
             if c["op"] == "all_reduce_nccl":
                 continue
+            if c["op"] == "gemv_all_reduce_add":  # x, W, res, recv, parts, flags.., rank, ranks, offset, dims
+                calls.append({"op": "gemv_residual", "args": [*c["args"][:3], *c["args"][11:]]})
+                continue
             if c["op"] in _COLLECTIVE_OPS:
                 prev, out = calls[-1], c["args"][4]
                 if prev["op"] == "gemv_part":
@@ -76,7 +84,7 @@ def solo(m: dict, keep_topology: bool) -> dict:
     m["buffers"] = {n: b for n, b in m["buffers"].items() if not (n.startswith(("ar_", *_PARTS)) or b["kind"] == "peer")}
     mods = {la.get("module") for op in m["ops"].values() for la in op["impl"]["launches"]}
     m["modules"] = {n: mod for n, mod in m["modules"].items() if n in mods}
-    for k in ("ranks", "ar_blocks"):
+    for k in ("ranks", "ar_blocks", "ar_tiles"):
         m["constants"].pop(k, None)
     if not keep_topology:
         m.pop("topology", None)
@@ -244,44 +252,61 @@ def run_shape(args) -> list[dict]:
 
     gpu = torch.cuda.get_device_name(0)
     tmp = Path(tempfile.mkdtemp())
-    ref = model_of(args.shape, device="cuda")
-    save(ref, tmp / "ckpt")
-    del ref
-    torch.cuda.empty_cache()
-    cfg = json.loads((tmp / "ckpt" / "config.json").read_text())
+    ckpt = Path(args.checkpoint) if args.checkpoint else tmp / "ckpt"
+    if not (ckpt / "config.json").is_file():
+        ref = model_of(args.shape, device="cuda")
+        save(ref, ckpt)
+        del ref
+        torch.cuda.empty_cache()
+    cfg = json.loads((ckpt / "config.json").read_text())
+    n = args.tp
+
+    def split(name: str, **kw) -> Path:
+        return generate(cfg, tmp / name, target="cuda", model=args.shape, context=args.context, tp=n, **kw)
+
     one_path = generate(cfg, tmp / "tp1", target="cuda", model=args.shape, context=args.context)
-    split = generate(cfg, tmp / f"tp{args.tp}", target="cuda", model=args.shape, context=args.context, tp=args.tp)
-    unsplit_ops = json.loads(one_path.read_text())["ops"]
-    solo0 = solo_deployment(split.parent, unsplit_ops, args.tp, tmp / "solo")
-    whole0 = variant(split.parent, args.tp, tmp / "whole_head", whole_head)
     budget = 2 << 30
-    models = {"tp1": Model(one_path, tmp / "ckpt", state_budget=budget),
-              f"tp{args.tp}": Model(split, tmp / "ckpt", state_budget=budget),
-              f"tp{args.tp}_whole_head": Model(whole0, tmp / "ckpt", state_budget=budget),
-              f"solo{args.tp}": Model(solo0, tmp / "ckpt", state_budget=budget),
-              "solo_alone": Model(solo0.parent / "alone" / "manifest.json", tmp / "ckpt", state_budget=budget)}
+    models = {"tp1": Model(one_path, ckpt, state_budget=budget)}
+    if args.phase == "measure":  # the known split (the peer all-reduce kernel), its variants, no fused kernel
+        unfused = split("unfused", tp_fuse=False)
+        solo0 = solo_deployment(unfused.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
+        whole0 = variant(unfused.parent, n, tmp / "whole_head", whole_head)
+        models.update({f"tp{n}_unfused": Model(unfused, ckpt, state_budget=budget),
+                       f"tp{n}_unfused_whole_head": Model(whole0, ckpt, state_budget=budget),
+                       f"solo{n}": Model(solo0, ckpt, state_budget=budget),
+                       "solo_alone": Model(solo0.parent / "alone" / "manifest.json", ckpt, state_budget=budget)})
+        headline, clocked, attributed = f"tp{n}_unfused", ("tp1", f"tp{n}_unfused", f"solo{n}"), \
+            ("tp1", f"tp{n}_unfused", "solo_alone")
+    else:  # the fused projection + all-reduce beside the unfused split, in a process of its own
+        models.update({f"tp{n}": Model(split("fused"), ckpt, state_budget=budget),
+                       f"tp{n}_unfused": Model(split("unfused", tp_fuse=False), ckpt, state_budget=budget)})
+        headline, clocked, attributed = f"tp{n}", (f"tp{n}",), (f"tp{n}",)
     rng = np.random.default_rng(0)
     prompt = [int(i) for i in rng.integers(0, cfg["vocab_size"], args.prompt)]
     prompts = np.array([prompt], np.int32)
-    emit({"shape": args.shape, "gpu": gpu, "tp": args.tp, "models": list(models)})
+    emit({"shape": args.shape, "gpu": gpu, "tp": n, "phase": args.phase, "models": list(models)})
 
     # tok/s of each, same run (bench/decode.py's loop: prefill, then decode 128 tokens)
     for ahead in (1, 8):
         r = {name: run_kern(m, prompts, args.new, ahead) for name, m in models.items()}
-        emit({"shape": args.shape, "batch": 1, "run_ahead": ahead,
-              **{f"{n}_tok_s": round(x["tok_s"], 1) for n, x in r.items()},
-              **{f"{n}_step_ms": round(x["step_ms"], 3) for n, x in r.items()},
-              "speedup": round(r[f"tp{args.tp}"]["tok_s"] / r["tp1"]["tok_s"], 3)})
+        row = {"shape": args.shape, "phase": args.phase, "batch": 1, "run_ahead": ahead,
+               **{f"{k}_tok_s": round(x["tok_s"], 1) for k, x in r.items()},
+               **{f"{k}_step_ms": round(x["step_ms"], 3) for k, x in r.items()},
+               "speedup": round(r[headline]["tok_s"] / r["tp1"]["tok_s"], 3)}
+        if args.phase == "fused":
+            row["fused_same_tokens_as_unfused"] = r[f"tp{n}"]["tokens"] == r[f"tp{n}_unfused"]["tokens"]
+        emit(row)
 
-    # each rank's own clock, and the spread of the threads' launches
-    for name in ("tp1", f"tp{args.tp}", f"solo{args.tp}"):
-        program, vars_ = prepared(models[name], prompt)
-        for ahead in (1, 8):
-            emit({"shape": args.shape, "clocks": name, **rank_clocks(models[name], program, vars_, 30, ahead)})
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    tables: dict = {}
+
+    def save() -> None:  # after each table: a phase cut short by its timeout keeps what it has
+        (out / f"profile_{args.shape}_{args.phase}.json").write_text(
+            json.dumps({"rows": rows, "tables": tables}, indent=1) + "\n")
 
     # per-call attribution inside the real step
-    tables = {}
-    for name in ("tp1", f"tp{args.tp}", "solo_alone"):
+    for name in attributed:
         program, vars_ = prepared(models[name], prompt)
         ranks = attribution(models[name], program, vars_, args.samples)
         tables[name] = ranks
@@ -289,38 +314,53 @@ def run_shape(args) -> list[dict]:
             emit({"shape": args.shape, "attribution": name, "rank": r, "step_us": round(t["step_us"], 1),
                   "calls_sum_us": round(t["sum_us"], 1), "base_us": round(t["base_us"], 1),
                   "by_op": by_op(t["calls"])})
-    out = Path(os.environ.get("OUT", "/tmp/out"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile_{args.shape}.json").write_text(json.dumps({"rows": rows, "tables": tables}, indent=1) + "\n")
+        save()
+
+    # each rank's own clock, and the spread of the threads' launches
+    for name in clocked:
+        program, vars_ = prepared(models[name], prompt)
+        for ahead in (1, 8):
+            emit({"shape": args.shape, "clocks": name, **rank_clocks(models[name], program, vars_, 30, ahead)})
+    save()
     return rows
 
 
 def device_run(args) -> int:
+    """The measurement first (the known split), then the fused kernel in a process of its own (a
+    fault there cannot take the measurement with it), then the tp GPU tests; one checkpoint."""
     from gpu import install
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     env = install(Path("/tmp/site"))
+    ckpt = Path(tempfile.mkdtemp()) / "ckpt"
+    for phase, timeout in (("measure", args.timeout), ("fused", args.fused_timeout)):
+        cmd = [sys.executable, __file__, "--shape", args.shape, "--tp", str(args.tp), "--samples", str(args.samples),
+               "--phase", phase, "--checkpoint", str(ckpt)]
+        t0 = time.monotonic()
+        log = out / f"tp_profile_{args.shape}_{phase}.log"
+        try:
+            with log.open("w") as f:
+                subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"tp_profile {phase}: timed out after {timeout} s", flush=True)
+        print(f"[tp_profile {args.shape} {phase}: {time.monotonic() - t0:.0f} s]", flush=True)
+        for ln in log.read_text().splitlines():
+            if ln.startswith("{") or "rror" in ln:
+                print(ln[:4000], flush=True)
     t0 = time.monotonic()
-    tests = subprocess.run([sys.executable, "-m", "pytest", "tests/tp", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.test_timeout)
-    (out / "tp_gpu_tests.log").write_text(tests.stdout + tests.stderr)
-    tail = tests.stdout.strip().splitlines()
-    print(f"[tp gpu tests: {time.monotonic() - t0:.0f} s] {tail[-1] if tail else '(no output)'}", flush=True)
-    if tests.returncode:
-        print("\n".join(tail[-40:]), flush=True)
-    cmd = [sys.executable, __file__, "--shape", args.shape, "--tp", str(args.tp), "--samples", str(args.samples)]
-    t0 = time.monotonic()
-    log = out / f"tp_profile_{args.shape}.log"
     try:
-        with log.open("w") as f:
-            subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"tp_profile: timed out after {args.timeout} s", flush=True)
-    print(f"[tp_profile {args.shape}: {time.monotonic() - t0:.0f} s]", flush=True)
-    for ln in log.read_text().splitlines():
-        if ln.startswith("{") or "rror" in ln:
-            print(ln[:4000], flush=True)
+        tests = subprocess.run([sys.executable, "-m", "pytest", "tests/tp", "-m", "gpu", "-q", "-x", "-p",
+                                "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=args.test_timeout)
+        text = tests.stdout + tests.stderr
+    except subprocess.TimeoutExpired as exc:
+        text = f"{exc.stdout or ''}\ntimed out after {args.test_timeout} s"
+    (out / "tp_gpu_tests.log").write_text(text)
+    tail = [ln for ln in text.strip().splitlines() if ln.strip()]
+    print(f"[tp gpu tests: {time.monotonic() - t0:.0f} s] {tail[-1] if tail else '(no output)'}", flush=True)
+    if "failed" in text or "rror" in text:
+        print("\n".join(tail[-40:]), flush=True)
     return 0
 
 
@@ -330,11 +370,15 @@ def main() -> int:
     ap.add_argument("--shape", default="llama-3.1-8b")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=3)
-    ap.add_argument("--timeout", type=int, default=170, help="seconds for the profile (--device)")
-    ap.add_argument("--test-timeout", type=int, default=60, help="seconds for the tp GPU tests (--device)")
+    ap.add_argument("--phase", choices=("measure", "fused"), default="measure",
+                    help="measure: TP=1, the unfused split and its variants; fused: the fused kernel beside it")
+    ap.add_argument("--checkpoint", default=None, help="the random checkpoint's folder (made there if empty)")
+    ap.add_argument("--timeout", type=int, default=125, help="seconds for the measure phase (--device)")
+    ap.add_argument("--fused-timeout", type=int, default=60, help="seconds for the fused phase (--device)")
+    ap.add_argument("--test-timeout", type=int, default=35, help="seconds for the tp GPU tests (--device)")
     args = ap.parse_args()
     if args.device:
         return device_run(args)

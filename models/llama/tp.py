@@ -4,17 +4,24 @@ Megatron's split: the projections that fan out (fused qkv, fused gate/up) are sh
 (rank r keeps its heads and its slice of the intermediate width), the ones that fan in (o,
 down) by columns, so each rank's attention and MLP run on its own heads and slice and only the
 fan-in projections' outputs are summed across ranks: two all-reduces a layer. The KV state
-holds the rank's own kv heads. Norms, the embedding and the LM head are whole on every rank, so
-every rank computes the same logits and tokens (the next token feeds back on each rank's own
-device; nothing but the all-reduces crosses between GPUs).
+holds the rank's own kv heads. Norms and the embedding are whole on every rank, and every rank
+ends with the same logits and tokens (the next token feeds back on each rank's own device;
+nothing but the all-reduces and the logits' all-gather crosses between GPUs).
 
 The transform is data: constants (heads, kv_heads, inter become a rank's), bind segments with
 row / column ranges, and each fan-in projection followed by an all-reduce call. The all-reduce
-a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES (2 MiB) the
-peer-memory kernel (collectives/allreduce.cu: one barrier and one read of every rank's part
-over NVLink, a few microseconds), past it NCCL (the runtime's extern call). The cpu target
-always uses the peer kernel (collectives/cpu.py): the cpu device runs ranks as threads of one
-process, and the kernel's barrier and peer reads are the GPU kernel's, in numpy."""
+a call gets is chosen by its largest message (its var maxima): on cuda decode, the projection
+and its all-reduce in one launch (collectives/allreduce.cu gemv_all_reduce_add: each rank
+pushes its part into every rank's buffer, a barrier a tile, the sum read locally) where the
+hidden width's tiles all fit on the GPU at once; else up to PEER_MAX_BYTES (2 MiB) the
+peer-memory kernel after the projection (one barrier and one read of every rank's part over
+NVLink), past it NCCL (the runtime's extern call). The cpu target always uses the peer kernel
+(cpu/collectives.py): the cpu device runs ranks as threads of one process, and the kernel's
+barrier and peer reads are the GPU kernel's, in numpy.
+
+The LM head is split by vocabulary when the vocabulary divides (_shard_head): each rank
+computes its slice of the logits, and an all-gather behind the same barrier puts every slice
+in place on every rank before sampling, so every rank still samples the same token."""
 
 from __future__ import annotations
 
@@ -29,6 +36,10 @@ from .cuda import build
 PEER_MAX_BYTES = 2 << 20
 AR_BLOCKS_CUDA = 16  # blocks of the peer kernel: each owns a barrier slot (flags, epoch) and a stripe
 AR_THREADS = 512
+AR_GEMV_THREADS = 256  # gemv_all_reduce_add: a gemv block (GEMV_WARPS warps)
+# gemv_all_reduce_add's blocks wait for the same tile on the other ranks, so all of them must be
+# resident at once: 2 gemv blocks an SM on the 132 SMs of an H100 / H200 hold 264 tiles
+FUSED_MAX_TILES = 256
 TP_GROUP = "tp"
 
 # the checkpoint tensors a rank keeps a slice of: (axis, which part of the fused buffer's rows)
@@ -50,12 +61,14 @@ def check(s: Shape, ranks: int) -> None:
         raise ConfigError(f"tp {ranks}: " + "; ".join(problems))
 
 
-def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
+def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool = True) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
     manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
     projection streams its weights while attention finishes, the next one while the all-reduce
-    waits on the other ranks (allreduce.cu)."""
+    waits on the other ranks (allreduce.cu). fuse (cuda): each of decode's fan-in projections
+    and its all-reduce in one launch (gemv_all_reduce_add) where the hidden width's tiles fit
+    on the GPU at once (FUSED_MAX_TILES), else the projection then the peer kernel."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}
@@ -96,7 +109,7 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
             if w is None:
                 calls.append(call)
                 continue
-            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl)
+            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl, fuse)
             k += 1
         prog["calls"] = calls
     used = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
@@ -160,7 +173,7 @@ def _fan_in_weight(call: dict) -> str | None:
 
 
 def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max: int, k: int, cuda: bool,
-                 ranks: int, rank: int, pdl: bool) -> list[dict]:
+                 ranks: int, rank: int, pdl: bool, fuse: bool) -> list[dict]:
     """A fan-in projection followed by the all-reduce that sums its output over the ranks.
 
     Peer path: the projection writes its part into half k % 2 of the program's exported part
@@ -168,8 +181,9 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     cuda prefill `gemm`) or adds the sum into the residual (cuda decode `gemv_residual`). Two
     halves, used in turn, let one barrier an all-reduce suffice: a rank writes a half again only
     after every rank has passed the next all-reduce's barrier, so every rank has finished
-    reading it. NCCL path (cuda, large messages): the projection as it was, then an in-place
-    all-reduce of its output."""
+    reading it. Fused (cuda decode, fuse): one launch pushes the rank's part into every rank's
+    buffer, crosses a barrier a tile and adds the sum into the residual (_fused). NCCL path
+    (cuda, large messages): the projection as it was, then an in-place all-reduce of its output."""
     op = call["op"]
     a = call["args"]
     n = {"mul": [rows, "hidden"]}
@@ -182,6 +196,8 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             "params": ["x: inout buffer<bf16>", "n: i32"],
             "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
+    if cuda and residual and fuse and m["constants"]["hidden"] <= FUSED_MAX_TILES * 16:
+        return [_fused(m, ops, prog, call, rows, k, ranks, rank, pdl)]
     part = f"ar_part.{prog}"
     m["buffers"][part] = {"kind": "workspace", "dtype": part_dtype, "shape": [2, rows, "hidden"]}
     m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
@@ -204,6 +220,34 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     ops.setdefault("all_reduce", _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS))
     return [{**call, "args": [a[0], a[1], view, *a[3:]]},
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
+
+
+def _fused(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int, pdl: bool) -> dict:
+    """gemv_residual(x, W, res) of the unsplit chain as gemv_all_reduce_add: the rank's part
+    pushed into slot `rank` of half k % 2 of every rank's part buffer, a barrier a tile (flags
+    [tiles, ranks]), the sum of the slots added into res (allreduce.cu)."""
+    x, w, res, *dims = call["args"]
+    part = f"ar_push.{prog}"
+    m["constants"]["ar_tiles"] = -(-m["constants"]["hidden"] // 16)
+    m["buffers"].update({
+        part: {"kind": "workspace", "dtype": "f32", "shape": [2, "ranks", rows, "hidden"]},
+        part + "_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part},
+        "ar_tile_flags": {"kind": "carry", "dtype": "u32", "shape": ["ar_tiles", "ranks"]},
+        "ar_tile_flag_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": "ar_tile_flags"},
+        "ar_tile_epoch": {"kind": "carry", "dtype": "u32", "shape": ["ar_tiles"]},
+    })
+    launch = {"module": "allreduce", "entry": "gemv_all_reduce_add", "grid": [{"ceil_div": ["N", 16]}],
+              "block": [AR_GEMV_THREADS], **({"pdl": True} if pdl else {})}
+    ops.setdefault("gemv_all_reduce_add", {
+        "params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "res: inout buffer<bf16>", "recv: out buffer<f32>",
+                   "parts: in buffer<u64>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
+                   "epoch: inout buffer<u32>", "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32",
+                   "K: i32"],
+        "impl": {"launches": [launch]}})
+    offset = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
+    return {"op": "gemv_all_reduce_add", "args": [
+        x, w, res, {"buf": part}, {"buf": part + "_peers"}, {"buf": "ar_tile_flag_peers"}, {"buf": "ar_tile_flags"},
+        {"buf": "ar_tile_epoch"}, {"value": rank}, {"value": ranks}, {"value": offset}, *dims]}
 
 
 def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,

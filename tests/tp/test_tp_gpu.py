@@ -1,5 +1,6 @@
 """Tensor parallelism on the GPUs of one host (two or more): a split manifest against the
-single-GPU one of the same random checkpoint, through the peer all-reduce (decode, graphs)
+single-GPU one of the same random checkpoint, through the fused projection + all-reduce and the
+logits' all-gather (decode, graphs), the peer all-reduce (the wide decode, and decode unfused)
 and NCCL (prefill). Skips below two GPUs."""
 
 from __future__ import annotations
@@ -43,18 +44,29 @@ def pair(tmp_path_factory):
     cfg = json.loads((tmp / "ck" / "config.json").read_text())
     one = Model(generate(cfg, tmp / "tp1", target="cuda"), tmp / "ck", state_budget=256 << 20)
     two = Model(generate(cfg, tmp / "tp2", target="cuda", tp=2), tmp / "ck", state_budget=256 << 20)
-    return one, two
+    unfused = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_fuse=False), tmp / "ck",
+                    state_budget=256 << 20)
+    return one, two, unfused
 
 
 def test_the_split_uses_both_collectives(pair):
-    _, two = pair
+    _, two, unfused = pair
     entries = {p: {l.entry for l in ls} for p, ls in two.engine.launches.items()}
-    assert "all_reduce_add_f32" in entries["decode"] and "all_reduce_bf16" in entries["decode_wide"]
+    assert {"gemv_all_reduce_add", "all_gather_f32"} <= entries["decode"] and "all_reduce_bf16" in entries["decode_wide"]
     assert "extern:nccl_all_reduce_sum_bf16" in entries["prefill"]
+    assert "all_reduce_add_f32" in {l.entry for l in unfused.engine.launches["decode"]}
+
+
+def test_the_fused_projection_and_all_reduce_give_the_unfused_bits(pair):
+    """gemv_all_reduce_add pushes the same fp32 parts the unfused projection writes and sums them
+    in the same rank order: the same logits, bit for bit, step after step."""
+    _, two, unfused = pair
+    ids = [int(i) for i in np.random.default_rng(3).integers(0, 512, 40)]
+    assert np.array_equal(teacher_forced(two, ids), teacher_forced(unfused, ids))
 
 
 def test_teacher_forced_decode_matches_one_gpu(pair):
-    one, two = pair
+    one, two, _ = pair
     ids = [int(i) for i in np.random.default_rng(1).integers(0, 512, 48)]
     c = compare(teacher_forced(one, ids), teacher_forced(two, ids))
     assert c["mean_kl"] < 1e-3 and c["agree_decisive"] >= 0.97, c
@@ -63,7 +75,7 @@ def test_teacher_forced_decode_matches_one_gpu(pair):
 def test_prefill_through_nccl_then_decode_matches_one_gpu(pair):
     out = []
     prompt = [int(i) for i in np.random.default_rng(2).integers(0, 512, 200)]
-    for m in pair:
+    for m in pair[:2]:
         pages = raw(m).take(-(-220 // m.page_tokens))
         rows = [raw(m).step_rows(prompt, 0, pages, ragged=True)[1]]
         rows += [raw(m).step_rows([t], 200 + i, pages)[1] for i, t in enumerate(prompt[:12])]
@@ -76,7 +88,7 @@ def test_prefill_through_nccl_then_decode_matches_one_gpu(pair):
 def test_graph_run_ahead_and_batches_give_the_one_gpu_tokens(pair):
     from kern.generation import SamplingParams
 
-    one, two = pair
+    one, two, _ = pair
     assert two.run_ahead == 8  # decode steps run as one graph launch a rank
     prompts = [[int(i) for i in np.random.default_rng(s).integers(0, 512, 5 + 7 * s)] for s in range(4)]
     a = [g.tokens for g in one.generate_batch(prompts, SamplingParams(max_tokens=24))]

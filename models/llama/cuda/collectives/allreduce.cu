@@ -11,7 +11,9 @@
 // and waits for the projection before it before touching anything (common.cuh); without the
 // launch attribute both are no-ops.
 // A rank that never arrives (it failed) traps after WAIT_NS rather than hanging the GPU.
-#include "common.cuh"
+// gemv_all_reduce_add (at the end) fuses decode's fan-in projection and its all-reduce into
+// one launch: parts pushed into every rank's buffer, a barrier a tile, a local sum.
+#include "gemv.cuh"
 
 #define WAIT_NS 20000000000ull
 
@@ -111,5 +113,62 @@ all_gather_f32(const unsigned long long *__restrict__ parts, const unsigned long
                 dst[r * row_out + c] = __ldcv(src + k);
             }
         }
+    }
+}
+
+// ---- the fan-in projection and its all-reduce in one launch (decode) -------------------------
+// res[r, c] += sum over ranks p, in rank order, of x_p[r, :] . W_p[c, :] (x_p, W_p: rank p's
+// slices). Block t computes its 16 columns' fp32 part (gemv.cuh) and pushes it into slot
+// `rank` of every rank's part buffer (recv: [2 halves][ranks][rows][N]; remote stores over
+// NVLink, no round trip); thread 0 then signals tile t on every rank (a system fence after the
+// block's stores, a system-scope release of the tile's epoch) and waits for every rank's signal
+// of tile t; the block then sums the ranks' parts of its own 16 columns from local memory, in
+// rank order, and adds them into the residual: the same bits as gemv_f32 + all_reduce_add_f32,
+// with no second launch and no remote read. A block waits only for the same tile of the other
+// ranks, so every tile must be resident at once on every rank (N / 16 blocks within what the
+// GPU holds: the generator's FUSED_MAX_TILES). The halves alternate between calls as for the
+// other kernels: a rank pushes into a half again only two calls later, after every rank's
+// whole previous call, which read it, has finished.
+struct YPush {
+    static constexpr bool PAIRED = false;
+    const unsigned long long *peers;
+    float *mine;
+    size_t base;
+    int rank, ranks;
+    __device__ void put(size_t i, float v) const {
+        for (int p = 0; p < ranks; ++p)
+            (p == rank ? mine : reinterpret_cast<float *>(peers[p]))[base + i] = v;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
+gemv_all_reduce_add(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, float *recv,
+                    const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
+                    unsigned *flags, unsigned *epoch, int rank, int ranks, int offset, int rows, int N, int K) {
+    const int tile = blockIdx.x;
+    const size_t slot = (size_t)rows * N;
+    gemv(XPlain{x}, W, YPush{parts, recv, (size_t)offset + rank * slot, rank, ranks}, rows, N, K);
+    // gemv ends with __syncthreads: every part this block stores is issued
+    if (threadIdx.x == 0) {
+        const unsigned e = epoch[tile] + 1;
+        epoch[tile] = e;
+        __threadfence_system();
+        for (int p = 0; p < ranks; ++p)
+            store_release_sys(reinterpret_cast<unsigned *>(flag_peers[p]) + tile * ranks + rank, e);
+        const unsigned long long give_up = global_ns() + WAIT_NS;
+        for (int p = 0; p < ranks; ++p)
+            while (load_acquire_sys(flags + tile * ranks + p) < e)
+                if (global_ns() > give_up) __trap();
+    }
+    __syncthreads();
+    const float *got = recv + offset;
+    const int n0 = GEMV_COLS * tile;
+    for (int j = threadIdx.x; j < rows * GEMV_COLS; j += blockDim.x) {
+        const int r = j / GEMV_COLS, c = n0 + j % GEMV_COLS;
+        if (c >= N) continue;
+        const size_t i = (size_t)r * N + c;
+        float s = 0.f;
+        for (int p = 0; p < ranks; ++p) s += __ldcv(got + p * slot + i);
+        res[i] = to_bf(to_f(__ldcg(res + i)) + s);
     }
 }
