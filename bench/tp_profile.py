@@ -5,27 +5,29 @@
                                                         then the tp GPU tests
     python3 bench/tp_profile.py --phase measure|fused   one phase in this process (the environment ready)
 
-On one random checkpoint (seeded), batch-1 decode after a prompt. Phase `measure` (TP=1 and
-the split with the peer all-reduce kernel, tp_fuse=False):
+On one random checkpoint (seeded), batch-1 decode after a prompt, beside TP=1 in the same process.
+
+Phase `measure`: the split with the peer all-reduce kernel after each fan-in projection
+(tp_fuse=False), and `before` (also tp_narrow=False and the LM head whole on every rank, no
+all-gather: the split as it was before these three changes):
 
 1. **Each call's time inside the real step** (kern bench's prefixes, src/kern/bench/prefix.py:
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on
    every rank at once: every rank runs the same prefixes in the same order from its own thread,
    so the all-reduces inside a prefix pair up across the GPUs as they do in a step.
-2. **The split before the LM head was sharded** (whole_head: the head whole on every rank, no
-   all-gather), tok/s beside it.
-3. **A rank without its collectives** ("solo"): the split manifest with each fan-in projection
-   back to the unsplit chain's (gemv_residual in place of gemv_part + all_reduce_add, NCCL calls
-   dropped). Its step alone on one GPU and every rank's at once (one thread a rank, as the split
-   runs): the price of half width with nothing crossing between the GPUs. Its logits are wrong
-   (each rank adds only its own part), its timing is not.
-4. **Each rank's step on its own clock**: events around each rank's launch of one step (or of
+2. With --solo, **a rank without its collectives** ("solo"): each fan-in projection back to the
+   unsplit chain's (gemv_residual in place of gemv_part + all_reduce_add, NCCL calls dropped,
+   the LM head's slice into the logits). Its step alone on one GPU and every rank's at once (one
+   thread a rank, as the split runs): the price of half width with nothing crossing between the
+   GPUs. Its logits are wrong (each rank adds only its own part), its timing is not.
+3. **Each rank's step on its own clock**: events around each rank's launch of one step (or of
    `ahead` steps), and the host's launch time on each rank's thread (how far apart the threads
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
-Phase `fused`: the split as generated (each fan-in projection and its all-reduce in one launch)
-beside TP=1 and the unfused split: tok/s, whether its tokens are the unfused ones, its clocks
-and per-call attribution.
+Phase `fused`, in a process of its own (a fault there cannot take the measurement with it): the
+split as generated (each fan-in projection and its all-reduce in one launch, the narrow gate/up
+blocks) beside TP=1 and `wide_mlp` (tp_narrow=False): tok/s, whether the tokens are the same,
+its clocks and per-call attribution.
 
 One JSON object a line; the per-call tables in $OUT/profile_<shape>_<phase>.json."""
 
@@ -81,7 +83,8 @@ def solo(m: dict, keep_topology: bool) -> dict:
         prog["calls"] = calls
     used = {c["op"] for p in m["programs"].values() for c in p["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used}
-    m["buffers"] = {n: b for n, b in m["buffers"].items() if not (n.startswith(("ar_", *_PARTS)) or b["kind"] == "peer")}
+    m["buffers"] = {n: b for n, b in m["buffers"].items()
+                    if not (n.startswith(("ar_", *_PARTS)) or b["kind"] == "peer")}
     mods = {la.get("module") for op in m["ops"].values() for la in op["impl"]["launches"]}
     m["modules"] = {n: mod for n, mod in m["modules"].items() if n in mods}
     for k in ("ranks", "ar_blocks", "ar_tiles"):
@@ -267,20 +270,25 @@ def run_shape(args) -> list[dict]:
     one_path = generate(cfg, tmp / "tp1", target="cuda", model=args.shape, context=args.context)
     budget = 2 << 30
     models = {"tp1": Model(one_path, ckpt, state_budget=budget)}
-    if args.phase == "measure":  # the known split (the peer all-reduce kernel), its variants, no fused kernel
+    if args.phase == "measure":  # the peer all-reduce kernel after the projection (no fused kernel)
+        before = split("before", tp_fuse=False, tp_narrow=False)
         unfused = split("unfused", tp_fuse=False)
-        solo0 = solo_deployment(unfused.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
-        whole0 = variant(unfused.parent, n, tmp / "whole_head", whole_head)
-        models.update({f"tp{n}_unfused": Model(unfused, ckpt, state_budget=budget),
-                       f"tp{n}_unfused_whole_head": Model(whole0, ckpt, state_budget=budget),
-                       f"solo{n}": Model(solo0, ckpt, state_budget=budget),
-                       "solo_alone": Model(solo0.parent / "alone" / "manifest.json", ckpt, state_budget=budget)})
-        headline, clocked, attributed = f"tp{n}_unfused", ("tp1", f"tp{n}_unfused", f"solo{n}"), \
-            ("tp1", f"tp{n}_unfused", "solo_alone")
-    else:  # the fused projection + all-reduce beside the unfused split, in a process of its own
+        models.update({f"tp{n}_before": Model(variant(before.parent, n, tmp / "before_whole", whole_head), ckpt,
+                                              state_budget=budget),
+                       f"tp{n}_unfused": Model(unfused, ckpt, state_budget=budget)})
+        if args.solo:
+            solo0 = solo_deployment(unfused.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
+            models.update({f"solo{n}": Model(solo0, ckpt, state_budget=budget),
+                           "solo_alone": Model(solo0.parent / "alone" / "manifest.json", ckpt, state_budget=budget)})
+        headline = f"tp{n}_unfused"
+        clocked = ("tp1", f"tp{n}_unfused", *((f"solo{n}",) if args.solo else ()))
+        attributed = ("tp1", f"tp{n}_unfused", *(("solo_alone",) if args.solo else ()))
+        same = (f"tp{n}_before", f"tp{n}_unfused")
+    else:  # the split as generated (the fused kernel), in a process of its own
         models.update({f"tp{n}": Model(split("fused"), ckpt, state_budget=budget),
-                       f"tp{n}_unfused": Model(split("unfused", tp_fuse=False), ckpt, state_budget=budget)})
+                       f"tp{n}_wide_mlp": Model(split("wide", tp_narrow=False), ckpt, state_budget=budget)})
         headline, clocked, attributed = f"tp{n}", (f"tp{n}",), (f"tp{n}",)
+        same = (f"tp{n}", f"tp{n}_wide_mlp")
     rng = np.random.default_rng(0)
     prompt = [int(i) for i in rng.integers(0, cfg["vocab_size"], args.prompt)]
     prompts = np.array([prompt], np.int32)
@@ -293,8 +301,7 @@ def run_shape(args) -> list[dict]:
                **{f"{k}_tok_s": round(x["tok_s"], 1) for k, x in r.items()},
                **{f"{k}_step_ms": round(x["step_ms"], 3) for k, x in r.items()},
                "speedup": round(r[headline]["tok_s"] / r["tp1"]["tok_s"], 3)}
-        if args.phase == "fused":
-            row["fused_same_tokens_as_unfused"] = r[f"tp{n}"]["tokens"] == r[f"tp{n}_unfused"]["tokens"]
+        row[f"same_tokens_{same[0]}_{same[1]}"] = r[same[0]]["tokens"] == r[same[1]]["tokens"]
         emit(row)
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
@@ -375,6 +382,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--phase", choices=("measure", "fused"), default="measure",
                     help="measure: TP=1, the unfused split and its variants; fused: the fused kernel beside it")
+    ap.add_argument("--solo", action="store_true", help="measure: also the split without its collectives")
     ap.add_argument("--checkpoint", default=None, help="the random checkpoint's folder (made there if empty)")
     ap.add_argument("--timeout", type=int, default=125, help="seconds for the measure phase (--device)")
     ap.add_argument("--fused-timeout", type=int, default=60, help="seconds for the fused phase (--device)")

@@ -40,6 +40,9 @@ AR_GEMV_THREADS = 256  # gemv_all_reduce_add: a gemv block (GEMV_WARPS warps)
 # gemv_all_reduce_add's blocks wait for the same tile on the other ranks, so all of them must be
 # resident at once: 2 gemv blocks an SM on the 132 SMs of an H100 / H200 hold 264 tiles
 FUSED_MAX_TILES = 256
+# Below this many gate/up blocks of 8 outputs (about 4 waves of those 264) the last wave's
+# emptiness costs: a rank's gate/up takes blocks of 4 (norm_gemv_swiglu4)
+NARROW_BELOW = 1024
 TP_GROUP = "tp"
 
 # the checkpoint tensors a rank keeps a slice of: (axis, which part of the fused buffer's rows)
@@ -61,14 +64,17 @@ def check(s: Shape, ranks: int) -> None:
         raise ConfigError(f"tp {ranks}: " + "; ".join(problems))
 
 
-def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool = True) -> dict:
+def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool = True,
+          narrow: bool = True) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
     manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
     projection streams its weights while attention finishes, the next one while the all-reduce
     waits on the other ranks (allreduce.cu). fuse (cuda): each of decode's fan-in projections
     and its all-reduce in one launch (gemv_all_reduce_add) where the hidden width's tiles fit
-    on the GPU at once (FUSED_MAX_TILES), else the projection then the peer kernel."""
+    on the GPU at once (FUSED_MAX_TILES), else the projection then the peer kernel. narrow
+    (cuda): decode's gate/up projection on blocks of 4 outputs instead of 8 (norm_gemv_swiglu4)
+    where the rank's slice of the intermediate width makes few blocks (NARROW_BELOW)."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}
@@ -102,6 +108,9 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool
         rows_max = m["vars"][rows]["max"]
         calls, k = [], 0
         for call in prog["calls"]:
+            if cuda and narrow and call["op"] == "norm_gemv_swiglu" and per["inter"] // 8 < NARROW_BELOW:
+                call = {**call, "op": "norm_gemv_swiglu4"}
+                ops.setdefault("norm_gemv_swiglu4", _narrow(ops["norm_gemv_swiglu"]))
             if head and any(a.get("buf") == HEAD for a in call["args"]):
                 calls += _gathered(m, ops, name, call, cuda, ranks, rank, pdl)
                 continue
@@ -220,6 +229,14 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     ops.setdefault("all_reduce", _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS))
     return [{**call, "args": [a[0], a[1], view, *a[3:]]},
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
+
+
+def _narrow(op: dict) -> dict:
+    """norm_gemv_swiglu's op on norm_gemv_swiglu4 (allreduce.cu): the same parameters, 4 outputs a block."""
+    op = copy.deepcopy(op)
+    (la,) = op["impl"]["launches"]
+    la.update(module="allreduce", entry="norm_gemv_swiglu4", grid=[{"ceil_div": ["N", 4]}])
+    return op
 
 
 def _fused(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int, pdl: bool) -> dict:

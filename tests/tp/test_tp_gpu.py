@@ -44,7 +44,7 @@ def pair(tmp_path_factory):
     cfg = json.loads((tmp / "ck" / "config.json").read_text())
     one = Model(generate(cfg, tmp / "tp1", target="cuda"), tmp / "ck", state_budget=256 << 20)
     two = Model(generate(cfg, tmp / "tp2", target="cuda", tp=2), tmp / "ck", state_budget=256 << 20)
-    unfused = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_fuse=False), tmp / "ck",
+    unfused = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_fuse=False, tp_narrow=False), tmp / "ck",
                     state_budget=256 << 20)
     return one, two, unfused
 
@@ -52,14 +52,17 @@ def pair(tmp_path_factory):
 def test_the_split_uses_both_collectives(pair):
     _, two, unfused = pair
     entries = {p: {l.entry for l in ls} for p, ls in two.engine.launches.items()}
-    assert {"gemv_all_reduce_add", "all_gather_f32"} <= entries["decode"] and "all_reduce_bf16" in entries["decode_wide"]
+    assert {"gemv_all_reduce_add", "all_gather_f32"} <= entries["decode"]
+    assert "all_reduce_bf16" in entries["decode_wide"]
     assert "extern:nccl_all_reduce_sum_bf16" in entries["prefill"]
-    assert "all_reduce_add_f32" in {l.entry for l in unfused.engine.launches["decode"]}
+    assert {"all_reduce_add_f32", "norm_gemv_swiglu"} <= {l.entry for l in unfused.engine.launches["decode"]}
+    assert "norm_gemv_swiglu4" in entries["decode"]
 
 
 def test_the_fused_projection_and_all_reduce_give_the_unfused_bits(pair):
     """gemv_all_reduce_add pushes the same fp32 parts the unfused projection writes and sums them
-    in the same rank order: the same logits, bit for bit, step after step."""
+    in the same rank order, and norm_gemv_swiglu4 forms each output's sums as norm_gemv_swiglu
+    does: the same logits, bit for bit, step after step."""
     _, two, unfused = pair
     ids = [int(i) for i in np.random.default_rng(3).integers(0, 512, 40)]
     assert np.array_equal(teacher_forced(two, ids), teacher_forced(unfused, ids))
