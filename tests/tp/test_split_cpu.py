@@ -69,3 +69,32 @@ def test_one_rank_loaded_alone_is_an_error_not_a_crash(tmp_path):
     with pytest.raises(LaunchError, match=r"op all_reduce\) launch 0: collectives.all_reduce_sum failed .*"
                                           "the peer tables are empty"):
         e.run(st.program, st.vars_for(1, 1, reach=64), {st.inputs["token"]: [1], st.inputs["position"]: [0]})
+
+
+def test_a_bad_step_is_refused_once_before_any_rank_runs(pair):
+    """The split deployment checks a step once, on the caller's thread, before any rank writes
+    or launches: a token outside the vocabulary is one BoundsError, and every rank's inputs are
+    still the last good step's."""
+    from kern.runtime.errors import BoundsError
+
+    _, two = pair
+    st = two.protocol.for_rows(1, 1)
+    env = two.engine.env(st.program, st.vars_for(1, 1))
+    before = [e.read(st.inputs["token"], env) for e in two.engine.ranks]
+    with pytest.raises(BoundsError, match=r"program 'decode': input 'd_ids' holds values in \[9999, 9999\], "
+                                          r"outside its domain \[0, 256\); refused before launch"):
+        two.engine.run(st.program, st.vars_for(1, 1, reach=8), {st.inputs["token"]: [9999], st.inputs["position"]: [0]})
+    assert all(np.array_equal(e.read(st.inputs["token"], env), b) for e, b in zip(two.engine.ranks, before))
+
+
+def test_a_split_deployment_tells_its_observers_of_each_step_once(pair):
+    """kern serve --trace on a split deployment: one line a step, not one a rank."""
+    _, two = pair
+    seen = []
+    two.engine.observers.append(lambda program, env, inputs: seen.append(program))
+    try:
+        two.generate([5, 6, 7], max_tokens=3)
+    finally:
+        two.engine.observers.pop()
+    st = two.protocol.for_rows(1, 1)
+    assert seen and seen.count(st.program) == len(seen) - 1  # one prefill, then one line a decode step

@@ -7,6 +7,7 @@ their bounds and domains before anything launches. Nothing here branches on a mo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
@@ -28,6 +29,28 @@ from .dtypes import NP
 from .weights import bind_all
 
 DEFAULT_STATE_BUDGET = 512 << 20
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One step, checked (Engine.checked): its program, env and inputs (contiguous, in their
+    buffers' dtypes)."""
+
+    program: str
+    env: dict[str, int]
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CheckedSteps:
+    """run_steps' arguments, checked (Engine.checked_steps): the first step, then each later
+    step's varying inputs, the feedback pairs and the outputs collected."""
+
+    first: Checked
+    later: list[dict[str, np.ndarray]]
+    varying: list[str]
+    feedback: dict[str, str]
+    collect: list[str]
 
 
 def make_device(v: Verified) -> Device:
@@ -186,16 +209,28 @@ class Engine:
 
     def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
         """Check, write inputs, run one program. Returns the step's env (for reading outputs)."""
+        return self.run_checked(self.checked(program, vars, inputs))
+
+    def checked(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> "Checked":
+        """A step's env and inputs checked against their bounds and domains, nothing written: what
+        run_checked runs, on this engine or any of the same manifest (the ranks of a split
+        deployment check once and each run it)."""
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)
+        arrays = {}
         for buf, host in (inputs or {}).items():
             self._known(program, buf)
-            self.write_input(program, buf, host, env)
+            arrays[buf] = self.check_input(program, buf, host, env)
+        return Checked(program, env, arrays)
+
+    def run_checked(self, step: "Checked") -> dict[str, int]:
+        for buf, arr in step.inputs.items():
+            self.device.write(self.buffers[buf], arr)
         for see in self.observers:
-            see(program, env, inputs or {})
-        self.programs[program].run(env)
-        return env
+            see(step.program, step.env, step.inputs)
+        self.programs[step.program].run(step.env)
+        return step.env
 
     def runs_steps_natively(self, program: str) -> bool:
         """Whether run_steps runs this program's steps on the device without the host in
@@ -211,6 +246,12 @@ class Engine:
         from the output of step j - 1 (the token). Returns each step's `collect` outputs (the
         feedback outputs always among them). Everything is checked before anything launches.
         The host waits once: on CUDA the whole run is one graph launch; the cpu loops."""
+        return self.run_checked_steps(self.checked_steps(program, vars, inputs, steps, feedback, collect))
+
+    def checked_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
+                      steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
+                      collect: list[str]) -> "CheckedSteps":
+        """run_steps' arguments checked, nothing written (as checked() for run)."""
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)
@@ -237,6 +278,11 @@ class Engine:
             self._known(program, buf)
         first = {buf: self.check_input(program, buf, host, env) for buf, host in inputs.items()}
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
+        return CheckedSteps(Checked(program, env, first), later, varying, dict(feedback), collect)
+
+    def run_checked_steps(self, plan: "CheckedSteps") -> list[dict[str, np.ndarray]]:
+        program, env, first = plan.first.program, plan.first.env, plan.first.inputs
+        later, varying, feedback, collect = plan.later, plan.varying, plan.feedback, plan.collect
         for buf, arr in first.items():
             self.device.write(self.buffers[buf], arr)
         for see in self.observers:

@@ -136,6 +136,7 @@ class RankedEngine:
         self.v, self.m, self.consts, self.protocol = e0.v, e0.m, e0.consts, e0.protocol
         self.shapes, self.launches, self.max_env, self.device = e0.shapes, e0.launches, e0.max_env, e0.device
         self.paging = e0.paging
+        self.observers = e0.observers  # told of every step once (kern serve --trace), by rank 0
         if self.paging is not None:
             # the loop's one pool: its plans (chunk maps, page copies) run on every rank's states,
             # which have the same layout (the ranks' manifests declare the same state sizes)
@@ -146,14 +147,18 @@ class RankedEngine:
         return cls(rank_manifests(path), weights, **kw)
 
     # ---- stepping: every rank ---------------------------------------------------------------
+    # The step is checked once, here (the ranks' manifests agree on every buffer a step writes),
+    # and each rank's thread only writes and launches: the threads share one interpreter lock,
+    # so a check on every rank's thread was paid once a rank and held the last rank's launch back.
     def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
-        return self.workers.each(lambda r: self.ranks[r].run(program, vars, inputs))[0]
+        step = self.ranks[0].checked(program, vars, inputs)
+        return self.workers.each(lambda r: self.ranks[r].run_checked(step))[0]
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
                   collect: list[str]) -> list[dict[str, np.ndarray]]:
-        return self.workers.each(lambda r: self.ranks[r].run_steps(program, vars, inputs, steps, feedback,
-                                                                  collect))[0]
+        plan = self.ranks[0].checked_steps(program, vars, inputs, steps, feedback, collect)
+        return self.workers.each(lambda r: self.ranks[r].run_checked_steps(plan))[0]
 
     def runs_steps_natively(self, program: str) -> bool:
         return self.ranks[0].runs_steps_natively(program)
