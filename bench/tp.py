@@ -9,9 +9,9 @@ Per shape (random weights, seeded, generated on the GPU; kern_models.llama.rando
 teacher-forced logits of TP=1, TP=N, transformers eager bf16 and transformers fp32 (the spread
 of transformers' own bf16 against fp32 is the bar), KL and argmax agreement; a prefill (NCCL
 all-reduces) followed by teacher-forced decode, TP=N against TP=1; decode tok/s at each batch,
-TP=1 and TP=N in the same run; and the decode step's all-reduces alone (a graph of every
-all-reduce of a step, replayed on every rank at once) against their NVLink floor. One JSON
-object a line."""
+TP=1 and TP=N in the same run; and the decode step's collective launches alone (a graph of
+every such launch of a step, replayed on every rank at once) against their NVLink floor. One
+JSON object a line."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def run_shape(name: str, args) -> list[dict]:
                         "greedy_first32_agreement": agree,
                         "without_pdl_same_tokens": r0["tokens"] == rn["tokens"]})
     for batch in [int(b) for b in args.batch.split(",")]:
-        emit(rows, {"shape": name, "gpu": gpu, **all_reduce_time(many, batch, cfg["hidden_size"])})
+        emit(rows, {"shape": name, "gpu": gpu, "collectives": all_reduce_time(many, batch, cfg["hidden_size"])})
     if args.commands:
         del one, many, nopdl, models
         emit(rows, {"shape": name, **commands(tmp / "ckpt", "cuda", args.tp)})
@@ -240,34 +240,41 @@ def prefilled(model, prompt: list[int], cont: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
+COLLECTIVES = ("all_reduce_add_f32", "gemv_all_reduce_add", "all_gather_f32")
+
+
 def all_reduce_time(model, batch: int, hidden: int, reps: int = 20) -> dict:
-    """The decode step's all-reduces alone: one graph of `reps` copies of every all-reduce launch
-    of the step, replayed on every rank at once; time an all-reduce and a step's worth, against
-    the floor of reading the other ranks' parts over NVLink."""
+    """The decode step's collective launches alone, each kind in its own graph of `reps` copies
+    of every such launch of the step, replayed on every rank at once: the peer all-reduce (or
+    the fused projection + all-reduce, whose time includes its projection's weights) and the
+    logits' all-gather, against the floor of moving the other ranks' parts over NVLink."""
     eng = model.engine
     st = model.protocol.for_rows(batch, 1)
     vars_ = st.vars_for(batch, batch, reach=64)
-    launches = [l for l in eng.ranks[0].launches[st.program] if l.entry.startswith("all_reduce")]
-    ranks = len(eng.ranks)
-
-    def lower(r: int):
-        e = eng.ranks[r]
-        ls = [l for l in e.launches[st.program] if l.entry.startswith("all_reduce")]
-        return e.device.lower(ls * reps, e.buffers, e.states, graph=True)
-
-    progs = eng.workers.each(lower)
     env = eng.ranks[0].env(st.program, vars_)
-    eng.workers.each(lambda r: progs[r].run(env))  # capture and warm
-    t0 = time.perf_counter()
-    for _ in range(5):
-        eng.workers.each(lambda r: progs[r].run(env))
-    per_call_us = (time.perf_counter() - t0) / (5 * reps * len(launches)) * 1e6
-    part_bytes = batch * hidden * 4
-    floor_us = part_bytes * (ranks - 1) / (NVLINK_GB_S * 1e9) * 1e6
-    return {"all_reduce": "peer kernel, decode", "batch": batch, "ranks": ranks, "per_step": len(launches),
-            "us_each": round(per_call_us, 2), "us_per_step": round(per_call_us * len(launches), 1),
-            "bytes_read_remote_each": part_bytes * (ranks - 1), "nvlink_floor_us_each": round(floor_us, 3),
-            "nvlink_floor_us_per_step": round(floor_us * len(launches), 2)}
+    ranks = len(eng.ranks)
+    out: dict = {"batch": batch, "ranks": ranks}
+    for entry in COLLECTIVES:
+        n = sum(1 for l in eng.ranks[0].launches[st.program] if l.entry == entry)
+        if not n:
+            continue
+
+        def lower(r: int, entry=entry):
+            e = eng.ranks[r]
+            ls = [l for l in e.launches[st.program] if l.entry == entry]
+            return e.device.lower(ls * reps, e.buffers, e.states, graph=True)
+
+        progs = eng.workers.each(lower)
+        eng.workers.each(lambda r: progs[r].run(env))  # capture and warm
+        t0 = time.perf_counter()
+        for _ in range(5):
+            eng.workers.each(lambda r: progs[r].run(env))
+        us = (time.perf_counter() - t0) / (5 * reps * n) * 1e6
+        part_bytes = batch * (model.engine.ranks[0].consts["vocab_shard"] if entry == "all_gather_f32" else hidden) * 4
+        floor_us = part_bytes * (ranks - 1) / (NVLINK_GB_S * 1e9) * 1e6
+        out[entry] = {"per_step": n, "us_each": round(us, 2), "us_per_step": round(us * n, 1),
+                      "bytes_across_each": part_bytes * (ranks - 1), "nvlink_floor_us_each": round(floor_us, 3)}
+    return out
 
 
 if __name__ == "__main__":
