@@ -240,14 +240,14 @@ def prefilled(model, prompt: list[int], cont: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
-COLLECTIVES = ("all_reduce_add_f32", "gemv_all_reduce_add", "all_gather_f32")
+COLLECTIVES = ("all_reduce_add_f32", "all_reduce_add_local", "all_gather_f32")
 
 
 def all_reduce_time(model, batch: int, hidden: int, reps: int = 20) -> dict:
     """The decode step's collective launches alone, each kind in its own graph of `reps` copies
-    of every such launch of the step, replayed on every rank at once: the peer all-reduce (or
-    the fused projection + all-reduce, whose time includes its projection's weights) and the
-    logits' all-gather, against the floor of moving the other ranks' parts over NVLink."""
+    of every such launch of the step, replayed on every rank at once: the peer all-reduce (reading
+    the other ranks' parts, or summing the parts they pushed) and the logits' all-gather, against
+    the floor of moving the other ranks' parts over NVLink."""
     eng = model.engine
     st = model.protocol.for_rows(batch, 1)
     vars_ = st.vars_for(batch, batch, reach=64)

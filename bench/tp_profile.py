@@ -3,13 +3,13 @@
     python3 bench/tp_profile.py --device                on the device machine: install the carried
                                                         wheels, both phases below (a process each),
                                                         then the tp GPU tests
-    python3 bench/tp_profile.py --phase measure|fused   one phase in this process (the environment ready)
+    python3 bench/tp_profile.py --phase measure|new     one phase in this process (the environment ready)
 
 On one random checkpoint (seeded), batch-1 decode after a prompt, beside TP=1 in the same process.
 
-Phase `measure`: the split with the peer all-reduce kernel after each fan-in projection
-(tp_fuse=False), and `before` (also tp_narrow=False and the LM head whole on every rank, no
-all-gather: the split as it was before these three changes):
+Phase `measure`: `before` (the split as it was before: the parts read over NVLink, gate/up
+blocks of 8, the LM head whole on every rank, no all-gather) and `pulled` (tp_push=False,
+tp_prefetch=False: the vocabulary-split head and the narrow gate/up blocks):
 
 1. **Each call's time inside the real step** (kern bench's prefixes, src/kern/bench/prefix.py:
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on
@@ -24,10 +24,10 @@ all-gather: the split as it was before these three changes):
    `ahead` steps), and the host's launch time on each rank's thread (how far apart the threads
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
-Phase `fused`, in a process of its own (a fault there cannot take the measurement with it): the
-split as generated (each fan-in projection and its all-reduce in one launch, the narrow gate/up
-blocks) beside TP=1 and `wide_mlp` (tp_narrow=False): tok/s, whether the tokens are the same,
-its clocks and per-call attribution.
+Phase `new`, in a process of its own (a fault there cannot take the measurement with it): the
+split as generated (parts pushed to every rank and summed locally, the projections after an
+all-reduce prefetching their weights into L2) beside `no_prefetch` and `pulled_prefetch`:
+tok/s, whether the tokens are the same, its clocks and per-call attribution.
 
 One JSON object a line; the per-call tables in $OUT/profile_<shape>_<phase>.json."""
 
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-_COLLECTIVE_OPS = ("all_reduce_add", "all_reduce", "all_gather")
-_PARTS = ("ar_part.", "lg_part.")
+_COLLECTIVE_OPS = ("all_reduce_add", "all_reduce_add_local", "all_reduce", "all_gather")
+_PARTS = ("ar_part.", "ar_push.", "lg_part.")
 
 
 def solo(m: dict, keep_topology: bool) -> dict:
@@ -66,12 +66,11 @@ def solo(m: dict, keep_topology: bool) -> dict:
         for c in prog["calls"]:
             if c["op"] == "all_reduce_nccl":
                 continue
-            if c["op"] == "gemv_all_reduce_add":  # x, W, res, recv, parts, flags.., rank, ranks, offset, dims
-                calls.append({"op": "gemv_residual", "args": [*c["args"][:3], *c["args"][11:]]})
-                continue
             if c["op"] in _COLLECTIVE_OPS:
                 prev, out = calls[-1], c["args"][4]
-                if prev["op"] == "gemv_part":
+                if prev["op"] == "gemv_push":  # x, W, recv, parts, rank, ranks, offset, rows, N, K
+                    calls[-1] = {"op": "gemv_residual", "args": [*prev["args"][:2], out, *prev["args"][7:]]}
+                elif prev["op"] == "gemv_part":
                     calls[-1] = {"op": "gemv_residual", "args": [prev["args"][0], prev["args"][1], out,
                                                                  *prev["args"][3:]]}
                 else:
@@ -87,7 +86,7 @@ def solo(m: dict, keep_topology: bool) -> dict:
                     if not (n.startswith(("ar_", *_PARTS)) or b["kind"] == "peer")}
     mods = {la.get("module") for op in m["ops"].values() for la in op["impl"]["launches"]}
     m["modules"] = {n: mod for n, mod in m["modules"].items() if n in mods}
-    for k in ("ranks", "ar_blocks", "ar_tiles"):
+    for k in ("ranks", "ar_blocks"):
         m["constants"].pop(k, None)
     if not keep_topology:
         m.pop("topology", None)
@@ -270,25 +269,28 @@ def run_shape(args) -> list[dict]:
     one_path = generate(cfg, tmp / "tp1", target="cuda", model=args.shape, context=args.context)
     budget = 2 << 30
     models = {"tp1": Model(one_path, ckpt, state_budget=budget)}
-    if args.phase == "measure":  # the peer all-reduce kernel after the projection (no fused kernel)
-        before = split("before", tp_fuse=False, tp_narrow=False)
-        unfused = split("unfused", tp_fuse=False)
+    if args.phase == "measure":  # the kernels of the split before today (no push, no prefetch)
+        before = split("before", tp_push=False, tp_narrow=False, tp_prefetch=False)
+        pulled = split("pulled", tp_push=False, tp_prefetch=False)
         models.update({f"tp{n}_before": Model(variant(before.parent, n, tmp / "before_whole", whole_head), ckpt,
                                               state_budget=budget),
-                       f"tp{n}_unfused": Model(unfused, ckpt, state_budget=budget)})
+                       f"tp{n}_pulled": Model(pulled, ckpt, state_budget=budget)})
         if args.solo:
-            solo0 = solo_deployment(unfused.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
+            solo0 = solo_deployment(pulled.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
             models.update({f"solo{n}": Model(solo0, ckpt, state_budget=budget),
                            "solo_alone": Model(solo0.parent / "alone" / "manifest.json", ckpt, state_budget=budget)})
-        headline = f"tp{n}_unfused"
-        clocked = ("tp1", f"tp{n}_unfused", *((f"solo{n}",) if args.solo else ()))
-        attributed = ("tp1", f"tp{n}_unfused", *(("solo_alone",) if args.solo else ()))
-        same = (f"tp{n}_before", f"tp{n}_unfused")
-    else:  # the split as generated (the fused kernel), in a process of its own
-        models.update({f"tp{n}": Model(split("fused"), ckpt, state_budget=budget),
-                       f"tp{n}_wide_mlp": Model(split("wide", tp_narrow=False), ckpt, state_budget=budget)})
+        headline = f"tp{n}_pulled"
+        clocked = ("tp1", f"tp{n}_pulled", *((f"solo{n}",) if args.solo else ()))
+        attributed = ("tp1", f"tp{n}_pulled", *(("solo_alone",) if args.solo else ()))
+        same = (f"tp{n}_before", f"tp{n}_pulled")
+    else:  # the split as generated (pushed parts, L2 prefetch), in a process of its own
+        models.update({f"tp{n}": Model(split("new"), ckpt, state_budget=budget),
+                       f"tp{n}_no_prefetch": Model(split("no_prefetch", tp_prefetch=False), ckpt,
+                                                   state_budget=budget),
+                       f"tp{n}_pulled_prefetch": Model(split("pulled_prefetch", tp_push=False), ckpt,
+                                                       state_budget=budget)})
         headline, clocked, attributed = f"tp{n}", (f"tp{n}",), (f"tp{n}",)
-        same = (f"tp{n}", f"tp{n}_wide_mlp")
+        same = (f"tp{n}", f"tp{n}_no_prefetch")
     rng = np.random.default_rng(0)
     prompt = [int(i) for i in rng.integers(0, cfg["vocab_size"], args.prompt)]
     prompts = np.array([prompt], np.int32)
@@ -333,7 +335,7 @@ def run_shape(args) -> list[dict]:
 
 
 def device_run(args) -> int:
-    """The measurement first (the known split), then the fused kernel in a process of its own (a
+    """The measurement first (the known kernels), then the new ones in a process of their own (a
     fault there cannot take the measurement with it), then the tp GPU tests; one checkpoint."""
     from gpu import install
 
@@ -341,7 +343,7 @@ def device_run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = install(Path("/tmp/site"))
     ckpt = Path(tempfile.mkdtemp()) / "ckpt"
-    for phase, timeout in (("measure", args.timeout), ("fused", args.fused_timeout)):
+    for phase, timeout in (("measure", args.timeout), ("new", args.new_timeout)):
         cmd = [sys.executable, __file__, "--shape", args.shape, "--tp", str(args.tp), "--samples", str(args.samples),
                "--phase", phase, "--checkpoint", str(ckpt)]
         t0 = time.monotonic()
@@ -380,12 +382,12 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=96)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=3)
-    ap.add_argument("--phase", choices=("measure", "fused"), default="measure",
-                    help="measure: TP=1, the unfused split and its variants; fused: the fused kernel beside it")
+    ap.add_argument("--phase", choices=("measure", "new"), default="measure",
+                    help="measure: TP=1, the split before and the pulled split; new: the split as generated")
     ap.add_argument("--solo", action="store_true", help="measure: also the split without its collectives")
     ap.add_argument("--checkpoint", default=None, help="the random checkpoint's folder (made there if empty)")
     ap.add_argument("--timeout", type=int, default=125, help="seconds for the measure phase (--device)")
-    ap.add_argument("--fused-timeout", type=int, default=60, help="seconds for the fused phase (--device)")
+    ap.add_argument("--new-timeout", type=int, default=70, help="seconds for the new phase (--device)")
     ap.add_argument("--test-timeout", type=int, default=35, help="seconds for the tp GPU tests (--device)")
     args = ap.parse_args()
     if args.device:

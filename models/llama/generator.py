@@ -27,13 +27,14 @@ def _sha(path: Path) -> str:
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
              context: int | None = None, variant: str | None = None, tp: int = 1, tp_pdl: bool = True,
-             tp_fuse: bool = True, tp_narrow: bool = True, **limits) -> Path:
+             tp_push: bool = True, tp_narrow: bool = True, tp_prefetch: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     tp > 1: one manifest a rank of a tensor-parallel split (tp.py), rank0.json ... beside the
     kernels; the path returned is rank 0's. tp_pdl: the split decode's projections and
-    all-reduces under programmatic dependent launch; tp_fuse: decode's fan-in projections and
-    their all-reduces in one launch where the GPU holds every tile; tp_narrow: a rank's gate/up
-    projection on blocks of 4 outputs where blocks of 8 are few (tp.shard).
+    all-reduces under programmatic dependent launch; tp_push: decode's parts pushed to every
+    rank and summed locally; tp_narrow: a rank's gate/up projection on blocks of 4 outputs where
+    blocks of 8 are few; tp_prefetch: the projections after decode's all-reduces ask L2 for
+    their weights during the wait (tp.shard).
 
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support). variant: for cuda, a kernel
@@ -68,7 +69,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     if tp != 1:
         tensor_parallel.check(shape, tp)
         for rank in range(tp):
-            mr = tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl, fuse=tp_fuse, narrow=tp_narrow)
+            mr = tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl, push=tp_push, narrow=tp_narrow,
+                                      prefetch=tp_prefetch)
             tensor_parallel.add_module(mr, out / "kernels")
             (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "\n")
         return out / "rank0.json"

@@ -10,12 +10,13 @@ nothing but the all-reduces and the logits' all-gather crosses between GPUs).
 
 The transform is data: constants (heads, kv_heads, inter become a rank's), bind segments with
 row / column ranges, and each fan-in projection followed by an all-reduce call. The all-reduce
-a call gets is chosen by its largest message (its var maxima): on cuda decode, the projection
-and its all-reduce in one launch (collectives/allreduce.cu gemv_all_reduce_add: each rank
-pushes its part into every rank's buffer, a barrier a tile, the sum read locally) where the
-hidden width's tiles all fit on the GPU at once; else up to PEER_MAX_BYTES (2 MiB) the
-peer-memory kernel after the projection (one barrier and one read of every rank's part over
-NVLink), past it NCCL (the runtime's extern call). The cpu target always uses the peer kernel
+a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES (2 MiB) the
+peer-memory kernel after the projection (collectives/allreduce.cu: one barrier; on cuda decode
+the projection pushes its part into every rank's buffer and the all-reduce sums them locally,
+elsewhere the all-reduce reads every rank's part over NVLink), past it NCCL (the runtime's
+extern call). Decode's gate/up and qkv projections on cuda are allreduce.cu's variants of the
+gemv kernels (narrow blocks for a rank's few gate/up outputs; an L2 prefetch of their weights
+while the all-reduce before them waits). The cpu target always uses the peer kernel
 (cpu/collectives.py): the cpu device runs ranks as threads of one process, and the kernel's
 barrier and peer reads are the GPU kernel's, in numpy.
 
@@ -36,12 +37,9 @@ from .cuda import build
 PEER_MAX_BYTES = 2 << 20
 AR_BLOCKS_CUDA = 16  # blocks of the peer kernel: each owns a barrier slot (flags, epoch) and a stripe
 AR_THREADS = 512
-AR_GEMV_THREADS = 256  # gemv_all_reduce_add: a gemv block (GEMV_WARPS warps)
-# gemv_all_reduce_add's blocks wait for the same tile on the other ranks, so all of them must be
-# resident at once: 2 gemv blocks an SM on the 132 SMs of an H100 / H200 hold 264 tiles
-FUSED_MAX_TILES = 256
-# Below this many gate/up blocks of 8 outputs (about 4 waves of those 264) the last wave's
-# emptiness costs: a rank's gate/up takes blocks of 4 (norm_gemv_swiglu4)
+# Below this many gate/up blocks of 8 outputs (about 4 waves of the 264 gemv blocks an H100 /
+# H200 holds) the last wave's emptiness costs: a rank's gate/up takes blocks of 4
+# (norm_gemv_swiglu4)
 NARROW_BELOW = 1024
 TP_GROUP = "tp"
 
@@ -64,17 +62,19 @@ def check(s: Shape, ranks: int) -> None:
         raise ConfigError(f"tp {ranks}: " + "; ".join(problems))
 
 
-def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool = True,
-          narrow: bool = True) -> dict:
+def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool = True,
+          narrow: bool = True, prefetch: bool = True) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
     manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
     projection streams its weights while attention finishes, the next one while the all-reduce
-    waits on the other ranks (allreduce.cu). fuse (cuda): each of decode's fan-in projections
-    and its all-reduce in one launch (gemv_all_reduce_add) where the hidden width's tiles fit
-    on the GPU at once (FUSED_MAX_TILES), else the projection then the peer kernel. narrow
-    (cuda): decode's gate/up projection on blocks of 4 outputs instead of 8 (norm_gemv_swiglu4)
-    where the rank's slice of the intermediate width makes few blocks (NARROW_BELOW)."""
+    waits on the other ranks (allreduce.cu). push (cuda): decode's fan-in projections store
+    their parts into every rank's buffer (gemv_push) and the all-reduce reads them locally
+    (all_reduce_add_local), else each all-reduce reads the other ranks' parts over NVLink.
+    narrow (cuda): decode's gate/up projection on blocks of 4 outputs instead of 8
+    (norm_gemv_swiglu4) where the rank's slice of the intermediate width makes few blocks
+    (NARROW_BELOW). prefetch (cuda): the projections after decode's all-reduces (gate/up, qkv)
+    ask L2 for their weights while the all-reduce waits on the other ranks."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}
@@ -109,8 +109,12 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool
         calls, k = [], 0
         for call in prog["calls"]:
             if cuda and narrow and call["op"] == "norm_gemv_swiglu" and per["inter"] // 8 < NARROW_BELOW:
-                call = {**call, "op": "norm_gemv_swiglu4"}
-                ops.setdefault("norm_gemv_swiglu4", _narrow(ops["norm_gemv_swiglu"]))
+                call = {"op": "norm_gemv_swiglu4", "args": [*call["args"], {"value": int(prefetch)}]}
+                ops.setdefault("norm_gemv_swiglu4", _variant(ops["norm_gemv_swiglu"], "norm_gemv_swiglu4", 4))
+            if cuda and prefetch and call["op"] == "norm_gemv_rope_append" and name == "decode":
+                call = {"op": "norm_gemv_rope_append_pf", "args": [*call["args"], {"value": 1}]}
+                ops.setdefault("norm_gemv_rope_append_pf",
+                               _variant(ops["norm_gemv_rope_append"], "norm_gemv_rope_append_pf", None))
             if head and any(a.get("buf") == HEAD for a in call["args"]):
                 calls += _gathered(m, ops, name, call, cuda, ranks, rank, pdl)
                 continue
@@ -118,7 +122,7 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, fuse: bool
             if w is None:
                 calls.append(call)
                 continue
-            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl, fuse)
+            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl, push)
             k += 1
         prog["calls"] = calls
     used = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
@@ -182,7 +186,7 @@ def _fan_in_weight(call: dict) -> str | None:
 
 
 def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max: int, k: int, cuda: bool,
-                 ranks: int, rank: int, pdl: bool, fuse: bool) -> list[dict]:
+                 ranks: int, rank: int, pdl: bool, push: bool) -> list[dict]:
     """A fan-in projection followed by the all-reduce that sums its output over the ranks.
 
     Peer path: the projection writes its part into half k % 2 of the program's exported part
@@ -190,8 +194,8 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     cuda prefill `gemm`) or adds the sum into the residual (cuda decode `gemv_residual`). Two
     halves, used in turn, let one barrier an all-reduce suffice: a rank writes a half again only
     after every rank has passed the next all-reduce's barrier, so every rank has finished
-    reading it. Fused (cuda decode, fuse): one launch pushes the rank's part into every rank's
-    buffer, crosses a barrier a tile and adds the sum into the residual (_fused). NCCL path
+    reading it. Pushed (cuda decode, push): the projection stores its part into slot `rank` of
+    every rank's buffer and the all-reduce sums the slots from local memory (_pushed). NCCL path
     (cuda, large messages): the projection as it was, then an in-place all-reduce of its output."""
     op = call["op"]
     a = call["args"]
@@ -205,8 +209,8 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             "params": ["x: inout buffer<bf16>", "n: i32"],
             "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
-    if cuda and residual and fuse and m["constants"]["hidden"] <= FUSED_MAX_TILES * 16:
-        return [_fused(m, ops, prog, call, rows, k, ranks, rank, pdl)]
+    if cuda and residual and push:
+        return _pushed(m, ops, prog, call, rows, k, ranks, rank, pdl)
     part = f"ar_part.{prog}"
     m["buffers"][part] = {"kind": "workspace", "dtype": part_dtype, "shape": [2, rows, "hidden"]}
     m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
@@ -231,40 +235,47 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
 
 
-def _narrow(op: dict) -> dict:
-    """norm_gemv_swiglu's op on norm_gemv_swiglu4 (allreduce.cu): the same parameters, 4 outputs a block."""
+def _variant(op: dict, entry: str, cols: int | None) -> dict:
+    """A gemv op of gemv.cu on its variant `entry` of allreduce.cu: the same parameters and one
+    more, prefetch (i32); cols: outputs a block, when not the original's."""
     op = copy.deepcopy(op)
     (la,) = op["impl"]["launches"]
-    la.update(module="allreduce", entry="norm_gemv_swiglu4", grid=[{"ceil_div": ["N", 4]}])
+    la.update(module="allreduce", entry=entry)
+    if cols is not None:
+        la["grid"] = [{"ceil_div": ["N", cols]}]
+    op["params"] = [*op["params"], "prefetch: i32"]
+    if "args" in la:
+        la["args"] = [*la["args"], "prefetch"]
     return op
 
 
-def _fused(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int, pdl: bool) -> dict:
-    """gemv_residual(x, W, res) of the unsplit chain as gemv_all_reduce_add: the rank's part
-    pushed into slot `rank` of half k % 2 of every rank's part buffer, a barrier a tile (flags
-    [tiles, ranks]), the sum of the slots added into res (allreduce.cu)."""
+def _pushed(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int,
+            pdl: bool) -> list[dict]:
+    """gemv_residual(x, W, res) of the unsplit chain as gemv_push (the rank's part into slot
+    `rank` of half k % 2 of every rank's part buffer [2, ranks, rows, hidden]) and
+    all_reduce_add_local (the barrier, then the slots summed from local memory into res)."""
     x, w, res, *dims = call["args"]
     part = f"ar_push.{prog}"
-    m["constants"]["ar_tiles"] = -(-m["constants"]["hidden"] // 16)
-    m["buffers"].update({
-        part: {"kind": "workspace", "dtype": "f32", "shape": [2, "ranks", rows, "hidden"]},
-        part + "_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part},
-        "ar_tile_flags": {"kind": "carry", "dtype": "u32", "shape": ["ar_tiles", "ranks"]},
-        "ar_tile_flag_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": "ar_tile_flags"},
-        "ar_tile_epoch": {"kind": "carry", "dtype": "u32", "shape": ["ar_tiles"]},
-    })
-    launch = {"module": "allreduce", "entry": "gemv_all_reduce_add", "grid": [{"ceil_div": ["N", 16]}],
-              "block": [AR_GEMV_THREADS], **({"pdl": True} if pdl else {})}
-    ops.setdefault("gemv_all_reduce_add", {
-        "params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "res: inout buffer<bf16>", "recv: out buffer<f32>",
-                   "parts: in buffer<u64>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
-                   "epoch: inout buffer<u32>", "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32",
-                   "K: i32"],
-        "impl": {"launches": [launch]}})
+    m["buffers"][part] = {"kind": "workspace", "dtype": "f32", "shape": [2, "ranks", rows, "hidden"]}
+    m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
+    flag = {"pdl": True} if pdl else {}
+    ops.setdefault("gemv_push", {
+        "params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "recv: out buffer<f32>", "parts: in buffer<u64>",
+                   "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32", "K: i32"],
+        "impl": {"launches": [{"module": "allreduce", "entry": "gemv_push", "grid": [{"ceil_div": ["N", 16]}],
+                               "block": [256], **flag}]}})
+    ops.setdefault("all_reduce_add_local", {
+        "params": ["recv: in buffer<f32>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
+                   "epoch: inout buffer<u32>", "res: inout buffer<bf16>", "rank: i32", "ranks: i32", "offset: i32",
+                   "n: i32"],
+        "impl": {"launches": [{"module": "allreduce", "entry": "all_reduce_add_local", "grid": ["ar_blocks"],
+                               "block": [AR_THREADS], **flag}]}})
     offset = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
-    return {"op": "gemv_all_reduce_add", "args": [
-        x, w, res, {"buf": part}, {"buf": part + "_peers"}, {"buf": "ar_tile_flag_peers"}, {"buf": "ar_tile_flags"},
-        {"buf": "ar_tile_epoch"}, {"value": rank}, {"value": ranks}, {"value": offset}, *dims]}
+    scalars = [{"value": rank}, {"value": ranks}, {"value": offset}]
+    return [{"op": "gemv_push", "args": [x, w, {"buf": part}, {"buf": part + "_peers"}, *scalars, *dims]},
+            {"op": "all_reduce_add_local", "args": [{"buf": part}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"},
+                                                    {"buf": "ar_epoch"}, res, *scalars,
+                                                    {"value": {"mul": [rows, "hidden"]}}]}]
 
 
 def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,

@@ -1,7 +1,7 @@
 """The split sm_90a manifest lowered onto fake device memory (no GPU): each of decode's fan-in
-projections and its all-reduce in one launch pushing into alternate halves of the part buffer
-(or, unfused, the projection writing the half its all-reduce reads), the gate/up projection on
-narrow blocks, the logits' all-gather,
+projections pushing its part into alternate halves of every rank's part buffer and its
+all-reduce summing them (or, unpushed, the projection writing the half its all-reduce reads),
+the gate/up projection on narrow blocks, the logits' all-gather,
 and prefill's large messages going to the device's NCCL collective."""
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ class _RankDev(_Dev):
         return lambda s: None
 
 
-def _lowered(tmp_path, program, fuse=True, narrow=True):
+def _lowered(tmp_path, program, **kw):
     from kern_models.llama import manifest_cuda, tp
     from kern_models.llama.config import shape_of
     from kern_models.llama.cuda.build import read_recorded
 
-    m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny"), shape_of(CFG), 2, 1, fuse=fuse, narrow=narrow)
+    m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny"), shape_of(CFG), 2, 1, **kw)
     _, digests = read_recorded()
     digests["allreduce.cubin"] = tp.PIN.read_text().split()[0]
     m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": ""}
@@ -54,21 +54,24 @@ def _lowered(tmp_path, program, fuse=True, narrow=True):
     return v, prog, bufs, dev
 
 
-def test_decode_projects_and_all_reduces_in_one_launch_into_alternate_halves(tmp_path):
+def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_path):
     v, prog, bufs, _ = _lowered(tmp_path, "decode")
     seqs, hidden = 3, 1024
     items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
     names = [i.kernel.name for i in items]
-    layer = ["norm_gemv_rope_append", "attention_decode", "gemv_all_reduce_add", "norm_gemv_swiglu4",
-             "gemv_all_reduce_add"]
+    layer = ["norm_gemv_rope_append_pf", "attention_decode", "gemv_push", "all_reduce_add_local", "norm_gemv_swiglu4",
+             "gemv_push", "all_reduce_add_local"]
     assert names == ["embed", *layer * 2, "norm_gemv_f32", "all_gather_f32", "sample_partial", "argmax_final"]
-    fused = [i for i in items if i.kernel.name == "gemv_all_reduce_add"]
-    for f, h in zip(fused, [0, 2 * seqs * hidden, 0, 2 * seqs * hidden]):  # halves of [2, ranks, seqs, hidden]
-        assert f.args[2:8] == (bufs["d_x"].ptr, bufs["ar_push.decode"].ptr, bufs["ar_push.decode_peers"].ptr,
-                               bufs["ar_tile_flag_peers"].ptr, bufs["ar_tile_flags"].ptr, bufs["ar_tile_epoch"].ptr)
-        assert f.args[8:12] == (1, 2, h, seqs) and f.grid == (hidden // 16, 1, 1) and f.pdl
+    part = bufs["ar_push.decode"].ptr
+    halves = [0, 2 * seqs * hidden, 0, 2 * seqs * hidden]  # of [2, ranks, seqs, hidden]
+    for p, h in zip([i for i in items if i.kernel.name == "gemv_push"], halves):
+        assert p.args[2:7] == (part, bufs["ar_push.decode_peers"].ptr, 1, 2, h) and p.grid == (hidden // 16, 1, 1)
+    for r, h in zip([i for i in items if i.kernel.name == "all_reduce_add_local"], halves):
+        assert r.args == (part, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr, bufs["ar_epoch"].ptr,
+                          bufs["d_x"].ptr, 1, 2, h, seqs * hidden) and r.grid == (16, 1, 1) and r.pdl
     swiglu = [i for i in items if i.kernel.name == "norm_gemv_swiglu4"]  # 512 outputs a rank, 4 a block
-    assert [(i.grid, i.args[5]) for i in swiglu] == [((128, 1, 1), 512)] * 2
+    assert [(i.grid, i.args[5], i.args[-1]) for i in swiglu] == [((128, 1, 1), 512, 1)] * 2
+    assert all(i.args[-1] == 1 for i in items if i.kernel.name == "norm_gemv_rope_append_pf")  # prefetch on
     head, gather = items[-4], items[-3]
     assert head.args[3] == bufs["lg_part.decode"].ptr and head.args[5] == 128  # vocab 256 over 2 ranks
     assert gather.args[:5] == (bufs["lg_part.decode_peers"].ptr, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr,
@@ -77,7 +80,7 @@ def test_decode_projects_and_all_reduces_in_one_launch_into_alternate_halves(tmp
 
 
 def test_unfused_decode_parts_alternate_halves_and_the_all_reduce_reads_them(tmp_path):
-    v, prog, bufs, _ = _lowered(tmp_path, "decode", fuse=False, narrow=False)
+    v, prog, bufs, _ = _lowered(tmp_path, "decode", push=False, narrow=False, prefetch=False)
     seqs, hidden = 3, 1024
     items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
     names = [i.kernel.name for i in items]

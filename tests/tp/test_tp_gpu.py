@@ -1,7 +1,7 @@
 """Tensor parallelism on the GPUs of one host (two or more): a split manifest against the
-single-GPU one of the same random checkpoint, through the fused projection + all-reduce and the
-logits' all-gather (decode, graphs), the peer all-reduce (the wide decode, and decode unfused)
-and NCCL (prefill). Skips below two GPUs."""
+single-GPU one of the same random checkpoint, through the pushed parts and local all-reduce,
+the logits' all-gather (decode, graphs), the peer all-reduce reading over NVLink (the wide
+decode, and decode with tp_push=False) and NCCL (prefill). Skips below two GPUs."""
 
 from __future__ import annotations
 
@@ -44,28 +44,28 @@ def pair(tmp_path_factory):
     cfg = json.loads((tmp / "ck" / "config.json").read_text())
     one = Model(generate(cfg, tmp / "tp1", target="cuda"), tmp / "ck", state_budget=256 << 20)
     two = Model(generate(cfg, tmp / "tp2", target="cuda", tp=2), tmp / "ck", state_budget=256 << 20)
-    unfused = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_fuse=False, tp_narrow=False), tmp / "ck",
-                    state_budget=256 << 20)
-    return one, two, unfused
+    plain = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_push=False, tp_narrow=False,
+                             tp_prefetch=False), tmp / "ck", state_budget=256 << 20)
+    return one, two, plain
 
 
 def test_the_split_uses_both_collectives(pair):
-    _, two, unfused = pair
+    _, two, plain = pair
     entries = {p: {l.entry for l in ls} for p, ls in two.engine.launches.items()}
-    assert {"gemv_all_reduce_add", "all_gather_f32"} <= entries["decode"]
+    assert {"gemv_push", "all_reduce_add_local", "all_gather_f32", "norm_gemv_swiglu4",
+            "norm_gemv_rope_append_pf"} <= entries["decode"]
     assert "all_reduce_bf16" in entries["decode_wide"]
     assert "extern:nccl_all_reduce_sum_bf16" in entries["prefill"]
-    assert {"all_reduce_add_f32", "norm_gemv_swiglu"} <= {l.entry for l in unfused.engine.launches["decode"]}
-    assert "norm_gemv_swiglu4" in entries["decode"]
+    assert {"all_reduce_add_f32", "norm_gemv_swiglu"} <= {l.entry for l in plain.engine.launches["decode"]}
 
 
-def test_the_fused_projection_and_all_reduce_give_the_unfused_bits(pair):
-    """gemv_all_reduce_add pushes the same fp32 parts the unfused projection writes and sums them
-    in the same rank order, and norm_gemv_swiglu4 forms each output's sums as norm_gemv_swiglu
-    does: the same logits, bit for bit, step after step."""
-    _, two, unfused = pair
+def test_pushed_parts_narrow_blocks_and_prefetch_give_the_same_bits(pair):
+    """gemv_push stores the same fp32 parts gemv_f32 writes and all_reduce_add_local sums them in
+    the same rank order; norm_gemv_swiglu4 forms each output's sums as norm_gemv_swiglu does; a
+    prefetch changes no value: the same logits as the plain split, bit for bit, step after step."""
+    _, two, plain = pair
     ids = [int(i) for i in np.random.default_rng(3).integers(0, 512, 40)]
-    assert np.array_equal(teacher_forced(two, ids), teacher_forced(unfused, ids))
+    assert np.array_equal(teacher_forced(two, ids), teacher_forced(plain, ids))
 
 
 def test_teacher_forced_decode_matches_one_gpu(pair):

@@ -11,8 +11,8 @@
 // and waits for the projection before it before touching anything (common.cuh); without the
 // launch attribute both are no-ops.
 // A rank that never arrives (it failed) traps after WAIT_NS rather than hanging the GPU.
-// gemv_all_reduce_add (at the end) fuses decode's fan-in projection and its all-reduce into
-// one launch: parts pushed into every rank's buffer, a barrier a tile, a local sum.
+// gemv_push + all_reduce_add_local (below): decode's fan-in projection pushes its part into every
+// rank's buffer, and the all-reduce reads them from its own memory.
 #include "gemv.cuh"
 
 #define WAIT_NS 20000000000ull
@@ -116,19 +116,15 @@ all_gather_f32(const unsigned long long *__restrict__ parts, const unsigned long
     }
 }
 
-// ---- the fan-in projection and its all-reduce in one launch (decode) -------------------------
-// res[r, c] += sum over ranks p, in rank order, of x_p[r, :] . W_p[c, :] (x_p, W_p: rank p's
-// slices). Block t computes its 16 columns' fp32 part (gemv.cuh) and pushes it into slot
-// `rank` of every rank's part buffer (recv: [2 halves][ranks][rows][N]; remote stores over
-// NVLink, no round trip); thread 0 then signals tile t on every rank (a system fence after the
-// block's stores, a system-scope release of the tile's epoch) and waits for every rank's signal
-// of tile t; the block then sums the ranks' parts of its own 16 columns from local memory, in
-// rank order, and adds them into the residual: the same bits as gemv_f32 + all_reduce_add_f32,
-// with no second launch and no remote read. A block waits only for the same tile of the other
-// ranks, so every tile must be resident at once on every rank (N / 16 blocks within what the
-// GPU holds: the generator's FUSED_MAX_TILES). The halves alternate between calls as for the
-// other kernels: a rank pushes into a half again only two calls later, after every rank's
-// whole previous call, which read it, has finished.
+// ---- decode's fan-in projection pushing its part, and the all-reduce reading it locally ------
+// gemv_push: y = x @ W^T in fp32 (gemv.cuh), each output stored into slot `rank` of every
+// rank's part buffer (recv: [2 halves][ranks][rows][N]; remote stores over NVLink, which nothing
+// waits for: the blocks leave as soon as they are issued, so the next kernel's blocks take
+// their places and stream their weights). all_reduce_add_local then crosses the barrier (the
+// system fence and release before a rank's flag come after the projection's grid has finished,
+// its stores to the other ranks included) and sums the ranks' slots from its own memory, in
+// rank order: the same bits as gemv_f32 + all_reduce_add_f32, one remote read round trip less.
+// The halves alternate between calls as for the other kernels.
 struct YPush {
     static constexpr bool PAIRED = false;
     const unsigned long long *peers;
@@ -142,35 +138,52 @@ struct YPush {
 };
 
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
-gemv_all_reduce_add(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, float *recv,
-                    const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
-                    unsigned *flags, unsigned *epoch, int rank, int ranks, int offset, int rows, int N, int K) {
-    const int tile = blockIdx.x;
-    const size_t slot = (size_t)rows * N;
-    gemv(XPlain{x}, W, YPush{parts, recv, (size_t)offset + rank * slot, rank, ranks}, rows, N, K);
-    // gemv ends with __syncthreads: every part this block stores is issued
-    if (threadIdx.x == 0) {
-        const unsigned e = epoch[tile] + 1;
-        epoch[tile] = e;
-        __threadfence_system();
-        for (int p = 0; p < ranks; ++p)
-            store_release_sys(reinterpret_cast<unsigned *>(flag_peers[p]) + tile * ranks + rank, e);
-        const unsigned long long give_up = global_ns() + WAIT_NS;
-        for (int p = 0; p < ranks; ++p)
-            while (load_acquire_sys(flags + tile * ranks + p) < e)
-                if (global_ns() > give_up) __trap();
-    }
-    __syncthreads();
+gemv_push(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *recv,
+          const unsigned long long *__restrict__ parts, int rank, int ranks, int offset, int rows, int N, int K) {
+    gemv(XPlain{x}, W, YPush{parts, recv, (size_t)offset + (size_t)rank * rows * N, rank, ranks}, rows, N, K);
+}
+
+// res[i] += sum over ranks p of recv[offset + p * n + i] (the slots gemv_push filled on every rank).
+extern "C" __global__ void __launch_bounds__(512)
+all_reduce_add_local(const float *recv, const unsigned long long *__restrict__ flag_peers, unsigned *flags,
+                     unsigned *epoch, bf16 *res, int rank, int ranks, int offset, int n) {
+    barrier(flag_peers, flags, epoch, rank, ranks);
     const float *got = recv + offset;
-    const int n0 = GEMV_COLS * tile;
-    for (int j = threadIdx.x; j < rows * GEMV_COLS; j += blockDim.x) {
-        const int r = j / GEMV_COLS, c = n0 + j % GEMV_COLS;
-        if (c >= N) continue;
-        const size_t i = (size_t)r * N + c;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float s = 0.f;
-        for (int p = 0; p < ranks; ++p) s += __ldcv(got + p * slot + i);
-        res[i] = to_bf(to_f(__ldcg(res + i)) + s);
+        for (int p = 0; p < ranks; ++p) s += __ldcv(got + (size_t)p * n + i);
+        res[i] = to_bf(to_f(res[i]) + s);
     }
+}
+
+// ---- the projections after an all-reduce, asking L2 for their weights first -----------------
+// Under PDL the projection after an all-reduce starts while the all-reduce waits on the other
+// ranks, and gemv.cuh loads each warp's first unit of W before its own wait: the first
+// GEMV_WARPS * GEMV_UNIT elements of each of the block's rows. With `prefetch`, warp 0 also asks
+// L2 for the rest of each row (cp.async.bulk.prefetch.L2, no registers held), so the blocks
+// resident during the wait stream their whole slice of W then, not after it.
+__device__ __forceinline__ void prefetch_row(const bf16 *row, int K) {
+    const int k0 = min(K, GEMV_WARPS * GEMV_UNIT);
+    if (k0 < K)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + k0), "r"((K - k0) * 2) : "memory");
+}
+
+// norm_gemv_rope_append (gemv.cu), the qkv projection after decode's down all-reduce, with the
+// prefetch of its 16 rows (8 rope pairs) when `prefetch`.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
+norm_gemv_rope_append_pf(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
+                         const bf16 *__restrict__ W, bf16 *__restrict__ y, char *__restrict__ kv_state,
+                         const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
+                         const int *__restrict__ pos, const float *__restrict__ table, int pages_per_seq,
+                         int rows, int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads,
+                         int head_dim, int page_tokens, int N, int K, float eps, int prefetch) {
+    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
+                       page_tokens};
+    const YRopeAppend ys{y, pos, table, app, n_q_heads, n_kv_heads, head_dim};
+    int w0, w1;
+    if (prefetch && threadIdx.x < 16 && ys.wrows(blockIdx.x, threadIdx.x & 7, N, w0, w1))
+        prefetch_row(W + (size_t)(threadIdx.x < 8 ? w0 : w1) * K, K);
+    gemv(XNorm{res, nw, eps}, W, ys, rows, N, K);
 }
 
 // ---- the split's gate/up projection on narrower tiles (decode) -------------------------------
@@ -194,8 +207,14 @@ struct YSwiGLU4 {
     }
 };
 
+// The gate/up projection follows decode's o all-reduce: with `prefetch`, its 8 rows' rest
+// asked of L2 first (see prefetch_row).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
 norm_gemv_swiglu4(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
-                  bf16 *__restrict__ act, int rows, int N, int K, float eps) {
-    gemv(XNorm{res, nw, eps}, W, YSwiGLU4{act}, rows, N, K);
+                  bf16 *__restrict__ act, int rows, int N, int K, float eps, int prefetch) {
+    int w0, w1;
+    const YSwiGLU4 ys{act};
+    if (prefetch && threadIdx.x < 8 && ys.wrows(blockIdx.x, threadIdx.x & 3, N, w0, w1))
+        prefetch_row(W + (size_t)(threadIdx.x < 4 ? w0 : w1) * K, K);
+    gemv(XNorm{res, nw, eps}, W, ys, rows, N, K);
 }
