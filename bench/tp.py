@@ -1,7 +1,7 @@
 """Tensor parallelism on the GPUs of one host: TP=N beside TP=1 and transformers, same run.
 
     python3 bench/tp.py --device            on the device machine: install the carried wheels, run
-                                            the tp GPU tests, kern run --tp, then every shape below
+                                            the tp GPU tests, then every shape below
                                             in its own process under a timeout; logs and JSON in $OUT
     python3 bench/tp.py --shapes llama-3.2-1b --tp 2     one process (the environment ready)
 
@@ -9,9 +9,12 @@ Per shape (random weights, seeded, generated on the GPU; kern_models.llama.rando
 teacher-forced logits of TP=1, TP=N, transformers eager bf16 and transformers fp32 (the spread
 of transformers' own bf16 against fp32 is the bar), KL and argmax agreement; a prefill (NCCL
 all-reduces) followed by teacher-forced decode, TP=N against TP=1; decode tok/s at each batch,
-TP=1 and TP=N in the same run; and the decode step's collective launches alone (a graph of
-every such launch of a step, replayed on every rank at once) against their NVLink floor. One
-JSON object a line."""
+TP=1, TP=N and `before` (the split as it was before the pushed parts, the narrow gate/up
+blocks, the L2 prefetch and the vocabulary-split head: the same tokens, by construction) in the
+same run; each call's time inside a batch-1 step (bench/tp_profile.py's attribution) for TP=1
+and every rank of TP=N; and the decode step's collective launches alone (a graph of every such
+launch of a step, replayed on every rank at once) against their NVLink floor. One JSON object
+a line."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+# --extras: the split with one of the changes over `before` left out (generate's tp_* switches)
+EXTRAS = {"no_prefetch": {"tp_prefetch": False}, "pulled": {"tp_push": False}, "wide_mlp": {"tp_narrow": False}}
 NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
@@ -69,6 +74,7 @@ def device_run(args) -> int:
     for shape in args.shapes.split(","):
         text = step(f"tp_{shape}", [sys.executable, __file__, "--shapes", shape, "--tp", str(args.tp),
                                     "--batch", args.batch, "--out", str(out / f"tp_{shape}.json"),
+                                    *(["--extras", args.extras] if "8b" in shape else []),
                                     *(["--commands"] if shape == args.commands_shape else [])],
                     args.timeout_8b if "8b" in shape else args.timeout)
         for ln in text.splitlines():
@@ -90,7 +96,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=130, help="seconds a shape (--device)")
     ap.add_argument("--timeout-8b", type=int, default=180, help="seconds for the 8B shape (--device)")
     ap.add_argument("--test-timeout", type=int, default=80)
-    ap.add_argument("--commands-shape", default="llama-3.2-1b", help="the shape kern run --tp runs on (--device)")
+    ap.add_argument("--commands-shape", default="", help="a shape kern run --tp also runs on (--device; the "
+                    "generators' entry points need --commands-only's install)")
+    ap.add_argument("--extras", default="", help=f"comma-separated, of {', '.join(EXTRAS)}: also their batch-1 tok/s")
     ap.add_argument("--out", default=None)
     ap.add_argument("--commands", action="store_true", help="also kern run --tp, in one process and one a rank")
     ap.add_argument("--commands-only", action="store_true",
@@ -119,6 +127,7 @@ def run_shape(name: str, args) -> list[dict]:
 
     from decode import run_kern
     from kern.api import Model
+    from tp_profile import attribution, by_op, prepared, variant, whole_head
     from kern_models.llama.generator import generate
     from kern_models.llama.random_checkpoint import model_of, save
     from tests.runtime.parity import compare, teacher_forced
@@ -132,14 +141,22 @@ def run_shape(name: str, args) -> list[dict]:
     ref.config._attn_implementation = "eager"
     cfg = json.loads((tmp / "ckpt" / "config.json").read_text())
     made_s = time.perf_counter() - t0
+    split = generate(cfg, tmp / f"tp{args.tp}", target="cuda", model=name, context=args.context, tp=args.tp)
+    old = generate(cfg, tmp / "old", target="cuda", model=name, context=args.context, tp=args.tp, tp_push=False,
+                   tp_narrow=False, tp_prefetch=False)
+    paths = {"tp1": generate(cfg, tmp / "tp1", target="cuda", model=name, context=args.context),
+             f"tp{args.tp}": split, "before": variant(old.parent, args.tp, tmp / "before", whole_head)}
     models = {}
-    for n, pdl in ((1, True), (args.tp, True), (args.tp, False)):
-        man = generate(cfg, tmp / f"tp{n}-{pdl}", target="cuda", model=name, context=args.context, tp=n, tp_pdl=pdl)
+    for key, man in paths.items():
         t0 = time.perf_counter()
-        models[n if pdl else "nopdl"] = Model(man, tmp / "ckpt", state_budget=4 << 30)
-        emit(rows, {"shape": name, "gpu": gpu, "tp": n, "pdl": pdl, "load_s": round(time.perf_counter() - t0, 1),
+        models[key] = Model(man, tmp / "ckpt", state_budget=4 << 30)
+        emit(rows, {"shape": name, "gpu": gpu, "model": key, "load_s": round(time.perf_counter() - t0, 1),
                     "checkpoint_made_s": round(made_s, 1)})
-    one, many, nopdl = models[1], models[args.tp], models["nopdl"]
+    one, many, before = models["tp1"], models[f"tp{args.tp}"], models["before"]
+    extras = {}  # one change left out at a time, batch 1 only
+    for key in [k for k in args.extras.split(",") if k]:
+        extras[key] = Model(generate(cfg, tmp / key, target="cuda", model=name, context=args.context, tp=args.tp,
+                                     **EXTRAS[key]), tmp / "ckpt", state_budget=4 << 30)
     rng = np.random.default_rng(0)
     vocab = cfg["vocab_size"]
 
@@ -169,19 +186,28 @@ def run_shape(name: str, args) -> list[dict]:
         for ahead in ((1, 8) if batch == 1 else (1,)):
             r1 = run_kern(one, prompts, args.new, ahead)
             rn = run_kern(many, prompts, args.new, ahead)
-            r0 = run_kern(nopdl, prompts, args.new, ahead)
+            r0 = run_kern(before, prompts, args.new, ahead)
             agree = float(np.mean(np.array(r1["tokens"])[:, :32] == np.array(rn["tokens"])[:, :32]))
             emit(rows, {"shape": name, "gpu": gpu, "batch": batch, "run_ahead": ahead,
                         "tp1_tok_s": round(r1["tok_s"], 1), f"tp{args.tp}_tok_s": round(rn["tok_s"], 1),
                         "speedup": round(rn["tok_s"] / r1["tok_s"], 3), "tp1_step_ms": round(r1["step_ms"], 3),
                         f"tp{args.tp}_step_ms": round(rn["step_ms"], 3),
-                        f"tp{args.tp}_without_pdl_tok_s": round(r0["tok_s"], 1),
+                        "before_tok_s": round(r0["tok_s"], 1), "before_speedup": round(r0["tok_s"] / r1["tok_s"], 3),
                         "greedy_first32_agreement": agree,
-                        "without_pdl_same_tokens": r0["tokens"] == rn["tokens"]})
+                        "before_same_tokens": r0["tokens"] == rn["tokens"],
+                        **{f"{k}_tok_s": round(run_kern(m, prompts, args.new, ahead)["tok_s"], 1)
+                           for k, m in (extras.items() if batch == 1 else ())}})
+    # where a batch-1 step goes: each call's time inside the real step (kern bench's prefixes),
+    # TP=1 and every rank of TP=N at once
+    for key, m in (("tp1", one), (f"tp{args.tp}", many)):
+        program, vars_ = prepared(m, [int(i) for i in rng.integers(0, vocab, args.prompt)])
+        for r, t in enumerate(attribution(m, program, vars_, 3)):
+            emit(rows, {"shape": name, "gpu": gpu, "attribution": key, "rank": r, "step_us": round(t["step_us"], 1),
+                        "calls_sum_us": round(t["sum_us"], 1), "by_op": by_op(t["calls"])})
     for batch in [int(b) for b in args.batch.split(",")]:
         emit(rows, {"shape": name, "gpu": gpu, "collectives": all_reduce_time(many, batch, cfg["hidden_size"])})
     if args.commands:
-        del one, many, nopdl, models
+        del one, many, before, models
         emit(rows, {"shape": name, **commands(tmp / "ckpt", "cuda", args.tp)})
     return rows
 
