@@ -153,10 +153,6 @@ def run_shape(name: str, args) -> list[dict]:
         emit(rows, {"shape": name, "gpu": gpu, "model": key, "load_s": round(time.perf_counter() - t0, 1),
                     "checkpoint_made_s": round(made_s, 1)})
     one, many, before = models["tp1"], models[f"tp{args.tp}"], models["before"]
-    extras = {}  # one change left out at a time, batch 1 only
-    for key in [k for k in args.extras.split(",") if k]:
-        extras[key] = Model(generate(cfg, tmp / key, target="cuda", model=name, context=args.context, tp=args.tp,
-                                     **EXTRAS[key]), tmp / "ckpt", state_budget=4 << 30)
     rng = np.random.default_rng(0)
     vocab = cfg["vocab_size"]
 
@@ -179,6 +175,12 @@ def run_shape(name: str, args) -> list[dict]:
     cont = [int(i) for i in rng.integers(0, vocab, 16)]
     p1, pn = prefilled(one, prompt, cont), prefilled(many, prompt, cont)
     emit(rows, {"shape": name, "parity": "prefill 300 (nccl) + 16 forced", f"tp{args.tp}_vs_tp1": compare(p1, pn)})
+    del ref
+    torch.cuda.empty_cache()
+    extras = {}  # one change left out at a time, batch 1 only
+    for key in [k for k in args.extras.split(",") if k]:
+        extras[key] = Model(generate(cfg, tmp / key, target="cuda", model=name, context=args.context, tp=args.tp,
+                                     **EXTRAS[key]), tmp / "ckpt", state_budget=1 << 30)
 
     # decode tok/s, TP=1 and TP=N in the same run
     for batch in [int(b) for b in args.batch.split(",")]:
