@@ -9,8 +9,8 @@ Per shape (random weights, seeded, generated on the GPU; kern_models.llama.rando
 teacher-forced logits of TP=1, TP=N, transformers eager bf16 and transformers fp32 (the spread
 of transformers' own bf16 against fp32 is the bar), KL and argmax agreement; a prefill (NCCL
 all-reduces) followed by teacher-forced decode, TP=N against TP=1; decode tok/s at each batch,
-TP=1, TP=N and `before` (the split as it was before the pushed parts, the narrow gate/up
-blocks, the L2 prefetch and the vocabulary-split head: the same tokens, by construction) in the
+TP=1, TP=N and `before` (the split as it was before the pushed parts, the L2 prefetch and the
+vocabulary-split head: the same tokens, by construction) in the
 same run; each call's time inside a batch-1 step (bench/tp_profile.py's attribution) for TP=1
 and every rank of TP=N; and the decode step's collective launches alone (a graph of every such
 launch of a step, replayed on every rank at once) against their NVLink floor. One JSON object
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# --extras: the split with one of the changes over `before` left out (generate's tp_* switches)
-EXTRAS = {"no_prefetch": {"tp_prefetch": False}, "pulled": {"tp_push": False}, "wide_mlp": {"tp_narrow": False}}
+# --extras: the split with one of generate's tp_* switches turned over
+EXTRAS = {"no_prefetch": {"tp_prefetch": False}, "pulled": {"tp_push": False}, "narrow": {"tp_narrow": True}}
 NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
@@ -177,7 +177,7 @@ def run_shape(name: str, args) -> list[dict]:
     emit(rows, {"shape": name, "parity": "prefill 300 (nccl) + 16 forced", f"tp{args.tp}_vs_tp1": compare(p1, pn)})
     del ref
     torch.cuda.empty_cache()
-    extras = {}  # one change left out at a time, batch 1 only
+    extras = {}  # one switch turned over at a time, batch 1 only
     for key in [k for k in args.extras.split(",") if k]:
         extras[key] = Model(generate(cfg, tmp / key, target="cuda", model=name, context=args.context, tp=args.tp,
                                      **EXTRAS[key]), tmp / "ckpt", state_budget=1 << 30)

@@ -9,7 +9,7 @@ On one random checkpoint (seeded), batch-1 decode after a prompt, beside TP=1 in
 
 Phase `measure`: `before` (the split as it was before: the parts read over NVLink, gate/up
 blocks of 8, the LM head whole on every rank, no all-gather) and `pulled` (tp_push=False,
-tp_prefetch=False: the vocabulary-split head and the narrow gate/up blocks):
+tp_prefetch=False: the vocabulary-split head):
 
 1. **Each call's time inside the real step** (kern bench's prefixes, src/kern/bench/prefix.py:
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on

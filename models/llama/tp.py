@@ -14,9 +14,9 @@ a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BY
 peer-memory kernel after the projection (collectives/allreduce.cu: one barrier; on cuda decode
 the projection pushes its part into every rank's buffer and the all-reduce sums them locally,
 elsewhere the all-reduce reads every rank's part over NVLink), past it NCCL (the runtime's
-extern call). Decode's gate/up and qkv projections on cuda are allreduce.cu's variants of the
-gemv kernels (narrow blocks for a rank's few gate/up outputs; an L2 prefetch of their weights
-while the all-reduce before them waits). The cpu target always uses the peer kernel
+extern call). Decode's qkv projection on cuda is allreduce.cu's variant of the gemv kernel that
+asks L2 for its weights while the all-reduce before it waits (and, measured and not kept, a
+gate/up projection on narrow blocks). The cpu target always uses the peer kernel
 (cpu/collectives.py): the cpu device runs ranks as threads of one process, and the kernel's
 barrier and peer reads are the GPU kernel's, in numpy.
 
@@ -63,7 +63,7 @@ def check(s: Shape, ranks: int) -> None:
 
 
 def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool = True,
-          narrow: bool = True, prefetch: bool = True) -> dict:
+          narrow: bool = False, prefetch: bool = True) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
     manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
@@ -71,10 +71,11 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool
     waits on the other ranks (allreduce.cu). push (cuda): decode's fan-in projections store
     their parts into every rank's buffer (gemv_push) and the all-reduce reads them locally
     (all_reduce_add_local), else each all-reduce reads the other ranks' parts over NVLink.
-    narrow (cuda): decode's gate/up projection on blocks of 4 outputs instead of 8
-    (norm_gemv_swiglu4) where the rank's slice of the intermediate width makes few blocks
-    (NARROW_BELOW). prefetch (cuda): the projections after decode's all-reduces (gate/up, qkv)
-    ask L2 for their weights while the all-reduce waits on the other ranks."""
+    narrow (cuda, measured and not kept: off by default): decode's gate/up projection on blocks
+    of 4 outputs instead of 8 (norm_gemv_swiglu4) where the rank's slice of the intermediate
+    width makes few blocks (NARROW_BELOW); on the H200 it took 56 us a call against 36.
+    prefetch (cuda): the projections after decode's all-reduces (qkv; gate/up when narrow) ask
+    L2 for their weights while the all-reduce waits on the other ranks."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}

@@ -1,7 +1,7 @@
 """The split sm_90a manifest lowered onto fake device memory (no GPU): each of decode's fan-in
 projections pushing its part into alternate halves of every rank's part buffer and its
 all-reduce summing them (or, unpushed, the projection writing the half its all-reduce reads),
-the gate/up projection on narrow blocks, the logits' all-gather,
+the gate/up projection on narrow blocks (a variant), the logits' all-gather,
 and prefill's large messages going to the device's NCCL collective."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     seqs, hidden = 3, 1024
     items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
     names = [i.kernel.name for i in items]
-    layer = ["norm_gemv_rope_append_pf", "attention_decode", "gemv_push", "all_reduce_add_local", "norm_gemv_swiglu4",
+    layer = ["norm_gemv_rope_append_pf", "attention_decode", "gemv_push", "all_reduce_add_local", "norm_gemv_swiglu",
              "gemv_push", "all_reduce_add_local"]
     assert names == ["embed", *layer * 2, "norm_gemv_f32", "all_gather_f32", "sample_partial", "argmax_final"]
     part = bufs["ar_push.decode"].ptr
@@ -69,14 +69,22 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     for r, h in zip([i for i in items if i.kernel.name == "all_reduce_add_local"], halves):
         assert r.args == (part, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr, bufs["ar_epoch"].ptr,
                           bufs["d_x"].ptr, 1, 2, h, seqs * hidden) and r.grid == (16, 1, 1) and r.pdl
-    swiglu = [i for i in items if i.kernel.name == "norm_gemv_swiglu4"]  # 512 outputs a rank, 4 a block
-    assert [(i.grid, i.args[5], i.args[-1]) for i in swiglu] == [((128, 1, 1), 512, 1)] * 2
     assert all(i.args[-1] == 1 for i in items if i.kernel.name == "norm_gemv_rope_append_pf")  # prefetch on
     head, gather = items[-4], items[-3]
     assert head.args[3] == bufs["lg_part.decode"].ptr and head.args[5] == 128  # vocab 256 over 2 ranks
     assert gather.args[:5] == (bufs["lg_part.decode_peers"].ptr, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr,
                                bufs["ar_epoch"].ptr, bufs["d_logits"].ptr)
     assert gather.args[5:] == (1, 2, seqs, 128) and gather.pdl
+
+
+def test_the_narrow_gate_up_variant_takes_blocks_of_four(tmp_path):
+    """tp_narrow (measured slower on the H200, off by default): a rank's 512 gate/up outputs on
+    128 blocks of 4, with the prefetch flag as the last argument."""
+    v, prog, _, _ = _lowered(tmp_path, "decode", narrow=True)
+    items = prog.resolve({**v.constants, "seqs": 3, "context": 1024, "reach": 64})
+    swiglu = [i for i in items if i.kernel.name.startswith("norm_gemv_swiglu")]
+    assert [(i.kernel.name, i.grid, i.args[5], i.args[-1]) for i in swiglu] == \
+        [("norm_gemv_swiglu4", (128, 1, 1), 512, 1)] * 2
 
 
 def test_unfused_decode_parts_alternate_halves_and_the_all_reduce_reads_them(tmp_path):

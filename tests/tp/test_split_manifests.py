@@ -133,7 +133,7 @@ def test_the_split_decode_keeps_the_pdl_order(tmp_path, arch, push):
     from tests.cuda.test_cuda_pdl_order import EARLY, WEIGHTS_ONLY_BEFORE_WAIT, _violations
 
     m = json.loads(generate({**LLAMA, "architectures": [arch]}, tmp_path, target="cuda", tp=2,
-                            tp_push=push).read_text())
+                            tp_push=push, tp_narrow=True).read_text())
     seq = [(la["entry"], bool(la.get("pdl"))) for c in m["programs"]["decode"]["calls"]
            for la in m["ops"][c["op"]]["impl"]["launches"]]
     reduce = [("gemv_push", True), ("all_reduce_add_local", True)] if push else \
