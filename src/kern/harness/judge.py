@@ -17,7 +17,7 @@ import numpy as np
 
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from . import corpus, precision, workload
+from . import corpus, forked, precision, workload
 from .diff import diff
 from .engine_io import EngineIO
 from .facts import end_to_end, span_facts
@@ -104,11 +104,15 @@ def _floors(io_a: EngineIO, prec: precision.Precision, wl: workload.Workload, se
 
 def _round(v_a: Verified, v_b: Verified, weights, prec: precision.Precision, wl: workload.Workload, seed: int,
            rows: Rows) -> str:
-    """One more round of end-to-end rows: A free (and again when noisy, and in B's precision),
-    A released, B free. Returns the candidate's failure, or ''."""
+    """One more round of end-to-end rows: A free (and again when noisy, and in B's precision,
+    forked beside the rest for a cpu reference), A released, B free. Returns the candidate's
+    failure, or ''."""
     io = EngineIO(Engine(v_a, weights))
+    fork = v_a.manifest.target.device == "cpu"
+    # in sequence, after A's free run: the floors round the tables A's once programs wrote
+    sim = forked.Part(lambda: _floors(io, prec, wl, seed), True) if fork else None
     rows.a += free_run(io, wl)[0]
-    rows.a_sim += _floors(io, prec, wl, seed)
+    sim = sim or forked.Part(lambda: _floors(io, prec, wl, seed), False)
     del io
     gc.collect()
     if rows.a_again is not None:  # A is noisy: its own flips are excused
@@ -116,15 +120,17 @@ def _round(v_a: Verified, v_b: Verified, weights, prec: precision.Precision, wl:
         rows.a_again += free_run(io, wl)[0]
         del io
         gc.collect()
+    err = ""
     try:
         io = EngineIO(Engine(v_b, weights))
         rows.b += free_run(io, wl)[0]
         del io
     except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
-        return f"{type(exc).__name__}: {exc}"
+        err = f"{type(exc).__name__}: {exc}"
     finally:
         gc.collect()
-    return ""
+    rows.a_sim += sim.result()
+    return err
 
 
 def judge(reference: str | Path, candidate: str | Path, weights: str | Path | None, opts: Options = Options(),
@@ -158,6 +164,7 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
              + (f"; state{'s' if len(prec.carried) > 1 else ''} {', '.join(sorted(prec.carried))} declared "
                 "differently: carried by each side's replays, not compared byte for byte" if prec.carried else ""))
 
+    text = corpus.tokens(weights) if weights is not None else None
     t = time.perf_counter()
     try:
         eng_a = Engine(v_a, weights)
@@ -166,37 +173,33 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     io_a = EngineIO(eng_a)
     secs["load_a"] = time.perf_counter() - t
     lim = limits(io_a, opts)
-    wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt)
+    wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt,
+                       corpus=text)
     fact(wl.describe())
+    # a cpu reference's parts run in forked children beside each other and beside B (forked.py)
+    fork = v_a.manifest.target.device == "cpu"
+
+    def e2e_floor() -> tuple[list[StepOut], float]:
+        t = time.perf_counter()
+        return _floors(io_a, prec, wl, opts.seed + 1), time.perf_counter() - t
+
+    # in sequence, after the replays below: the floors round the tables A's once programs wrote
+    floors_e2e = forked.Part(e2e_floor, True) if fork else None
     rec: Recording = record(io_a, d, wl, prec.carried)
     secs["record_a"] = rec.seconds
     fact(f"record A: {len(wl.steps)} steps, {len(rec.records)} span records, "
          f"{rec.stored_bytes / 2**20:.1f} MiB kept, {rec.seconds:.2f} s")
-    noise, secs["noise"] = replay(io_a, "a", d, rec, prec)
-    sim, secs["floor"] = replay(io_a, "a", d, rec, prec, np.random.Generator(np.random.PCG64(opts.seed)))
-    rows = Rows(a=list(rec.outputs))
-    t = time.perf_counter()
-    rows.a_sim = _floors(io_a, prec, wl, opts.seed + 1)
-    secs["floor_e2e"] = time.perf_counter() - t
-    noisy = [r for r in noise if any(not e.identical for e in r.errs.values())]
-    if noisy:
-        worst = max((e.rel for r in noisy for e in r.errs.values()), default=0.0)
-        fact(f"noise floor: {len(noisy)} of {len(noise)} span replays of A differ from A (max rel err {worst:.3g}); "
-             "running A free once more for its end-to-end noise")
-        del io_a, eng_a
-        gc.collect()
-        eng_a = Engine(v_a, weights)
-        io_a = EngineIO(eng_a)
-        rows.a_again = free_run(io_a, wl)[0]
-    else:
-        fact(f"noise floor: A replayed {len(noise)} span records against itself: bit-identical"
-             if noise else "noise floor: no spans to replay")
+    noise_part = forked.Part(lambda: replay(io_a, "a", d, rec, prec), fork)
+    sim_part = forked.Part(lambda: replay(io_a, "a", d, rec, prec, np.random.Generator(np.random.PCG64(opts.seed))),
+                           fork)
+    floors_e2e = floors_e2e or forked.Part(e2e_floor, False)
     del io_a, eng_a
     gc.collect()
 
     t = time.perf_counter()
     err = ""
     runs: list[SpanRun] = []
+    rows = Rows(a=list(rec.outputs))
     try:
         eng_b = Engine(v_b, weights)
         io_b = EngineIO(eng_b)
@@ -210,6 +213,24 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
         err = f"{type(exc).__name__}: {exc}"
     gc.collect()
+    t = time.perf_counter()
+    noise, secs["noise"] = noise_part.result()
+    sim, secs["floor"] = sim_part.result()
+    rows.a_sim, secs["floor_e2e"] = floors_e2e.result()
+    if fork:
+        secs["wait_a"] = time.perf_counter() - t
+    noisy = [r for r in noise if any(not e.identical for e in r.errs.values())]
+    if noisy:
+        worst = max((e.rel for r in noisy for e in r.errs.values()), default=0.0)
+        fact(f"noise floor: {len(noisy)} of {len(noise)} span replays of A differ from A (max rel err {worst:.3g}); "
+             "running A free once more for its end-to-end noise")
+        io_a = EngineIO(Engine(v_a, weights))
+        rows.a_again = free_run(io_a, wl)[0]
+        del io_a
+        gc.collect()
+    else:
+        fact(f"noise floor: A replayed {len(noise)} span records against itself: bit-identical"
+             if noise else "noise floor: no spans to replay")
 
     facts_spans = span_facts(d, runs, noise, sim, rec.programs_run)
     _say_spans(facts_spans, fact)
@@ -217,7 +238,6 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     e2e = _e2e(rows, err, opts, lim)
     facts = Facts(facts_spans, e2e, opts.limit, unfed)
     _say_e2e(facts, fact)
-    text = corpus.tokens(weights) if weights is not None else None
     rounds, grown_rows = 0, 0
     # a round runs twice the sequences of the one before: expect twice its time (round 1's
     # end-to-end part: A recorded and run in B's precision, B loaded and run)
