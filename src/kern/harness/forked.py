@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -31,7 +32,11 @@ class Part(Generic[T]):
         r, w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python warns about forking a process with threads (BLAS's pool, a device
+            # driver's): the child runs numpy alone, and OpenBLAS rebuilds its pool at a fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child
             os.close(r)
             code = 0
