@@ -147,9 +147,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
     p.add_argument("--seed", type=_non_negative, default=0, help="workload seed, a whole number >= 0")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--seqs", type=_positive, default=None, help="sequences in the workload (default 8)")
+    p.add_argument("--seqs", type=_positive, default=None, help="sequences in the workload (default 6)")
     p.add_argument("--decode-steps", type=_non_negative, default=None,
-                   help="decode steps per sequence (default 6; 0 judges prefill only)")
+                   help="decode steps per sequence (default 10; 0 judges prefill only)")
     p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
     p.add_argument("--kl-limit", type=_non_negative_real, default=None,
                    help="KL(A||B) limit in nats (default 0.01; a larger measured floor raises it)")
