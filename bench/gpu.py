@@ -25,7 +25,7 @@ Presets (comma-separated, run in order):
             kern kernels --rebuild (bench/toolset_gpu.py), then the gpu tests of tests/bench_cmd and tests/cut
   verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
             beforehand): `kern test` of the sm_90a deployment against the cpu one, timed (cold,
-            then with OpenBLAS at 1 and 4 threads), the reference's phases profiled
+            then once more), the reference's phases profiled
             (bench/kern_test_profile.py), then tests/harness/test_cuda_vs_cpu.py (the PASS and
             the planted sm_90a bugs)
 
@@ -121,7 +121,7 @@ class Run:
 
 def verdict(r: Run, site: Path, env: dict) -> None:
     """`kern test` of the sm_90a deployment against the cpu one as a user runs it (timed: the
-    first, cold run is the figure; then the same with OpenBLAS held to 1 and 4 threads), where
+    first, cold run is the figure; then once more, for its spread), where
     the reference's seconds go (bench/kern_test_profile.py), then tests/harness/test_cuda_vs_cpu.py
     (the PASS and the planted sm_90a bugs); about 150 s in all."""
     cache = Path("/tmp/kern-cache-verdict")
@@ -131,8 +131,7 @@ def verdict(r: Run, site: Path, env: dict) -> None:
     paths = r.step("deployments", [sys.executable, "-c", DEPLOYMENTS], 30, emb, cwd=Path("/tmp")).split()
     if len(paths) == 3:
         ckpt, cpu, cuda = paths
-        runs = [("kern_test", {}), ("kern_test_blas1", {"OPENBLAS_NUM_THREADS": "1"}),
-                ("kern_test_blas4", {"OPENBLAS_NUM_THREADS": "4"})]
+        runs = [("kern_test", {}), ("kern_test_again", {})]
         for label, extra in runs:
             t0 = time.monotonic()
             text = r.step(label, [sys.executable, "-m", "kern.cli", "test", "--reference", cpu, "--candidate",

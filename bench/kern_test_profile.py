@@ -5,7 +5,8 @@ sequence, in this process (no forked children), under cProfile.
 
 Prints the machine's CPUs, then per phase (load A, record A, A's noise replay, A's floor replay
 in B's precision, A's end-to-end floor, A free) its wall seconds and its top functions by own
-time. B is only diffed, never loaded: this is the reference's half of the verdict."""
+time, BLAS on one thread as kern test runs it. B is only diffed, never loaded: this is the
+reference's half of the verdict."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
 
-    from kern.harness import corpus, precision, workload
+    from kern.harness import blas, corpus, precision, workload
     from kern.harness.diff import diff
     from kern.harness.engine_io import EngineIO
     from kern.harness.judge import Options, _floors, limits
@@ -47,7 +48,8 @@ def main() -> int:
 
     def load():
         state["io"] = EngineIO(Engine(v_a, args.weights))
-        state["wl"] = workload.make(opts.seed, limits(state["io"], opts), corpus=corpus.tokens(args.weights))
+        state["wl"] = workload.make(opts.seed, limits(state["io"], opts), seqs=opts.seqs,
+                                    decode_steps=opts.decode_steps, corpus=corpus.tokens(args.weights), mixed=True)
 
     phases = [
         ("load_a", load),
@@ -58,18 +60,19 @@ def main() -> int:
         ("free_a", lambda: free_run(state["io"], state["wl"])),
     ]
     total = 0.0
-    for name, fn in phases:
-        pr = cProfile.Profile()
-        t = time.perf_counter()
-        pr.enable()
-        fn()
-        pr.disable()
-        dt = time.perf_counter() - t
-        total += dt
-        out = io.StringIO()
-        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(args.top)
-        body = [ln for ln in out.getvalue().splitlines() if ln.strip()][-args.top - 1:]
-        print(f"## {name}: {dt:.2f} s", *body, sep="\n", flush=True)
+    with blas.threads(1):  # as kern test runs them
+        for name, fn in phases:
+            pr = cProfile.Profile()
+            t = time.perf_counter()
+            pr.enable()
+            fn()
+            pr.disable()
+            dt = time.perf_counter() - t
+            total += dt
+            out = io.StringIO()
+            pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(args.top)
+            body = [ln for ln in out.getvalue().splitlines() if ln.strip()][-args.top - 1:]
+            print(f"## {name}: {dt:.2f} s", *body, sep="\n", flush=True)
     print(f"# phases {total:.2f} s; {state['wl'].describe()}; {len(state['rec'].records)} span records")
     return 0
 

@@ -1,34 +1,117 @@
-"""Run a piece of the reference's work in a forked child, beside the rest.
+"""Run pieces of the reference's work in forked children, beside the rest.
 
-A cpu reference's record, its replays against itself and in the candidate's precision, and the
-candidate's own run are independent once the record exists: each child gets the parent's memory
-as it is at the fork (the engine, the recording) copy-on-write, computes its part and sends the
-result back pickled. Each part computes exactly what it would in sequence (its own seeded
-generator, the same inputs), so the verdict is the same either way; only the wall time differs.
+A cpu reference's record, its replays against itself and in the candidate's precision, its
+end-to-end floor and the candidate's own run are independent but for the record they share:
+each child gets the parent's memory as it is at the fork (the engine as loaded) copy-on-write,
+and the record, as the parent makes it, through a `Feed` (each span record pickled once, an
+array shared by two records sent once), so the replays run while the record is being made. Each
+piece computes exactly what it would in sequence (its own seeded generator, the same inputs), so
+the verdict is the same either way; only the wall time differs.
 
 Only numpy work runs in a child: a child never touches a device API (a CUDA context does not
 survive a fork), and leaves with os._exit so that nothing inherited is torn down twice."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import queue
 import sys
+import threading
 import warnings
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+_END = "end"
+
+
+# the pieces (record, two replays, the end-to-end floor, the candidate) need a core each to gain:
+# on fewer, they run in sequence
+MIN_CORES = 4
+
+
+def worth_it() -> bool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return hasattr(os, "fork") and cores >= MIN_CORES
+
+
+class Feed:
+    """Messages for forked children, sent as the parent makes them: pickled once with one memo
+    (an object sent twice is sent once), queued, written to each child's pipe by a thread so the
+    parent never waits for a slow reader."""
+
+    def __init__(self) -> None:
+        self._buf = io.BytesIO()
+        self._pickler = pickle.Pickler(self._buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self._writes: list[int] = []
+        self._queues: list[queue.SimpleQueue] = []
+
+    def pipe(self) -> int:
+        """A new child's read end (before its fork)."""
+        r, w = os.pipe()
+        self._writes.append(w)
+        return r
+
+    def in_child(self) -> None:
+        for w in self._writes:  # a reader must see the end of its pipe when the parent closes it
+            os.close(w)
+
+    def start(self) -> None:
+        """After the forks: one writer thread a pipe."""
+        for w in self._writes:
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_write, args=(w, q), daemon=True).start()
+            self._queues.append(q)
+
+    def send(self, msg: Any) -> None:
+        self._pickler.dump(msg)
+        data = self._buf.getvalue()
+        self._buf.seek(0)
+        self._buf.truncate()
+        for q in self._queues:
+            q.put(data)
+
+    def close(self) -> None:
+        self.send((_END,))
+        for q in self._queues:
+            q.put(None)
+
+
+def _write(fd: int, q: queue.SimpleQueue) -> None:
+    with os.fdopen(fd, "wb") as f:
+        try:
+            while (data := q.get()) is not None:
+                f.write(data)
+        except BrokenPipeError:  # the child has died: its result says so
+            pass
+
+
+def inbox(fd: int) -> Iterator[Any]:
+    """A child's messages from its parent's Feed, in order, until the end."""
+    with os.fdopen(fd, "rb") as f:
+        u = pickle.Unpickler(f)
+        while True:
+            try:
+                msg = u.load()
+            except EOFError:
+                return
+            if msg[0] == _END:
+                return
+            yield msg
 
 
 class Part(Generic[T]):
-    """A result being computed: in a child when the platform forks, else at once."""
+    """A result being computed: in a child when `fork` (fn gets the Feed's messages when a feed
+    is given), else at once."""
 
-    def __init__(self, fn: Callable[[], T], fork: bool):
+    def __init__(self, fn: Callable[..., T], fork: bool, feed: Feed | None = None):
         self._pid, self._fd, self._value, self._error = 0, -1, None, ""
-        if not (fork and hasattr(os, "fork")):
+        if not fork:
             self._value = fn()
             return
+        rfeed = feed.pipe() if feed is not None else -1
         r, w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -41,13 +124,18 @@ class Part(Generic[T]):
             os.close(r)
             code = 0
             try:
-                data = pickle.dumps(("ok", fn()), protocol=pickle.HIGHEST_PROTOCOL)
+                if feed is not None:
+                    feed.in_child()
+                value = fn(inbox(rfeed)) if feed is not None else fn()
+                data = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException as exc:  # noqa: BLE001 - the parent raises it, in its own words
                 data, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
             with os.fdopen(w, "wb") as f:
                 f.write(data)
             os._exit(code)
         os.close(w)
+        if rfeed >= 0:
+            os.close(rfeed)
         self._pid, self._fd = pid, r
 
     def result(self) -> T:

@@ -17,11 +17,11 @@ import numpy as np
 
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from . import corpus, forked, precision, workload
+from . import blas, corpus, forked, precision, workload
 from .diff import diff
 from .engine_io import EngineIO
 from .facts import end_to_end, span_facts
-from .record import Recording, StepOut, record
+from .record import Live, Recording, StepOut, record
 from .replay import SpanRun, free_run, replay
 from .verdict import GROWABLE, EndToEnd, Facts, Verdict, decide
 
@@ -106,12 +106,11 @@ def _floors(io_a: EngineIO, prec: precision.Precision, wl: workload.Workload, se
 
 
 def _round(v_a: Verified, v_b: Verified, weights, prec: precision.Precision, wl: workload.Workload, seed: int,
-           rows: Rows) -> str:
+           rows: Rows, fork: bool) -> str:
     """One more round of end-to-end rows: A free (and again when noisy, and in B's precision,
     forked beside the rest for a cpu reference), A released, B free. Returns the candidate's
     failure, or ''."""
     io = EngineIO(Engine(v_a, weights))
-    fork = v_a.manifest.target.device == "cpu"
     # in sequence, after A's free run: the floors round the tables A's once programs wrote
     sim = forked.Part(lambda: _floors(io, prec, wl, seed), True) if fork else None
     rows.a += free_run(io, wl)[0]
@@ -138,17 +137,27 @@ def _round(v_a: Verified, v_b: Verified, weights, prec: precision.Precision, wl:
 
 def judge(reference: str | Path, candidate: str | Path, weights: str | Path | None, opts: Options = Options(),
           say: Callable[[str], None] = lambda s: None) -> Report:
+    t_all = time.perf_counter()
+    v_a, why = _load(reference, "reference")
+    if v_a is None:
+        raise HarnessError(f"reference {why}")
+    # BLAS on one thread: OpenBLAS splits a product's rows over its threads by their count, so
+    # a cpu side's numbers would depend on the machine's cores (blas.py); a cpu reference's
+    # pieces run in forked processes instead (forked.py)
+    fork = v_a.manifest.target.device == "cpu" and forked.worth_it()
+    with blas.threads(1):
+        return _judge(v_a, reference, candidate, weights, opts, say, fork, t_all)
+
+
+def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights: str | Path | None, opts: Options,
+           say: Callable[[str], None], fork: bool, t_all: float) -> Report:
     lines: list[str] = []
     secs: dict[str, float] = {}
-    t_all = time.perf_counter()
 
     def fact(s: str) -> None:
         lines.append(s)
         say(s)
 
-    v_a, why = _load(reference, "reference")
-    if v_a is None:
-        raise HarnessError(f"reference {why}")
     v_b, why = _load(candidate, "candidate")
     if v_b is None:
         f = Facts((), EndToEnd(0, False, False, False, 0.0, (), 0), opts.limit, refused=why)
@@ -179,23 +188,37 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
     wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt,
                        corpus=text, mixed=True)
     fact(wl.describe())
-    # a cpu reference's parts run in forked children beside each other and beside B (forked.py)
-    fork = v_a.manifest.target.device == "cpu"
+    # forked: the pieces run beside the record, each other and B (forked.py), the replays
+    # taking the record as it is made
 
     def e2e_floor() -> tuple[list[StepOut], float]:
         t = time.perf_counter()
         return _floors(io_a, prec, wl, opts.seed + 1), time.perf_counter() - t
 
-    # in sequence, after the replays below: the floors round the tables A's once programs wrote
-    floors_e2e = forked.Part(e2e_floor, True) if fork else None
-    rec: Recording = record(io_a, d, wl, prec.carried)
+    def noise_of(r: Recording | Live) -> tuple[list[SpanRun], float]:
+        return replay(io_a, "a", d, r, prec)
+
+    def floor_of(r: Recording | Live) -> tuple[list[SpanRun], float]:
+        return replay(io_a, "a", d, r, prec, np.random.Generator(np.random.PCG64(opts.seed)))
+
+    feed = forked.Feed() if fork else None
+    if feed is not None:
+        floors_e2e = forked.Part(e2e_floor, True)
+        noise_part = forked.Part(lambda msgs: noise_of(Live(msgs)), True, feed)
+        sim_part = forked.Part(lambda msgs: floor_of(Live(msgs)), True, feed)
+        feed.start()
+    try:
+        rec: Recording = record(io_a, d, wl, prec.carried, feed.send if feed is not None else None)
+    finally:
+        if feed is not None:
+            feed.close()
     secs["record_a"] = rec.seconds
     fact(f"record A: {len(wl.steps)} steps, {len(rec.records)} span records, "
          f"{rec.stored_bytes / 2**20:.1f} MiB kept, {rec.seconds:.2f} s")
-    noise_part = forked.Part(lambda: replay(io_a, "a", d, rec, prec), fork)
-    sim_part = forked.Part(lambda: replay(io_a, "a", d, rec, prec, np.random.Generator(np.random.PCG64(opts.seed))),
-                           fork)
-    floors_e2e = floors_e2e or forked.Part(e2e_floor, False)
+    if feed is None:  # in sequence; the floors last: they round the tables A's once programs wrote
+        noise_part = forked.Part(lambda: noise_of(rec), False)
+        sim_part = forked.Part(lambda: floor_of(rec), False)
+        floors_e2e = forked.Part(e2e_floor, False)
     del io_a, eng_a
     gc.collect()
 
@@ -254,7 +277,7 @@ def judge(reference: str | Path, candidate: str | Path, weights: str | Path | No
         more = _grow(opts, lim, rounds, text)
         fact(f"round {rounds + 1}: " + more.describe().removeprefix("workload: "))
         before = len(rows.a)
-        err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows)
+        err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows, fork)
         grown_rows += sum(0 if x.logits is None else len(x.logits) for x in rows.a[before:])
         secs[f"round_{rounds + 1}"] = last = time.perf_counter() - t
         e2e = _e2e(rows, err, opts, lim)
