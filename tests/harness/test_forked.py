@@ -1,0 +1,75 @@
+"""A cpu reference's pieces in forked processes: results come back, failures come back as
+errors, the record streams to the children as it is made, and the verdict is the same as in
+sequence, line for line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import planted
+from kern.harness import blas, forked
+from kern.harness.judge import Options, judge
+from kern.harness.record import Live
+from kern.harness.tape import Tape
+
+
+def test_a_forked_part_returns_its_result_and_a_failure_as_an_error():
+    assert forked.Part(lambda: np.arange(3).sum(), True).result() == 3
+    assert forked.Part(lambda: 7, False).result() == 7
+
+    def fails():
+        raise ValueError("no such span")
+
+    with pytest.raises(RuntimeError, match="ValueError: no such span"):
+        forked.Part(fails, True).result()
+
+
+def test_the_record_streams_to_children_as_a_live_recording():
+    """Tape deltas and span records reach each child in order; an array two records share is one
+    array there too."""
+    feed = forked.Feed()
+
+    def child(msgs):
+        live = Live(msgs)
+        seen = []
+        for r in live.records:
+            seen.append((r["step"], live.tapes["kv"].reader().at(r["v"]).sum(), id(r["x"])))
+        return [s[:2] for s in seen], len({s[2] for s in seen})
+
+    parts = [forked.Part(child, True, feed) for _ in range(2)]
+    feed.start()
+    tape, shared = Tape(4096), np.ones(1000, np.float32)
+    feed.send(("tape", "kv", tape.nbytes))
+    for step in range(3):
+        tape.snap(np.full(4096, step + 1, np.uint8))
+        feed.send(("delta", "kv", *tape.deltas[-1]))
+        feed.send(("record", {"step": step, "v": tape.version, "x": shared}))
+    feed.close()
+    for p in parts:
+        assert p.result() == ([(0, 4096), (1, 8192), (2, 12288)], 1)
+
+
+def test_blas_threads_are_set_inside_and_restored_after():
+    if blas._entry() is None:
+        pytest.skip("numpy's BLAS here is not OpenBLAS")
+    before = blas._entry()[1]()
+    with blas.threads(1):
+        assert blas._entry()[1]() == 1
+    assert blas._entry()[1]() == before
+
+
+def test_forked_pieces_give_the_verdict_of_the_sequence(smol_a, smollm2, tmp_path, monkeypatch):
+    """The bf16 port (a carried KV cache, every span replayed in B's precision) judged in sequence
+    and with the pieces forked: the same facts and verdict, line for line."""
+    cand = planted.bf16(smol_a, tmp_path / "bf16")
+    opts = Options(seed=0, seqs=2, decode_steps=2, max_prompt=20)
+    lines = {}
+    for cores in (10**6, 1):
+        monkeypatch.setattr(forked, "MIN_CORES", cores)
+        r = judge(smol_a, cand, smollm2, dataclasses.replace(opts))
+        lines[cores] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
+    assert lines[1] == lines[10**6]
+    assert lines[1][-1].startswith("PASS")
