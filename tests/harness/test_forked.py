@@ -4,13 +4,11 @@ sequence, line for line."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 import planted
-from kern.harness import blas, forked
+from kern.harness import blas, candidate, forked
 from kern.harness.judge import Options, judge
 from kern.harness.record import Live
 from kern.harness.tape import Tape
@@ -61,15 +59,22 @@ def test_blas_threads_are_set_inside_and_restored_after():
     assert blas._entry()[1]() == before
 
 
-def test_forked_pieces_give_the_verdict_of_the_sequence(smol_a, smollm2, tmp_path, monkeypatch):
-    """The bf16 port (a carried KV cache, every span replayed in B's precision) judged in sequence
-    and with the pieces forked: the same facts and verdict, line for line."""
+@pytest.mark.parametrize("bug", ["none", "kv_off_by_one"])
+def test_forked_pieces_give_the_verdict_of_the_sequence(bug, smol_a, smollm2, tmp_path, monkeypatch):
+    """The bf16 port (a carried KV cache, every span replayed in B's precision), and the same
+    with a bug, judged in sequence, with A's pieces forked, and with B in its own process beside
+    A's record as well (as a CUDA candidate runs against a cpu reference): the same facts and
+    verdict, line for line."""
     cand = planted.bf16(smol_a, tmp_path / "bf16")
+    if bug != "none":
+        cand = planted.FAILS[bug](cand, tmp_path / bug)
     opts = Options(seed=0, seqs=2, decode_steps=2, max_prompt=20)
     lines = {}
-    for cores in (10**6, 1):
+    for mode, cores, apart in (("sequence", 10**6, False), ("forked", 1, False), ("beside", 1, True)):
         monkeypatch.setattr(forked, "MIN_CORES", cores)
-        r = judge(smol_a, cand, smollm2, dataclasses.replace(opts))
-        lines[cores] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
-    assert lines[1] == lines[10**6]
-    assert lines[1][-1].startswith("PASS")
+        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
+        r = judge(smol_a, cand, smollm2, opts)
+        lines[mode] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
+        assert ("wait_b" in r.seconds) == apart and ("wait_a" in r.seconds) == (cores == 1)
+    assert lines["forked"] == lines["sequence"] and lines["beside"] == lines["sequence"]
+    assert lines["sequence"][-1].startswith("FAIL" if bug != "none" else "PASS")

@@ -18,6 +18,7 @@ import numpy as np
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
 from . import blas, corpus, forked, precision, workload
+from . import candidate as candidate_mod
 from .diff import diff
 from .engine_io import EngineIO
 from .facts import end_to_end, span_facts
@@ -202,11 +203,16 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         return replay(io_a, "a", d, r, prec, np.random.Generator(np.random.PCG64(opts.seed)))
 
     feed = forked.Feed() if fork else None
+    remote = None
     if feed is not None:
         floors_e2e = forked.Part(e2e_floor, True)
         noise_part = forked.Part(lambda msgs: noise_of(Live(msgs)), True, feed)
         sim_part = forked.Part(lambda msgs: floor_of(Live(msgs)), True, feed)
+        if candidate_mod.apart(v_a, v_b):  # B loads and runs in its own process beside A's record
+            remote = candidate_mod.Beside(candidate, weights, d, prec, wl, feed)
         feed.start()
+        if remote is not None:
+            remote.send_setup(feed)
     try:
         rec: Recording = record(io_a, d, wl, prec.carried, feed.send if feed is not None else None)
     finally:
@@ -223,22 +229,13 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     gc.collect()
 
     t = time.perf_counter()
-    err = ""
-    runs: list[SpanRun] = []
-    rows = Rows(a=list(rec.outputs))
-    try:
-        eng_b = Engine(v_b, weights)
-        io_b = EngineIO(eng_b)
-        secs["load_b"] = time.perf_counter() - t
-        start = {s: io_b.read_state(s, io_b.state_prefix(s, wl.pages_used)).copy() for s in prec.carried
-                 if s in eng_b.states}
-        b_out, secs["free_b"] = free_run(io_b, wl)
-        rows.b = b_out
-        runs, secs["replay_b"] = replay(io_b, "b", d, rec, prec, start=start, wl=wl)
-        del io_b, eng_b
-    except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
-        err = f"{type(exc).__name__}: {exc}"
+    b = remote.result() if remote is not None else candidate_mod.run(v_b, weights, d, prec, wl, rec)
     gc.collect()
+    secs.update(b.seconds)
+    if remote is not None:
+        secs["wait_b"] = time.perf_counter() - t
+    err, runs = b.error, b.runs
+    rows = Rows(a=list(rec.outputs), b=b.out)
     t = time.perf_counter()
     noise, secs["noise"] = noise_part.result()
     sim, secs["floor"] = sim_part.result()

@@ -75,7 +75,7 @@ class Live:
                 self.tapes[msg[1]] = Tape(msg[2])
             elif msg[0] == "delta":
                 self.tapes[msg[1]].add(msg[2], msg[3])
-            else:
+            elif msg[0] == "record":
                 yield msg[1]
 
 
