@@ -78,3 +78,28 @@ def test_forked_pieces_give_the_verdict_of_the_sequence(bug, smol_a, smollm2, tm
         assert ("wait_b" in r.seconds) == apart and ("wait_a" in r.seconds) == (cores == 1)
     assert lines["forked"] == lines["sequence"] and lines["beside"] == lines["sequence"]
     assert lines["sequence"][-1].startswith("FAIL" if bug != "none" else "PASS")
+
+
+def test_a_candidate_decoding_more_sequences_a_step_is_fed_a_wide_step(smollm2, smol_a, tmp_path, monkeypatch):
+    """A reference whose decode takes 4 sequences against the same model decoding up to 32: five
+    short sequences of text decode three rows in steps of five, which A runs in slices (4 + 1)
+    and B whole; the rows join the evidence, the same in sequence, forked and beside."""
+    import json
+
+    from kern_models.llama.generator import generate
+
+    a4 = generate(json.loads((smollm2 / "config.json").read_text()), tmp_path / "a4", target="cpu",
+                  model="SmolLM2-135M-Instruct", seqs=4).parent
+    opts = Options(seed=0, seqs=2, decode_steps=2, max_prompt=20)
+    lines = {}
+    for mode, cores, apart in (("sequence", 10**6, False), ("forked", 1, False), ("beside", 1, True)):
+        monkeypatch.setattr(forked, "MIN_CORES", cores)
+        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
+        r = judge(a4, smol_a, smollm2, opts)
+        lines[mode] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
+        assert "wide_b" in r.seconds
+    assert lines["forked"] == lines["sequence"] and lines["beside"] == lines["sequence"]
+    wide = next(ln for ln in lines["sequence"] if ln.startswith("wide: "))
+    assert "5 sequences of natural-ish text" in wide and "3 decode steps" in wide
+    assert r.facts.e2e.rows == 2 * (1 + 2) + 5 * (1 + 3)  # main: a prefill and two decode rows each; wide: 1 + 3
+    assert r.verdict.status == "PASS"

@@ -29,12 +29,13 @@ from .workload import Workload
 class Outcome:
     out: list[StepOut] = field(default_factory=list)  # B free, step by step
     runs: list[SpanRun] = field(default_factory=list)  # every span record replayed on B
+    wide_out: list[StepOut] = field(default_factory=list)  # B free on the wide workload
     seconds: dict[str, float] = field(default_factory=dict)
     error: str = ""  # B failed loading or running: a finding, not a crash of the harness
 
 
 def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl: Workload,
-        rec: Recording | Live) -> Outcome:
+        wide: Workload | None, rec: Recording | Live) -> Outcome:
     o = Outcome()
     t = time.perf_counter()
     try:
@@ -45,6 +46,8 @@ def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl:
                  if s in eng.states}
         o.out, o.seconds["free_b"] = free_run(io, wl)
         o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)
+        if wide is not None:
+            o.wide_out, o.seconds["wide_b"] = free_run(io, wide)
     except Exception as exc:  # the candidate's failure is a finding, not a crash of the harness
         o.error = f"{type(exc).__name__}: {exc}"
     return o
@@ -54,7 +57,7 @@ class Beside:
     """run() in a process of its own, fed through `feed` (its first message: what to run)."""
 
     def __init__(self, candidate: str | Path, weights: str | Path | None, d: Diff, prec: Precision, wl: Workload,
-                 feed: forked.Feed):
+                 wide: Workload | None, feed: forked.Feed):
         r = feed.pipe()
         self._res, w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -62,7 +65,7 @@ class Beside:
                                       pass_fds=(r, w), env=env)
         os.close(r)
         os.close(w)
-        self._setup = ("setup", str(candidate), None if weights is None else str(weights), d, prec, wl)
+        self._setup = ("setup", str(candidate), None if weights is None else str(weights), d, prec, wl, wide)
 
     def send_setup(self, feed: forked.Feed) -> None:
         feed.send(self._setup)
@@ -79,10 +82,10 @@ class Beside:
 def _main(feed_fd: int, result_fd: int) -> None:
     msgs = forked.inbox(feed_fd)
     setup = next(msgs)
-    _, candidate, weights, d, prec, wl = setup
+    _, candidate, weights, d, prec, wl, wide = setup
     with blas.threads(1):  # as the judging process runs its side
         v = verify_path(candidate).verified
-        o = run(v, weights, d, prec, wl, Live(msgs)) if v is not None else Outcome(error=f"{candidate} failed "
+        o = run(v, weights, d, prec, wl, wide, Live(msgs)) if v is not None else Outcome(error=f"{candidate} failed "
                                                                                          "verification")
     with os.fdopen(result_fd, "wb") as f:
         f.write(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..manifest.protocol import derive
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
 from . import blas, corpus, forked, precision, workload
@@ -189,12 +190,22 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     wl = workload.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt,
                        corpus=text, mixed=True)
     fact(wl.describe())
+    wide = _wide(v_a, v_b, lim, opts, text)
+    if wide is not None:
+        fact("wide: " + wide.describe().removeprefix("workload: ") + ", run free on both sides: a decode step "
+             "wider than A's decode programs take")
     # forked: the pieces run beside the record, each other and B (forked.py), the replays
     # taking the record as it is made
 
     def e2e_floor() -> tuple[list[StepOut], float]:
         t = time.perf_counter()
         return _floors(io_a, prec, wl, opts.seed + 1), time.perf_counter() - t
+
+    def wide_free() -> list[StepOut]:
+        return free_run(io_a, wide)[0] if wide is not None else []
+
+    def wide_floor() -> list[StepOut]:
+        return _floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []
 
     def noise_of(r: Recording | Live) -> tuple[list[SpanRun], float]:
         return replay(io_a, "a", d, r, prec)
@@ -206,10 +217,11 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     remote = None
     if feed is not None:
         floors_e2e = forked.Part(e2e_floor, True)
+        wide_parts = (forked.Part(wide_free, wide is not None), forked.Part(wide_floor, wide is not None))
         noise_part = forked.Part(lambda msgs: noise_of(Live(msgs)), True, feed)
         sim_part = forked.Part(lambda msgs: floor_of(Live(msgs)), True, feed)
         if candidate_mod.apart(v_a, v_b):  # B loads and runs in its own process beside A's record
-            remote = candidate_mod.Beside(candidate, weights, d, prec, wl, feed)
+            remote = candidate_mod.Beside(candidate, weights, d, prec, wl, wide, feed)
         feed.start()
         if remote is not None:
             remote.send_setup(feed)
@@ -224,22 +236,26 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     if feed is None:  # in sequence; the floors last: they round the tables A's once programs wrote
         noise_part = forked.Part(lambda: noise_of(rec), False)
         sim_part = forked.Part(lambda: floor_of(rec), False)
+        free_part = forked.Part(wide_free, False)
         floors_e2e = forked.Part(e2e_floor, False)
+        wide_parts = (free_part, forked.Part(wide_floor, False))
     del io_a, eng_a
     gc.collect()
 
     t = time.perf_counter()
-    b = remote.result() if remote is not None else candidate_mod.run(v_b, weights, d, prec, wl, rec)
+    b = remote.result() if remote is not None else candidate_mod.run(v_b, weights, d, prec, wl, wide, rec)
     gc.collect()
     secs.update(b.seconds)
     if remote is not None:
         secs["wait_b"] = time.perf_counter() - t
     err, runs = b.error, b.runs
-    rows = Rows(a=list(rec.outputs), b=b.out)
     t = time.perf_counter()
     noise, secs["noise"] = noise_part.result()
     sim, secs["floor"] = sim_part.result()
-    rows.a_sim, secs["floor_e2e"] = floors_e2e.result()
+    a_sim, secs["floor_e2e"] = floors_e2e.result()
+    rows = Rows(a=list(rec.outputs) + wide_parts[0].result(), b=b.out + b.wide_out,
+                a_sim=a_sim + wide_parts[1].result())
+    only_b = tuple(sorted({x.program for x in b.wide_out} - set(v_a.manifest.programs)))
     if fork:
         secs["wait_a"] = time.perf_counter() - t
     noisy = [r for r in noise if any(not e.identical for e in r.errs.values())]
@@ -248,7 +264,7 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         fact(f"noise floor: {len(noisy)} of {len(noise)} span replays of A differ from A (max rel err {worst:.3g}); "
              "running A free once more for its end-to-end noise")
         io_a = EngineIO(Engine(v_a, weights))
-        rows.a_again = free_run(io_a, wl)[0]
+        rows.a_again = free_run(io_a, wl)[0] + (free_run(io_a, wide)[0] if wide is not None else [])
         del io_a
         gc.collect()
     else:
@@ -259,7 +275,7 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     _say_spans(facts_spans, fact)
     unfed = tuple(sorted({s.program for s in d.spans if s.program not in rec.programs_run}))
     e2e = _e2e(rows, err, opts, lim)
-    facts = Facts(facts_spans, e2e, opts.limit, unfed)
+    facts = Facts(facts_spans, e2e, opts.limit, unfed, only_b=only_b)
     _say_e2e(facts, fact)
     rounds, grown_rows = 0, 0
     # a round runs twice the sequences of the one before: expect twice its time (round 1's
@@ -267,7 +283,7 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     last = sum(secs.get(k, 0.0) for k in ("load_a", "record_a", "floor_e2e", "load_b", "free_b"))
     while not err and decide(facts).kind in GROWABLE:
         if time.perf_counter() - t_all + 2 * last > opts.time_cap:
-            facts = Facts(facts.spans, facts.e2e, facts.limit, facts.unfed, grown=facts.grown, capped=True)
+            facts = dataclasses.replace(facts, capped=True)
             break
         rounds += 1
         t = time.perf_counter()
@@ -275,12 +291,14 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         fact(f"round {rounds + 1}: " + more.describe().removeprefix("workload: "))
         before = len(rows.a)
         err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows, fork)
+        wider = _wide(v_a, v_b, lim, dataclasses.replace(opts, seed=opts.seed + 1000 * rounds), text) if wide else None
+        if wider is not None and not err:  # B's wide decode may be what wants more rows
+            err = _round(v_a, v_b, weights, prec, wider, opts.seed + 2 * rounds + 2, rows, fork)
         grown_rows += sum(0 if x.logits is None else len(x.logits) for x in rows.a[before:])
         secs[f"round_{rounds + 1}"] = last = time.perf_counter() - t
         e2e = _e2e(rows, err, opts, lim)
         nat = " of natural-ish prompts" if more.natural else ""
-        facts = Facts(facts.spans, e2e, opts.limit, unfed,
-                      grown=f"grown {_times(rounds)}: +{grown_rows} rows{nat}")
+        facts = dataclasses.replace(facts, e2e=e2e, grown=f"grown {_times(rounds)}: +{grown_rows} rows{nat}")
         _say_e2e(facts, fact)
     secs["total"] = time.perf_counter() - t_all
     fact("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
@@ -294,6 +312,22 @@ def limits(io: EngineIO, opts: Options) -> workload.Limits:
 
 def _times(n: int) -> str:
     return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _wide(v_a: Verified, v_b: Verified, lim: workload.Limits, opts: Options,
+          text: tuple[int, ...] | None) -> workload.Workload | None:
+    """Decode steps of one sequence more than any decode program of A takes, when B has a
+    program for them (a wide decode): short prompts of the text, each sequence in one page, three
+    decode rows each (on SmolLM2-135M 29-53 of the 99 wide rows are decisive, seeds 0-3). None
+    when B has no such program or the pages do not hold it."""
+    most = max((s.groups_max for s in derive(v_a).fixed(1)), default=0)
+    if not most or not any(s.groups_max > most for s in derive(v_b).fixed(1)):
+        return None
+    try:
+        return workload.make(opts.seed + 500, dataclasses.replace(lim, decode_groups=most + 1), seqs=most + 1,
+                             decode_steps=3, max_prompt=max(1, lim.page_tokens - 3), corpus=text)
+    except ValueError:
+        return None
 
 
 def _grow(opts: Options, lim: workload.Limits, k: int, text: tuple[int, ...] | None) -> workload.Workload:

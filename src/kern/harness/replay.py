@@ -19,7 +19,7 @@ from .engine_io import EngineIO, poison
 from .precision import Precision, run_rounded
 from .record import Live, Recording, StepOut, outputs, stepper_for
 from .tape import TapeReader
-from .workload import Workload, feed
+from .workload import Step, Workload, feed
 
 
 @dataclass
@@ -109,20 +109,38 @@ def _reader(readers: dict[str, TapeReader], rec: Recording | Live, state: str) -
 def free_run(io: EngineIO, wl: Workload, prec: Precision | None = None,
              rng: np.random.Generator | None = None) -> tuple[list[StepOut], float]:
     """The whole workload through this side's own programs, from its state at load; with prec
-    and rng, call by call in B's precision (the end-to-end floor, run on A)."""
+    and rng, call by call in B's precision (the end-to-end floor, run on A). A decode step of
+    more sequences than this side's decode programs take (the other side's wide decode) runs
+    in slices, its rows joined."""
     t0 = time.perf_counter()
     widths = io.table_widths()
     out = []
     for step in wl.steps:
-        st = stepper_for(io, step)
-        vars, ins = feed(step, st, wl.seqs, widths)
-        if prec is not None and rng is not None:
-            env = io.e.env(st.program, vars)
-            for buf, host in ins.items():
-                io.e.write_input(st.program, buf, host, env)
-            run_rounded(io, prec, st.program, 0, len(io.e.m.programs[st.program].calls), env, rng)
-        else:
-            env = io.e.run(st.program, vars, ins)
-            io.e.device.synchronize()
-        out.append(StepOut(st.program, *outputs(io, st, env)))
+        parts = [_one_step(io, wl, part, widths, prec, rng) for part in _slices(io, step)]
+        out.append(parts[0] if len(parts) == 1 else
+                   StepOut(parts[0].program, *(None if getattr(parts[0], k) is None else
+                                               np.concatenate([getattr(x, k) for x in parts])
+                                               for k in ("tokens", "logits"))))
     return out, time.perf_counter() - t0
+
+
+def _slices(io: EngineIO, step: Step) -> list[Step]:
+    most = max((s.groups_max for s in io.e.protocol.fixed(1)), default=0) if not step.ragged else 0
+    if not most or len(step.chunks) <= most:
+        return [step]
+    return [Step(False, step.chunks[i:i + most]) for i in range(0, len(step.chunks), most)]
+
+
+def _one_step(io: EngineIO, wl: Workload, step: Step, widths: dict[str, int], prec: Precision | None,
+              rng: np.random.Generator | None) -> StepOut:
+    st = stepper_for(io, step)
+    vars, ins = feed(step, st, wl.seqs, widths)
+    if prec is not None and rng is not None:
+        env = io.e.env(st.program, vars)
+        for buf, host in ins.items():
+            io.e.write_input(st.program, buf, host, env)
+        run_rounded(io, prec, st.program, 0, len(io.e.m.programs[st.program].calls), env, rng)
+    else:
+        env = io.e.run(st.program, vars, ins)
+        io.e.device.synchronize()
+    return StepOut(st.program, *outputs(io, st, env))
