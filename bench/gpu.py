@@ -137,7 +137,7 @@ def verdict(r: Run, site: Path, env: dict) -> None:
             text = r.step(label, [sys.executable, "-m", "kern.cli", "test", "--reference", cpu, "--candidate",
                                   cuda, "--weights", ckpt, "--time-cap", "25"], 35, {**emb, **extra}, cwd=Path("/tmp"))
             lines = [ln for ln in text.splitlines() if ln.strip()]
-            r.summary += [f"{label}: {ln}" for ln in lines if ln.startswith(("time:", "end to end:"))]
+            r.summary += [f"{label}: {ln}" for ln in lines if ln.startswith(("time:", "end to end:", "wide:"))]
             r.summary.append(f"{label} cpu vs sm_90a, real embedded weights: {(lines or ['(no output)'])[-1]} "
                              f"({time.monotonic() - t0:.1f} s)")
         text = r.step("profile", [sys.executable, str(ROOT / "bench/kern_test_profile.py"), "--reference", cpu,
