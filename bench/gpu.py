@@ -27,7 +27,7 @@ Presets (comma-separated, run in order):
             beforehand): `kern test` of the sm_90a deployment against the cpu one, timed (cold,
             then once more), the reference's phases profiled
             (bench/kern_test_profile.py), then tests/harness/test_cuda_vs_cpu.py (the PASS and
-            the planted sm_90a bugs)
+            the planted sm_90a bugs) and tests/cuda/test_cuda_gpu_kern_test.py
 
 Wheels (cuda-bindings, the cuBLAS wheel, ...) are carried to the machine in .whl/ (no network
 there): `pip download --only-binary :all: -d .whl ...` here, then pass .whl in the run's carry.
@@ -144,8 +144,9 @@ def verdict(r: Run, site: Path, env: dict) -> None:
                                   "--candidate", cuda, "--weights", ckpt], 60, emb, cwd=Path("/tmp"))
         r.summary += [ln for ln in text.splitlines() if ln.startswith(("#", "##"))]
     tenv = {**env, "KERN_CACHE": str(cache), "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1"}
-    text = r.step("harness_gpu", [sys.executable, "-m", "pytest", "tests/harness/test_cuda_vs_cpu.py", "-m", "gpu",
-                                  "-q", "-s", "-p", "no:cacheprovider"], 75, tenv)
+    text = r.step("harness_gpu", [sys.executable, "-m", "pytest", "tests/harness/test_cuda_vs_cpu.py",
+                                  "tests/cuda/test_cuda_gpu_kern_test.py", "-m", "gpu", "-q", "-s", "-p",
+                                  "no:cacheprovider"], 100, tenv)
     r.summary += [ln for ln in text.splitlines() if ln.startswith(("PASS", "FAIL", "INCONCLUSIVE", "wall"))]
     r.summary += [ln for ln in text.splitlines() if ln.strip()][-1:]
 
