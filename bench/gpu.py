@@ -121,9 +121,9 @@ class Run:
 
 def verdict(r: Run, site: Path, env: dict) -> None:
     """`kern test` of the sm_90a deployment against the cpu one as a user runs it (timed: the
-    first, cold run is the figure; then once more, for its spread), where
-    the reference's seconds go (bench/kern_test_profile.py), then tests/harness/test_cuda_vs_cpu.py
-    (the PASS and the planted sm_90a bugs); about 150 s in all."""
+    first, cold run is the figure; then once more, for its spread), where the reference's
+    seconds go (bench/kern_test_profile.py), then tests/harness/test_cuda_vs_cpu.py (the PASS and
+    the planted sm_90a bugs) and tests/cuda/test_cuda_gpu_kern_test.py; about 80 s in all."""
     cache = Path("/tmp/kern-cache-verdict")
     emb = installed_env(site, cache)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
