@@ -103,3 +103,19 @@ def test_a_candidate_decoding_more_sequences_a_step_is_fed_a_wide_step(smollm2, 
     assert "5 sequences of natural-ish text" in wide and "3 decode steps" in wide
     assert r.facts.e2e.rows == 2 * (1 + 2) + 5 * (1 + 3)  # main: a prefill and two decode rows each; wide: 1 + 3
     assert r.verdict.status == "PASS"
+
+
+def test_a_candidate_failing_beside_the_reference_is_a_finding(smol_a, smollm2, tmp_path, monkeypatch):
+    """B's own process raising in a kernel: the verdict is B's failure, in one line, as in sequence."""
+    cand = planted.variant(smol_a, tmp_path / "b", patch=([("def silu_mul(", "def silu_mul(*a):\n    raise "
+                                                            "MemoryError('planted')\n\n\ndef _unused(")],
+                                                          ["silu_mul"]))
+    opts = Options(seed=0, seqs=2, decode_steps=1, max_prompt=20)
+    lines = {}
+    for mode, cores, apart in (("sequence", 10**6, False), ("beside", 1, True)):
+        monkeypatch.setattr(forked, "MIN_CORES", cores)
+        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
+        r = judge(smol_a, cand, smollm2, opts)
+        lines[mode] = r.verdict.line
+        assert (r.verdict.status, r.verdict.kind) == ("FAIL", "crashed"), r.verdict.line
+    assert lines["beside"] == lines["sequence"] and "MemoryError: planted" in lines["sequence"]

@@ -80,15 +80,20 @@ class Beside:
 
 
 def _main(feed_fd: int, result_fd: int) -> None:
-    msgs = forked.inbox(feed_fd)
-    setup = next(msgs)
-    _, candidate, weights, d, prec, wl, wide = setup
-    with blas.threads(1):  # as the judging process runs its side
-        v = verify_path(candidate).verified
-        o = run(v, weights, d, prec, wl, wide, Live(msgs)) if v is not None else Outcome(error=f"{candidate} failed "
-                                                                                         "verification")
-    with os.fdopen(result_fd, "wb") as f:
-        f.write(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))
+    try:
+        msgs = forked.inbox(feed_fd)
+        _, candidate, weights, d, prec, wl, wide = next(msgs)
+        with blas.threads(1):  # as the judging process runs its side
+            v = verify_path(candidate).verified
+            o = (run(v, weights, d, prec, wl, wide, Live(msgs)) if v is not None
+                 else Outcome(error=f"{candidate} failed verification"))
+    except Exception as exc:  # noqa: BLE001 - reported as the candidate's failure, never a traceback
+        o = Outcome(error=f"{type(exc).__name__}: {exc}")
+    try:
+        with os.fdopen(result_fd, "wb") as f:
+            f.write(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))
+    except BrokenPipeError:  # the judging process is gone
+        pass
 
 
 def apart(v_a: Verified, v_b: Verified) -> bool:

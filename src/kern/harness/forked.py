@@ -120,19 +120,21 @@ class Part(Generic[T]):
             # driver's): the child runs numpy alone, and OpenBLAS rebuilds its pool at a fork
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
-        if pid == 0:  # the child
-            os.close(r)
-            code = 0
+        if pid == 0:  # the child: whatever happens, it never returns into the parent's code
+            code = 1
             try:
-                if feed is not None:
-                    feed.in_child()
-                value = fn(inbox(rfeed)) if feed is not None else fn()
-                data = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException as exc:  # noqa: BLE001 - the parent raises it, in its own words
-                data, code = pickle.dumps(("error", f"{type(exc).__name__}: {exc}")), 1
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-            os._exit(code)
+                os.close(r)
+                try:
+                    if feed is not None:
+                        feed.in_child()
+                    value = fn(inbox(rfeed)) if feed is not None else fn()
+                    data, code = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL), 0
+                except BaseException as exc:  # noqa: BLE001 - the parent raises it, in its own words
+                    data = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+                with os.fdopen(w, "wb") as f:
+                    f.write(data)
+            finally:
+                os._exit(code)
         os.close(w)
         if rfeed >= 0:
             os.close(rfeed)
