@@ -52,6 +52,68 @@ static_assert((MEGA_MAX_G * MEGA_MAX_HD) % MEGA_THREADS == 0, "attention's (head
 // down; then lm_head and pick.
 enum { PH_EMBED = 0, PH_LAYER = 1, PH_PER_LAYER = 5 };
 
+// ---- the profile build (-DMEGA_PROFILE; bench/mega_prof.py) ---------------------------------
+// Thread 0 of each block splits its time, in SM cycles, into buckets per kind of phase: the wait
+// (from the end of its previous phase to the grid barrier passed: barrier latency, skew, and
+// blocks without work) and the busy time (from the barrier passed to the phase's end); the
+// arrivals (the fence and the add) in one bucket of their own. At exit each block writes its
+// buckets to mega_prof [block][kind][wait, busy]; block 0 adds the globaltimer (ns) and clock64
+// at its start and exit (their ratio turns cycles into time) and the steps run. Outside the
+// profile build all of it compiles to nothing.
+enum { PK_EMBED, PK_QKV, PK_QK, PK_ATTN, PK_O, PK_MLP, PK_DOWN, PK_LM, PK_PICK, PK_ARRIVE, PK_PLAN, PK_KINDS };
+#ifdef MEGA_PROFILE
+#define PROF_BLOCKS 256
+__device__ unsigned long long mega_prof[PROF_BLOCKS * PK_KINDS * 2 + 8];
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+struct Prof {
+    unsigned long long (*acc)[2];  // [PK_KINDS][2] in shared memory
+    long long mark, waited;
+    __device__ void start(unsigned long long (*a)[2]) {
+        acc = a;
+        mark = waited = 0;
+        if (threadIdx.x < 2 * PK_KINDS) acc[threadIdx.x >> 1][threadIdx.x & 1] = 0;
+        if (threadIdx.x == 0) mark = clock64();
+        __syncthreads();
+    }
+    __device__ void passed() {  // thread 0, its barrier wait just passed
+        waited = clock64();
+    }
+    __device__ void end(int kind) {  // thread 0's phase of `kind` ends now
+        if (threadIdx.x != 0) return;
+        const long long now = clock64(), w = waited > mark ? waited - mark : 0;
+        acc[kind][0] += w;
+        acc[kind][1] += now - mark - w;
+        mark = now;
+    }
+    __device__ void flush(int steps, unsigned long long g0, unsigned long long c0) {
+        if (threadIdx.x != 0 || blockIdx.x >= PROF_BLOCKS) return;
+        for (int k = 0; k < PK_KINDS; ++k) {
+            mega_prof[(blockIdx.x * PK_KINDS + k) * 2] = acc[k][0];
+            mega_prof[(blockIdx.x * PK_KINDS + k) * 2 + 1] = acc[k][1];
+        }
+        if (blockIdx.x == 0) {
+            unsigned long long *t = mega_prof + PROF_BLOCKS * PK_KINDS * 2;
+            t[0] = g0;
+            t[1] = c0;
+            t[2] = gtimer();
+            t[3] = clock64();
+            t[4] = steps;
+            t[5] = gridDim.x;
+        }
+    }
+};
+#else
+struct Prof {
+    __device__ void start(unsigned long long (*)[2]) {}
+    __device__ void passed() {}
+    __device__ void end(int) {}
+};
+#endif
+
 // ---- the grid barrier ---------------------------------------------------------------------
 // ctr[0] counts arrivals, ctr[1] blocks that have left; both are zero between launches. Barrier
 // n (n = 1, 2, ...) is passed when ctr[0] reaches n * gridDim.x: a block arrives (a release
@@ -69,12 +131,14 @@ struct GridBar {
     unsigned *ctr;
     unsigned round;  // barriers this block has arrived at
     bool pending;    // arrived at, not yet waited for
+    Prof prof;
     __device__ void arrive() {
         __syncthreads();
         if (threadIdx.x == 0)
             asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
         ++round;
         pending = true;
+        prof.end(PK_ARRIVE);
     }
     __device__ void wait() {
         if (!pending) return;
@@ -83,6 +147,7 @@ struct GridBar {
             const unsigned target = round * gridDim.x;
             while ((int)(ld_acquire(ctr) - target) < 0) {
             }  // a pure spin: one thread a block, and a __nanosleep quantum would add to every barrier
+            prof.passed();
         }
         __syncthreads();
     }
@@ -148,17 +213,23 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
 // the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
 // kernels.
-// gemv.cuh's YAddRes with its residual pointer taken after the wait (see mega_pass); the same
-// arithmetic, so the same bits. The other outputs only write, or read weights and the block's
-// own shared memory.
+// gemv.cuh's YAddRes with the residual read before the grid barrier: the same arithmetic, so
+// the same bits. What the o and down projections add to was last written at least one barrier
+// earlier (by the embedding, the previous down or the o projection, every block having passed
+// a barrier since), and in this phase only by the thread that reads it, in its epilogue: so the
+// read needs no wait, and its round trip overlaps the barrier's. The other outputs only write,
+// or read weights and the block's own shared memory.
 struct YAddResMega {
     static constexpr bool PAIRED = false;
     bf16 *res;
-    __device__ void put(size_t i, float v) const { res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v)); }
+    __device__ void put(size_t i, float v, float before) const { res[i] = to_bf(before + rbf(v)); }
 };
 template <class Y>
-__device__ __forceinline__ Y y_after(const Y &y) { return y; }
-__device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
+__device__ __forceinline__ float y_before(const Y &, size_t) { return 0.f; }
+__device__ __forceinline__ float y_before(const YAddResMega &y, size_t i) { return to_f(__ldcg(y.res + i)); }
+template <class Y>
+__device__ __forceinline__ void y_put(const Y &y, size_t i, float v, float) { y.put(i, v); }
+__device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, float before) { y.put(i, v, before); }
 
 template <int NT, class X, class Y>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
@@ -183,12 +254,20 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    // this thread's epilogue entry (at most one: NT <= 2) and what it adds to, read now
+    static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
+    const int eq = threadIdx.x >> 5, el = threadIdx.x & 31;
+    const int e_row = (eq >> 2) * 8 + 2 * (el & 3) + (eq & 1);
+    const int e_col = n0 + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
+    float before = 0.f;
+    if constexpr (!Y::PAIRED)
+        if (eq < NT * 4 && e_row < R && e_col < N) before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
-    // compiler may move or merge: ld_act and __ldcg are neither volatile nor memory-clobbering)
-    // neither rise above it nor reuse an earlier phase's values
+    // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
+    // above it nor reuse an earlier phase's values
     const X xs = xs0.after();
-    const Y ys = y_after(ys0);
+    const Y &ys = ys0;
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
@@ -277,7 +356,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
                 float v = 0.f;
 #pragma unroll
                 for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
-                ys.put((size_t)(r0 + row) * N + col, v * scale);
+                y_put(ys, (size_t)(r0 + row) * N + col, v * scale, before);
             }
         }
     }
@@ -346,6 +425,22 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     if (z >= n_used) return;
     const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
+    // A tile's K and V rows into shared memory (cp.async: in flight together, and with the q
+    // loads below for the first tile).
+    auto copy_tile = [&](int tb, int n) {
+        for (int c = tid; c < n * CH; c += blockDim.x) {
+            const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
+            const int phys = a.page_table[(size_t)s * a.pages_per_seq + tok / a.page_tokens];
+            const size_t kb = kv_offset(phys, a.layer, 0, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            const size_t vb = kv_offset(phys, a.layer, 1, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            cp_async16(&sm.k[t][off], a.kv_state + kb + off * 2);
+            cp_async16(&sm.v[t][off], a.kv_state + vb + off * 2);
+        }
+        cp_async_commit();
+    };
+    copy_tile(t0, min(ATT_TILE, t1 - t0));
     const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
         sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
@@ -358,17 +453,7 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     for (int j = 0; j < ATT_PAIRS; ++j) acc[j] = 0.f;
     for (int tb = t0; tb < t1; tb += ATT_TILE) {
         const int n = min(ATT_TILE, t1 - tb);
-        for (int c = tid; c < n * CH; c += blockDim.x) {
-            const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
-            const int phys = a.page_table[(size_t)s * a.pages_per_seq + tok / a.page_tokens];
-            const size_t kb = kv_offset(phys, a.layer, 0, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
-                                        a.page_tokens);
-            const size_t vb = kv_offset(phys, a.layer, 1, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
-                                        a.page_tokens);
-            cp_async16(&sm.k[t][off], a.kv_state + kb + off * 2);
-            cp_async16(&sm.v[t][off], a.kv_state + vb + off * 2);
-        }
-        cp_async_commit();
+        if (tb > t0) copy_tile(tb, n);
         cp_async_wait<0>();
         __syncthreads();
         for (int i = tid; i < G * n; i += blockDim.x) {  // scores: a thread per (head, token)
@@ -627,8 +712,22 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     // for the next projection's first tiles and arrives at the grid barrier, which the next
     // phase waits for (a projection after its first weight loads).
     GridBar gb{bar, 0, false};
+#ifdef MEGA_PROFILE
+    __shared__ unsigned long long prof_acc[PK_KINDS][2];
+    const unsigned long long g0 = gtimer(), c0 = clock64();
+    int steps_run = 0;
+#else
+    unsigned long long (*prof_acc)[2] = nullptr;
+#endif
+    gb.prof.start(prof_acc);
     auto in = [&](int ph) { return ph >= phase_lo && ph < phase_hi; };
     auto done = [&](int ph) {
+        if (ph == PH_EMBED) gb.prof.end(PK_EMBED);
+        else if (ph == ph_lm) gb.prof.end(PK_LM);
+        else {
+            const int k = (ph - PH_LAYER) % ppl;  // qkv, (qk), attention, o, mlp, down
+            gb.prof.end(k == 0 ? PK_QKV : PK_QK + k - 1 + (qk_norm ? 0 : 1));
+        }
         if (ph + 1 < phase_hi) {
             Proj next = proj(ph + 1);
             for (int k = 2; !next.W && k <= 3; ++k) next = proj(ph + k);  // past q/k norms and attention
@@ -641,8 +740,12 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
 
     for (int step = 0; step < max_steps; ++step) {
         plan_step(Lo, ids, pos, cu_seqlens, n_seqs, chunk, max_new);
+        gb.prof.end(PK_PLAN);
         const int R = Lo.n_rows;
         if (R == 0) break;
+#ifdef MEGA_PROFILE
+        ++steps_run;
+#endif
         if (in(PH_EMBED)) {
             const int per_row = hidden / 8;
             for (int i = blockIdx.x * blockDim.x + tid; i < R * per_row; i += gridDim.x * blockDim.x) {
@@ -744,6 +847,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             }
         }
         __syncthreads();
+        gb.prof.end(PK_PICK);
     }
     gb.leave();
+#ifdef MEGA_PROFILE
+    gb.prof.flush(steps_run, g0, c0);
+#endif
 }
