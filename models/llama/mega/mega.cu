@@ -127,6 +127,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 struct GridBar {
     unsigned *ctr;
     unsigned round;  // barriers this block has arrived at
@@ -134,8 +139,13 @@ struct GridBar {
     Prof prof;
     __device__ void arrive() {
         __syncthreads();
-        if (threadIdx.x == 0)
+        if (threadIdx.x == 0) {
+#ifdef MEGA_ARRIVE_RELEASE
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+#else
             asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+#endif
+        }
         ++round;
         pending = true;
         prof.end(PK_ARRIVE);
@@ -145,8 +155,14 @@ struct GridBar {
         pending = false;
         if (threadIdx.x == 0) {
             const unsigned target = round * gridDim.x;
+#ifdef MEGA_SPIN_RELAXED
+            while ((int)(ld_relaxed(ctr) - target) < 0) {
+            }
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
             while ((int)(ld_acquire(ctr) - target) < 0) {
             }  // a pure spin: one thread a block, and a __nanosleep quantum would add to every barrier
+#endif
             prof.passed();
         }
         __syncthreads();
@@ -570,7 +586,9 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
 // Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
 // next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
 // for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
+#ifndef MEGA_PREFETCH_TILES
 #define MEGA_PREFETCH_TILES 2
+#endif
 enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
 struct Proj {
     const bf16 *W;
