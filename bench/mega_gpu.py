@@ -14,7 +14,7 @@ after every step, so whatever the outer cap kills, what ran is reported. The ran
 are made once, in $MEGA_CKPTS, and shared by the steps.
 
     python3 bench/mega_gpu.py [--steps smoke,bench,tests] [--build-timeout 60] [--smoke-timeout 30] [--bench-timeout 50]
-                              [--prof-timeout 90] [--prof-args "..."] [--tests-timeout 45]
+                              [--prof-timeout 90[,90...]] [--prof-args "..." ...] [--tests-timeout 45]
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ def main() -> int:
     ap.add_argument("--build-timeout", type=int, default=60)
     ap.add_argument("--smoke-timeout", type=int, default=30)
     ap.add_argument("--bench-timeout", type=int, default=50)
-    ap.add_argument("--prof-timeout", type=int, default=90)
-    ap.add_argument("--prof-args", default="", help="bench/mega_prof.py's arguments (shell words)")
+    ap.add_argument("--prof-timeout", default="90", help="seconds, a run of bench/mega_prof.py (comma-separated: "
+                                                             "one a --prof-args, the last for the rest)")
+    ap.add_argument("--prof-args", action="append", default=[],
+                    help="bench/mega_prof.py's arguments (shell words); again for another run of it, in its own "
+                         "step (prof, prof2, ...)")
     ap.add_argument("--tests-timeout", type=int, default=45)
     ap.add_argument("--steps", default="smoke,bench,tests", help="of build, smoke, bench, prof, tests; in this order")
     args = ap.parse_args()
@@ -103,9 +106,12 @@ def main() -> int:
         ok = "SMOKE OK" in text
         report([ln for ln in text.splitlines() if ln.startswith(("[", "SMOKE"))]
                or [f"smoke: no output ({text.strip()[-300:]})"])
+    runs = args.prof_args or [""]
+    caps = [int(c) for c in args.prof_timeout.split(",")]
     for step, cmd, timeout in (("bench", ["bench/mega.py"], args.bench_timeout),
-                               ("prof", ["bench/mega_prof.py", *shlex.split(args.prof_args)], args.prof_timeout)):
-        if ok and step in steps:
+                               *((f"prof{i + 1 if i else ''}", ["bench/mega_prof.py", *shlex.split(a)],
+                                  caps[min(i, len(caps) - 1)]) for i, a in enumerate(runs))):
+        if ok and step.rstrip("0123456789") in steps:
             text = r.step(step, [sys.executable, *cmd], timeout)
             report([ln for ln in text.splitlines() if ln.startswith("{")] or [f"{step}: {text.strip()[-300:]}"])
     if "tests" in steps:

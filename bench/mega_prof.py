@@ -4,15 +4,18 @@ per-op graph path, in one run on the GPU.
     python bench/mega_prof.py [--shapes smollm2-135m,llama-3.2-1b] [--batch 1,16] [--new 128]
                               [--variants shipped,prof,NAME=SPEC,...]
 
-Variants of mega.cubin, each swapped into an otherwise identical deployment:
+Variants of mega.cubin, each swapped into an otherwise identical deployment, as NAME=SOURCE[@SHARED]
+(or just SOURCE, named after it):
   shipped    the pinned cubin in models/llama/mega/cubins (after `build --record`, this tree's)
   prof       mega.cu built with -DMEGA_PROFILE: thread 0 of each block stamps clock64 around
              every phase; the run reads back mega_prof (a __device__ array of the module) and
              prints, per kind of phase and per decode step, each block's wait (from its previous
              phase's end to the grid barrier passed) and busy time (from there to the phase's
              end), mean and max over the grid, and the arrivals' own cost
-  NAME=SPEC  SPEC a .cubin file (e.g. the shipped one saved before a --record), or nvcc flags
-             ("-DFOO -DBAR=2") to build mega.cu with
+  FILE.cubin a cubin (e.g. the shipped one saved before a --record)
+  FLAGS      nvcc flags ("-DFOO -DBAR=2") to build mega.cu with
+  @SHARED    the launch's dynamic shared memory in bytes instead of the manifest's (@0: no weight
+             stream)
 Decode figures are the bench/mega.py way: (T(32 + 129) - T(32 + 1)) / 128 a step, so the prompt's
 steps cancel; the profile is the difference of the same two launches' buckets. Prints one JSON
 line a measurement."""
@@ -37,39 +40,53 @@ KINDS = ("embed", "qkv", "qk", "attention", "o", "mlp", "down", "lm_head", "pick
 PROF_BLOCKS = 256  # mega.cu PROF_BLOCKS
 
 
-def build(variants: list[str], out: Path) -> dict[str, Path]:
-    """A mega.cubin for each variant: {name: path}."""
+def build(variants: list[str], out: Path) -> dict[str, tuple[Path, int | None]]:
+    """{name: (mega.cubin, shared_mem override or None)} for each variant."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from kern_models.llama.cuda.build import compile_one, flags
     from kern_models.llama.mega import build as mb
 
-    from concurrent.futures import ThreadPoolExecutor
-
-    cubins, builds = {}, {}
+    cubins, shared = {}, {}
     with ThreadPoolExecutor() as pool:  # one nvcc a variant, side by side
         for v in variants:
             name, _, spec = v.partition("=")
-            if name == "shipped":
+            spec, _, smem = (spec or name).partition("@")
+            shared[name] = int(smem) if smem else None
+            if spec == "shipped":
                 cubins[name] = mb.SHIPPED / mb.CUBIN
             elif spec.endswith(".cubin"):
                 cubins[name] = Path(spec)
             else:
-                extra = ["-DMEGA_PROFILE"] if name == "prof" else spec.split()
-                cubins[name] = None
-                builds[name] = pool.submit(compile_one, mb.SOURCE, out / name, shutil.which("nvcc") or "nvcc",
+                extra = ["-DMEGA_PROFILE"] if spec == "prof" else spec.split()
+                cubins[name] = pool.submit(compile_one, mb.SOURCE, out / name, shutil.which("nvcc") or "nvcc",
                                            (*flags(), *extra))
-    return {name: path or builds[name].result() for name, path in cubins.items()}
+    return {n: (c if isinstance(c, Path) else c.result(), shared[n]) for n, c in cubins.items()}
 
 
-def deploy(template: Path, folder: Path, cubin: Path) -> Path:
-    """A copy of the one-kernel deployment `template` with `cubin` as its mega.cubin (repinned)."""
+def deploy(template: Path, folder: Path, cubin: Path, shared: int | None) -> Path:
+    """A copy of the one-kernel deployment `template` with `cubin` as its mega.cubin (repinned)
+    and, when given, `shared` bytes of dynamic shared memory for its launches."""
     import hashlib
 
     shutil.copytree(template, folder)
     shutil.copyfile(cubin, folder / "kernels" / "mega.cubin")
     m = json.loads((folder / "manifest.json").read_text())
     m["modules"]["mega"]["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    if shared is not None:
+        for op in m["ops"].values():
+            for launch in op["impl"]["launches"]:
+                if launch.get("module") == "mega":
+                    launch["shared_mem"] = shared
     (folder / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
     return folder / "manifest.json"
+
+
+def has_prof(mega) -> bool:
+    """Whether the loaded mega.cubin is a profile build (has mega_prof)."""
+    from kern.runtime.devices.cuda.driver import drv
+
+    return int(drv().cuModuleGetGlobal(mega.engine.device.modules["mega"].handle, b"mega_prof")[0]) == 0
 
 
 def read_prof(mega) -> np.ndarray:
@@ -127,7 +144,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     cubins = build(args.variants.split(","), tmp / "cubins")
-    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "variants": {k: str(p) for k, p in cubins.items()}}),
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "variants": {k: [str(p), sh] for k, (p, sh) in cubins.items()}}),
           flush=True)
     batches = [int(x) for x in args.batch.split(",")]
     for name in args.shapes.split(","):
@@ -144,8 +161,8 @@ def main() -> None:
                                   "step_us": round(k["step_ms"] * 1e3, 1)}), flush=True)
             del per_op
         template = generate(cfg, tmp / name / "mega", target="mega", model=name, context=1024).parent
-        for v, cubin in cubins.items():
-            mega = MegaModel(deploy(template, tmp / name / v, cubin), ckpt, sequences=max(batches))
+        for v, (cubin, shared) in cubins.items():
+            mega = MegaModel(deploy(template, tmp / name / v, cubin, shared), ckpt, sequences=max(batches))
             for bt in batches:
                 plist = prompts[bt].tolist()
                 t_one, _ = timed(lambda: mega.generate_batch(plist, 1))
@@ -153,7 +170,7 @@ def main() -> None:
                 step_s = (t_more - t_one) / args.new
                 row = {"shape": name, "batch": bt, "variant": v, "tok_s": round(bt / step_s, 1),
                        "step_us": round(step_s * 1e6, 1), "first8": toks[0][:8]}
-                if v == "prof":
+                if has_prof(mega):
                     row["profile"] = profile(mega, plist, args.new)
                 print(json.dumps(row), flush=True)
             del mega

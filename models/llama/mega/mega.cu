@@ -225,6 +225,110 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
     __syncthreads();
 }
 
+// ---- the weight stream ------------------------------------------------------------------------
+// A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
+// (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
+enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
+struct Proj {
+    const bf16 *W;
+    int N, K, n_tiles, kind, head_dim;
+};
+// The W rows of mma rows g and g + 8 of a tile, and whether they exist: mega_pass's rows (the
+// paired kinds: gemv.cuh's YSwiGLU / YRopeAppend wrows).
+__device__ __forceinline__ void tile_rows(const Proj &p, int tile, int g, int &r0, int &r1, bool &ok0, bool &ok1) {
+    if (p.kind == TILE_PLAIN) {
+        r0 = GEMV_COLS * tile + g;
+        r1 = r0 + 8;
+        ok0 = r0 < p.N;
+        ok1 = r1 < p.N;
+        return;
+    }
+    if (p.kind == TILE_SWIGLU) {
+        r0 = (GEMV_COLS / 2) * tile + g;
+        r1 = p.N + r0;
+    } else {
+        const int per_head = p.head_dim >> 4, head = tile / per_head;
+        r0 = head * p.head_dim + (tile - head * per_head) * 8 + g;
+        r1 = r0 + (p.head_dim >> 1);
+    }
+    ok0 = ok1 = r0 < p.N;
+}
+
+// Each warp streams the weight units it will multiply (a unit: its 16 chunks of 16 bytes a lane,
+// rows g and g + 8 of 256 k, what ld_unit loads into registers) through WS_SLOTS slots of its own
+// in dynamic shared memory, with cp.async, in the order the projections take them: a step's
+// projections in phase order, the block's tiles in order, the warp's units in order (the first
+// row pass: later passes of a prompt chunk read their weights again, directly). A unit is issued
+// as soon as its slot is free, so while a warp multiplies one unit the next WS_SLOTS are in flight,
+// through its epilogues, and through the grid barrier into the next projection: the weights never
+// wait for the activations. Each lane copies and reads only its own chunks: a lane's
+// cp.async.wait_group is all the synchronisation. Without the dynamic shared memory for it (the
+// launch's shared_mem) the projections load their weights directly.
+#define WS_SLOTS 2
+#define WS_CHUNKS (2 * GEMV_KU)
+#define MEGA_STREAM_BYTES (GEMV_WARPS * WS_SLOTS * WS_CHUNKS * 32 * 16)
+struct WStream {
+    uint4 *ring;           // this warp's slots: [slot][chunk][lane]
+    unsigned issued, popped;
+    int ph, tile, kb;      // the next unit to issue: phase, tile, k
+    Proj p;                // phase ph's projection (W null: nothing more this step)
+    bool on;
+    // Issues the next unit (an empty group past the last): next(ph) advances ph to the next phase
+    // whose projection this block runs this step and returns it (W null when none).
+    template <class Next>
+    __device__ __noinline__ void issue(Next &next) {  // out of line: it runs once a unit, not in the mma loop's registers
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        while (p.W && !(tile < p.n_tiles && kb < p.K)) {
+            if (tile < p.n_tiles && warp * GEMV_UNIT < p.K) {
+                tile += gridDim.x;
+            } else {
+                p = next(ph);
+                tile = blockIdx.x;
+            }
+            kb = warp * GEMV_UNIT;
+        }
+        if (p.W) {
+            int r0, r1;
+            bool ok0, ok1;
+            tile_rows(p, tile, g, r0, r1, ok0, ok1);
+            const bf16 *w0 = p.W + (size_t)(ok0 ? r0 : 0) * p.K, *w1 = p.W + (size_t)(ok1 ? r1 : 0) * p.K;
+            uint4 *slot = ring + (issued % WS_SLOTS) * WS_CHUNKS * 32 + lane;
+#pragma unroll
+            for (int u = 0; u < GEMV_KU; ++u) {
+                const int k = kb + 32 * u + 8 * t;
+                const bool in0 = ok0 && k < p.K, in1 = ok1 && k < p.K;
+                cp_async16_zfill(slot + u * 32, w0 + (in0 ? k : 0), in0 ? 16 : 0);
+                cp_async16_zfill(slot + (GEMV_KU + u) * 32, w1 + (in1 ? k : 0), in1 ? 16 : 0);
+            }
+            kb += GEMV_WARPS * GEMV_UNIT;
+        }
+        cp_async_commit();
+        ++issued;
+    }
+    // Starts a step's stream at the first projection of phases (from, ...): the last step's
+    // stream ended in empty groups, which nothing pops.
+    template <class Next>
+    __device__ void start(Next &next, int from) {
+        popped = issued;
+        ph = from;
+        p = next(ph);
+        tile = blockIdx.x;
+        kb = (threadIdx.x >> 5) * GEMV_UNIT;
+        for (int i = 0; i < WS_SLOTS; ++i) issue(next);
+    }
+    // The oldest issued unit, into registers (its slot is then free: refill it after using them).
+    __device__ void pop(uint4 *a, uint4 *b) {
+        cp_async_wait<WS_SLOTS - 1>();
+        const uint4 *slot = ring + (popped % WS_SLOTS) * WS_CHUNKS * 32 + (threadIdx.x & 31);
+#pragma unroll
+        for (int u = 0; u < GEMV_KU; ++u) {
+            a[u] = slot[u * 32];
+            b[u] = slot[(GEMV_KU + u) * 32];
+        }
+        ++popped;
+    }
+};
+
 // ---- projections: gemv.cuh's pass, one tile at a time ---------------------------------------
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
 // the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
@@ -247,9 +351,12 @@ template <class Y>
 __device__ __forceinline__ void y_put(const Y &y, size_t i, float v, float) { y.put(i, v); }
 __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, float before) { y.put(i, v, before); }
 
-template <int NT, class X, class Y>
+// streamed: the weights come from the block's stream (ws.next: the phase's next projection);
+// else they are loaded directly.
+template <int NT, class X, class Y, class Next>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
-                                          int R, int N, int K, char *smem, float *ssr, GridBar &gb) {
+                                          int R, int N, int K, char *smem, float *ssr, GridBar &gb, WStream &ws,
+                                          Next &next, bool streamed) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = GEMV_COLS * tile;
@@ -269,7 +376,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
-    ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    if (!streamed) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     // this thread's epilogue entry (at most one: NT <= 2) and what it adds to, read now
     static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
     const int eq = threadIdx.x >> 5, el = threadIdx.x & 31;
@@ -284,6 +391,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     // above it nor reuse an earlier phase's values
     const X xs = xs0.after();
     const Y &ys = ys0;
+    if (streamed && kb < K) ws.pop(a, b);
     if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
@@ -335,7 +443,12 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
             }
         }
         kb += GEMV_WARPS * GEMV_UNIT;
-        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+        if (streamed) {
+            ws.issue(next);  // into the slot just used
+            if (kb < K) ws.pop(a, b);
+        } else if (kb < K) {
+            ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+        }
     }
     __syncwarp();
 #pragma unroll
@@ -589,12 +702,6 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
 #ifndef MEGA_PREFETCH_TILES
 #define MEGA_PREFETCH_TILES 2
 #endif
-enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
-struct Proj {
-    const bf16 *W;
-    int N, K, n_tiles, kind, head_dim;
-};
-
 __device__ __forceinline__ void prefetch_l2(const bf16 *p, int rows, int K) {
     if (rows > 0)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(rows * K * 2)) : "memory");
@@ -624,14 +731,16 @@ __device__ __forceinline__ void prefetch_first(const Proj &p) {
 // waits at the end. Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers
 // (the rows past 16, prompt chunks, re-read the tile's weights, from L2).
 #define MEGA_NT 2
-template <class X, class Y>
-__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb) {
+template <class X, class Y, class Next>
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb,
+                          WStream &ws, Next &next) {
     for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
         if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
-            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
+            const bool streamed = ws.on && r0 == 0;
+            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
+            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
         }
     }
     gb.wait();
@@ -755,12 +864,28 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
                 n_q_heads, n_kv_heads, page_tokens};
+    // The weight stream (WStream): on when the launch gave it its shared memory.
+    extern __shared__ uint4 mega_dyn[];
+    unsigned dyn_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
+    WStream ws{mega_dyn + warp * WS_SLOTS * WS_CHUNKS * 32, 0, 0, 0, 0, 0, {nullptr, 0, 0, 0, 0, 0},
+               dyn_bytes >= MEGA_STREAM_BYTES};
+    // The phase after ph, in this launch's range and this step, whose projection has rows.
+    auto next_proj = [&](int &ph) -> Proj {
+        for (++ph; ph < phase_hi && ph <= ph_lm; ++ph) {
+            if (!in(ph) || (ph == ph_lm && Lo.n_lm == 0)) continue;
+            const Proj q = proj(ph);
+            if (q.W) return q;
+        }
+        return {nullptr, 0, 0, 0, 0, 0};
+    };
 
     for (int step = 0; step < max_steps; ++step) {
         plan_step(Lo, ids, pos, cu_seqlens, n_seqs, chunk, max_new);
         gb.prof.end(PK_PLAN);
         const int R = Lo.n_rows;
         if (R == 0) break;
+        if (ws.on) ws.start(next_proj, -1);
 #ifdef MEGA_PROFILE
         ++steps_run;
 #endif
@@ -780,10 +905,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int ph = PH_LAYER + ppl * layer;
             if (in(ph)) {  // qkv; without q/k norms rope and the KV append in its epilogue
                 if (qk_norm) {
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm.g.tiles, sm.g.ssr, gb);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
                 } else {
                     YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
                 }
                 done(ph);
             }
@@ -812,15 +937,15 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
                 done(ph + 4);
             }
         }
@@ -828,7 +953,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
             const Proj lm = proj(ph_lm);
             mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
-                      sm.g.ssr, gb);
+                      sm.g.ssr, gb, ws, next_proj);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             const float *lg = after_wait(logits);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
@@ -867,6 +992,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         __syncthreads();
         gb.prof.end(PK_PICK);
     }
+    cp_async_wait<0>();  // the stream's empty tail
     gb.leave();
 #ifdef MEGA_PROFILE
     gb.prof.flush(steps_run, g0, c0);
