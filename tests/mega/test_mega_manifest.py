@@ -72,6 +72,20 @@ def test_the_kernel_signature_is_the_ops_params():
         assert f"#define {name} {value}" in text
 
 
+def test_the_launch_gives_the_weight_stream_the_shared_memory_mega_cu_asks(deployment, tmp_path):
+    text = SOURCE.read_text()
+    defines = dict(re.findall(r"#define (WS_SLOTS|WS_CHUNKS|MEGA_STREAM_BYTES) (.*)", text))
+    assert defines["MEGA_STREAM_BYTES"] == "(GEMV_WARPS * WS_SLOTS * WS_CHUNKS * 32 * 16)"
+    gemv = (SOURCE.parent.parent / "cuda" / "gemv.cuh").read_text()
+    ku = int(re.search(r"#define GEMV_KU (\d+)", gemv).group(1))
+    assert defines["WS_CHUNKS"] == "(2 * GEMV_KU)"
+    assert mega.STREAM_BYTES == mega.THREADS // 32 * int(defines["WS_SLOTS"]) * 2 * ku * 32 * 16
+    (launch,) = json.loads(deployment.read_text())["ops"]["mega_step"]["impl"]["launches"]
+    assert launch["shared_mem"] == mega.STREAM_BYTES
+    off = json.loads(generate(TINY, tmp_path, target="mega", model="tiny", stream=False).read_text())
+    assert off["ops"]["mega_step"]["impl"]["launches"][0]["shared_mem"] == 0
+
+
 def test_the_debug_mode_is_one_launch_a_phase(tmp_path):
     m = json.loads(generate(TINY, tmp_path, target="mega", model="tiny", phases=True).read_text())
     calls = m["programs"]["decode"]["calls"]

@@ -72,10 +72,12 @@ def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_ste
         v(max_new), v(max_steps), v(lo), v(hi), v(s.eps)]}
 
 
-def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False,
+def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False, stream: bool = True,
           context: int | None = None, **limits) -> dict:
     """phases: the debug mode, the decode program as one launch a phase (the same bits).
-    graph: capture the decode program as a CUDA graph (its one launch and the input copies)."""
+    graph: capture the decode program as a CUDA graph (its one launch and the input copies).
+    stream: give the kernel the shared memory of its weight stream (without it the projections
+    load their weights directly: the same bits, slower)."""
     check_shape(s)
     if sms < 1:
         raise ConfigError(f"sms {sms}: the megakernel's grid needs at least one block")
@@ -128,7 +130,8 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
                                                  page_table="g_page_table")]}
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
-        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "shared_mem": STREAM_BYTES,
+        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS],
+        "shared_mem": STREAM_BYTES if stream else 0,
         "cooperative": True,
         # bar and sem: zero between launches (the last block to leave resets bar, every merge its
         # counter in sem), so the launch leaves them as it found them and does not list them (kern test
