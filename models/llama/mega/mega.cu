@@ -137,6 +137,38 @@ struct GridBar {
     unsigned round;  // barriers this block has arrived at
     bool pending;    // arrived at, not yet waited for
     Prof prof;
+#ifdef MEGA_FLAG_BARRIER  // experiment: a flag a block (stride MEGA_FLAG_BARRIER words) after the two counters
+    __device__ unsigned *flag(int b) const { return ctr + 2 + b * MEGA_FLAG_BARRIER; }
+    __device__ void arrive() {
+        __syncthreads();
+        ++round;
+        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag(blockIdx.x)), "r"(round) : "memory");
+        pending = true;
+        prof.end(PK_ARRIVE);
+    }
+    __device__ void wait() {
+        if (!pending) return;
+        pending = false;
+        if (threadIdx.x < gridDim.x) {
+            while ((int)(ld_acquire(flag(threadIdx.x)) - round) < 0) {
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) prof.passed();
+    }
+    __device__ void leave() {
+        wait();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned old;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(ctr + 1) : "memory");
+            if (old == gridDim.x - 1) {
+                for (int b = 0; b < gridDim.x; ++b) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(flag(b)) : "memory");
+                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(ctr + 1) : "memory");
+            }
+        }
+    }
+#else
     __device__ void arrive() {
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -178,6 +210,7 @@ struct GridBar {
             }
         }
     }
+#endif
 };
 
 // ---- the step's rows ----------------------------------------------------------------------
