@@ -265,7 +265,18 @@ enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
 struct Proj {
     const bf16 *W;
     int N, K, n_tiles, kind, head_dim;
+    int S = 1;  // tiles a block takes at once (tile_groups)
 };
+// A block takes S tiles at once, a group of GEMV_WARPS / S warps each, when a tile's K fills at
+// most half the warps (4 units: SmolLM2's 576-wide projections) and a pass is one row tile: each
+// warp then holds at most one unit of K, as in gemv.cuh's pass, and its group adds the same
+// partial sums in the same order (the warps past them add nothing there): the same bits.
+__device__ __forceinline__ int tile_groups(int K, int rows) {
+#ifdef MEGA_ONE_TILE  // experiment: a tile at a time
+    return 1;
+#endif
+    return K <= 4 * GEMV_UNIT && rows <= 8 ? 2 : 1;
+}
 // The W rows of mma rows g and g + 8 of a tile, and whether they exist: mega_pass's rows (the
 // paired kinds: gemv.cuh's YSwiGLU / YRopeAppend wrows).
 __device__ __forceinline__ void tile_rows(const Proj &p, int tile, int g, int &r0, int &r1, bool &ok0, bool &ok1) {
@@ -312,13 +323,14 @@ struct WStream {
     __device__ __noinline__ void issue(Next &next) {  // out of line: it runs once a unit, not in the mma loop's registers
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
         while (p.W && !(tile < p.n_tiles && kb < p.K)) {
-            if (tile < p.n_tiles && warp * GEMV_UNIT < p.K) {
-                tile += gridDim.x;
+            const int G = GEMV_WARPS / p.S;
+            if (tile < p.n_tiles && (warp % G) * GEMV_UNIT < p.K) {
+                tile += p.S * gridDim.x;
             } else {
                 p = next(ph);
-                tile = blockIdx.x;
+                tile = blockIdx.x + (warp / (GEMV_WARPS / p.S)) * gridDim.x;
             }
-            kb = warp * GEMV_UNIT;
+            kb = (warp % (GEMV_WARPS / p.S)) * GEMV_UNIT;
         }
         if (p.W) {
             int r0, r1;
@@ -333,7 +345,7 @@ struct WStream {
                 cp_async16_zfill(slot + u * 32, w0 + (in0 ? k : 0), in0 ? 16 : 0);
                 cp_async16_zfill(slot + (GEMV_KU + u) * 32, w1 + (in1 ? k : 0), in1 ? 16 : 0);
             }
-            kb += GEMV_WARPS * GEMV_UNIT;
+            kb += (GEMV_WARPS / p.S) * GEMV_UNIT;
         }
         cp_async_commit();
         ++issued;
@@ -345,8 +357,9 @@ struct WStream {
         popped = issued;
         ph = from;
         p = next(ph);
-        tile = blockIdx.x;
-        kb = (threadIdx.x >> 5) * GEMV_UNIT;
+        const int G = GEMV_WARPS / p.S, warp = threadIdx.x >> 5;
+        tile = blockIdx.x + (warp / G) * gridDim.x;
+        kb = (warp % G) * GEMV_UNIT;
         for (int i = 0; i < WS_SLOTS; ++i) issue(next);
     }
     // The oldest issued unit, into registers (its slot is then free: refill it after using them).
@@ -386,12 +399,17 @@ __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, f
 
 // streamed: the weights come from the block's stream (ws.next: the phase's next projection);
 // else they are loaded directly.
-template <int NT, class X, class Y, class Next>
-__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
-                                          int R, int N, int K, char *smem, float *ssr, GridBar &gb, WStream &ws,
-                                          Next &next, bool streamed) {
+// S tiles at once (tile_groups): group s of GEMV_WARPS / S warps takes tile t0 + s * gridDim.x.
+template <int NT, int S, class X, class Y, class Next>
+__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int t0,
+                                          int n_tiles, int r0, int R, int N, int K, char *smem, float *ssr,
+                                          GridBar &gb, WStream &ws, Next &next, bool streamed) {
+    static_assert(S == 1 || NT == 1, "an epilogue entry a thread");
+    constexpr int G = GEMV_WARPS / S;  // warps a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    const int tile = t0 + (warp / G) * gridDim.x;
+    const bool has = tile < n_tiles;
     const int n0 = GEMV_COLS * tile;
     bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
     auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
@@ -408,16 +426,18 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
     const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     uint4 a[GEMV_KU], b[GEMV_KU];
-    int kb = warp * GEMV_UNIT;
-    if (!streamed) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    // this thread's epilogue entry (at most one: NT <= 2) and what it adds to, read now
+    int kb = has ? (warp % G) * GEMV_UNIT : K;
+    if (!streamed && kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    // this thread's epilogue entry (at most one: S * NT <= 2) and what it adds to, read now
     static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
-    const int eq = threadIdx.x >> 5, el = threadIdx.x & 31;
+    const int es = threadIdx.x / (NT * 128), eq = (threadIdx.x % (NT * 128)) >> 5, el = threadIdx.x & 31;
+    const int e_tile = t0 + es * gridDim.x;
     const int e_row = (eq >> 2) * 8 + 2 * (el & 3) + (eq & 1);
-    const int e_col = n0 + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
+    const int e_col = GEMV_COLS * e_tile + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
     float before = 0.f;
     if constexpr (!Y::PAIRED)
-        if (eq < NT * 4 && e_row < R && e_col < N) before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
+        if (es < S && e_tile < n_tiles && e_row < R && e_col < N)
+            before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
     // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
@@ -475,7 +495,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
                 }
             }
         }
-        kb += GEMV_WARPS * GEMV_UNIT;
+        kb += G * GEMV_UNIT;
         if (streamed) {
             ws.issue(next);  // into the slot just used
             if (kb < K) ws.pop(a, b);
@@ -489,35 +509,36 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
 #pragma unroll
         for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
     __syncthreads();
-    for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
-        const int q = j >> 5, l = j & 31;
+    for (int j = threadIdx.x; j < S * NT * 4 * 32; j += blockDim.x) {
+        const int sg = j / (NT * 128), q = (j % (NT * 128)) >> 5, l = j & 31;
         const int nt = q >> 2, i = q & 3;
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        if (row >= R) continue;
+        const int tl = t0 + sg * gridDim.x, w_lo = sg * G;
+        if (row >= R || tl >= n_tiles) continue;
         float scale = 1.f;
         if constexpr (X::NORM) {
             float s = 0.f;
 #pragma unroll
-            for (int w = 0; w < GEMV_WARPS; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
+            for (int w = w_lo; w < w_lo + G; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
             scale = 1.f / sqrtf(s / (float)K + xs.eps);
         }
         if constexpr (Y::PAIRED) {
             int w0_, w1_;
-            if (i < 2 && ys.wrows(tile, l >> 2, N, w0_, w1_)) {
+            if (i < 2 && ys.wrows(tl, l >> 2, N, w0_, w1_)) {
                 float as = 0.f, bs = 0.f;
 #pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) {
+                for (int w = w_lo; w < w_lo + G; ++w) {
                     as += red(w)[q * 32 + l];
                     bs += red(w)[(q + 2) * 32 + l];
                 }
-                ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
+                ys.put(r0 + row, tl, l >> 2, N, as * scale, bs * scale);
             }
         } else {
-            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
+            const int col = GEMV_COLS * tl + (l >> 2) + (i >= 2 ? 8 : 0);
             if (col < N) {
                 float v = 0.f;
 #pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
+                for (int w = w_lo; w < w_lo + G; ++w) v += red(w)[q * 32 + l];
                 y_put(ys, (size_t)(r0 + row) * N + col, v * scale, before);
             }
         }
@@ -767,13 +788,15 @@ __device__ __forceinline__ void prefetch_first(const Proj &p) {
 template <class X, class Y, class Next>
 __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb,
                           WStream &ws, Next &next) {
-    for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
-        if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
+    const int S = tile_groups(p.K, rows);
+    for (int t0 = blockIdx.x; t0 < p.n_tiles; t0 += S * gridDim.x) {
+        if (threadIdx.x < S) prefetch_tile(p, t0 + (MEGA_PREFETCH_TILES * S + threadIdx.x) * gridDim.x);
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
             const bool streamed = ws.on && r0 == 0;
-            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
-            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
+            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
+            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
+            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
         }
     }
     gb.wait();
@@ -907,7 +930,8 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     auto next_proj = [&](int &ph) -> Proj {
         for (++ph; ph < phase_hi && ph <= ph_lm; ++ph) {
             if (!in(ph) || (ph == ph_lm && Lo.n_lm == 0)) continue;
-            const Proj q = proj(ph);
+            Proj q = proj(ph);
+            q.S = tile_groups(q.K, ph == ph_lm ? Lo.n_lm : Lo.n_rows);
             if (q.W) return q;
         }
         return {nullptr, 0, 0, 0, 0, 0};
