@@ -573,9 +573,12 @@ struct XNormRows {
 #define ATT_TILE 64
 #define ATT_MAX_SPLITS 16
 
+#ifndef MEGA_ATT_MIN_SPLIT  // experiment knob: tokens a split takes at least
+#define MEGA_ATT_MIN_SPLIT ATT_TILE
+#endif
 __device__ __forceinline__ int att_split(int ctx) {
     const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
-    return max(ATT_TILE, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+    return max(MEGA_ATT_MIN_SPLIT, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
 }
 
 struct AttnSmem {
