@@ -311,6 +311,13 @@ __device__ __forceinline__ void tile_rows(const Proj &p, int tile, int g, int &r
 #define WS_SLOTS 2
 #define WS_CHUNKS (2 * GEMV_KU)
 #define MEGA_STREAM_BYTES (GEMV_WARPS * WS_SLOTS * WS_CHUNKS * 32 * 16)
+// Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers (the rows past 16,
+// prompt chunks, re-read the tile's weights). A warp stages MEGA_NT x 8 rows of a unit.
+#define MEGA_NT 2
+#define MEGA_STAGE (MEGA_NT * 8 * GEMV_XLD * 2)
+// MegaSmem's bytes: the staged rows, the partial sums, the sums of squares (the launch gives
+// this much dynamic shared memory, plus MEGA_STREAM_BYTES for the weight stream)
+#define MEGA_SMEM_BYTES (GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)
 struct WStream {
     uint4 *ring;           // this warp's slots: [slot][chunk][lane]
     unsigned issued, popped;
@@ -400,10 +407,13 @@ __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, f
 // streamed: the weights come from the block's stream (ws.next: the phase's next projection);
 // else they are loaded directly.
 // S tiles at once (tile_groups): group s of GEMV_WARPS / S warps takes tile t0 + s * gridDim.x.
+// staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
+// warp holding one unit of K): the same values, not loaded and formed again.
 template <int NT, int S, class X, class Y, class Next>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int t0,
-                                          int n_tiles, int r0, int R, int N, int K, char *smem, float *ssr,
-                                          GridBar &gb, WStream &ws, Next &next, bool streamed) {
+                                          int n_tiles, int r0, int R, int N, int K, char *smem, float *red_base,
+                                          float *ssr, GridBar &gb, WStream &ws, Next &next, bool streamed,
+                                          bool staged) {
     static_assert(S == 1 || NT == 1, "an epilogue entry a thread");
     constexpr int G = GEMV_WARPS / S;  // warps a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -411,8 +421,8 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const int tile = t0 + (warp / G) * gridDim.x;
     const bool has = tile < n_tiles;
     const int n0 = GEMV_COLS * tile;
-    bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
-    auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
+    bf16 *xw0 = reinterpret_cast<bf16 *>(smem + warp * MEGA_STAGE);
+    auto red = [&](int w) { return red_base + w * MEGA_NT * 4 * 32; };
     int row0, row1;
     bool ok0, ok1;
     if constexpr (Y::PAIRED) {
@@ -445,7 +455,8 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const X xs = xs0.after();
     const Y &ys = ys0;
     if (streamed && kb < K) ws.pop(a, b);
-    if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
+    if constexpr (X::NORM)
+        if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
@@ -453,12 +464,13 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
         if constexpr (X::NORM) {
             const int kc = kb + 8 * lane;
             const bool okc = kc < K;
-            const uint4 nw = xs.weight(okc ? kc : 0);
+            const uint4 nw = staged ? make_uint4(0, 0, 0, 0) : xs.weight(okc ? kc : 0);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
+                bf16 *xw = xw0 + nt * 8 * GEMV_XLD;
                 __syncwarp();
 #pragma unroll
-                for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
+                for (int i0 = 0; i0 < 8 && !staged; i0 += GEMV_STAGE_ROWS) {
                     uint4 raw[GEMV_STAGE_ROWS];
 #pragma unroll
                     for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
@@ -503,7 +515,6 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
             ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
         }
     }
-    __syncwarp();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -783,23 +794,44 @@ __device__ __forceinline__ void prefetch_first(const Proj &p) {
     if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
 }
 
+// The block's working memory, in dynamic shared memory after the weight stream's slots: a
+// projection's staged x rows (a warp's own, kept across the phase's tiles), the warps' partial
+// sums and sums of squares; or attention's tiles.
+union MegaSmem {
+    struct {
+        __align__(16) char tiles[GEMV_WARPS * MEGA_STAGE];
+        float red[GEMV_WARPS][MEGA_NT * 4 * 32];
+        float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
+    } g;
+    AttnSmem a;
+};
+static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (and the manifest's) hold it");
+
 // y over `rows` rows, the grid's blocks taking tiles tile = blockIdx.x, + gridDim.x, ...
 // The first pass waits for the barrier after its first weight loads; a block without tiles
 // waits at the end. Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers
 // (the rows past 16, prompt chunks, re-read the tile's weights, from L2).
-#define MEGA_NT 2
+// A normed x is staged once a phase where every warp holds at most one unit of K and the rows
+// take one pass (a decode step of up to 16 rows): the later tiles reuse what the warp staged.
 template <class X, class Y, class Next>
-__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb,
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb,
                           WStream &ws, Next &next) {
     const int S = tile_groups(p.K, rows);
+    const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= (GEMV_WARPS / S) * GEMV_UNIT;
     for (int t0 = blockIdx.x; t0 < p.n_tiles; t0 += S * gridDim.x) {
         if (threadIdx.x < S) prefetch_tile(p, t0 + (MEGA_PREFETCH_TILES * S + threadIdx.x) * gridDim.x);
+        const bool staged = keep && t0 != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
             const bool streamed = ws.on && r0 == 0;
-            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
-            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
-            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, smem, ssr, gb, ws, next, streamed);
+            char *st = sm.g.tiles;
+            float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
+            if (S == 2)
+                mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
+            else if (R <= 8)
+                mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
+            else
+                mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
         }
     }
     gb.wait();
@@ -848,13 +880,6 @@ __device__ void qk_norm_head(bf16 *qkv, int r, int h, const bf16 *qw, const bf16
     }
 }
 
-union MegaSmem {
-    struct {
-        __align__(16) char tiles[GEMV_WARPS * GEMV_WARP_SMEM];
-        float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
-    } g;
-    AttnSmem a;
-};
 
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1)
 mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_state,
@@ -865,7 +890,6 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int *__restrict__ arg_idx, int *__restrict__ tokens, unsigned *bar, int n_seqs, int pages_per_seq,
             int n_layers, int hidden, int inter, int n_q_heads, int n_kv_heads, int head_dim, int page_tokens,
             int vocab, int qk_norm, int chunk, int max_new, int max_steps, int phase_lo, int phase_hi, float eps) {
-    __shared__ MegaSmem sm;
     __shared__ Layout Lo;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qkv_dim = (n_q_heads + 2 * n_kv_heads) * head_dim, q_dim = n_q_heads * head_dim;
@@ -923,12 +947,16 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
                 n_q_heads, n_kv_heads, page_tokens};
-    // The weight stream (WStream): on when the launch gave it its shared memory.
+    // Dynamic shared memory: the weight stream's slots (WStream: on when the launch gives them),
+    // then MegaSmem. A launch without room for MegaSmem traps (the manifest gives it).
     extern __shared__ uint4 mega_dyn[];
     unsigned dyn_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
-    WStream ws{mega_dyn + warp * WS_SLOTS * WS_CHUNKS * 32, 0, 0, 0, 0, 0, {nullptr, 0, 0, 0, 0, 0},
-               dyn_bytes >= MEGA_STREAM_BYTES};
+    if (dyn_bytes < MEGA_SMEM_BYTES) __trap();
+    const bool stream_on = dyn_bytes >= MEGA_STREAM_BYTES + MEGA_SMEM_BYTES;
+    MegaSmem &sm = *reinterpret_cast<MegaSmem *>(reinterpret_cast<char *>(mega_dyn) +
+                                                 (stream_on ? MEGA_STREAM_BYTES : 0));
+    WStream ws{mega_dyn + warp * WS_SLOTS * WS_CHUNKS * 32, 0, 0, 0, 0, 0, {nullptr, 0, 0, 0, 0, 0}, stream_on};
     // The phase after ph, in this launch's range and this step, whose projection has rows.
     auto next_proj = [&](int &ph) -> Proj {
         for (++ph; ph < phase_hi && ph <= ph_lm; ++ph) {
@@ -965,10 +993,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int ph = PH_LAYER + ppl * layer;
             if (in(ph)) {  // qkv; without q/k norms rope and the KV append in its epilogue
                 if (qk_norm) {
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm, gb, ws, next_proj);
                 } else {
                     YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm, gb, ws, next_proj);
                 }
                 done(ph);
             }
@@ -997,23 +1025,23 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm, gb, ws, next_proj);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm, gb, ws, next_proj);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb, ws, next_proj);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm, gb, ws, next_proj);
                 done(ph + 4);
             }
         }
         const int n_lm = Lo.n_lm;
         if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
             const Proj lm = proj(ph_lm);
-            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
-                      sm.g.ssr, gb, ws, next_proj);
+            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm, gb, ws,
+                      next_proj);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             const float *lg = after_wait(logits);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
