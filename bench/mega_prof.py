@@ -14,8 +14,7 @@ Variants of mega.cubin, each swapped into an otherwise identical deployment, as 
              end), mean and max over the grid, and the arrivals' own cost
   FILE.cubin a cubin (e.g. the shipped one saved before a --record)
   FLAGS      nvcc flags ("-DFOO -DBAR=2") to build mega.cu with
-  @SHARED    the launch's dynamic shared memory in bytes instead of the manifest's (@nostream:
-             none for the weight stream)
+  @SHARED    the launch's dynamic shared memory in bytes instead of the manifest's
 Decode figures are the bench/mega.py way: (T(32 + 129) - T(32 + 1)) / 128 a step, so the prompt's
 steps cancel; the profile is the difference of the same two launches' buckets. Prints one JSON
 line a measurement."""
@@ -46,14 +45,13 @@ def build(variants: list[str], out: Path) -> dict[str, tuple[Path, int | None]]:
 
     from kern_models.llama.cuda.build import compile_one, flags
     from kern_models.llama.mega import build as mb
-    from kern_models.llama.mega import manifest as mm
 
     cubins, shared = {}, {}
     with ThreadPoolExecutor() as pool:  # one nvcc a variant, side by side
         for v in variants:
             name, _, spec = v.partition("=")
             spec, _, smem = (spec or name).partition("@")
-            shared[name] = mm.SMEM_BYTES if smem == "nostream" else int(smem) if smem else None
+            shared[name] = int(smem) if smem else None
             if spec == "shipped":
                 cubins[name] = mb.SHIPPED / mb.CUBIN
             elif spec.endswith(".cubin"):

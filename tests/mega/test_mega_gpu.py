@@ -88,16 +88,6 @@ def test_phase_per_launch_debug_mode_is_bitwise_the_fused_kernel(ckpt, mega, tmp
     assert len(debug.engine.launches[debug.decode.program]) > 100
 
 
-def test_the_weight_stream_gives_the_bits_of_direct_loads(ckpt, mega, tmp_path):
-    from kern.mega import MegaModel
-
-    direct = MegaModel(deploy(ckpt, tmp_path / "direct", stream=False), ckpt, sequences=16)
-    ps = prompts(3, [29, 5, 17], seed=7)  # 21 prompt rows in the first step: its second row pass loads directly
-    assert mega.generate_batch(ps, 12) == direct.generate_batch(ps, 12)
-    streamed = mega.engine.read(mega.gen.logits, mega._env)
-    assert streamed.tobytes() == direct.engine.read(direct.gen.logits, direct._env).tobytes()
-
-
 def test_mega_agrees_with_transformers_eager(ckpt, mega):
     import torch
     import transformers

@@ -25,10 +25,8 @@ MAX_ROWS = 64         # mega.cu MEGA_MAX_ROWS: rows a step (prompt chunks of eve
 MAX_SEQS = 32         # mega.cu MEGA_MAX_SEQS
 MAX_CHUNK = 8         # prompt tokens a sequence consumes a step, at most
 MAX_SPLITS = 16       # mega.cu ATT_MAX_SPLITS: attention's context splits a row
-# dynamic shared memory: mega.cu MEGA_SMEM_BYTES (the staged rows, partial sums, sums of squares),
-# then MEGA_STREAM_BYTES (the weight stream's slots)
+# dynamic shared memory: mega.cu MEGA_SMEM_BYTES (the staged rows, partial sums, sums of squares)
 SMEM_BYTES = 8 * (2 * 8 * (256 + 32) * 2 + 2 * 4 * 32 * 4) + 8 * 8 * 4 * 4
-STREAM_BYTES = 8 * 2 * 16 * 32 * 16
 PHASES_PER_LAYER = 5  # qkv, attention, o, mlp, down
 LAYER_WEIGHTS = ("ln1", "qkv_w", "o_w", "ln2", "gate_up_w", "down_w")
 QK_WEIGHTS = ("q_norm", "k_norm")  # after a layer's others, with q/k norms (Qwen3)
@@ -75,12 +73,10 @@ def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_ste
         v(max_new), v(max_steps), v(lo), v(hi), v(s.eps)]}
 
 
-def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False, stream: bool = True,
+def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False,
           context: int | None = None, **limits) -> dict:
     """phases: the debug mode, the decode program as one launch a phase (the same bits).
-    graph: capture the decode program as a CUDA graph (its one launch and the input copies).
-    stream: give the kernel the shared memory of its weight stream (without it the projections
-    load their weights directly: the same bits, slower)."""
+    graph: capture the decode program as a CUDA graph (its one launch and the input copies)."""
     check_shape(s)
     if sms < 1:
         raise ConfigError(f"sms {sms}: the megakernel's grid needs at least one block")
@@ -134,7 +130,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
         "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS],
-        "shared_mem": SMEM_BYTES + (STREAM_BYTES if stream else 0),
+        "shared_mem": SMEM_BYTES,
         "cooperative": True,
         # bar and sem: zero between launches (the last block to leave resets bar, every merge its
         # counter in sem), so the launch leaves them as it found them and does not list them (kern test

@@ -258,14 +258,13 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
     __syncthreads();
 }
 
-// ---- the weight stream ------------------------------------------------------------------------
+// ---- a projection's tiles -----------------------------------------------------------------------
 // A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
 // (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
 enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
 struct Proj {
     const bf16 *W;
     int N, K, n_tiles, kind, head_dim;
-    int S = 1;  // tiles a block takes at once (tile_groups)
 };
 // A block takes S tiles at once, a group of GEMV_WARPS / S warps each, when a tile's K fills at
 // most half the warps (4 units: SmolLM2's 576-wide projections) and a pass is one row tile: each
@@ -277,110 +276,13 @@ __device__ __forceinline__ int tile_groups(int K, int rows) {
 #endif
     return K <= 4 * GEMV_UNIT && rows <= 8 ? 2 : 1;
 }
-// The W rows of mma rows g and g + 8 of a tile, and whether they exist: mega_pass's rows (the
-// paired kinds: gemv.cuh's YSwiGLU / YRopeAppend wrows).
-__device__ __forceinline__ void tile_rows(const Proj &p, int tile, int g, int &r0, int &r1, bool &ok0, bool &ok1) {
-    if (p.kind == TILE_PLAIN) {
-        r0 = GEMV_COLS * tile + g;
-        r1 = r0 + 8;
-        ok0 = r0 < p.N;
-        ok1 = r1 < p.N;
-        return;
-    }
-    if (p.kind == TILE_SWIGLU) {
-        r0 = (GEMV_COLS / 2) * tile + g;
-        r1 = p.N + r0;
-    } else {
-        const int per_head = p.head_dim >> 4, head = tile / per_head;
-        r0 = head * p.head_dim + (tile - head * per_head) * 8 + g;
-        r1 = r0 + (p.head_dim >> 1);
-    }
-    ok0 = ok1 = r0 < p.N;
-}
-
-// Each warp streams the weight units it will multiply (a unit: its 16 chunks of 16 bytes a lane,
-// rows g and g + 8 of 256 k, what ld_unit loads into registers) through WS_SLOTS slots of its own
-// in dynamic shared memory, with cp.async, in the order the projections take them: a step's
-// projections in phase order, the block's tiles in order, the warp's units in order (the first
-// row pass: later passes of a prompt chunk read their weights again, directly). A unit is issued
-// as soon as its slot is free, so while a warp multiplies one unit the next WS_SLOTS are in flight,
-// through its epilogues, and through the grid barrier into the next projection: the weights never
-// wait for the activations. Each lane copies and reads only its own chunks: a lane's
-// cp.async.wait_group is all the synchronisation. Without the dynamic shared memory for it (the
-// launch's shared_mem) the projections load their weights directly.
-#define WS_SLOTS 2
-#define WS_CHUNKS (2 * GEMV_KU)
-#define MEGA_STREAM_BYTES (GEMV_WARPS * WS_SLOTS * WS_CHUNKS * 32 * 16)
 // Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers (the rows past 16,
 // prompt chunks, re-read the tile's weights). A warp stages MEGA_NT x 8 rows of a unit.
 #define MEGA_NT 2
 #define MEGA_STAGE (MEGA_NT * 8 * GEMV_XLD * 2)
 // MegaSmem's bytes: the staged rows, the partial sums, the sums of squares (the launch gives
-// this much dynamic shared memory, plus MEGA_STREAM_BYTES for the weight stream)
+// this much dynamic shared memory)
 #define MEGA_SMEM_BYTES (GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)
-struct WStream {
-    uint4 *ring;           // this warp's slots: [slot][chunk][lane]
-    unsigned issued, popped;
-    int ph, tile, kb;      // the next unit to issue: phase, tile, k
-    Proj p;                // phase ph's projection (W null: nothing more this step)
-    bool on;
-    // Issues the next unit (an empty group past the last): next(ph) advances ph to the next phase
-    // whose projection this block runs this step and returns it (W null when none).
-    template <class Next>
-    __device__ __noinline__ void issue(Next &next) {  // out of line: it runs once a unit, not in the mma loop's registers
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-        while (p.W && !(tile < p.n_tiles && kb < p.K)) {
-            const int G = GEMV_WARPS / p.S;
-            if (tile < p.n_tiles && (warp % G) * GEMV_UNIT < p.K) {
-                tile += p.S * gridDim.x;
-            } else {
-                p = next(ph);
-                tile = blockIdx.x + (warp / (GEMV_WARPS / p.S)) * gridDim.x;
-            }
-            kb = (warp % (GEMV_WARPS / p.S)) * GEMV_UNIT;
-        }
-        if (p.W) {
-            int r0, r1;
-            bool ok0, ok1;
-            tile_rows(p, tile, g, r0, r1, ok0, ok1);
-            const bf16 *w0 = p.W + (size_t)(ok0 ? r0 : 0) * p.K, *w1 = p.W + (size_t)(ok1 ? r1 : 0) * p.K;
-            uint4 *slot = ring + (issued % WS_SLOTS) * WS_CHUNKS * 32 + lane;
-#pragma unroll
-            for (int u = 0; u < GEMV_KU; ++u) {
-                const int k = kb + 32 * u + 8 * t;
-                const bool in0 = ok0 && k < p.K, in1 = ok1 && k < p.K;
-                cp_async16_zfill(slot + u * 32, w0 + (in0 ? k : 0), in0 ? 16 : 0);
-                cp_async16_zfill(slot + (GEMV_KU + u) * 32, w1 + (in1 ? k : 0), in1 ? 16 : 0);
-            }
-            kb += (GEMV_WARPS / p.S) * GEMV_UNIT;
-        }
-        cp_async_commit();
-        ++issued;
-    }
-    // Starts a step's stream at the first projection of phases (from, ...): the last step's
-    // stream ended in empty groups, which nothing pops.
-    template <class Next>
-    __device__ void start(Next &next, int from) {
-        popped = issued;
-        ph = from;
-        p = next(ph);
-        const int G = GEMV_WARPS / p.S, warp = threadIdx.x >> 5;
-        tile = blockIdx.x + (warp / G) * gridDim.x;
-        kb = (warp % G) * GEMV_UNIT;
-        for (int i = 0; i < WS_SLOTS; ++i) issue(next);
-    }
-    // The oldest issued unit, into registers (its slot is then free: refill it after using them).
-    __device__ void pop(uint4 *a, uint4 *b) {
-        cp_async_wait<WS_SLOTS - 1>();
-        const uint4 *slot = ring + (popped % WS_SLOTS) * WS_CHUNKS * 32 + (threadIdx.x & 31);
-#pragma unroll
-        for (int u = 0; u < GEMV_KU; ++u) {
-            a[u] = slot[u * 32];
-            b[u] = slot[(GEMV_KU + u) * 32];
-        }
-        ++popped;
-    }
-};
 
 // ---- projections: gemv.cuh's pass, one tile at a time ---------------------------------------
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
@@ -404,16 +306,13 @@ template <class Y>
 __device__ __forceinline__ void y_put(const Y &y, size_t i, float v, float) { y.put(i, v); }
 __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, float before) { y.put(i, v, before); }
 
-// streamed: the weights come from the block's stream (ws.next: the phase's next projection);
-// else they are loaded directly.
 // S tiles at once (tile_groups): group s of GEMV_WARPS / S warps takes tile t0 + s * gridDim.x.
 // staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
 // warp holding one unit of K): the same values, not loaded and formed again.
-template <int NT, int S, class X, class Y, class Next>
+template <int NT, int S, class X, class Y>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int t0,
                                           int n_tiles, int r0, int R, int N, int K, char *smem, float *red_base,
-                                          float *ssr, GridBar &gb, WStream &ws, Next &next, bool streamed,
-                                          bool staged) {
+                                          float *ssr, GridBar &gb, bool staged) {
     static_assert(S == 1 || NT == 1, "an epilogue entry a thread");
     constexpr int G = GEMV_WARPS / S;  // warps a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -437,7 +336,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = has ? (warp % G) * GEMV_UNIT : K;
-    if (!streamed && kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+    if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     // this thread's epilogue entry (at most one: S * NT <= 2) and what it adds to, read now
     static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
     const int es = threadIdx.x / (NT * 128), eq = (threadIdx.x % (NT * 128)) >> 5, el = threadIdx.x & 31;
@@ -454,7 +353,6 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     // above it nor reuse an earlier phase's values
     const X xs = xs0.after();
     const Y &ys = ys0;
-    if (streamed && kb < K) ws.pop(a, b);
     if constexpr (X::NORM)
         if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
@@ -508,12 +406,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
             }
         }
         kb += G * GEMV_UNIT;
-        if (streamed) {
-            ws.issue(next);  // into the slot just used
-            if (kb < K) ws.pop(a, b);
-        } else if (kb < K) {
-            ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-        }
+        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -584,12 +477,12 @@ struct XNormRows {
 #define ATT_TILE 64
 #define ATT_MAX_SPLITS 16
 
-#ifndef MEGA_ATT_MIN_SPLIT  // experiment knob: tokens a split takes at least
-#define MEGA_ATT_MIN_SPLIT ATT_TILE
+#ifndef MEGA_ATT_SPLIT_UNIT  // experiment knob: a split's tokens are a multiple of this
+#define MEGA_ATT_SPLIT_UNIT ATT_TILE
 #endif
 __device__ __forceinline__ int att_split(int ctx) {
     const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
-    return max(MEGA_ATT_MIN_SPLIT, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
+    return max(MEGA_ATT_SPLIT_UNIT, (s + MEGA_ATT_SPLIT_UNIT - 1) / MEGA_ATT_SPLIT_UNIT * MEGA_ATT_SPLIT_UNIT);
 }
 
 struct AttnSmem {
@@ -762,8 +655,6 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
 }
 
 // ---- L2 prefetch of the weights ahead ----------------------------------------------------
-// A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
-// (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
 // Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
 // next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
 // for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
@@ -790,12 +681,17 @@ __device__ __forceinline__ void prefetch_tile(const Proj &p, int tile) {
         prefetch_l2(p.W + (size_t)(w0 + (p.head_dim >> 1)) * K, 8, p.K);
     }
 }
+#ifdef MEGA_PREFETCH_LAST  // experiment: the prefetches from the last warp, not the one that arrives
+#define PF_THREAD(i) (threadIdx.x == blockDim.x - 1 - (i))
+#else
+#define PF_THREAD(i) (threadIdx.x == (i))
+#endif
 __device__ __forceinline__ void prefetch_first(const Proj &p) {
-    if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
+    for (int i = 0; i < MEGA_PREFETCH_TILES; ++i)
+        if (PF_THREAD(i)) prefetch_tile(p, blockIdx.x + i * gridDim.x);
 }
 
-// The block's working memory, in dynamic shared memory after the weight stream's slots: a
-// projection's staged x rows (a warp's own, kept across the phase's tiles), the warps' partial
+// The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's own, kept across the phase's tiles), the warps' partial
 // sums and sums of squares; or attention's tiles.
 union MegaSmem {
     struct {
@@ -813,25 +709,21 @@ static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (a
 // (the rows past 16, prompt chunks, re-read the tile's weights, from L2).
 // A normed x is staged once a phase where every warp holds at most one unit of K and the rows
 // take one pass (a decode step of up to 16 rows): the later tiles reuse what the warp staged.
-template <class X, class Y, class Next>
-__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb,
-                          WStream &ws, Next &next) {
+template <class X, class Y>
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb) {
     const int S = tile_groups(p.K, rows);
     const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= (GEMV_WARPS / S) * GEMV_UNIT;
+    char *st = sm.g.tiles;
+    float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
     for (int t0 = blockIdx.x; t0 < p.n_tiles; t0 += S * gridDim.x) {
-        if (threadIdx.x < S) prefetch_tile(p, t0 + (MEGA_PREFETCH_TILES * S + threadIdx.x) * gridDim.x);
+        for (int i = 0; i < S; ++i)
+            if (PF_THREAD(i)) prefetch_tile(p, t0 + (MEGA_PREFETCH_TILES * S + i) * gridDim.x);
         const bool staged = keep && t0 != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            const bool streamed = ws.on && r0 == 0;
-            char *st = sm.g.tiles;
-            float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
-            if (S == 2)
-                mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
-            else if (R <= 8)
-                mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
-            else
-                mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, ws, next, streamed, staged);
+            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
         }
     }
     gb.wait();
@@ -947,33 +839,18 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
                 n_q_heads, n_kv_heads, page_tokens};
-    // Dynamic shared memory: the weight stream's slots (WStream: on when the launch gives them),
-    // then MegaSmem. A launch without room for MegaSmem traps (the manifest gives it).
+    // Dynamic shared memory: MegaSmem (a launch without room for it traps: the manifest gives it).
     extern __shared__ uint4 mega_dyn[];
     unsigned dyn_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
     if (dyn_bytes < MEGA_SMEM_BYTES) __trap();
-    const bool stream_on = dyn_bytes >= MEGA_STREAM_BYTES + MEGA_SMEM_BYTES;
-    MegaSmem &sm = *reinterpret_cast<MegaSmem *>(reinterpret_cast<char *>(mega_dyn) +
-                                                 (stream_on ? MEGA_STREAM_BYTES : 0));
-    WStream ws{mega_dyn + warp * WS_SLOTS * WS_CHUNKS * 32, 0, 0, 0, 0, 0, {nullptr, 0, 0, 0, 0, 0}, stream_on};
-    // The phase after ph, in this launch's range and this step, whose projection has rows.
-    auto next_proj = [&](int &ph) -> Proj {
-        for (++ph; ph < phase_hi && ph <= ph_lm; ++ph) {
-            if (!in(ph) || (ph == ph_lm && Lo.n_lm == 0)) continue;
-            Proj q = proj(ph);
-            q.S = tile_groups(q.K, ph == ph_lm ? Lo.n_lm : Lo.n_rows);
-            if (q.W) return q;
-        }
-        return {nullptr, 0, 0, 0, 0, 0};
-    };
+    MegaSmem &sm = *reinterpret_cast<MegaSmem *>(mega_dyn);
 
     for (int step = 0; step < max_steps; ++step) {
         plan_step(Lo, ids, pos, cu_seqlens, n_seqs, chunk, max_new);
         gb.prof.end(PK_PLAN);
         const int R = Lo.n_rows;
         if (R == 0) break;
-        if (ws.on) ws.start(next_proj, -1);
 #ifdef MEGA_PROFILE
         ++steps_run;
 #endif
@@ -993,10 +870,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int ph = PH_LAYER + ppl * layer;
             if (in(ph)) {  // qkv; without q/k norms rope and the KV append in its epilogue
                 if (qk_norm) {
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm, gb, ws, next_proj);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm, gb);
                 } else {
                     YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm, gb, ws, next_proj);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm, gb);
                 }
                 done(ph);
             }
@@ -1025,23 +902,22 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm, gb, ws, next_proj);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm, gb);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm, gb, ws, next_proj);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm, gb);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm, gb, ws, next_proj);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm, gb);
                 done(ph + 4);
             }
         }
         const int n_lm = Lo.n_lm;
         if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
             const Proj lm = proj(ph_lm);
-            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm, gb, ws,
-                      next_proj);
+            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm, gb);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             const float *lg = after_wait(logits);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
@@ -1080,7 +956,6 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         __syncthreads();
         gb.prof.end(PK_PICK);
     }
-    cp_async_wait<0>();  // the stream's empty tail
     gb.leave();
 #ifdef MEGA_PROFILE
     gb.prof.flush(steps_run, g0, c0);
