@@ -309,10 +309,12 @@ __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, f
 // S tiles at once (tile_groups): group s of GEMV_WARPS / S warps takes tile t0 + s * gridDim.x.
 // staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
 // warp holding one unit of K): the same values, not loaded and formed again.
+// next_t0 >= 0 (MEGA_L1_AHEAD): before the epilogue, ask L1 for the first weight unit of the tiles
+// from next_t0 (prefetch.global.L1: no registers), so that the next pass's loads find it there.
 template <int NT, int S, class X, class Y>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int t0,
                                           int n_tiles, int r0, int R, int N, int K, char *smem, float *red_base,
-                                          float *ssr, GridBar &gb, bool staged) {
+                                          float *ssr, GridBar &gb, bool staged, int next_t0) {
     static_assert(S == 1 || NT == 1, "an epilogue entry a thread");
     constexpr int G = GEMV_WARPS / S;  // warps a tile
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -412,6 +414,27 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
+#ifdef MEGA_L1_AHEAD
+    if (next_t0 >= 0) {
+        const int tn = next_t0 + (warp / G) * gridDim.x, kn = (warp % G) * GEMV_UNIT;
+        int q0, q1;
+        bool in0, in1;
+        if constexpr (Y::PAIRED) {
+            in0 = in1 = tn < n_tiles && ys0.wrows(tn, g, N, q0, q1);
+        } else {
+            q0 = GEMV_COLS * tn + g;
+            q1 = q0 + 8;
+            in0 = tn < n_tiles && q0 < N;
+            in1 = tn < n_tiles && q1 < N;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_KU; u += 2) {  // a 128-byte line: lanes t = 0..3 of two u
+            const int k = kn + 32 * u + 8 * t;
+            if (k < K && in0) asm volatile("prefetch.global.L1 [%0];" ::"l"(W + (size_t)q0 * K + k));
+            if (k < K && in1) asm volatile("prefetch.global.L1 [%0];" ::"l"(W + (size_t)q1 * K + k));
+        }
+    }
+#endif
     __syncthreads();
     for (int j = threadIdx.x; j < S * NT * 4 * 32; j += blockDim.x) {
         const int sg = j / (NT * 128), q = (j % (NT * 128)) >> 5, l = j & 31;
@@ -721,9 +744,10 @@ __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, Meg
         const bool staged = keep && t0 != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
-            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
-            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            const int nx = r0 + 8 * MEGA_NT >= rows && t0 + S * gridDim.x < p.n_tiles ? t0 + S * gridDim.x : -1;
+            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
+            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
+            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
         }
     }
     gb.wait();
