@@ -127,11 +127,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 struct GridBar {
     unsigned *ctr;
     unsigned round;  // barriers this block has arrived at
@@ -171,13 +166,8 @@ struct GridBar {
 #else
     __device__ void arrive() {
         __syncthreads();
-        if (threadIdx.x == 0) {
-#ifdef MEGA_ARRIVE_RELEASE
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
-#else
+        if (threadIdx.x == 0)
             asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
-#endif
-        }
         ++round;
         pending = true;
         prof.end(PK_ARRIVE);
@@ -187,14 +177,8 @@ struct GridBar {
         pending = false;
         if (threadIdx.x == 0) {
             const unsigned target = round * gridDim.x;
-#ifdef MEGA_SPIN_RELAXED
-            while ((int)(ld_relaxed(ctr) - target) < 0) {
-            }
-            asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
             while ((int)(ld_acquire(ctr) - target) < 0) {
-            }  // a pure spin: one thread a block, and a __nanosleep quantum would add to every barrier
-#endif
+            }  // a pure spin (H200: a __nanosleep quantum, or relaxed polls and one fence after, cost more)
             prof.passed();
         }
         __syncthreads();
@@ -681,9 +665,7 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
 // Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
 // next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
 // for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
-#ifndef MEGA_PREFETCH_TILES
-#define MEGA_PREFETCH_TILES 2
-#endif
+#define MEGA_PREFETCH_TILES 2  // (4: no faster on the H200)
 __device__ __forceinline__ void prefetch_l2(const bf16 *p, int rows, int K) {
     if (rows > 0)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(rows * K * 2)) : "memory");
