@@ -617,14 +617,12 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
         a.part_ml[((head0 + tid) * ATT_MAX_SPLITS + z) * 2 + 1] = sm.l[tid];
     }
     __syncthreads();
-    if (tid == 0) {
-        __threadfence();
-        const int old = atomicAdd(a.sem + r * a.n_kv_heads + kh, 1);
+    if (tid == 0) {  // one acq_rel add: it releases the block's partial, and the last one acquires the others'
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                     : "=r"(old) : "l"(a.sem + r * a.n_kv_heads + kh) : "memory");
         sm.last = old == n_used - 1;
-        if (sm.last) {
-            __threadfence();
-            a.sem[r * a.n_kv_heads + kh] = 0;  // zero again for the next layer and launch
-        }
+        if (sm.last) a.sem[r * a.n_kv_heads + kh] = 0;  // zero again for the next layer and launch
     }
     __syncthreads();
     if (!sm.last) return;
