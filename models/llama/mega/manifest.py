@@ -98,7 +98,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         # each block's maximum of each row's logits
         "mega_argmax_val": bw([MAX_SEQS, sms], "f32"), "mega_argmax_idx": bw([MAX_SEQS, sms], "i32"),
         # the grid barrier's arrival and leaving counters: zero at load, zero again after every launch
-        "mega_bar": _buf([2 + 256 * 32], "carry", "u32"),  # (room for mega.cu's MEGA_FLAG_BARRIER experiment)
+        "mega_bar": _buf([2], "carry", "u32"),
     })
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
     total = n_phases(s.layers, s.qk_norm)

@@ -132,38 +132,6 @@ struct GridBar {
     unsigned round;  // barriers this block has arrived at
     bool pending;    // arrived at, not yet waited for
     Prof prof;
-#ifdef MEGA_FLAG_BARRIER  // experiment: a flag a block (stride MEGA_FLAG_BARRIER words) after the two counters
-    __device__ unsigned *flag(int b) const { return ctr + 2 + b * MEGA_FLAG_BARRIER; }
-    __device__ void arrive() {
-        __syncthreads();
-        ++round;
-        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag(blockIdx.x)), "r"(round) : "memory");
-        pending = true;
-        prof.end(PK_ARRIVE);
-    }
-    __device__ void wait() {
-        if (!pending) return;
-        pending = false;
-        if (threadIdx.x < gridDim.x) {
-            while ((int)(ld_acquire(flag(threadIdx.x)) - round) < 0) {
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) prof.passed();
-    }
-    __device__ void leave() {
-        wait();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned old;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(ctr + 1) : "memory");
-            if (old == gridDim.x - 1) {
-                for (int b = 0; b < gridDim.x; ++b) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(flag(b)) : "memory");
-                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(ctr + 1) : "memory");
-            }
-        }
-    }
-#else
     __device__ void arrive() {
         __syncthreads();
         if (threadIdx.x == 0)
@@ -194,7 +162,6 @@ struct GridBar {
             }
         }
     }
-#endif
 };
 
 // ---- the step's rows ----------------------------------------------------------------------
@@ -250,16 +217,6 @@ struct Proj {
     const bf16 *W;
     int N, K, n_tiles, kind, head_dim;
 };
-// A block takes S tiles at once, a group of GEMV_WARPS / S warps each, when a tile's K fills at
-// most half the warps (4 units: SmolLM2's 576-wide projections) and a pass is one row tile: each
-// warp then holds at most one unit of K, as in gemv.cuh's pass, and its group adds the same
-// partial sums in the same order (the warps past them add nothing there): the same bits.
-__device__ __forceinline__ int tile_groups(int K, int rows) {
-#ifdef MEGA_ONE_TILE  // experiment: a tile at a time
-    return 1;
-#endif
-    return K <= 4 * GEMV_UNIT && rows <= 8 ? 2 : 1;
-}
 // Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers (the rows past 16,
 // prompt chunks, re-read the tile's weights). A warp stages MEGA_NT x 8 rows of a unit.
 #define MEGA_NT 2
@@ -272,39 +229,37 @@ __device__ __forceinline__ int tile_groups(int K, int rows) {
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
 // the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
 // kernels.
-// gemv.cuh's YAddRes with the residual read before the grid barrier: the same arithmetic, so
-// the same bits. What the o and down projections add to was last written at least one barrier
-// earlier (by the embedding, the previous down or the o projection, every block having passed
-// a barrier since), and in this phase only by the thread that reads it, in its epilogue: so the
-// read needs no wait, and its round trip overlaps the barrier's. The other outputs only write,
-// or read weights and the block's own shared memory.
+// gemv.cuh's YAddRes with its residual pointer taken after the wait (see mega_pass); the same
+// arithmetic, so the same bits. The other outputs only write, or read weights and the block's
+// own shared memory. (MEGA_RES_EARLY, an experiment: the residual read before the barrier, which
+// is safe, as what o and down add to was last written at least one barrier earlier, and in
+// this phase only by the thread that reads it; on the H200 it did not pay.)
 struct YAddResMega {
     static constexpr bool PAIRED = false;
     bf16 *res;
+    __device__ void put(size_t i, float v) const { res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v)); }
     __device__ void put(size_t i, float v, float before) const { res[i] = to_bf(before + rbf(v)); }
 };
+template <class Y>
+__device__ __forceinline__ Y y_after(const Y &y) { return y; }
+__device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
+#ifdef MEGA_RES_EARLY
 template <class Y>
 __device__ __forceinline__ float y_before(const Y &, size_t) { return 0.f; }
 __device__ __forceinline__ float y_before(const YAddResMega &y, size_t i) { return to_f(__ldcg(y.res + i)); }
 template <class Y>
 __device__ __forceinline__ void y_put(const Y &y, size_t i, float v, float) { y.put(i, v); }
 __device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, float before) { y.put(i, v, before); }
+#endif
 
-// S tiles at once (tile_groups): group s of GEMV_WARPS / S warps takes tile t0 + s * gridDim.x.
 // staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
 // warp holding one unit of K): the same values, not loaded and formed again.
-// next_t0 >= 0 (MEGA_L1_AHEAD): before the epilogue, ask L1 for the first weight unit of the tiles
-// from next_t0 (prefetch.global.L1: no registers), so that the next pass's loads find it there.
-template <int NT, int S, class X, class Y>
-__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int t0,
-                                          int n_tiles, int r0, int R, int N, int K, char *smem, float *red_base,
-                                          float *ssr, GridBar &gb, bool staged, int next_t0) {
-    static_assert(S == 1 || NT == 1, "an epilogue entry a thread");
-    constexpr int G = GEMV_WARPS / S;  // warps a tile
+template <int NT, class X, class Y>
+__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
+                                          int R, int N, int K, char *smem, float *red_base, float *ssr, GridBar &gb,
+                                          bool staged) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile = t0 + (warp / G) * gridDim.x;
-    const bool has = tile < n_tiles;
     const int n0 = GEMV_COLS * tile;
     bf16 *xw0 = reinterpret_cast<bf16 *>(smem + warp * MEGA_STAGE);
     auto red = [&](int w) { return red_base + w * MEGA_NT * 4 * 32; };
@@ -321,24 +276,22 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
     const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
     uint4 a[GEMV_KU], b[GEMV_KU];
-    int kb = has ? (warp % G) * GEMV_UNIT : K;
-    if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    // this thread's epilogue entry (at most one: S * NT <= 2) and what it adds to, read now
+    int kb = warp * GEMV_UNIT;
+    ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
+#ifdef MEGA_RES_EARLY  // experiment: what o and down add to, read before the barrier (an entry a thread)
     static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
-    const int es = threadIdx.x / (NT * 128), eq = (threadIdx.x % (NT * 128)) >> 5, el = threadIdx.x & 31;
-    const int e_tile = t0 + es * gridDim.x;
-    const int e_row = (eq >> 2) * 8 + 2 * (el & 3) + (eq & 1);
-    const int e_col = GEMV_COLS * e_tile + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
+    const int eq = threadIdx.x >> 5, el = threadIdx.x & 31;
+    const int e_row = (eq >> 2) * 8 + 2 * (el & 3) + (eq & 1), e_col = n0 + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
     float before = 0.f;
     if constexpr (!Y::PAIRED)
-        if (es < S && e_tile < n_tiles && e_row < R && e_col < N)
-            before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
+        if (eq < NT * 4 && e_row < R && e_col < N) before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
+#endif
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
     // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
     // above it nor reuse an earlier phase's values
     const X xs = xs0.after();
-    const Y &ys = ys0;
+    const Y ys = y_after(ys0);
     if constexpr (X::NORM)
         if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
@@ -391,66 +344,48 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
                 }
             }
         }
-        kb += G * GEMV_UNIT;
+        kb += GEMV_WARPS * GEMV_UNIT;
         if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
-#ifdef MEGA_L1_AHEAD
-    if (next_t0 >= 0) {
-        const int tn = next_t0 + (warp / G) * gridDim.x, kn = (warp % G) * GEMV_UNIT;
-        int q0, q1;
-        bool in0, in1;
-        if constexpr (Y::PAIRED) {
-            in0 = in1 = tn < n_tiles && ys0.wrows(tn, g, N, q0, q1);
-        } else {
-            q0 = GEMV_COLS * tn + g;
-            q1 = q0 + 8;
-            in0 = tn < n_tiles && q0 < N;
-            in1 = tn < n_tiles && q1 < N;
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_KU; u += 2) {  // a 128-byte line: lanes t = 0..3 of two u
-            const int k = kn + 32 * u + 8 * t;
-            if (k < K && in0) asm volatile("prefetch.global.L1 [%0];" ::"l"(W + (size_t)q0 * K + k));
-            if (k < K && in1) asm volatile("prefetch.global.L1 [%0];" ::"l"(W + (size_t)q1 * K + k));
-        }
-    }
-#endif
     __syncthreads();
-    for (int j = threadIdx.x; j < S * NT * 4 * 32; j += blockDim.x) {
-        const int sg = j / (NT * 128), q = (j % (NT * 128)) >> 5, l = j & 31;
+    for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
+        const int q = j >> 5, l = j & 31;
         const int nt = q >> 2, i = q & 3;
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        const int tl = t0 + sg * gridDim.x, w_lo = sg * G;
-        if (row >= R || tl >= n_tiles) continue;
+        if (row >= R) continue;
         float scale = 1.f;
         if constexpr (X::NORM) {
             float s = 0.f;
 #pragma unroll
-            for (int w = w_lo; w < w_lo + G; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
+            for (int w = 0; w < GEMV_WARPS; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
             scale = 1.f / sqrtf(s / (float)K + xs.eps);
         }
         if constexpr (Y::PAIRED) {
             int w0_, w1_;
-            if (i < 2 && ys.wrows(tl, l >> 2, N, w0_, w1_)) {
+            if (i < 2 && ys.wrows(tile, l >> 2, N, w0_, w1_)) {
                 float as = 0.f, bs = 0.f;
 #pragma unroll
-                for (int w = w_lo; w < w_lo + G; ++w) {
+                for (int w = 0; w < GEMV_WARPS; ++w) {
                     as += red(w)[q * 32 + l];
                     bs += red(w)[(q + 2) * 32 + l];
                 }
-                ys.put(r0 + row, tl, l >> 2, N, as * scale, bs * scale);
+                ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
             }
         } else {
-            const int col = GEMV_COLS * tl + (l >> 2) + (i >= 2 ? 8 : 0);
+            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
             if (col < N) {
                 float v = 0.f;
 #pragma unroll
-                for (int w = w_lo; w < w_lo + G; ++w) v += red(w)[q * 32 + l];
+                for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
+#ifdef MEGA_RES_EARLY
                 y_put(ys, (size_t)(r0 + row) * N + col, v * scale, before);
+#else
+                ys.put((size_t)(r0 + row) * N + col, v * scale);
+#endif
             }
         }
     }
@@ -484,12 +419,9 @@ struct XNormRows {
 #define ATT_TILE 64
 #define ATT_MAX_SPLITS 16
 
-#ifndef MEGA_ATT_SPLIT_UNIT  // experiment knob: a split's tokens are a multiple of this
-#define MEGA_ATT_SPLIT_UNIT ATT_TILE
-#endif
-__device__ __forceinline__ int att_split(int ctx) {
+__device__ __forceinline__ int att_split(int ctx) {  // (16-token splits: slower on the H200)
     const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
-    return max(MEGA_ATT_SPLIT_UNIT, (s + MEGA_ATT_SPLIT_UNIT - 1) / MEGA_ATT_SPLIT_UNIT * MEGA_ATT_SPLIT_UNIT);
+    return max(ATT_TILE, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
 }
 
 struct AttnSmem {
@@ -522,8 +454,8 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     if (z >= n_used) return;
     const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
-    // A tile's K and V rows into shared memory (cp.async: in flight together, and with the q
-    // loads below for the first tile).
+    // A tile's K and V rows into shared memory (cp.async, in flight together; MEGA_KV_FIRST, an
+    // experiment: the first tile's before the q loads).
     auto copy_tile = [&](int tb, int n) {
         for (int c = tid; c < n * CH; c += blockDim.x) {
             const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
@@ -537,7 +469,9 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
         }
         cp_async_commit();
     };
+#ifdef MEGA_KV_FIRST
     copy_tile(t0, min(ATT_TILE, t1 - t0));
+#endif
     const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
         sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
@@ -550,7 +484,11 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     for (int j = 0; j < ATT_PAIRS; ++j) acc[j] = 0.f;
     for (int tb = t0; tb < t1; tb += ATT_TILE) {
         const int n = min(ATT_TILE, t1 - tb);
+#ifdef MEGA_KV_FIRST
         if (tb > t0) copy_tile(tb, n);
+#else
+        copy_tile(tb, n);
+#endif
         cp_async_wait<0>();
         __syncthreads();
         for (int i = tid; i < G * n; i += blockDim.x) {  // scores: a thread per (head, token)
@@ -684,18 +622,15 @@ __device__ __forceinline__ void prefetch_tile(const Proj &p, int tile) {
         prefetch_l2(p.W + (size_t)(w0 + (p.head_dim >> 1)) * K, 8, p.K);
     }
 }
-#ifdef MEGA_PREFETCH_LAST  // experiment: the prefetches from the last warp, not the one that arrives
-#define PF_THREAD(i) (threadIdx.x == blockDim.x - 1 - (i))
-#else
-#define PF_THREAD(i) (threadIdx.x == (i))
-#endif
 __device__ __forceinline__ void prefetch_first(const Proj &p) {
-    for (int i = 0; i < MEGA_PREFETCH_TILES; ++i)
-        if (PF_THREAD(i)) prefetch_tile(p, blockIdx.x + i * gridDim.x);
+#ifndef MEGA_NO_L2_PREFETCH  // experiment: does the arrivals' fence wait for the prefetches?
+    if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
+#endif
 }
 
-// The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's own, kept across the phase's tiles), the warps' partial
-// sums and sums of squares; or attention's tiles.
+// The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's
+// own, kept across the phase's tiles), the warps' partial sums and sums of squares; or
+// attention's tiles.
 union MegaSmem {
     struct {
         __align__(16) char tiles[GEMV_WARPS * MEGA_STAGE];
@@ -714,20 +649,22 @@ static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (a
 // take one pass (a decode step of up to 16 rows): the later tiles reuse what the warp staged.
 template <class X, class Y>
 __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb) {
-    const int S = tile_groups(p.K, rows);
-    const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= (GEMV_WARPS / S) * GEMV_UNIT;
+#ifdef MEGA_NO_STAGE_KEEP  // experiment: every tile forms its x again
+    const bool keep = false;
+#else
+    const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= GEMV_WARPS * GEMV_UNIT;
+#endif
     char *st = sm.g.tiles;
     float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
-    for (int t0 = blockIdx.x; t0 < p.n_tiles; t0 += S * gridDim.x) {
-        for (int i = 0; i < S; ++i)
-            if (PF_THREAD(i)) prefetch_tile(p, t0 + (MEGA_PREFETCH_TILES * S + i) * gridDim.x);
-        const bool staged = keep && t0 != blockIdx.x;
+    for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
+#ifndef MEGA_NO_L2_PREFETCH
+        if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
+#endif
+        const bool staged = keep && tile != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            const int nx = r0 + 8 * MEGA_NT >= rows && t0 + S * gridDim.x < p.n_tiles ? t0 + S * gridDim.x : -1;
-            if (S == 2) mega_pass<1, 2>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
-            else if (R <= 8) mega_pass<1, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
-            else mega_pass<2, 1>(xs, p.W, ys, t0, p.n_tiles, r0, R, p.N, p.K, st, rd, ss, gb, staged, nx);
+            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
         }
     }
     gb.wait();
