@@ -209,13 +209,10 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
     __syncthreads();
 }
 
-// ---- a projection's tiles -----------------------------------------------------------------------
-// A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
-// (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
-enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
+// ---- a projection: its weights, output width, K and tiles (of 16 outputs, or 8 SwiGLU pairs)
 struct Proj {
     const bf16 *W;
-    int N, K, n_tiles, kind, head_dim;
+    int N, K, n_tiles;
 };
 // Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers (the rows past 16,
 // prompt chunks, re-read the tile's weights). A warp stages MEGA_NT x 8 rows of a unit.
@@ -231,26 +228,15 @@ struct Proj {
 // kernels.
 // gemv.cuh's YAddRes with its residual pointer taken after the wait (see mega_pass); the same
 // arithmetic, so the same bits. The other outputs only write, or read weights and the block's
-// own shared memory. (MEGA_RES_EARLY, an experiment: the residual read before the barrier, which
-// is safe, as what o and down add to was last written at least one barrier earlier, and in
-// this phase only by the thread that reads it; on the H200 it did not pay.)
+// own shared memory.
 struct YAddResMega {
     static constexpr bool PAIRED = false;
     bf16 *res;
     __device__ void put(size_t i, float v) const { res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v)); }
-    __device__ void put(size_t i, float v, float before) const { res[i] = to_bf(before + rbf(v)); }
 };
 template <class Y>
 __device__ __forceinline__ Y y_after(const Y &y) { return y; }
 __device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
-#ifdef MEGA_RES_EARLY
-template <class Y>
-__device__ __forceinline__ float y_before(const Y &, size_t) { return 0.f; }
-__device__ __forceinline__ float y_before(const YAddResMega &y, size_t i) { return to_f(__ldcg(y.res + i)); }
-template <class Y>
-__device__ __forceinline__ void y_put(const Y &y, size_t i, float v, float) { y.put(i, v); }
-__device__ __forceinline__ void y_put(const YAddResMega &y, size_t i, float v, float before) { y.put(i, v, before); }
-#endif
 
 // staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
 // warp holding one unit of K): the same values, not loaded and formed again.
@@ -278,14 +264,6 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-#ifdef MEGA_RES_EARLY  // experiment: what o and down add to, read before the barrier (an entry a thread)
-    static_assert(MEGA_THREADS >= 2 * 4 * 32, "an epilogue entry a thread");
-    const int eq = threadIdx.x >> 5, el = threadIdx.x & 31;
-    const int e_row = (eq >> 2) * 8 + 2 * (el & 3) + (eq & 1), e_col = n0 + (el >> 2) + ((eq & 3) >= 2 ? 8 : 0);
-    float before = 0.f;
-    if constexpr (!Y::PAIRED)
-        if (eq < NT * 4 && e_row < R && e_col < N) before = y_before(ys0, (size_t)(r0 + e_row) * N + e_col);
-#endif
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
     // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
@@ -381,11 +359,7 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
                 float v = 0.f;
 #pragma unroll
                 for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
-#ifdef MEGA_RES_EARLY
-                y_put(ys, (size_t)(r0 + row) * N + col, v * scale, before);
-#else
                 ys.put((size_t)(r0 + row) * N + col, v * scale);
-#endif
             }
         }
     }
@@ -454,8 +428,7 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     if (z >= n_used) return;
     const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
-    // A tile's K and V rows into shared memory (cp.async, in flight together; MEGA_KV_FIRST, an
-    // experiment: the first tile's before the q loads).
+    // A tile's K and V rows into shared memory (cp.async, in flight together).
     auto copy_tile = [&](int tb, int n) {
         for (int c = tid; c < n * CH; c += blockDim.x) {
             const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
@@ -469,9 +442,6 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
         }
         cp_async_commit();
     };
-#ifdef MEGA_KV_FIRST
-    copy_tile(t0, min(ATT_TILE, t1 - t0));
-#endif
     const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
         sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
@@ -484,11 +454,7 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     for (int j = 0; j < ATT_PAIRS; ++j) acc[j] = 0.f;
     for (int tb = t0; tb < t1; tb += ATT_TILE) {
         const int n = min(ATT_TILE, t1 - tb);
-#ifdef MEGA_KV_FIRST
-        if (tb > t0) copy_tile(tb, n);
-#else
         copy_tile(tb, n);
-#endif
         cp_async_wait<0>();
         __syncthreads();
         for (int i = tid; i < G * n; i += blockDim.x) {  // scores: a thread per (head, token)
@@ -597,37 +563,6 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
     }
 }
 
-// ---- L2 prefetch of the weights ahead ----------------------------------------------------
-// Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
-// next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
-// for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
-#define MEGA_PREFETCH_TILES 2  // (4: no faster on the H200)
-__device__ __forceinline__ void prefetch_l2(const bf16 *p, int rows, int K) {
-    if (rows > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(rows * K * 2)) : "memory");
-}
-__device__ __forceinline__ void prefetch_tile(const Proj &p, int tile) {
-    if (p.W == nullptr || tile >= p.n_tiles) return;
-    const size_t K = p.K;
-    if (p.kind == TILE_PLAIN) {
-        prefetch_l2(p.W + (size_t)GEMV_COLS * tile * K, min(GEMV_COLS, p.N - GEMV_COLS * tile), p.K);
-    } else if (p.kind == TILE_SWIGLU) {
-        const int w0 = (GEMV_COLS / 2) * tile, n = min(GEMV_COLS / 2, p.N - w0);
-        prefetch_l2(p.W + w0 * K, n, p.K);
-        prefetch_l2(p.W + (size_t)(p.N + w0) * K, n, p.K);
-    } else {
-        const int per_head = p.head_dim >> 4, head = tile / per_head;
-        const int w0 = head * p.head_dim + (tile - head * per_head) * 8;
-        prefetch_l2(p.W + w0 * K, 8, p.K);
-        prefetch_l2(p.W + (size_t)(w0 + (p.head_dim >> 1)) * K, 8, p.K);
-    }
-}
-__device__ __forceinline__ void prefetch_first(const Proj &p) {
-#ifndef MEGA_NO_L2_PREFETCH  // experiment: does the arrivals' fence wait for the prefetches?
-    if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
-#endif
-}
-
 // The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's
 // own, kept across the phase's tiles), the warps' partial sums and sums of squares; or
 // attention's tiles.
@@ -649,17 +584,10 @@ static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (a
 // take one pass (a decode step of up to 16 rows): the later tiles reuse what the warp staged.
 template <class X, class Y>
 __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb) {
-#ifdef MEGA_NO_STAGE_KEEP  // experiment: every tile forms its x again
-    const bool keep = false;
-#else
     const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= GEMV_WARPS * GEMV_UNIT;
-#endif
     char *st = sm.g.tiles;
     float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
     for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
-#ifndef MEGA_NO_L2_PREFETCH
-        if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
-#endif
         const bool staged = keep && tile != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
@@ -733,17 +661,17 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     // The projection of phase ph (W null for the phases without one).
     auto proj = [&](int ph) -> Proj {
         if (ph == ph_lm)
-            return {W[n_layers * per_layer + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-        if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0, 0, 0};
+            return {W[n_layers * per_layer + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS};
+        if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0};
         const bf16 *const *lw = W + ((ph - PH_LAYER) / ppl) * per_layer;
         const int k = (ph - PH_LAYER) % ppl;
         if (k == 0)  // with q/k norms the projection stores qkv as it is (the qk phase rotates)
-            return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS, qk_norm ? TILE_PLAIN : TILE_ROPE, head_dim};
+            return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS};
         switch (k - (qk_norm ? 1 : 0)) {
-            case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-            case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2), TILE_SWIGLU, 0};
-            case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-            default: return {nullptr, 0, 0, 0, 0, 0};  // q/k norms, attention
+            case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS};
+            case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2)};
+            case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS};
+            default: return {nullptr, 0, 0, 0};  // q/k norms, attention
         }
     };
     if (tid < MEGA_MAX_SEQS) {
@@ -751,9 +679,11 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         Lo.n_gen[tid] = 0;
     }
     __syncthreads();
-    // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, asks L2
-    // for the next projection's first tiles and arrives at the grid barrier, which the next
-    // phase waits for (a projection after its first weight loads).
+    // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, arrives at
+    // the grid barrier, which the next phase waits for (a projection after its first weight
+    // loads). No L2 prefetch of the next phase's weights (cp.async.bulk.prefetch.L2, two tiles
+    // ahead, as this kernel had): on the H200 dropping it took SmolLM2-135M's step from 762 to
+    // 652 us and Llama-1B's from 1,244 to 1,028.
     GridBar gb{bar, 0, false};
 #ifdef MEGA_PROFILE
     __shared__ unsigned long long prof_acc[PK_KINDS][2];
@@ -771,12 +701,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             const int k = (ph - PH_LAYER) % ppl;  // qkv, (qk), attention, o, mlp, down
             gb.prof.end(k == 0 ? PK_QKV : PK_QK + k - 1 + (qk_norm ? 0 : 1));
         }
-        if (ph + 1 < phase_hi) {
-            Proj next = proj(ph + 1);
-            for (int k = 2; !next.W && k <= 3; ++k) next = proj(ph + k);  // past q/k norms and attention
-            prefetch_first(next);
-            gb.arrive();
-        }
+        if (ph + 1 < phase_hi) gb.arrive();
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
                 n_q_heads, n_kv_heads, page_tokens};
