@@ -149,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--seqs", type=_positive, default=None, help="sequences in the workload (default 6)")
     p.add_argument("--decode-steps", type=_non_negative, default=None,
-                   help="decode steps per sequence (default 4; 0 judges prefill only)")
+                   help="decode steps per sequence (default 10; 0 judges prefill only)")
     p.add_argument("--max-prompt", type=_positive, default=None, help="cap on prompt lengths (a smaller workload)")
     p.add_argument("--kl-limit", type=_non_negative_real, default=None,
                    help="KL(A||B) limit in nats (default 0.01; a larger measured floor raises it)")

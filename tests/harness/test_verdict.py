@@ -20,9 +20,9 @@ def e2e(**kw) -> EndToEnd:
 
 
 def v(spans=(OK_SPAN,), **kw):
-    unfed = kw.pop("unfed", ())
+    unfed, only_b = kw.pop("unfed", ()), kw.pop("only_b", ())
     grown, capped = kw.pop("grown", ""), kw.pop("capped", False)
-    return decide(Facts(tuple(spans), e2e(**kw), 0.01, unfed, grown=grown, capped=capped))
+    return decide(Facts(tuple(spans), e2e(**kw), 0.01, unfed, grown=grown, capped=capped, only_b=only_b))
 
 
 def test_bit_identical():
@@ -48,6 +48,15 @@ def test_logit_evidence_when_a_span_deviates_but_enough_decisive_rows_agree():
 def test_deviating_span_with_too_few_decisive_rows_is_thin_evidence():
     r = v([BAD_SPAN], decisive=(("decode", MIN_DECISIVE - 1), ("prefill", 100)))
     assert (r.status, r.kind) == ("INCONCLUSIVE", "thin") and "decode A[9:10)" in r.line and r.kind in GROWABLE
+
+
+def test_a_program_only_the_candidate_has_is_judged_by_its_decisive_rows():
+    """A wide decode only B has (fed by a decode step wider than A's programs take) has no span
+    to replay: its rows must vouch for it, as for a span that cannot be replayed."""
+    ok = v([NOISY_SPAN], only_b=("decode_wide",), decisive=(("decode", 30), ("decode_wide", MIN_DECISIVE)))
+    assert (ok.status, ok.kind) == ("PASS", "logit evidence") and "decode_wide only in B" in ok.line
+    thin = v([NOISY_SPAN], only_b=("decode_wide",), decisive=(("decode", 30), ("decode_wide", MIN_DECISIVE - 1)))
+    assert (thin.status, thin.kind) == ("INCONCLUSIVE", "thin") and f"decode_wide {MIN_DECISIVE - 1}" in thin.line
 
 
 def test_flip_at_a_margin_beyond_the_noise_is_inconclusive_even_within_the_kl_limit():

@@ -69,7 +69,7 @@ def end_to_end(a: list[StepOut], b: list[StepOut], limit: float, vocab: tuple[in
     logits_same = tokens_same = True
     has_logits = all(x.logits is not None for x in a) and bool(a)
     rows = 0
-    per: list[tuple[int, str, compare.Rows, np.ndarray]] = []  # step, program, rows, A-noisy mask
+    per: list[tuple[int, str, compare.Rows, np.ndarray]] = []  # step, B's program, rows, A-noisy mask
     kl_floor = margin_floor = 0.0
     for i, (x, y) in enumerate(zip(a, b)):
         if y.tokens is not None:
@@ -100,7 +100,7 @@ def end_to_end(a: list[StepOut], b: list[StepOut], limit: float, vocab: tuple[in
             kl_floor = max(kl_floor, float(s.kl.max(initial=0.0)))
             margin_floor = max(margin_floor, float(np.abs(s.moved).max(initial=0.0)))
         rows += len(m.kl)
-        per.append((i, x.program, m, noisy))
+        per.append((i, y.program, m, noisy))  # B's program: a wide decode only B has
     kl_floor *= compare.E2E_FACTOR
     margin_floor *= compare.E2E_FACTOR
     lim = max(limit, kl_floor)

@@ -6,6 +6,7 @@ between spans run as they are. The end-to-end outputs of every step are kept too
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,9 +60,30 @@ def stepper_for(io: EngineIO, step: Step):
     return io.e.protocol.for_rows(len(step.chunks), None if step.ragged else 1)
 
 
+class Live:
+    """A recording arriving from a Recorder's sink in another process (forked.py), read once in
+    order: its tapes grow as the records that name their versions arrive."""
+
+    def __init__(self, messages: Iterable[tuple]):
+        self.tapes: dict[str, Tape] = {}
+        self._messages = messages
+
+    @property
+    def records(self) -> Iterator[SpanRecord]:
+        for msg in self._messages:
+            if msg[0] == "tape":
+                self.tapes[msg[1]] = Tape(msg[2])
+            elif msg[0] == "delta":
+                self.tapes[msg[1]].add(msg[2], msg[3])
+            elif msg[0] == "record":
+                yield msg[1]
+
+
 class Recorder:
-    def __init__(self, io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()):
+    def __init__(self, io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset(),
+                 sink: Callable[[tuple], None] | None = None):
         self.io, self.diff, self.wl, self.carried = io, diff, wl, carried
+        self.sink = sink or (lambda msg: None)
         self.rec = Recording()
         self.dirty: dict[str, bool] = {}  # states written since their last snapshot
         # buffers as last kept, while nothing writes them: a span's inputs are often the last
@@ -78,11 +100,15 @@ class Recorder:
         tape = self.rec.tapes.get(state)
         if tape is None:
             tape = self.rec.tapes[state] = Tape(self.io.state_prefix(state, self.wl.pages_used))
+            self.sink(("tape", state, tape.nbytes))
         elif state in self.carried:  # replays carry it from its first version: never read again
             return tape.version
         if self.dirty.get(state, True):
+            v = tape.version
             tape.snap(self.io.read_state(state, tape.nbytes))
             self.dirty[state] = False
+            if tape.version != v:
+                self.sink(("delta", state, *tape.deltas[-1]))
         return tape.version
 
     def _run(self, program: str, lo: int, hi: int, env) -> list:
@@ -113,6 +139,7 @@ class Recorder:
             post = {b: self._read(b, io.extent(b, env, launches)) for b in span.sa.live_writes}
             st_post = {s: self._snap(s) for s in span.states}
             self.rec.records.append(SpanRecord(k, step, dict(vars), pre, post, masks, st_pre, st_post))
+            self.sink(("record", self.rec.records[-1]))
             at = hi
         self._run(program, at, len(io.e.m.programs[program].calls), env)
         self.rec.programs_run.add(program)
@@ -138,6 +165,8 @@ class Recorder:
         return self.rec
 
 
-def record(io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset()) -> Recording:
-    """carried: states the replays carry (precision.py), kept at their first version only."""
-    return Recorder(io, diff, wl, carried).run()
+def record(io: EngineIO, diff: Diff, wl: Workload, carried: frozenset[str] = frozenset(),
+           sink: Callable[[tuple], None] | None = None) -> Recording:
+    """carried: states the replays carry (precision.py), kept at their first version only.
+    sink: told each new tape, tape delta and span record as it is made (a Live elsewhere)."""
+    return Recorder(io, diff, wl, carried, sink).run()

@@ -17,8 +17,9 @@ from .compare import Err
 from .diff import Diff
 from .engine_io import EngineIO, poison
 from .precision import Precision, run_rounded
-from .record import Recording, StepOut, outputs, stepper_for
-from .workload import Workload, feed
+from .record import Live, Recording, StepOut, outputs, stepper_for
+from .tape import TapeReader
+from .workload import Step, Workload, feed
 
 
 @dataclass
@@ -30,7 +31,7 @@ class SpanRun:
     absent: list[str] = field(default_factory=list)  # compared names this side lacks
 
 
-def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision | None = None,
+def replay(io: EngineIO, side: str, diff: Diff, rec: Recording | Live, prec: Precision | None = None,
            rng: np.random.Generator | None = None, start: dict[str, np.ndarray] | None = None,
            wl: Workload | None = None) -> tuple[list[SpanRun], float]:
     """Every span record replayed on this side, in order.
@@ -41,7 +42,7 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision 
     states start from A's first recorded version (side "a") or `start`, B's own bytes at load,
     and are never restored again nor compared."""
     t0 = time.perf_counter()
-    readers = {s: t.reader() for s, t in rec.tapes.items()}
+    readers: dict[str, TapeReader] = {}  # made at first use: a Live recording's tapes arrive with it
     carried = prec.carried if prec is not None else frozenset()
     simulate = side == "a" and prec is not None and rng is not None
     started: set[str] = set()
@@ -70,10 +71,10 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision 
                 continue
             if s in carried:  # this side's own bytes, written by its earlier replays
                 if s not in started:
-                    io.write_state(s, readers[s].at(v) if side == "a" else start[s])
+                    io.write_state(s, _reader(readers, rec, s).at(v) if side == "a" else start[s])
                     started.add(s)
                 continue
-            io.write_state(s, readers[s].at(v))
+            io.write_state(s, _reader(readers, rec, s).at(v))
         if simulate:
             run_rounded(io, prec, program, lo, hi, env, rng)
         else:
@@ -93,29 +94,53 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording, prec: Precision 
                 continue
             if s in carried:
                 continue
-            a_post = readers[s].at(v)
+            a_post = _reader(readers, rec, s).at(v)
             run.errs[f"state:{s}"] = compare.state_bytes(a_post, io.read_state(s, a_post.size))
         out.append(run)
     return out, time.perf_counter() - t0
 
 
+def _reader(readers: dict[str, TapeReader], rec: Recording | Live, state: str) -> TapeReader:
+    if state not in readers:
+        readers[state] = rec.tapes[state].reader()
+    return readers[state]
+
+
 def free_run(io: EngineIO, wl: Workload, prec: Precision | None = None,
              rng: np.random.Generator | None = None) -> tuple[list[StepOut], float]:
     """The whole workload through this side's own programs, from its state at load; with prec
-    and rng, call by call in B's precision (the end-to-end floor, run on A)."""
+    and rng, call by call in B's precision (the end-to-end floor, run on A). A decode step of
+    more sequences than this side's decode programs take (the other side's wide decode) runs
+    in slices, its rows joined."""
     t0 = time.perf_counter()
     widths = io.table_widths()
     out = []
     for step in wl.steps:
-        st = stepper_for(io, step)
-        vars, ins = feed(step, st, wl.seqs, widths)
-        if prec is not None and rng is not None:
-            env = io.e.env(st.program, vars)
-            for buf, host in ins.items():
-                io.e.write_input(st.program, buf, host, env)
-            run_rounded(io, prec, st.program, 0, len(io.e.m.programs[st.program].calls), env, rng)
-        else:
-            env = io.e.run(st.program, vars, ins)
-            io.e.device.synchronize()
-        out.append(StepOut(st.program, *outputs(io, st, env)))
+        parts = [_one_step(io, wl, part, widths, prec, rng) for part in _slices(io, step)]
+        out.append(parts[0] if len(parts) == 1 else
+                   StepOut(parts[0].program, *(None if getattr(parts[0], k) is None else
+                                               np.concatenate([getattr(x, k) for x in parts])
+                                               for k in ("tokens", "logits"))))
     return out, time.perf_counter() - t0
+
+
+def _slices(io: EngineIO, step: Step) -> list[Step]:
+    most = max((s.groups_max for s in io.e.protocol.fixed(1)), default=0) if not step.ragged else 0
+    if not most or len(step.chunks) <= most:
+        return [step]
+    return [Step(False, step.chunks[i:i + most]) for i in range(0, len(step.chunks), most)]
+
+
+def _one_step(io: EngineIO, wl: Workload, step: Step, widths: dict[str, int], prec: Precision | None,
+              rng: np.random.Generator | None) -> StepOut:
+    st = stepper_for(io, step)
+    vars, ins = feed(step, st, wl.seqs, widths)
+    if prec is not None and rng is not None:
+        env = io.e.env(st.program, vars)
+        for buf, host in ins.items():
+            io.e.write_input(st.program, buf, host, env)
+        run_rounded(io, prec, st.program, 0, len(io.e.m.programs[st.program].calls), env, rng)
+    else:
+        env = io.e.run(st.program, vars, ins)
+        io.e.device.synchronize()
+    return StepOut(st.program, *outputs(io, st, env))

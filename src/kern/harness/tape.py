@@ -46,6 +46,11 @@ class Tape:
             a[changed] = rows
         return self.version
 
+    def add(self, changed: np.ndarray, rows: np.ndarray) -> None:
+        """A delta another tape's snap made (a copy of a tape kept in another process)."""
+        self.deltas.append((changed, rows))
+        self._rows(self.cur)[changed] = rows
+
     def reader(self) -> "TapeReader":
         return TapeReader(self)
 

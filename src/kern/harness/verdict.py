@@ -11,8 +11,9 @@ line names the first span that deviates.
 PASS (0), naming the strongest kind that holds: bit-identical (every span and every output),
 logits bit-identical, within the noise floor (every span within its floor, every row's KL
 within the limit, flips only at near ties), logit evidence (some span beyond its floor or not
-replayable, but every such program shows at least MIN_DECISIVE rows whose margin is beyond
-the noise and whose argmax agrees; KL within the limit; flips only at near ties).
+replayable, or a program only B has fed (a wide decode), but every such program shows at least
+MIN_DECISIVE rows whose margin is beyond the noise and whose argmax agrees; KL within the
+limit; flips only at near ties).
 INCONCLUSIVE (2): the workload never runs a changed program, no logits to weigh, or the
 evidence is too thin: KL above the limit without a flip, a flip at a margin the noise cannot
 explain (KL within the limit), or too few decisive rows. Thin evidence makes the harness grow
@@ -76,6 +77,7 @@ class Facts:
     refused: str = ""  # the candidate is not a runnable manifest
     grown: str = ""  # how the workload grew, e.g. "grown twice, +40 rows of natural-ish prompts"
     capped: bool = False  # the time cap stopped the growth
+    only_b: tuple[str, ...] = ()  # programs only B has that the workload fed: judged by their logits alone
 
     @property
     def kl_limit(self) -> float:
@@ -158,15 +160,16 @@ def _decide(f: Facts) -> Verdict:
                        f"though KL stays within {limit:.2g} nat{_culprit(f)}")
     tail = (f"max KL {e.max_kl:.2g} nat over {e.rows} rows"
             + (f", {len(e.flips)} near-tie flip{'' if len(e.flips) == 1 else 's'}" if e.flips else ""))
-    if not unrep and not any(s.deviates for s in f.spans):
+    if not unrep and not any(s.deviates for s in f.spans) and not f.only_b:
         return Verdict(PASS, "within the noise floor", f"PASS (within the noise floor): all {len(f.spans)} spans "
                        f"within their floor; {tail}")
-    unsure = sorted({s.program for s in f.spans if s.deviates or s.unreplayable})
+    unsure = sorted({s.program for s in f.spans if s.deviates or s.unreplayable} | set(f.only_b))
     have = dict(e.decisive)
     thin = [p for p in unsure if have.get(p, 0) < MIN_DECISIVE]
     why = ", ".join(x for x in (f"{sum(s.deviates for s in f.spans)} spans beyond their floor"
                                 if any(s.deviates for s in f.spans) else "",
-                                f"{len(unrep)} not replayable" if unrep else "") if x)
+                                f"{len(unrep)} not replayable" if unrep else "",
+                                f"{', '.join(f.only_b)} only in B" if f.only_b else "") if x)
     if thin:
         return Verdict(INCONCLUSIVE, "thin", f"INCONCLUSIVE: {why} and too few decisive rows to judge by the logits "
                        f"({', '.join(f'{p} {have.get(p, 0)}' for p in thin)}; {MIN_DECISIVE} needed){_culprit(f)}")

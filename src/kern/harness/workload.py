@@ -63,14 +63,17 @@ class Workload:
     seqs: tuple[Seq, ...]
     steps: tuple[Step, ...]
     pages_used: int
-    natural: bool = False  # tokens from a corpus, not random
+    natural: str = ""  # "" random tokens, "all" or "half" of the sequences from a corpus
 
     def describe(self) -> str:
         lens = ", ".join(f"{len(s.prompt)} ({s.why})" for s in self.seqs)
         n_pre = sum(s.ragged for s in self.steps)
         return (f"workload: seed {self.seed}, {len(self.seqs)} sequences of "
-                f"{'natural-ish text' if self.natural else 'random tokens'}, prompts {lens}; "
+                f"{_KIND[self.natural]}, prompts {lens}; "
                 f"{n_pre} prefill steps, {len(self.steps) - n_pre} decode steps; {self.pages_used} pages")
+
+
+_KIND = {"": "random tokens", "all": "natural-ish text", "half": "natural-ish text (uniform lengths) and random tokens"}
 
 
 def boundaries(lim: Limits) -> dict[str, int]:
@@ -80,7 +83,9 @@ def boundaries(lim: Limits) -> dict[str, int]:
 
 
 def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_prompt: int | None = None,
-         corpus: tuple[int, ...] | None = None) -> Workload:
+         corpus: tuple[int, ...] | None = None, mixed: bool = False) -> Workload:
+    """mixed: with a corpus, only the uniform-length sequences take its text; the boundary
+    ones keep random tokens, whose near-ties are where a subtle bug flips the argmax."""
     rng = np.random.Generator(np.random.PCG64(seed))
     top = min(lim.context - decode_steps, lim.table_width * lim.page_tokens - decode_steps)
     # default cap: past one chunk and two pages, so chunked prefill and page crossings are fed,
@@ -106,7 +111,7 @@ def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_pr
     out: list[Seq] = []
     at = 0
     for (n, why), k in zip(picks, need):
-        if len(text) > n + decode_steps:
+        if len(text) > n + decode_steps and not (mixed and why != "uniform"):
             o = int(rng.integers(0, len(text) - n - decode_steps))
             prompt, dec = text[o:o + n], text[o + n:o + n + decode_steps]
         else:
@@ -114,7 +119,8 @@ def make(seed: int, lim: Limits, *, seqs: int = 6, decode_steps: int = 4, max_pr
             dec = tuple(int(x) for x in rng.integers(lo, hi, decode_steps))
         out.append(Seq(prompt, dec, tuple(perm[at:at + k]), why))
         at += k
-    return Workload(seed, tuple(out), _schedule(out, lim, decode_steps), sum(need), bool(text))
+    natural = "" if not text else "half" if mixed and any(why != "uniform" for _, why in picks) else "all"
+    return Workload(seed, tuple(out), _schedule(out, lim, decode_steps), sum(need), natural)
 
 
 def _schedule(seqs: list[Seq], lim: Limits, decode_steps: int) -> tuple[Step, ...]:
