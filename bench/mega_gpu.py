@@ -1,18 +1,28 @@
 """One device call for the megakernel, within a hard cap (the team's final call gives it 140 s):
-install the carried wheels, a smoke run (the one-launch-a-phase debug mode, then the fused
-kernel, then a timed 32 + 128-token generation), bench/mega.py (the megakernel beside the
-per-op graph path and transformers eager), then the gpu-marked tests of tests/mega. Each step
-has its own timeout and faulthandler says where a hang sits; summary.txt is rewritten after
-every step, so whatever the outer cap kills, what ran is reported. The random checkpoints are
-made once, in $MEGA_CKPTS, and shared by the steps.
+install the carried wheels, then the steps of --steps in order:
+  build  save the pinned mega.cubin as /tmp/mega-base.cubin, then build this tree's mega.cu and
+         record it as the pinned one (on the device only: the later steps then load it without
+         building it again, and prof can time base=/tmp/mega-base.cubin beside it)
+  smoke  the one-launch-a-phase debug mode, then the fused kernel, then a timed 32 + 128-token
+         generation
+  bench  bench/mega.py: the megakernel beside the per-op graph path and transformers eager
+  prof   bench/mega_prof.py: where a decode step's time goes (the profile build), and the
+         shipped cubin, this tree's and --prof-args' variants beside the per-op path
+  tests  the gpu-marked tests of tests/mega
+Each step has its own timeout and faulthandler says where a hang sits; summary.txt is rewritten
+after every step, so whatever the outer cap kills, what ran is reported. The random checkpoints
+are made once, in $MEGA_CKPTS, and shared by the steps.
 
-    python3 bench/mega_gpu.py [--smoke-timeout 30] [--bench-timeout 50] [--tests-timeout 45]
+    python3 bench/mega_gpu.py [--steps smoke,bench,tests] [--build-timeout 60] [--smoke-timeout 30] [--bench-timeout 50]
+                              [--prof-timeout 90[,90...]] [--prof-args "..." ...] [--tests-timeout 45]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -54,11 +64,18 @@ print("SMOKE OK")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build-timeout", type=int, default=60)
     ap.add_argument("--smoke-timeout", type=int, default=30)
     ap.add_argument("--bench-timeout", type=int, default=50)
+    ap.add_argument("--prof-timeout", default="90", help="seconds, a run of bench/mega_prof.py (comma-separated: "
+                                                             "one a --prof-args, the last for the rest)")
+    ap.add_argument("--prof-args", action="append", default=[],
+                    help="bench/mega_prof.py's arguments (shell words); again for another run of it, in its own "
+                         "step (prof, prof2, ...)")
     ap.add_argument("--tests-timeout", type=int, default=45)
-    ap.add_argument("--smoke-only", action="store_true", help="the smoke step alone (a short call)")
+    ap.add_argument("--steps", default="smoke,bench,tests", help="of build, smoke, bench, prof, tests; in this order")
     args = ap.parse_args()
+    steps = set(args.steps.split(","))
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     # Another preset of the same call may be running from /tmp/site: use it as it is when its
@@ -77,21 +94,32 @@ def main() -> int:
         (out / "summary.txt").write_text("\n".join(r.summary) + "\n")
 
     report([])
-    text = r.step("smoke", [sys.executable, "-c", SMOKE, str(args.smoke_timeout)], args.smoke_timeout)
-    ok = "SMOKE OK" in text
-    report([ln for ln in text.splitlines() if ln.startswith(("[", "SMOKE"))]
-           or [f"smoke: no output ({text.strip()[-300:]})"])
-    if args.smoke_only:
-        print("\n".join(r.summary))
-        return 0
-    if ok:
-        text = r.step("bench", [sys.executable, "bench/mega.py"], args.bench_timeout)
-        report([ln for ln in text.splitlines() if ln.startswith("{")] or [f"bench: {text.strip()[-300:]}"])
-    tests = ["tests/mega", "-m", "gpu"] + ([] if ok else ["-k", "phase or co_resident"])
-    text = r.step("tests", [sys.executable, "-m", "pytest", *tests, "-v", "-p", "no:cacheprovider", "-rA",
-                            "-o", "faulthandler_timeout=30"], args.tests_timeout)
-    report([ln for ln in text.splitlines() if " PASSED" in ln or " FAILED" in ln or " ERROR" in ln]
-           + [ln for ln in text.splitlines() if ln.strip()][-1:])
+    ok = True
+    if "build" in steps:
+        shutil.copyfile(ROOT / "models/llama/mega/cubins/mega.cubin", "/tmp/mega-base.cubin")
+        text = r.step("build", [sys.executable, "-m", "kern_models.llama.mega.build", "/tmp/mega-build", "--record"],
+                      args.build_timeout)
+        ok = "recorded" in text
+        report([ln for ln in text.splitlines() if ln.strip()][-2:])
+    if "smoke" in steps:
+        text = r.step("smoke", [sys.executable, "-c", SMOKE, str(args.smoke_timeout)], args.smoke_timeout)
+        ok = "SMOKE OK" in text
+        report([ln for ln in text.splitlines() if ln.startswith(("[", "SMOKE"))]
+               or [f"smoke: no output ({text.strip()[-300:]})"])
+    runs = args.prof_args or [""]
+    caps = [int(c) for c in args.prof_timeout.split(",")]
+    for step, cmd, timeout in (("bench", ["bench/mega.py"], args.bench_timeout),
+                               *((f"prof{i + 1 if i else ''}", ["bench/mega_prof.py", *shlex.split(a)],
+                                  caps[min(i, len(caps) - 1)]) for i, a in enumerate(runs))):
+        if ok and step.rstrip("0123456789") in steps:
+            text = r.step(step, [sys.executable, *cmd], timeout)
+            report([ln for ln in text.splitlines() if ln.startswith("{")] or [f"{step}: {text.strip()[-300:]}"])
+    if "tests" in steps:
+        tests = ["tests/mega", "-m", "gpu"] + ([] if ok else ["-k", "phase or co_resident"])
+        text = r.step("tests", [sys.executable, "-m", "pytest", *tests, "-v", "-p", "no:cacheprovider", "-rA",
+                                "-o", "faulthandler_timeout=30"], args.tests_timeout)
+        report([ln for ln in text.splitlines() if " PASSED" in ln or " FAILED" in ln or " ERROR" in ln]
+               + [ln for ln in text.splitlines() if ln.strip()][-1:])
     print("\n".join(r.summary))
     return 0
 

@@ -72,6 +72,20 @@ def test_the_kernel_signature_is_the_ops_params():
         assert f"#define {name} {value}" in text
 
 
+def test_the_launch_gives_the_shared_memory_mega_cu_asks(deployment):
+    text = SOURCE.read_text()
+    d = dict(re.findall(r"#define (MEGA_NT|MEGA_STAGE|MEGA_SMEM_BYTES) (.*)", text))
+    gemv = (SOURCE.parent.parent / "cuda" / "gemv.cuh").read_text()
+    g = dict(re.findall(r"#define (GEMV_KU|GEMV_UNIT|GEMV_XLD|GEMV_MAX_NT) ([^/\n]*?)\s*(?://|\n)", gemv))
+    assert d["MEGA_STAGE"] == "(MEGA_NT * 8 * GEMV_XLD * 2)"
+    assert d["MEGA_SMEM_BYTES"] == "(GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)"
+    assert (g["GEMV_UNIT"], g["GEMV_XLD"]) == ("(32 * GEMV_KU)", "(GEMV_UNIT + 32)")
+    warps, nt, xld = mega.THREADS // 32, int(d["MEGA_NT"]), 32 * int(g["GEMV_KU"]) + 32
+    assert mega.SMEM_BYTES == warps * (nt * 8 * xld * 2 + nt * 4 * 32 * 4) + warps * 8 * int(g["GEMV_MAX_NT"]) * 4
+    (launch,) = json.loads(deployment.read_text())["ops"]["mega_step"]["impl"]["launches"]
+    assert launch["shared_mem"] == mega.SMEM_BYTES <= 227 << 10
+
+
 def test_the_debug_mode_is_one_launch_a_phase(tmp_path):
     m = json.loads(generate(TINY, tmp_path, target="mega", model="tiny", phases=True).read_text())
     calls = m["programs"]["decode"]["calls"]

@@ -25,6 +25,8 @@ MAX_ROWS = 64         # mega.cu MEGA_MAX_ROWS: rows a step (prompt chunks of eve
 MAX_SEQS = 32         # mega.cu MEGA_MAX_SEQS
 MAX_CHUNK = 8         # prompt tokens a sequence consumes a step, at most
 MAX_SPLITS = 16       # mega.cu ATT_MAX_SPLITS: attention's context splits a row
+# dynamic shared memory: mega.cu MEGA_SMEM_BYTES (the staged rows, partial sums, sums of squares)
+SMEM_BYTES = 8 * (2 * 8 * (256 + 32) * 2 + 2 * 4 * 32 * 4) + 8 * 8 * 4 * 4
 PHASES_PER_LAYER = 5  # qkv, attention, o, mlp, down
 LAYER_WEIGHTS = ("ln1", "qkv_w", "o_w", "ln2", "gate_up_w", "down_w")
 QK_WEIGHTS = ("q_norm", "k_norm")  # after a layer's others, with q/k norms (Qwen3)
@@ -127,7 +129,9 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
                                                  page_table="g_page_table")]}
 
     m["ops"]["mega_step"] = {"params": list(PARAMS), "impl": {"launches": [{
-        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS], "cooperative": True,
+        "module": "mega", "entry": "mega_decode", "grid": [sms], "block": [THREADS],
+        "shared_mem": SMEM_BYTES,
+        "cooperative": True,
         # bar and sem: zero between launches (the last block to leave resets bar, every merge its
         # counter in sem), so the launch leaves them as it found them and does not list them (kern test
         # would poison them: a hang, a merge that never happens)

@@ -52,6 +52,68 @@ static_assert((MEGA_MAX_G * MEGA_MAX_HD) % MEGA_THREADS == 0, "attention's (head
 // down; then lm_head and pick.
 enum { PH_EMBED = 0, PH_LAYER = 1, PH_PER_LAYER = 5 };
 
+// ---- the profile build (-DMEGA_PROFILE; bench/mega_prof.py) ---------------------------------
+// Thread 0 of each block splits its time, in SM cycles, into buckets per kind of phase: the wait
+// (from the end of its previous phase to the grid barrier passed: barrier latency, skew, and
+// blocks without work) and the busy time (from the barrier passed to the phase's end); the
+// arrivals (the fence and the add) in one bucket of their own. At exit each block writes its
+// buckets to mega_prof [block][kind][wait, busy]; block 0 adds the globaltimer (ns) and clock64
+// at its start and exit (their ratio turns cycles into time) and the steps run. Outside the
+// profile build all of it compiles to nothing.
+enum { PK_EMBED, PK_QKV, PK_QK, PK_ATTN, PK_O, PK_MLP, PK_DOWN, PK_LM, PK_PICK, PK_ARRIVE, PK_PLAN, PK_KINDS };
+#ifdef MEGA_PROFILE
+#define PROF_BLOCKS 256
+__device__ unsigned long long mega_prof[PROF_BLOCKS * PK_KINDS * 2 + 8];
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+struct Prof {
+    unsigned long long (*acc)[2];  // [PK_KINDS][2] in shared memory
+    long long mark, waited;
+    __device__ void start(unsigned long long (*a)[2]) {
+        acc = a;
+        mark = waited = 0;
+        if (threadIdx.x < 2 * PK_KINDS) acc[threadIdx.x >> 1][threadIdx.x & 1] = 0;
+        if (threadIdx.x == 0) mark = clock64();
+        __syncthreads();
+    }
+    __device__ void passed() {  // thread 0, its barrier wait just passed
+        waited = clock64();
+    }
+    __device__ void end(int kind) {  // thread 0's phase of `kind` ends now
+        if (threadIdx.x != 0) return;
+        const long long now = clock64(), w = waited > mark ? waited - mark : 0;
+        acc[kind][0] += w;
+        acc[kind][1] += now - mark - w;
+        mark = now;
+    }
+    __device__ void flush(int steps, unsigned long long g0, unsigned long long c0) {
+        if (threadIdx.x != 0 || blockIdx.x >= PROF_BLOCKS) return;
+        for (int k = 0; k < PK_KINDS; ++k) {
+            mega_prof[(blockIdx.x * PK_KINDS + k) * 2] = acc[k][0];
+            mega_prof[(blockIdx.x * PK_KINDS + k) * 2 + 1] = acc[k][1];
+        }
+        if (blockIdx.x == 0) {
+            unsigned long long *t = mega_prof + PROF_BLOCKS * PK_KINDS * 2;
+            t[0] = g0;
+            t[1] = c0;
+            t[2] = gtimer();
+            t[3] = clock64();
+            t[4] = steps;
+            t[5] = gridDim.x;
+        }
+    }
+};
+#else
+struct Prof {
+    __device__ void start(unsigned long long (*)[2]) {}
+    __device__ void passed() {}
+    __device__ void end(int) {}
+};
+#endif
+
 // ---- the grid barrier ---------------------------------------------------------------------
 // ctr[0] counts arrivals, ctr[1] blocks that have left; both are zero between launches. Barrier
 // n (n = 1, 2, ...) is passed when ctr[0] reaches n * gridDim.x: a block arrives (a release
@@ -69,12 +131,14 @@ struct GridBar {
     unsigned *ctr;
     unsigned round;  // barriers this block has arrived at
     bool pending;    // arrived at, not yet waited for
+    Prof prof;
     __device__ void arrive() {
         __syncthreads();
         if (threadIdx.x == 0)
             asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
         ++round;
         pending = true;
+        prof.end(PK_ARRIVE);
     }
     __device__ void wait() {
         if (!pending) return;
@@ -82,7 +146,8 @@ struct GridBar {
         if (threadIdx.x == 0) {
             const unsigned target = round * gridDim.x;
             while ((int)(ld_acquire(ctr) - target) < 0) {
-            }  // a pure spin: one thread a block, and a __nanosleep quantum would add to every barrier
+            }  // a pure spin (H200: a __nanosleep quantum, or relaxed polls and one fence after, cost more)
+            prof.passed();
         }
         __syncthreads();
     }
@@ -144,6 +209,19 @@ __device__ void plan_step(Layout &L, const int *ids, const int *pos, const int *
     __syncthreads();
 }
 
+// ---- a projection: its weights, output width, K and tiles (of 16 outputs, or 8 SwiGLU pairs)
+struct Proj {
+    const bf16 *W;
+    int N, K, n_tiles;
+};
+// Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers (the rows past 16,
+// prompt chunks, re-read the tile's weights). A warp stages MEGA_NT x 8 rows of a unit.
+#define MEGA_NT 2
+#define MEGA_STAGE (MEGA_NT * 8 * GEMV_XLD * 2)
+// MegaSmem's bytes: the staged rows, the partial sums, the sums of squares (the launch gives
+// this much dynamic shared memory)
+#define MEGA_SMEM_BYTES (GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)
+
 // ---- projections: gemv.cuh's pass, one tile at a time ---------------------------------------
 // gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
 // the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
@@ -160,14 +238,17 @@ template <class Y>
 __device__ __forceinline__ Y y_after(const Y &y) { return y; }
 __device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
 
+// staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
+// warp holding one unit of K): the same values, not loaded and formed again.
 template <int NT, class X, class Y>
 __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
-                                          int R, int N, int K, char *smem, float *ssr, GridBar &gb) {
+                                          int R, int N, int K, char *smem, float *red_base, float *ssr, GridBar &gb,
+                                          bool staged) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = GEMV_COLS * tile;
-    bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
-    auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
+    bf16 *xw0 = reinterpret_cast<bf16 *>(smem + warp * MEGA_STAGE);
+    auto red = [&](int w) { return red_base + w * MEGA_NT * 4 * 32; };
     int row0, row1;
     bool ok0, ok1;
     if constexpr (Y::PAIRED) {
@@ -185,11 +266,12 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     gb.wait();  // weights never depend on the other blocks; x does
     // after(): the activations' addresses come from after the wait, so their loads (asm that the
-    // compiler may move or merge: ld_act and __ldcg are neither volatile nor memory-clobbering)
-    // neither rise above it nor reuse an earlier phase's values
+    // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
+    // above it nor reuse an earlier phase's values
     const X xs = xs0.after();
     const Y ys = y_after(ys0);
-    if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
+    if constexpr (X::NORM)
+        if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
@@ -197,12 +279,13 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
         if constexpr (X::NORM) {
             const int kc = kb + 8 * lane;
             const bool okc = kc < K;
-            const uint4 nw = xs.weight(okc ? kc : 0);
+            const uint4 nw = staged ? make_uint4(0, 0, 0, 0) : xs.weight(okc ? kc : 0);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
+                bf16 *xw = xw0 + nt * 8 * GEMV_XLD;
                 __syncwarp();
 #pragma unroll
-                for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
+                for (int i0 = 0; i0 < 8 && !staged; i0 += GEMV_STAGE_ROWS) {
                     uint4 raw[GEMV_STAGE_ROWS];
 #pragma unroll
                     for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
@@ -242,7 +325,6 @@ __device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__
         kb += GEMV_WARPS * GEMV_UNIT;
         if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
     }
-    __syncwarp();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -311,7 +393,7 @@ struct XNormRows {
 #define ATT_TILE 64
 #define ATT_MAX_SPLITS 16
 
-__device__ __forceinline__ int att_split(int ctx) {
+__device__ __forceinline__ int att_split(int ctx) {  // (16-token splits: slower on the H200)
     const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
     return max(ATT_TILE, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
 }
@@ -346,6 +428,20 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     if (z >= n_used) return;
     const int s = seq_of_row(Lo.cu, a.n_seqs, r), t0 = z * split, t1 = min(ctx, t0 + split);
     const float scale = LOG2E / sqrtf((float)HD);
+    // A tile's K and V rows into shared memory (cp.async, in flight together).
+    auto copy_tile = [&](int tb, int n) {
+        for (int c = tid; c < n * CH; c += blockDim.x) {
+            const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
+            const int phys = a.page_table[(size_t)s * a.pages_per_seq + tok / a.page_tokens];
+            const size_t kb = kv_offset(phys, a.layer, 0, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            const size_t vb = kv_offset(phys, a.layer, 1, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
+                                        a.page_tokens);
+            cp_async16(&sm.k[t][off], a.kv_state + kb + off * 2);
+            cp_async16(&sm.v[t][off], a.kv_state + vb + off * 2);
+        }
+        cp_async_commit();
+    };
     const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
         sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
@@ -358,17 +454,7 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     for (int j = 0; j < ATT_PAIRS; ++j) acc[j] = 0.f;
     for (int tb = t0; tb < t1; tb += ATT_TILE) {
         const int n = min(ATT_TILE, t1 - tb);
-        for (int c = tid; c < n * CH; c += blockDim.x) {
-            const int t = c / CH, off = (c - t * CH) * 8, tok = tb + t;
-            const int phys = a.page_table[(size_t)s * a.pages_per_seq + tok / a.page_tokens];
-            const size_t kb = kv_offset(phys, a.layer, 0, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
-                                        a.page_tokens);
-            const size_t vb = kv_offset(phys, a.layer, 1, kh, tok % a.page_tokens, a.n_layers, a.n_kv_heads, HD,
-                                        a.page_tokens);
-            cp_async16(&sm.k[t][off], a.kv_state + kb + off * 2);
-            cp_async16(&sm.v[t][off], a.kv_state + vb + off * 2);
-        }
-        cp_async_commit();
+        copy_tile(tb, n);
         cp_async_wait<0>();
         __syncthreads();
         for (int i = tid; i < G * n; i += blockDim.x) {  // scores: a thread per (head, token)
@@ -435,14 +521,12 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
         a.part_ml[((head0 + tid) * ATT_MAX_SPLITS + z) * 2 + 1] = sm.l[tid];
     }
     __syncthreads();
-    if (tid == 0) {
-        __threadfence();
-        const int old = atomicAdd(a.sem + r * a.n_kv_heads + kh, 1);
+    if (tid == 0) {  // one acq_rel add: it releases the block's partial, and the last one acquires the others'
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                     : "=r"(old) : "l"(a.sem + r * a.n_kv_heads + kh) : "memory");
         sm.last = old == n_used - 1;
-        if (sm.last) {
-            __threadfence();
-            a.sem[r * a.n_kv_heads + kh] = 0;  // zero again for the next layer and launch
-        }
+        if (sm.last) a.sem[r * a.n_kv_heads + kh] = 0;  // zero again for the next layer and launch
     }
     __syncthreads();
     if (!sm.last) return;
@@ -479,56 +563,36 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
     }
 }
 
-// ---- L2 prefetch of the weights ahead ----------------------------------------------------
-// A projection's weight tiles are contiguous runs of W rows: a plain tile 16 rows, a paired one
-// (SwiGLU: gate and up rows; rope: the two halves of a head's rotation pairs) two runs of 8.
-// Before each barrier a block asks L2 for the first MEGA_PREFETCH_TILES tiles it will take in the
-// next projection (cp.async.bulk.prefetch: a hint, nothing waits on it), and inside a projection
-// for the tile that far ahead of the one it starts: the weight stream does not stop at barriers.
-#define MEGA_PREFETCH_TILES 2
-enum TileKind { TILE_PLAIN, TILE_SWIGLU, TILE_ROPE };
-struct Proj {
-    const bf16 *W;
-    int N, K, n_tiles, kind, head_dim;
+// The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's
+// own, kept across the phase's tiles), the warps' partial sums and sums of squares; or
+// attention's tiles.
+union MegaSmem {
+    struct {
+        __align__(16) char tiles[GEMV_WARPS * MEGA_STAGE];
+        float red[GEMV_WARPS][MEGA_NT * 4 * 32];
+        float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
+    } g;
+    AttnSmem a;
 };
-
-__device__ __forceinline__ void prefetch_l2(const bf16 *p, int rows, int K) {
-    if (rows > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(rows * K * 2)) : "memory");
-}
-__device__ __forceinline__ void prefetch_tile(const Proj &p, int tile) {
-    if (p.W == nullptr || tile >= p.n_tiles) return;
-    const size_t K = p.K;
-    if (p.kind == TILE_PLAIN) {
-        prefetch_l2(p.W + (size_t)GEMV_COLS * tile * K, min(GEMV_COLS, p.N - GEMV_COLS * tile), p.K);
-    } else if (p.kind == TILE_SWIGLU) {
-        const int w0 = (GEMV_COLS / 2) * tile, n = min(GEMV_COLS / 2, p.N - w0);
-        prefetch_l2(p.W + w0 * K, n, p.K);
-        prefetch_l2(p.W + (size_t)(p.N + w0) * K, n, p.K);
-    } else {
-        const int per_head = p.head_dim >> 4, head = tile / per_head;
-        const int w0 = head * p.head_dim + (tile - head * per_head) * 8;
-        prefetch_l2(p.W + w0 * K, 8, p.K);
-        prefetch_l2(p.W + (size_t)(w0 + (p.head_dim >> 1)) * K, 8, p.K);
-    }
-}
-__device__ __forceinline__ void prefetch_first(const Proj &p) {
-    if (threadIdx.x < MEGA_PREFETCH_TILES) prefetch_tile(p, blockIdx.x + threadIdx.x * gridDim.x);
-}
+static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (and the manifest's) hold it");
 
 // y over `rows` rows, the grid's blocks taking tiles tile = blockIdx.x, + gridDim.x, ...
 // The first pass waits for the barrier after its first weight loads; a block without tiles
 // waits at the end. Passes of at most 16 rows (MEGA_NT row tiles): 32 would spill registers
 // (the rows past 16, prompt chunks, re-read the tile's weights, from L2).
-#define MEGA_NT 2
+// A normed x is staged once a phase where every warp holds at most one unit of K and the rows
+// take one pass (a decode step of up to 16 rows): the later tiles reuse what the warp staged.
 template <class X, class Y>
-__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, char *smem, float *ssr, GridBar &gb) {
+__device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb) {
+    const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= GEMV_WARPS * GEMV_UNIT;
+    char *st = sm.g.tiles;
+    float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
     for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
-        if (threadIdx.x == 0) prefetch_tile(p, tile + MEGA_PREFETCH_TILES * gridDim.x);
+        const bool staged = keep && tile != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
-            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, smem, ssr, gb);
+            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
         }
     }
     gb.wait();
@@ -577,13 +641,6 @@ __device__ void qk_norm_head(bf16 *qkv, int r, int h, const bf16 *qw, const bf16
     }
 }
 
-union MegaSmem {
-    struct {
-        __align__(16) char tiles[GEMV_WARPS * GEMV_WARP_SMEM];
-        float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
-    } g;
-    AttnSmem a;
-};
 
 extern "C" __global__ void __launch_bounds__(MEGA_THREADS, 1)
 mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_state,
@@ -594,7 +651,6 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int *__restrict__ arg_idx, int *__restrict__ tokens, unsigned *bar, int n_seqs, int pages_per_seq,
             int n_layers, int hidden, int inter, int n_q_heads, int n_kv_heads, int head_dim, int page_tokens,
             int vocab, int qk_norm, int chunk, int max_new, int max_steps, int phase_lo, int phase_hi, float eps) {
-    __shared__ MegaSmem sm;
     __shared__ Layout Lo;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int qkv_dim = (n_q_heads + 2 * n_kv_heads) * head_dim, q_dim = n_q_heads * head_dim;
@@ -605,17 +661,17 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     // The projection of phase ph (W null for the phases without one).
     auto proj = [&](int ph) -> Proj {
         if (ph == ph_lm)
-            return {W[n_layers * per_layer + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-        if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0, 0, 0};
+            return {W[n_layers * per_layer + 2], vocab, hidden, (vocab + GEMV_COLS - 1) / GEMV_COLS};
+        if (ph < PH_LAYER || ph > ph_lm) return {nullptr, 0, 0, 0};
         const bf16 *const *lw = W + ((ph - PH_LAYER) / ppl) * per_layer;
         const int k = (ph - PH_LAYER) % ppl;
         if (k == 0)  // with q/k norms the projection stores qkv as it is (the qk phase rotates)
-            return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS, qk_norm ? TILE_PLAIN : TILE_ROPE, head_dim};
+            return {lw[1], qkv_dim, hidden, qkv_dim / GEMV_COLS};
         switch (k - (qk_norm ? 1 : 0)) {
-            case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-            case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2), TILE_SWIGLU, 0};
-            case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS, TILE_PLAIN, 0};
-            default: return {nullptr, 0, 0, 0, 0, 0};  // q/k norms, attention
+            case 2: return {lw[2], hidden, q_dim, (hidden + GEMV_COLS - 1) / GEMV_COLS};
+            case 3: return {lw[4], inter, hidden, (inter + GEMV_COLS / 2 - 1) / (GEMV_COLS / 2)};
+            case 4: return {lw[5], hidden, inter, (hidden + GEMV_COLS - 1) / GEMV_COLS};
+            default: return {nullptr, 0, 0, 0};  // q/k norms, attention
         }
     };
     if (tid < MEGA_MAX_SEQS) {
@@ -623,26 +679,47 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
         Lo.n_gen[tid] = 0;
     }
     __syncthreads();
-    // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, asks L2
-    // for the next projection's first tiles and arrives at the grid barrier, which the next
-    // phase waits for (a projection after its first weight loads).
+    // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, arrives at
+    // the grid barrier, which the next phase waits for (a projection after its first weight
+    // loads). No L2 prefetch of the next phase's weights (cp.async.bulk.prefetch.L2, two tiles
+    // ahead, as this kernel had): on the H200 dropping it took SmolLM2-135M's step from 762 to
+    // 652 us and Llama-1B's from 1,244 to 1,028.
     GridBar gb{bar, 0, false};
+#ifdef MEGA_PROFILE
+    __shared__ unsigned long long prof_acc[PK_KINDS][2];
+    const unsigned long long g0 = gtimer(), c0 = clock64();
+    int steps_run = 0;
+#else
+    unsigned long long (*prof_acc)[2] = nullptr;
+#endif
+    gb.prof.start(prof_acc);
     auto in = [&](int ph) { return ph >= phase_lo && ph < phase_hi; };
     auto done = [&](int ph) {
-        if (ph + 1 < phase_hi) {
-            Proj next = proj(ph + 1);
-            for (int k = 2; !next.W && k <= 3; ++k) next = proj(ph + k);  // past q/k norms and attention
-            prefetch_first(next);
-            gb.arrive();
+        if (ph == PH_EMBED) gb.prof.end(PK_EMBED);
+        else if (ph == ph_lm) gb.prof.end(PK_LM);
+        else {
+            const int k = (ph - PH_LAYER) % ppl;  // qkv, (qk), attention, o, mlp, down
+            gb.prof.end(k == 0 ? PK_QKV : PK_QK + k - 1 + (qk_norm ? 0 : 1));
         }
+        if (ph + 1 < phase_hi) gb.arrive();
     };
     AttnArgs aa{qkv, kv_state, page_table, part_o, part_ml, sem, attn, pages_per_seq, n_seqs, 0, n_layers,
                 n_q_heads, n_kv_heads, page_tokens};
+    // Dynamic shared memory: MegaSmem (a launch without room for it traps: the manifest gives it).
+    extern __shared__ uint4 mega_dyn[];
+    unsigned dyn_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
+    if (dyn_bytes < MEGA_SMEM_BYTES) __trap();
+    MegaSmem &sm = *reinterpret_cast<MegaSmem *>(mega_dyn);
 
     for (int step = 0; step < max_steps; ++step) {
         plan_step(Lo, ids, pos, cu_seqlens, n_seqs, chunk, max_new);
+        gb.prof.end(PK_PLAN);
         const int R = Lo.n_rows;
         if (R == 0) break;
+#ifdef MEGA_PROFILE
+        ++steps_run;
+#endif
         if (in(PH_EMBED)) {
             const int per_row = hidden / 8;
             for (int i = blockIdx.x * blockDim.x + tid; i < R * per_row; i += gridDim.x * blockDim.x) {
@@ -659,10 +736,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             int ph = PH_LAYER + ppl * layer;
             if (in(ph)) {  // qkv; without q/k norms rope and the KV append in its epilogue
                 if (qk_norm) {
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm.g.tiles, sm.g.ssr, gb);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), YBf16{qkv}, R, sm, gb);
                 } else {
                     YRopeAppend y{qkv, Lo.pos, rope, app, n_q_heads, n_kv_heads, head_dim};
-                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm.g.tiles, sm.g.ssr, gb);
+                    mega_gemv(XNorm{x, lw[0], eps}, proj(ph), y, R, sm, gb);
                 }
                 done(ph);
             }
@@ -691,23 +768,22 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm, gb);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
-                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XNorm{x, lw[3], eps}, proj(ph + 3), YSwiGLU{act}, R, sm, gb);
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm.g.tiles, sm.g.ssr, gb);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm, gb);
                 done(ph + 4);
             }
         }
         const int n_lm = Lo.n_lm;
         if (in(ph_lm)) {  // final norm and LM head of each sequence's last row, then this block's argmax
             const Proj lm = proj(ph_lm);
-            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm.g.tiles,
-                      sm.g.ssr, gb);
+            mega_gemv(XNormRows{XNorm{x, final_norm, eps}, Lo.lm_row, eps}, lm, YF32{logits}, n_lm, sm, gb);
             const int mine = (lm.n_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x * GEMV_COLS;  // my columns
             const float *lg = after_wait(logits);
             for (int j = warp; j < n_lm; j += GEMV_WARPS) {
@@ -744,6 +820,10 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
             }
         }
         __syncthreads();
+        gb.prof.end(PK_PICK);
     }
     gb.leave();
+#ifdef MEGA_PROFILE
+    gb.prof.flush(steps_run, g0, c0);
+#endif
 }

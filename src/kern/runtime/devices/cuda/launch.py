@@ -23,6 +23,7 @@ from kern.runtime.devices.cuda.params import (
     PackedArgs, ParamKind, layout_problems, pack_args, parse_kinds)
 
 Dim3 = tuple[int, int, int]
+STATIC_SHARED = 48 << 10  # dynamic shared memory a launch may take without the function's opt-in
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,11 @@ class PackedLaunch:
         object.__setattr__(self, "block", _dim3(self.block))
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "packed", pack_args(self.kernel.kinds, self.args, self.kernel.name))
+        if self.shared_mem > STATIC_SHARED:  # past the default a function must opt in (before any occupancy query)
+            d = drv()
+            call("cuFuncSetAttribute", self.kernel.function,
+                 d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared_mem,
+                 where=f"{self.kernel.where}: {self.shared_mem} bytes of dynamic shared memory")
 
 
 def _attr(kind: str) -> Any:
