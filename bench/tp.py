@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 # --extras: the split with one of generate's tp_* switches turned over
-EXTRAS = {"no_prefetch": {"tp_prefetch": False}, "pulled": {"tp_push": False}, "narrow": {"tp_narrow": True}}
+EXTRAS = {"prefetch": {"tp_prefetch": True}, "pulled": {"tp_push": False}, "narrow": {"tp_narrow": True}}
 NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 

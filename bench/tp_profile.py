@@ -25,8 +25,8 @@ tp_prefetch=False: the vocabulary-split head):
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
 Phase `new`, in a process of its own (a fault there cannot take the measurement with it): the
-split as generated (parts pushed to every rank and summed locally, the projections after an
-all-reduce prefetching their weights into L2) beside `no_prefetch` and `pulled_prefetch`:
+split as generated (parts pushed to every rank and summed locally) beside `prefetch` (the
+projections after an all-reduce prefetching their weights into L2) and `pulled`:
 tok/s, whether the tokens are the same, its clocks and per-call attribution.
 
 One JSON object a line; the per-call tables in $OUT/profile_<shape>_<phase>.json."""
@@ -283,14 +283,12 @@ def run_shape(args) -> list[dict]:
         clocked = ("tp1", f"tp{n}_pulled", *((f"solo{n}",) if args.solo else ()))
         attributed = ("tp1", f"tp{n}_pulled", *(("solo_alone",) if args.solo else ()))
         same = (f"tp{n}_before", f"tp{n}_pulled")
-    else:  # the split as generated (pushed parts, L2 prefetch), in a process of its own
+    else:  # the split as generated (pushed parts), in a process of its own
         models.update({f"tp{n}": Model(split("new"), ckpt, state_budget=budget),
-                       f"tp{n}_no_prefetch": Model(split("no_prefetch", tp_prefetch=False), ckpt,
-                                                   state_budget=budget),
-                       f"tp{n}_pulled_prefetch": Model(split("pulled_prefetch", tp_push=False), ckpt,
-                                                       state_budget=budget)})
+                       f"tp{n}_prefetch": Model(split("prefetch", tp_prefetch=True), ckpt, state_budget=budget),
+                       f"tp{n}_pulled": Model(split("pulled", tp_push=False), ckpt, state_budget=budget)})
         headline, clocked, attributed = f"tp{n}", (f"tp{n}",), (f"tp{n}",)
-        same = (f"tp{n}", f"tp{n}_no_prefetch")
+        same = (f"tp{n}", f"tp{n}_prefetch")
     rng = np.random.default_rng(0)
     prompt = [int(i) for i in rng.integers(0, cfg["vocab_size"], args.prompt)]
     prompts = np.array([prompt], np.int32)

@@ -27,13 +27,13 @@ def _sha(path: Path) -> str:
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
              context: int | None = None, variant: str | None = None, tp: int = 1, tp_pdl: bool = True,
-             tp_push: bool = True, tp_narrow: bool = False, tp_prefetch: bool = True, **limits) -> Path:
+             tp_push: bool = True, tp_narrow: bool = False, tp_prefetch: bool = False, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     tp > 1: one manifest a rank of a tensor-parallel split (tp.py), rank0.json ... beside the
     kernels; the path returned is rank 0's. tp_pdl: the split decode's projections and
     all-reduces under programmatic dependent launch; tp_push: decode's parts pushed to every
     rank and summed locally; tp_narrow (measured slower, off): a rank's gate/up projection on
-    blocks of 4 outputs where blocks of 8 are few; tp_prefetch: the projections after decode's all-reduces ask L2 for
+    blocks of 4 outputs where blocks of 8 are few; tp_prefetch (measured slower, off): the projections after decode's all-reduces ask L2 for
     their weights during the wait (tp.shard).
 
     context: the longest sequence the deployment serves (default: the model's

@@ -63,7 +63,7 @@ def check(s: Shape, ranks: int) -> None:
 
 
 def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool = True,
-          narrow: bool = False, prefetch: bool = True) -> dict:
+          narrow: bool = False, prefetch: bool = False) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
     manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the

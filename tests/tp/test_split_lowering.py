@@ -59,7 +59,7 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     seqs, hidden = 3, 1024
     items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
     names = [i.kernel.name for i in items]
-    layer = ["norm_gemv_rope_append_pf", "attention_decode", "gemv_push", "all_reduce_add_local", "norm_gemv_swiglu",
+    layer = ["norm_gemv_rope_append", "attention_decode", "gemv_push", "all_reduce_add_local", "norm_gemv_swiglu",
              "gemv_push", "all_reduce_add_local"]
     assert names == ["embed", *layer * 2, "norm_gemv_f32", "all_gather_f32", "sample_partial", "argmax_final"]
     part = bufs["ar_push.decode"].ptr
@@ -69,7 +69,6 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     for r, h in zip([i for i in items if i.kernel.name == "all_reduce_add_local"], halves):
         assert r.args == (part, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr, bufs["ar_epoch"].ptr,
                           bufs["d_x"].ptr, 1, 2, h, seqs * hidden) and r.grid == (16, 1, 1) and r.pdl
-    assert all(i.args[-1] == 1 for i in items if i.kernel.name == "norm_gemv_rope_append_pf")  # prefetch on
     head, gather = items[-4], items[-3]
     assert head.args[3] == bufs["lg_part.decode"].ptr and head.args[5] == 128  # vocab 256 over 2 ranks
     assert gather.args[:5] == (bufs["lg_part.decode_peers"].ptr, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr,
@@ -77,11 +76,14 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     assert gather.args[5:] == (1, 2, seqs, 128) and gather.pdl
 
 
-def test_the_narrow_gate_up_variant_takes_blocks_of_four(tmp_path):
-    """tp_narrow (measured slower on the H200, off by default): a rank's 512 gate/up outputs on
-    128 blocks of 4, with the prefetch flag as the last argument."""
-    v, prog, _, _ = _lowered(tmp_path, "decode", narrow=True)
+def test_the_narrow_gate_up_and_prefetch_variants(tmp_path):
+    """tp_narrow and tp_prefetch (both measured slower on the H200, off by default): a rank's 512
+    gate/up outputs on 128 blocks of 4, and the qkv projection's prefetching kernel, each with the
+    prefetch flag as its last argument."""
+    v, prog, _, _ = _lowered(tmp_path, "decode", narrow=True, prefetch=True)
     items = prog.resolve({**v.constants, "seqs": 3, "context": 1024, "reach": 64})
+    qkv = [i for i in items if i.kernel.name.startswith("norm_gemv_rope_append")]
+    assert [(i.kernel.name, i.args[-1]) for i in qkv] == [("norm_gemv_rope_append_pf", 1)] * 2
     swiglu = [i for i in items if i.kernel.name.startswith("norm_gemv_swiglu")]
     assert [(i.kernel.name, i.grid, i.args[5], i.args[-1]) for i in swiglu] == \
         [("norm_gemv_swiglu4", (128, 1, 1), 512, 1)] * 2

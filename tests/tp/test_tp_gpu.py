@@ -43,8 +43,9 @@ def pair(tmp_path_factory):
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).save_pretrained(tmp / "ck")
     cfg = json.loads((tmp / "ck" / "config.json").read_text())
     one = Model(generate(cfg, tmp / "tp1", target="cuda"), tmp / "ck", state_budget=256 << 20)
-    # every kernel variant of the split on (tp_narrow is off by default: measured slower)
-    two = Model(generate(cfg, tmp / "tp2", target="cuda", tp=2, tp_narrow=True), tmp / "ck", state_budget=256 << 20)
+    # every kernel variant of the split on (tp_narrow and tp_prefetch are off by default: measured slower)
+    two = Model(generate(cfg, tmp / "tp2", target="cuda", tp=2, tp_narrow=True, tp_prefetch=True), tmp / "ck",
+                state_budget=256 << 20)
     plain = Model(generate(cfg, tmp / "tp2u", target="cuda", tp=2, tp_push=False, tp_narrow=False,
                              tp_prefetch=False), tmp / "ck", state_budget=256 << 20)
     return one, two, plain
