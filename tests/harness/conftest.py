@@ -26,33 +26,3 @@ def smol_a(smollm2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("smol_a")
     generate(json.loads((smollm2 / "config.json").read_text()), out, target="cpu", model="SmolLM2-135M-Instruct")
     return out
-
-
-TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-               "intermediate_size": 128, "max_position_embeddings": 512, "rope_theta": 10000.0,
-               "rms_norm_eps": 1e-5, "vocab_size": 256, "tie_word_embeddings": False}
-
-
-@pytest.fixture(scope="session")
-def tiny_a(tmp_path_factory) -> Path:
-    """A tiny llama deployment (no weights needed: for the diff)."""
-    from kern_models.llama.generator import generate
-
-    out = tmp_path_factory.mktemp("tiny_a")
-    generate(TINY_CONFIG, out, target="cpu", model="tiny", tokens=32, seqs=4, context=256)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_ckpt(tmp_path_factory) -> Path:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type")})
-    folder = tmp_path_factory.mktemp("tiny_ckpt")
-    model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():  # random logits are near-ties everywhere: make the model decisive
-        model.lm_head.weight.mul_(40.0)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    return folder

@@ -3,7 +3,6 @@ naming the problem and its place, exit 1 (2 for usage errors), never a traceback
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,12 +10,6 @@ from pathlib import Path
 import pytest
 
 from kern.cli import main
-
-HARNESS = Path(__file__).resolve().parents[1] / "harness"
-_spec = importlib.util.spec_from_file_location("harness_fixtures", HARNESS / "conftest.py")
-_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fixtures)
-tiny_a, tiny_ckpt = _fixtures.tiny_a, _fixtures.tiny_ckpt  # the harness's tiny llama (fixtures)
 
 GOOD_WL = "samples = 1\n[[sweep]]\ngroups = 1\nrows = 1\ncontext = 0\n"
 
