@@ -103,6 +103,7 @@ class Run:
                 subprocess.run(cmd, cwd=cwd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
         except subprocess.TimeoutExpired:
             self.summary.append(f"{label}: timed out after {timeout} s")
+            print(self.summary[-1], flush=True)
         print(f"[{label}: {time.monotonic() - t0:.0f} s]", flush=True)
         return log.read_text()
 

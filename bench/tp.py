@@ -39,7 +39,7 @@ NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
 def device_run(args) -> int:
-    from gpu import install, installed_env
+    from gpu import Run, install, installed_env
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -50,17 +50,7 @@ def device_run(args) -> int:
                          capture_output=True, text=True).stdout.strip().replace("\n", " | ")
     print(f"gpus: {smi}", flush=True)
 
-    def step(label: str, cmd: list[str], timeout: int) -> str:
-        t0 = time.monotonic()
-        log = out / f"{label}.log"
-        try:
-            with log.open("w") as f:
-                subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{label}: timed out after {timeout} s", flush=True)
-        text = log.read_text()
-        print(f"[{label}: {time.monotonic() - t0:.0f} s]", flush=True)
-        return text
+    step = Run(out, env).step
 
     if args.commands_only:
         text = step("tp_commands", [sys.executable, __file__, "--commands-only", "--tp", str(args.tp)], args.timeout)

@@ -335,24 +335,17 @@ def run_shape(args) -> list[dict]:
 def device_run(args) -> int:
     """The measurement first (the known kernels), then the new ones in a process of their own (a
     fault there cannot take the measurement with it), then the tp GPU tests; one checkpoint."""
-    from gpu import install
+    from gpu import Run, install
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     env = install(Path("/tmp/site"))
+    run = Run(out, env)
     ckpt = Path(tempfile.mkdtemp()) / "ckpt"
     for phase, timeout in (("measure", args.timeout), ("new", args.new_timeout)):
         cmd = [sys.executable, __file__, "--shape", args.shape, "--tp", str(args.tp), "--samples", str(args.samples),
                "--phase", phase, "--checkpoint", str(ckpt)]
-        t0 = time.monotonic()
-        log = out / f"tp_profile_{args.shape}_{phase}.log"
-        try:
-            with log.open("w") as f:
-                subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            print(f"tp_profile {phase}: timed out after {timeout} s", flush=True)
-        print(f"[tp_profile {args.shape} {phase}: {time.monotonic() - t0:.0f} s]", flush=True)
-        for ln in log.read_text().splitlines():
+        for ln in run.step(f"tp_profile_{args.shape}_{phase}", cmd, timeout).splitlines():
             if ln.startswith("{") or "rror" in ln:
                 print(ln[:4000], flush=True)
     t0 = time.monotonic()
