@@ -59,6 +59,18 @@ def test_blas_threads_are_set_inside_and_restored_after():
     assert blas._entry()[1]() == before
 
 
+def three_ways(reference, cand, weights, opts, monkeypatch):
+    """judge() in sequence, with A's pieces forked, and with B in its own process beside A's
+    record as well: each way's lines (less its timings) and verdict, and its report."""
+    lines, reports = {}, {}
+    for mode, cores, apart in (("sequence", 10**6, False), ("forked", 1, False), ("beside", 1, True)):
+        monkeypatch.setattr(forked, "MIN_CORES", cores)
+        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
+        r = reports[mode] = judge(reference, cand, weights, opts)
+        lines[mode] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
+    return lines, reports
+
+
 @pytest.mark.parametrize("bug", ["none", "kv_off_by_one"])
 def test_forked_pieces_give_the_verdict_of_the_sequence(bug, smol_a, smollm2, tmp_path, monkeypatch):
     """The bf16 port (a carried KV cache, every span replayed in B's precision), and the same
@@ -69,13 +81,9 @@ def test_forked_pieces_give_the_verdict_of_the_sequence(bug, smol_a, smollm2, tm
     if bug != "none":
         cand = planted.FAILS[bug](cand, tmp_path / bug)
     opts = Options(seed=0, seqs=2, decode_steps=2, max_prompt=20)
-    lines = {}
-    for mode, cores, apart in (("sequence", 10**6, False), ("forked", 1, False), ("beside", 1, True)):
-        monkeypatch.setattr(forked, "MIN_CORES", cores)
-        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
-        r = judge(smol_a, cand, smollm2, opts)
-        lines[mode] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
-        assert ("wait_b" in r.seconds) == apart and ("wait_a" in r.seconds) == (cores == 1)
+    lines, reports = three_ways(smol_a, cand, smollm2, opts, monkeypatch)
+    for mode, r in reports.items():
+        assert ("wait_b" in r.seconds) == (mode == "beside") and ("wait_a" in r.seconds) == (mode != "sequence")
     assert lines["forked"] == lines["sequence"] and lines["beside"] == lines["sequence"]
     assert lines["sequence"][-1].startswith("FAIL" if bug != "none" else "PASS")
 
@@ -91,14 +99,10 @@ def test_a_candidate_decoding_more_sequences_a_step_is_fed_a_wide_step(smollm2, 
     a4 = generate(json.loads((smollm2 / "config.json").read_text()), tmp_path / "a4", target="cpu",
                   model="SmolLM2-135M-Instruct", seqs=4).parent
     opts = Options(seed=0, seqs=2, decode_steps=2, max_prompt=20)
-    lines = {}
-    for mode, cores, apart in (("sequence", 10**6, False), ("forked", 1, False), ("beside", 1, True)):
-        monkeypatch.setattr(forked, "MIN_CORES", cores)
-        monkeypatch.setattr(candidate, "apart", lambda a, b, apart=apart: apart)
-        r = judge(a4, smol_a, smollm2, opts)
-        lines[mode] = [ln for ln in r.lines if not ln.startswith(("time:", "record A:"))] + [r.verdict.line]
-        assert "wide_b" in r.seconds
+    lines, reports = three_ways(a4, smol_a, smollm2, opts, monkeypatch)
+    assert all("wide_b" in r.seconds for r in reports.values())
     assert lines["forked"] == lines["sequence"] and lines["beside"] == lines["sequence"]
+    r = reports["beside"]
     wide = next(ln for ln in lines["sequence"] if ln.startswith("wide: "))
     assert "5 sequences of natural-ish text" in wide and "3 decode steps" in wide
     assert r.facts.e2e.rows == 2 * (1 + 2) + 5 * (1 + 3)  # main: a prefill and two decode rows each; wide: 1 + 3
