@@ -161,3 +161,7 @@ class Device(Protocol):
 
     def synchronize(self) -> None:
         """Wait until everything the device was asked to do is done."""
+
+    def memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the device's own memory, or None where the device shares the
+        host's (a state budget is then the caller's to choose)."""

@@ -28,7 +28,12 @@ from .safetensors import WeightFiles
 from .dtypes import NP
 from .weights import bind_all
 
-DEFAULT_STATE_BUDGET = 512 << 20
+DEFAULT_STATE_BUDGET = 512 << 20  # where the device shares the host's memory (cpu)
+# Where the device has its own memory, the state budget defaults to this share of it, less what
+# the weights and buffers took and GRAPH_RESERVE for the captured graphs and libraries that come
+# after the pool (vLLM's default share is the same 90%).
+DEVICE_SHARE = 0.9
+GRAPH_RESERVE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -77,12 +82,34 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
                           f"({nbytes / 2**30:.1f} GiB)") from None
 
 
+def auto_budget(device: Device, asked: int | None) -> tuple[int, str]:
+    """The state budget in bytes and a line saying where it came from: `asked`, else
+    DEVICE_SHARE of the device's memory less what is in use (weights, buffers, other processes)
+    and GRAPH_RESERVE; a device without memory of its own gets DEFAULT_STATE_BUDGET."""
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    if asked is not None:
+        return asked, f"state memory {gib(asked)} (asked)"
+    mem = device.memory()
+    if mem is None:
+        return DEFAULT_STATE_BUDGET, f"state memory {DEFAULT_STATE_BUDGET >> 20} MiB (the default; --memory sets it)"
+    free, total = mem
+    used = total - free
+    budget = int(DEVICE_SHARE * total) - used - GRAPH_RESERVE
+    if budget < DEFAULT_STATE_BUDGET:
+        raise DeviceError(f"the device has {gib(free)} free of {gib(total)}: too little for a state budget past "
+                          f"{gib(used)} in use and {gib(GRAPH_RESERVE)} for graphs (--memory sets one)")
+    return budget, (f"state memory {gib(budget)}: {DEVICE_SHARE:.0%} of the device's {gib(total)}, less "
+                    f"{gib(used)} in use (weights, buffers) and {gib(GRAPH_RESERVE)} for graphs (--memory sets it)")
+
+
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0):
+                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0):
         """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
         chunks its plans map, `host_bytes` of host tier) and the engine owns `paging`, the pool
-        bound to its states. Else each state is what the budget holds, fully backed."""
+        bound to its states. Else each state is what the budget holds, fully backed.
+        `state_budget` None: the device's share (auto_budget), decided once the weights and
+        buffers are placed; `memory_note` says what was taken."""
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -94,8 +121,6 @@ class Engine:
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
-        pool = self._plan_pool(state_budget, host_bytes) if paged else None
-        self._alloc_states(state_budget, state_sizes(pool) if pool else {}, pool.layout.chunk_bytes if pool else None)
         self.buffers = {}
         weights_needed = {n: (b, self.shapes[n]) for n, b in self.m.buffers.items() if b.kind == "weight"}
         host_weights = {}
@@ -113,6 +138,10 @@ class Engine:
                                      b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
+        self.state_budget, self.memory_note = auto_budget(self.device, state_budget)
+        pool = self._plan_pool(self.state_budget, host_bytes) if paged else None
+        self._alloc_states(self.state_budget, state_sizes(pool) if pool else {},
+                           pool.layout.chunk_bytes if pool else None)
         fill_pointers(pointer_tables(self.m, self.shapes),
                       lambda e: self.device.address(self.buffers[e] if e in self.buffers else self.states[e]),
                       lambda n, table: self.device.write(self.buffers[n], table))

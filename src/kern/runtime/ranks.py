@@ -121,8 +121,10 @@ class RankedEngine:
     """N ranks' engines behind the Engine's face (what the host loop, the API and the benches use)."""
 
     def __init__(self, verified: list[Verified], weights: str | Path | None, *,
-                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
                  ordinals: list[int] | None = None):
+        # every rank's pool has the same layout: one budget for all, not each device's own share
+        state_budget = DEFAULT_STATE_BUDGET if state_budget is None else state_budget
         if host_bytes:
             raise RankError("the host tier holds one rank's pages: a split deployment runs without it (host_bytes 0)")
         n = len(verified)

@@ -28,9 +28,10 @@ def _error(e: RequestError) -> JSONResponse:
 
 
 def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab: int,
-             api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+             api_key: str | None = None, metrics: Metrics | None = None, aliases: tuple[str, ...] = ()) -> FastAPI:
     """The app over a started Driver, which it reads on its event loop while it serves.
-    `vocab`: token ids a prompt may hold."""
+    `vocab`: token ids a prompt may hold. `aliases`: other names a request may give the model
+    (the path as the server was started with it: vLLM's convention for the model id)."""
     metrics = metrics or Metrics()
 
     @asynccontextmanager
@@ -77,7 +78,7 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
             if driver.failure is not None:
                 raise RequestError(driver.failure, status=503, kind="server_error", code="engine_failed")
             job = parse(parse_body(await request.body()), chat=chat, tokenizer=tokenizer, vocab=vocab,
-                        context=context, model_name=model_name)
+                        context=context, model_name=model_name, aliases=aliases)
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(counter)}-{uuid.uuid4().hex[:12]}"
             flight = Flight(driver, metrics, job, rid, arrival)
             await flight.start(request.receive)

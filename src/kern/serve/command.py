@@ -35,7 +35,9 @@ def main(args) -> int:
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
                         args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
     try:
-        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
+        # the model id a request gives: the served name, or the path exactly as given here
+        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
+                      aliases=(args.model,) if args.model else ())
     except (KernError, ManifestError, CudaUnavailable) as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1

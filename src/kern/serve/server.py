@@ -33,7 +33,7 @@ class Running:
         self.driver.stop()
 
 
-def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str):
+def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str, aliases: tuple[str, ...] = ()):
     """Start the engine process (it builds the loop), then the app over it."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
@@ -41,19 +41,19 @@ def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str)
     info = driver.info
     metrics.observe_stats(driver.stats)
     app = make_app(driver, info.tokenizer, model_name=info.model_name, context=info.context, vocab=info.vocab,
-                   api_key=api_key, metrics=metrics)
+                   api_key=api_key, metrics=metrics, aliases=aliases)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     return metrics, driver, uvicorn.Server(config)
 
 
 def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-          log_level: str = "warning", timeout: float = 30.0) -> Running:
+          log_level: str = "warning", timeout: float = 30.0, aliases: tuple[str, ...] = ()) -> Running:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
     under `if __name__ == "__main__":`."""
-    metrics, driver, server = _setup(make_loop, host, port, api_key, log_level)
+    metrics, driver, server = _setup(make_loop, host, port, api_key, log_level, aliases)
     thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -70,12 +70,13 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def serve_forever(make_loop: Callable[[], object], *, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(make_loop: Callable[[], object], *, host: str, port: int, api_key: str | None,
+                  aliases: tuple[str, ...] = ()) -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM). uvicorn shuts down
     gracefully on either, then raises the signal again: SIGTERM's default would end the process
     there, before the engine process is stopped, so SIGTERM exits through the `finally`."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    metrics, driver, server = _setup(make_loop, host, port, api_key, "info")
+    metrics, driver, server = _setup(make_loop, host, port, api_key, "info", aliases)
     try:
         server.run()
     finally:

@@ -59,6 +59,9 @@ class CpuDevice:
     def synchronize(self) -> None:
         pass
 
+    def memory(self) -> None:
+        return None  # the host's memory: the engine keeps its default budget
+
 
 class CpuProgram:
     """A lowered program on the cpu: each launch a function and argument getters."""

@@ -148,6 +148,10 @@ class CudaDevice:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def memory(self) -> tuple[int, int]:
+        free, total = call("cuMemGetInfo", where="device memory")
+        return int(free), int(total)
+
 
 class MappedState:
     """A state in a virtual-address range (cuMemAddressReserve) whose chunks are mapped
