@@ -4,6 +4,7 @@ through the ragged program, where a decode row is a one-token chunk."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,12 +104,9 @@ class Runner:
                 out[idx] = l[:len(idx)]
         return tokens, out
 
-    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        if st is not self.ragged and self.graphs:  # pad to a captured size: one graph per bucket
-            pad = bucket(len(feeds), self.sizes) - len(feeds)
-            feeds = feeds + [self.scratch_feed(0)] * pad
+    def _inputs(self, st: Stepper, feeds: list[Feed]) -> dict[str, np.ndarray]:
+        """The step's input arrays, by buffer."""
         n = len(feeds)
-        rows = sum(len(f.tokens) for f in feeds)
         inputs = {st.inputs["token"]: np.array([t for f in feeds for t in f.tokens], np.int32),
                   st.inputs["position"]: np.array([f.start + j for f in feeds for j in range(len(f.tokens))],
                                                   np.int32)}
@@ -122,29 +120,51 @@ class Runner:
         if "temperature" in st.inputs:
             inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds], np.float32)
         if "rng" in st.inputs:  # each key as two i32, low word first
-            inputs[st.inputs["rng"]] = np.array([f.key for f in feeds], "<u8").view("<i4").reshape(n, 2)
+            inputs[st.inputs["rng"]] = _keys([f.key for f in feeds])
+        return inputs
+
+    def _pad(self, st: Stepper, feeds: list[Feed]) -> list[Feed]:
+        """Padded to a captured size (one graph per bucket) with rows on the scratch page."""
+        if st is self.ragged or not self.graphs:
+            return feeds
+        return feeds + [self.scratch_feed(0)] * (bucket(len(feeds), self.sizes) - len(feeds))
+
+    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        feeds = self._pad(st, feeds)
+        n = len(feeds)
+        rows = sum(len(f.tokens) for f in feeds)
         reach = max(f.start + len(f.tokens) for f in feeds)
-        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
+        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), self._inputs(st, feeds))
         tokens = self.engine.read(st.outputs["tokens"], env)
         out = self.engine.read(st.outputs["logits"], env) if logits else None
         return tokens, out
 
-    def run_ahead(self, feed: Feed, k: int) -> list[int]:
-        """k greedy decode steps of one sequence, one host wait (the token fed back on the
-        device): the k tokens."""
-        st = self.decode
-        (tok,), pos = feed.tokens, feed.start
-        inputs = {st.inputs["token"]: np.array([tok], np.int32), st.inputs["position"]: np.array([pos], np.int32)}
-        for pt in st.page_tables:
-            table = np.zeros((1, self.engine.shapes[pt.buffer][1]), np.int32)
-            table[0, :len(feed.pages)] = feed.pages
-            inputs[pt.buffer] = table
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
-        for role, a in (("temperature", np.zeros(1, np.float32)), ("rng", np.zeros((1, 2), np.int32))):
-            if role in st.inputs:  # greedy: the argmax fed back on the device
-                inputs[st.inputs[role]] = a
-        outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + k), inputs,
-                                     [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, k)],
-                                     feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
-        return [int(o[st.outputs["tokens"]][0]) for o in outs]
+    def run_ahead(self, feeds: list[Feed], k: int, keys: list[list[int]] | None = None,
+                  each: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """k decode steps of these one-row feeds with one host wait, each step's token fed back
+        on the device (the decode program that holds them, padded as a step is): each step's
+        tokens, a row a feed. `keys[j - 1]`: step j's draw keys, a row a feed (where rows draw at
+        a temperature). `each(j, tokens)`: step j's tokens as soon as they are on the host,
+        while the later steps run."""
+        st = self.stepper_for(feeds)
+        n = len(feeds)
+        padded = self._pad(st, feeds)
+        inputs = self._inputs(st, padded)
+        pos = inputs[st.inputs["position"]]
+        later = []
+        for j in range(1, k):
+            step = {st.inputs["position"]: pos + j}
+            if "rng" in st.inputs:  # always among the varying inputs: one graph whether rows draw or not
+                step[st.inputs["rng"]] = _keys((keys[j - 1] if keys else [0] * n) + [0] * (len(padded) - n))
+            later.append(step)
+        reach = max(f.start for f in padded) + k
+        tok = st.outputs["tokens"]
+        outs = self.engine.run_steps(st.program, st.vars_for(len(padded), len(padded), reach=reach), inputs, later,
+                                     feedback={tok: st.inputs["token"]}, collect=[],
+                                     each=None if each is None else lambda j, o: each(j, o[tok][:n]))
+        return [o[tok][:n] for o in outs]
+
+
+def _keys(keys: list[int]) -> np.ndarray:
+    """64-bit draw keys as the rng input holds them: two i32 a row, low word first."""
+    return np.array(keys, "<u8").view("<i4").reshape(len(keys), 2)

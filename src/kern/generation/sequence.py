@@ -42,8 +42,3 @@ class Sequence:
     def pending(self) -> int:
         """Tokens to feed before the next token comes out (1 when decoding)."""
         return len(self.prompt) + len(self.out) - self.written
-
-    @property
-    def reserve(self) -> int:
-        """Tokens the lease must hold at worst: everything fed until max_tokens."""
-        return len(self.prompt) + self.max_tokens

@@ -268,14 +268,17 @@ class Engine:
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
-                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+                  collect: list[str], each: Callable[[int, dict[str, np.ndarray]], None] | None = None
+                  ) -> list[dict[str, np.ndarray]]:
         """Run `program` 1 + len(steps) times back to back, as a decode loop does: the first time
         with `inputs`; step j >= 1 with `steps[j - 1]` (the inputs that change, each step the
         same ones: positions) and every `feedback` input (output -> input) set on the device
         from the output of step j - 1 (the token). Returns each step's `collect` outputs (the
         feedback outputs always among them). Everything is checked before anything launches.
-        The host waits once: on CUDA the whole run is one graph launch; the cpu loops."""
-        return self.run_checked_steps(self.checked_steps(program, vars, inputs, steps, feedback, collect))
+        The host waits once: on CUDA the whole run is one graph launch; the cpu loops.
+        `each(j, outputs)`: called with step j's outputs as soon as they are on the host, while
+        the later steps still run (a server streams each step's tokens as they come)."""
+        return self.run_checked_steps(self.checked_steps(program, vars, inputs, steps, feedback, collect), each)
 
     def checked_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                       steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
@@ -309,7 +312,8 @@ class Engine:
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
         return CheckedSteps(Checked(program, env, first), later, varying, dict(feedback), collect)
 
-    def run_checked_steps(self, plan: "CheckedSteps") -> list[dict[str, np.ndarray]]:
+    def run_checked_steps(self, plan: "CheckedSteps",
+                          each: Callable[[int, dict[str, np.ndarray]], None] | None = None) -> list[dict[str, np.ndarray]]:
         program, env, first = plan.first.program, plan.first.env, plan.first.inputs
         later, varying, feedback, collect = plan.later, plan.varying, plan.feedback, plan.collect
         for buf, arr in first.items():
@@ -318,12 +322,16 @@ class Engine:
             for j in range(1 + len(later)):
                 see(program, env, {**first, **later[j - 1]} if j else first)
         shapes = {c: self.shape(c, env) for c in collect}
+
+        def typed(step: list[np.ndarray]) -> dict[str, np.ndarray]:
+            return {c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
+
         raw = self.programs[program].run_steps(
             env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],
             [(self.buffers[s], self.buffers[d], self._step_bytes(d, env)) for s, d in feedback.items()],
-            [(self.buffers[c], self._step_bytes(c, env)) for c in collect])
-        outs = [{c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
-                for step in raw]
+            [(self.buffers[c], self._step_bytes(c, env)) for c in collect],
+            None if each is None else lambda j, step: each(j, typed(step)))
+        outs = [typed(step) for step in raw]
         # what the device holds now, in the inputs' mirrors: the last step's inputs and fed values
         for buf in varying:
             self.device.write(self.buffers[buf], later[-1][buf])

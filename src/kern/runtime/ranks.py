@@ -158,9 +158,9 @@ class RankedEngine:
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
-                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+                  collect: list[str], each=None) -> list[dict[str, np.ndarray]]:
         plan = self.ranks[0].checked_steps(program, vars, inputs, steps, feedback, collect)
-        return self.workers.each(lambda r: self.ranks[r].run_checked_steps(plan))[0]
+        return self.workers.each(lambda r: self.ranks[r].run_checked_steps(plan, each if r == 0 else None))[0]
 
     def runs_steps_natively(self, program: str) -> bool:
         return self.ranks[0].runs_steps_natively(program)
