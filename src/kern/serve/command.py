@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from functools import partial
 
 from ..manifest.problems import ManifestError
@@ -19,7 +20,11 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
     model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
     loop = model.loop
-    loop.warm_up(progress=True)
+    t0 = time.monotonic()
+    if loop.warm_up(progress=True):
+        mem = model.engine.device.memory()
+        free = f"; {mem[0] / 2**30:.1f} GiB of the device left free" if mem else ""
+        print(f"[kern] decode graphs captured in {time.monotonic() - t0:.1f} s{free}", file=sys.stderr)
     if trace:  # after the warm-up: only served steps
         from ..bench.trace import record
 
