@@ -24,14 +24,14 @@ class Feed:
 
 
 def buckets(limit: int, narrow: int | None = None) -> list[int]:
-    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `narrow`
-    (the small-batch decode program's bound; None: `limit`), steps of 16 past it (a wide
-    program's graphs: larger, so fewer of them), and `limit` itself."""
+    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to 64 (the
+    batches a server runs most; a padded row costs a GEMM's share there) and steps of 16 past it
+    (fewer graphs), and `limit` itself. `narrow` (the small-batch decode program's bound; None:
+    `limit`) is always a size: the largest batch that program steps."""
     narrow = limit if narrow is None else min(narrow, limit)
-    out = [b for b in (1, 2, 4, 8) if b < narrow]
-    out += list(range(16, narrow, 8))
-    out += list(range(narrow, limit, 16)) if narrow < limit else []
-    return out + [limit]
+    out = [1, 2, 4, 8]
+    out += [b for b in range(16, min(limit, 64), 8)] + list(range(64, limit, 16))
+    return sorted({b for b in out if b < limit} | {narrow, limit})
 
 
 def bucket(n: int, sizes: list[int]) -> int:

@@ -12,6 +12,12 @@ from dataclasses import dataclass
 from .sequence import Sequence as SequenceState
 
 
+# Decode batches of up to this many rows run ahead (their graphs are captured at start-up, one
+# a batch size and reach): past it a step's device time (over 2 ms on a 1B model) dwarfs the
+# host's part, and at such concurrency someone nearly always waits to be admitted anyway.
+AHEAD_ROWS = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Running:
     id: str
@@ -77,7 +83,7 @@ class Scheduler:
         device runs no steps without the host)."""
         self.paging, self.limits = paging, limits
         self.decode_groups, self.mixed_groups, self.chunk_max = decode_groups, mixed_groups, chunk_max
-        self.ahead_rows = ahead_rows
+        self.ahead_rows = min(ahead_rows, AHEAD_ROWS)
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.hold = False  # admit nothing until a request ends: no preemption ping-pong
@@ -140,7 +146,10 @@ class Scheduler:
         """Bind the pages this step's rows write, before anything is recorded; where the budget
         has none, preempt the youngest running sequence (it resumes from its checkpoint) until
         it does. The rows of the sequences still running."""
+        pt, state = self.paging.page_tokens, self.paging.state
         for s, n in rows:
+            if s.lease is None or s.written + n <= len(s.lease.page_table(state)) * pt:
+                continue  # preempted, or its pages are bound already (a decode row needs one in pt steps)
             while s in self.running and not self.paging.try_grow(s.lease, n):
                 by_id = {x.id: x for x in self.running}
                 self.preempt(by_id[victim([Running(x.id, x.pending) for x in self.running])])
