@@ -22,7 +22,8 @@ from collections import defaultdict
 def drive(loop, concurrency: int, requests: int, prompt: int, shared: int, output: int, vocab: int, seed: int) -> dict:
     from kern.generation import SamplingParams
 
-    system = [random.Random(0).randrange(3, vocab) for _ in range(shared)]  # every run's (bench/serve.py's too)
+    r0 = random.Random(0)
+    system = [r0.randrange(3, vocab) for _ in range(shared)]  # every run's, as in bench/serve.py
     rng = random.Random(seed)
     todo = [system + [rng.randrange(3, vocab) for _ in range(prompt - shared)] for _ in range(requests)]
     params = SamplingParams(max_tokens=output, ignore_eos=True)
