@@ -25,7 +25,8 @@ if [ "$PEER" = vllm ]; then  # join and install vLLM's wheels while kern runs (C
     && touch /tmp/vsite.ok ) > $OUT/vllm_install.log 2>&1 &
 fi
 
-timeout 90 python3 -c "from kern_models.llama.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda')" \
+# the real Llama-3.2-1B's 131,072 positions (kern serves 32,768 of them, vLLM what --max-model-len says)
+timeout 90 python3 -c "from kern_models.llama.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda', max_positions=131072)" \
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 bench/serve.py --prepare $CKPT
 
@@ -103,4 +104,9 @@ elif [ "$PEER" = transformers ]; then
   stop $PID
 fi
 
+# STEPS=1: where the served steps' time goes, offline (bench/serve_steps.py), run-ahead 1 against the default
+[ "${STEPS:-0}" = 1 ] && timeout ${STEPS_S:-120} python3 bench/serve_steps.py $CKPT --run-ahead 1,8 > $OUT/steps.jsonl 2>&1
+
 python3 bench/serve_summary.py $OUT | tee $OUT/summary.json
+# what comes back is at most 8 files: the logs travel as one archive
+tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt *.jsonl 2>/dev/null) && (cd $OUT && rm -f *.log *.txt)
