@@ -109,4 +109,4 @@ fi
 
 python3 bench/serve_summary.py $OUT | tee $OUT/summary.json
 # what comes back is at most 8 files: the logs travel as one archive
-tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt *.jsonl 2>/dev/null) && (cd $OUT && rm -f *.log *.txt)
+tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt *.jsonl *_startup.json 2>/dev/null) && (cd $OUT && rm -f *.log *.txt *.jsonl *_startup.json)
