@@ -27,24 +27,33 @@ def main() -> None:
     ap.add_argument("--reach", type=int, default=640)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--context", default="4096", help="deployment context bounds to compare, comma-separated")
+    ap.add_argument("--programs", default=None, help="only these programs (default: every decode program)")
     args = ap.parse_args()
+    for ctx in [int(c) for c in args.context.split(",")]:
+        measure(args, ctx)
+
+
+def measure(args, context: int) -> None:
 
     from kern.api import Model
     from kern_models.llama.generator import generate
 
     tmp = Path(tempfile.mkdtemp())
-    ckpt = make(args.shape, tmp / "ckpt", device="cuda")
+    ckpt = make(args.shape, tmp / "ckpt", device="cuda", max_positions=max(context, 8192))
     man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target="cuda", model=args.shape,
-                   context=4096)
+                   context=context)
     model = Model(man, ckpt, state_budget=2 << 30)
     runner = model.loop.runner
     k = args.steps
     best: dict[int, dict[str, float]] = {}
     for st in runner.decoders:
+        if args.programs and st.program not in args.programs.split(","):
+            continue
         for n in [int(b) for b in args.batch.split(",")]:
             if n > st.groups_max:
                 continue
-            feeds = [runner.scratch_feed(args.reach - k)] * n
+            feeds = [runner.scratch_feed(args.reach - k, k)] * n
             runner.stepper_for = lambda f, st=st: st  # this program whatever the batch
             runner.sizes = list(range(1, st.groups_max + 1))  # no padding: the batch as it is
             runner.run_ahead(feeds, k)  # capture
@@ -52,12 +61,18 @@ def main() -> None:
             for _ in range(args.repeats):
                 runner.run_ahead(feeds, k)
             ms = (time.perf_counter() - t0) * 1e3 / (args.repeats * k)
+            t0 = time.perf_counter()
+            for _ in range(args.repeats):  # one step a host wait: the host's part included
+                runner._run(st, feeds, False)
+            one = (time.perf_counter() - t0) * 1e3 / args.repeats
             best.setdefault(n, {})[st.program] = ms
-            print(json.dumps({"shape": args.shape, "program": st.program, "batch": n, "step_ms": round(ms, 3),
-                              "tok_s": round(n / ms * 1e3)}), flush=True)
+            print(json.dumps({"shape": args.shape, "context": context, "program": st.program, "batch": n,
+                              "step_ms": round(ms, 3), "tok_s": round(n / ms * 1e3), "single_step_ms": round(one, 3)}),
+                  flush=True)
     wide = runner.decoders[-1].program
     over = [n for n, t in sorted(best.items()) if len(t) > 1 and t[wide] < min(v for p, v in t.items() if p != wide)]
-    print(json.dumps({"shape": args.shape, "wide_faster_from": over[0] if over else None, "steps": best}))
+    print(json.dumps({"shape": args.shape, "context": context, "wide_faster_from": over[0] if over else None,
+                      "steps": best}))
 
 
 if __name__ == "__main__":

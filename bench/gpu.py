@@ -22,7 +22,8 @@ Presets (comma-separated, run in order):
             kern test of the sm_90a deployment against the cpu one on those weights
   serve     kern serve (no flags) against a peer over HTTP (bench/serve_gpu.sh; PEER=vllm|transformers|none,
             SERVE_S its time limit)
-  crossover the gemv decode program against the wide one at each batch both hold (bench/crossover.py)
+  crossover the gemv decode program against the wide one at each batch both hold (bench/crossover.py;
+            CROSSOVER its arguments)
   toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
             kern kernels --rebuild (bench/toolset_gpu.py), then the gpu tests of tests/bench_cmd and tests/cut
   verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
@@ -238,7 +239,8 @@ def main() -> int:
             text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], int(os.environ.get("SERVE_S", 560)), emb)
             r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", " {", "["))]
         elif p == "crossover":
-            text = r.step("crossover", [sys.executable, "bench/crossover.py"], args.timeout)
+            text = r.step("crossover", [sys.executable, "bench/crossover.py", *os.environ.get("CROSSOVER", "").split()],
+                          args.timeout)
             r.summary += [ln for ln in text.splitlines() if ln.startswith("{")]
     (out / "summary.txt").write_text("\n".join(r.summary) + "\n")
     print("\n".join(r.summary))

@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--shared", type=int, default=256)
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--target", default="cuda")
+    ap.add_argument("--context", type=int, default=None)
+    ap.add_argument("--memory", type=int, default=None, help="GiB of state memory (default: kern's own choice)")
     ap.add_argument("--run-ahead", default=None, help="run-ahead limits to compare (default: the loop's own)")
     args = ap.parse_args()
 
@@ -102,7 +104,8 @@ def main() -> None:
     import kern
 
     t0 = time.perf_counter()
-    model = kern.load(args.ckpt, target=args.target)
+    model = kern.load(args.ckpt, target=args.target, context=args.context,
+                      memory=args.memory << 30 if args.memory else None)
     loop = model.loop
     loop.warm_up(progress=False)
     print(json.dumps({"load_and_capture_s": round(time.perf_counter() - t0, 1), "context": loop.context,

@@ -108,7 +108,7 @@ class Loop:
             if steps == 1:
                 self.runner.run([self.runner.scratch_feed(r - 1)] * n, logits=False)
             else:
-                self.runner.run_ahead([self.runner.scratch_feed(r - steps)] * n, steps)
+                self.runner.run_ahead([self.runner.scratch_feed(r - steps, steps)] * n, steps)
             self._warm.add((n, r, steps))
         return len(todo)
 

@@ -55,13 +55,15 @@ class Runner:
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
-        self._scratch_width = min(engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
+        self._page_tokens = max(protocol.paged_states.values())
         # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
 
-    def scratch_feed(self, position: int) -> Feed:
-        """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
-        return Feed([0], position, [self.scratch] * self._scratch_width)
+    def scratch_feed(self, position: int, steps: int = 1) -> Feed:
+        """A row whose every page is the scratch page, for `steps` steps from `position`: it
+        reads and writes nothing of anyone's. Its table holds the pages those steps reach and
+        no more (a long context's full width would cost the host a list of thousands a row)."""
+        return Feed([0], position, [self.scratch] * -(-(position + steps) // self._page_tokens))
 
     def reach_buckets(self, reach: int) -> list[int]:
         """The decode program's reach buckets up to the one holding `reach` positions."""
@@ -123,11 +125,11 @@ class Runner:
             inputs[st.inputs["rng"]] = _keys([f.key for f in feeds])
         return inputs
 
-    def _pad(self, st: Stepper, feeds: list[Feed]) -> list[Feed]:
+    def _pad(self, st: Stepper, feeds: list[Feed], steps: int = 1) -> list[Feed]:
         """Padded to a captured size (one graph per bucket) with rows on the scratch page."""
         if st is self.ragged or not self.graphs:
             return feeds
-        return feeds + [self.scratch_feed(0)] * (bucket(len(feeds), self.sizes) - len(feeds))
+        return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), self.sizes) - len(feeds))
 
     def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
         feeds = self._pad(st, feeds)
@@ -148,7 +150,7 @@ class Runner:
         while the later steps run."""
         st = self.stepper_for(feeds)
         n = len(feeds)
-        padded = self._pad(st, feeds)
+        padded = self._pad(st, feeds, k)
         inputs = self._inputs(st, padded)
         pos = inputs[st.inputs["position"]]
         later = []
