@@ -96,9 +96,9 @@ class Loop:
             return 0
         reaches = self.runner.reach_buckets(reach or self.context)
         k = self.limits.run_ahead
-        ahead = self.scheduler.ahead_rows
+        ahead = set(self.runner.ahead_sizes)
         todo = [(n, r, steps) for n in (sizes or self.runner.sizes) for r in reaches
-                for steps in ([1, k] if k > 1 and r >= k and n <= ahead else [1])]
+                for steps in ([1, k] if k > 1 and r >= k and n in ahead else [1])]
         todo = [t for t in todo if t not in self._warm]
         if progress and todo:
             from tqdm import tqdm

@@ -34,6 +34,14 @@ def buckets(limit: int, narrow: int | None = None) -> list[int]:
     return sorted({b for b in out if b < limit} | {narrow, limit})
 
 
+def ahead_buckets(sizes: list[int], fine: int = 32) -> list[int]:
+    """The batch sizes whose run-ahead graphs are captured: every size up to `fine`, then the
+    powers of two and the largest (a batch between runs ahead padded to the next: a padded
+    row costs less than the host's part of the steps it saves, and every size's graph of
+    several steps would double the start-up's captures)."""
+    return [b for b in sizes if b <= fine or b & (b - 1) == 0 or b == sizes[-1]]
+
+
 def bucket(n: int, sizes: list[int]) -> int:
     return next(b for b in sizes if b >= n)
 
@@ -51,6 +59,7 @@ class Runner:
         top = self.decoders[-1].groups_max
         self.decode_max = min(decode_max or top, top)
         self.sizes = buckets(self.decode_max, self.decode.groups_max)
+        self.ahead_sizes = ahead_buckets(self.sizes) if self.graphs else self.sizes
         self.mixed_groups = self.ragged.groups_max
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
@@ -129,7 +138,8 @@ class Runner:
         """Padded to a captured size (one graph per bucket) with rows on the scratch page."""
         if st is self.ragged or not self.graphs:
             return feeds
-        return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), self.sizes) - len(feeds))
+        sizes = self.sizes if steps == 1 else self.ahead_sizes
+        return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), sizes) - len(feeds))
 
     def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
         feeds = self._pad(st, feeds)
@@ -148,8 +158,9 @@ class Runner:
         tokens, a row a feed. `keys[j - 1]`: step j's draw keys, a row a feed (where rows draw at
         a temperature). `each(j, tokens)`: step j's tokens as soon as they are on the host,
         while the later steps run."""
-        st = self.stepper_for(feeds)
         n = len(feeds)
+        top = bucket(n, self.ahead_sizes) if self.graphs else n
+        st = next(d for d in self.decoders if d.groups_max >= top)
         padded = self._pad(st, feeds, k)
         inputs = self._inputs(st, padded)
         pos = inputs[st.inputs["position"]]

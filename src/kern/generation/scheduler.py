@@ -12,12 +12,6 @@ from dataclasses import dataclass
 from .sequence import Sequence as SequenceState
 
 
-# Decode batches of up to this many rows run ahead (their graphs are captured at start-up, one
-# a batch size and reach): past it a step's device time (over 2 ms on a 1B model) dwarfs the
-# host's part, and at such concurrency someone nearly always waits to be admitted anyway.
-AHEAD_ROWS = 32
-
-
 @dataclass(frozen=True, slots=True)
 class Running:
     id: str
@@ -83,7 +77,7 @@ class Scheduler:
         device runs no steps without the host)."""
         self.paging, self.limits = paging, limits
         self.decode_groups, self.mixed_groups, self.chunk_max = decode_groups, mixed_groups, chunk_max
-        self.ahead_rows = min(ahead_rows, AHEAD_ROWS)
+        self.ahead_rows = ahead_rows
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.hold = False  # admit nothing until a request ends: no preemption ping-pong
