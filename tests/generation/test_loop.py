@@ -87,14 +87,23 @@ def test_batched_decode_gives_each_sequence_its_tokens_alone(tiny_llama, alone):
         assert got[f"b{i}"][-1].finish_reason == "length" and got[f"b{i}"][-1].completion_tokens == 12
 
 
-def test_a_decoding_batch_runs_ahead_streaming_each_step_and_gives_each_sequence_its_tokens_alone(tiny_llama, alone):
+@pytest.mark.parametrize("padded", [False, True], ids=["as is", "padded like graphs"])
+def test_a_decoding_batch_runs_ahead_streaming_each_step_and_gives_each_sequence_its_tokens_alone(tiny_llama, alone,
+                                                                                                   padded):
     """With nobody waiting, the scheduler runs the decoding batch 4 steps a host wait (each
     step's token fed back on the device): every step's Deltas reach `emit` one step at a time,
-    a row that ends inside a run keeps only its tokens, and the pool holds nothing after."""
+    a row that ends inside a run keeps only its tokens, and the pool holds nothing after. Where
+    graphs exist (forced here) the batch pads to a run-ahead size with scratch rows."""
     from dataclasses import replace
+
+    from kern.generation.runner import ahead_buckets, buckets
 
     loop = make_loop(tiny_llama)
     loop.limits = replace(loop.limits, run_ahead=4)
+    if padded:
+        r = loop.runner
+        r.graphs, r.sizes = True, buckets(r.decode_max, 2)
+        r.ahead_sizes = ahead_buckets(r.sizes, fine=4)  # 6 rows run ahead padded to 8
     prompts = _prompts(6)
     short = SamplingParams(max_tokens=6, ignore_eos=True)  # ends inside its second run
     for i, p in enumerate(prompts):
