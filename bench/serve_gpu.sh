@@ -82,7 +82,7 @@ if [ "$PEER" = vllm ]; then
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 \
     --max-model-len $((LONG_PROMPT + 256)) > $OUT/vllm_serve.log 2>&1 &
   PID=$!
-  if up http://127.0.0.1:8102 ${VLLM_UP_S:-280} $PID; then
+  if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
     echo "{\"label\": \"vllm\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
       | tee $OUT/vllm_startup.json
     measure vllm http://127.0.0.1:8102
