@@ -104,11 +104,14 @@ class Loop:
             from tqdm import tqdm
 
             todo = tqdm(todo, desc="[kern] capturing decode graphs", unit="graph", file=sys.stderr)
+        feed = self.runner.scratch_feed
         for n, r, steps in todo:
+            # one row reaches r (the graph's reach bucket), the rest stay at position 0: the
+            # same graph, without the device attending over r positions n times
             if steps == 1:
-                self.runner.run([self.runner.scratch_feed(r - 1)] * n, logits=False)
+                self.runner.run([feed(r - 1)] + [feed(0)] * (n - 1), logits=False)
             else:
-                self.runner.run_ahead([self.runner.scratch_feed(r - steps, steps)] * n, steps)
+                self.runner.run_ahead([feed(r - steps, steps)] + [feed(0, steps)] * (n - 1), steps)
             self._warm.add((n, r, steps))
         return len(todo)
 
