@@ -129,6 +129,24 @@ def test_a_decoding_batch_runs_ahead_streaming_each_step_and_gives_each_sequence
     assert len(loop.paging.pool.leases) == 1  # the scratch page's
 
 
+@pytest.mark.parametrize("left", [5, 6, 7, 8])
+def test_a_run_ahead_never_steps_a_row_past_the_context(tiny_llama, left):
+    """A request that ends at the context's last position, beside one with tokens to spare: the
+    batch steps one at a time near that end (a run would step the first past the context's
+    bound, which the programs refuse), and both get every token. Some of the lengths put a run's
+    start 1 to 3 positions before the end."""
+    from dataclasses import replace
+
+    loop = make_loop(tiny_llama)
+    loop.limits = replace(loop.limits, run_ahead=4)
+    ctx = loop.context
+    loop.add("edge", [5] * (ctx - left), SamplingParams(max_tokens=left, ignore_eos=True))
+    loop.add("free", [6] * 20, SamplingParams(max_tokens=40, ignore_eos=True))
+    got = _run(loop, {})
+    assert len(_tokens(got["edge"])) == left and len(_tokens(got["free"])) == 40
+    loop.paging.pool.check()
+
+
 def test_a_preempted_request_resumes_from_its_checkpoint_with_the_same_tokens(tiny_llama, alone):
     loop = make_loop(tiny_llama)
     prompts = _prompts(6)

@@ -154,8 +154,8 @@ class Scheduler:
         """Decode steps the running batch takes with one host wait: the run-ahead limit where
         every running sequence decodes with its token drawn on the device, they fit one decode
         program, nobody waits who could be admitted at the next step, some row has that many
-        tokens left (a row that ends sooner wastes the rest of its run), and the budget binds
-        the pages; else 1."""
+        tokens left (a row that ends sooner wastes the rest of its run), no row would step past
+        the context, and the budget binds the pages; else 1."""
         k = self.limits.run_ahead
         run = self.running
         if k < 2 or len(run) > self.ahead_rows:
@@ -166,4 +166,6 @@ class Scheduler:
             return 1
         if max(s.max_tokens - len(s.out) for s in run) < k:
             return 1
+        if any(s.written + k > self.limits.context for s in run):
+            return 1  # a run may not step a row past the context, even where the row ends first
         return k if all(self.paging.try_grow(s.lease, k) for s in run) else 1
