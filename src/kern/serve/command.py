@@ -10,7 +10,7 @@ from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1):
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
@@ -24,8 +24,6 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
         from ..bench.trace import record
 
         record(model.engine, trace)
-    print(f"[kern] serving {loop.model_name} (context {loop.context}) on {where} (chat page at /, API at /v1)",
-          file=sys.stderr)
     return loop
 
 
@@ -33,7 +31,7 @@ def main(args) -> int:
     from .server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
+                        args.memory, args.trace, args.tp)
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except (KernError, ManifestError, CudaUnavailable) as exc:
