@@ -127,4 +127,5 @@ def test_kern_verify_checks_the_pins_of_module_files_beside_the_manifest(tmp_pat
         f.write("# an edit after pinning\n")
     r = verify()
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert [ln for ln in r.stdout.splitlines() if ln.startswith(f"  modules.{name}.sha256: the file {source} hashes to")]
+    says = f"  modules.{name}.sha256: the file {source} hashes to"
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith(says)], r.stdout

@@ -17,7 +17,7 @@ GREEDY_BELOW = 1e-6
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 0.0  # 0 (or below GREEDY_BELOW) = greedy: the device's argmax, no logits copied unless logprobs
+    temperature: float = 0.0  # 0 or below GREEDY_BELOW: greedy (the device's argmax; no logits unless logprobs)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0

@@ -39,6 +39,6 @@ def main(args) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
         print("[kern] stopped", file=sys.stderr)
-    except SystemExit as exc:  # uvicorn exits when it cannot bind (it has said why); SIGTERM exits 0
+    except SystemExit as exc:  # SIGTERM exits 0 (a socket that cannot bind is a KernError, before the load)
         return exc.code if isinstance(exc.code, int) else 1
     return 0
