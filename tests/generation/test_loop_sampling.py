@@ -141,3 +141,21 @@ def test_a_subnormal_temperature_is_greedy(tiny_llama):
         assert p.greedy
         assert _tokens(_run(loop, {0: [(f"t{i}", prompt, p)]})[f"t{i}"]) == greedy, t
     assert not SamplingParams(temperature=GREEDY_BELOW).greedy
+
+
+def test_nan_never_wins_the_sample_op_as_on_the_device():
+    """The cpu op answers what cuda/argmax.cu does: a NaN logit is never the token (np.argmax
+    alone would pick the first NaN), ties go to the lowest index, a row of only NaN gives -1."""
+    import numpy as np
+
+    from kern_models.llama.cpu.kernels import sample
+
+    nan, inf = np.nan, np.inf
+    rows = [([nan, 1, 5, nan], 2), ([1, nan, 1, 0], 0), ([-inf, nan, -inf, -inf], 0), ([nan] * 4, -1)]
+    logits = np.array([r for r, _ in rows], np.float32)
+    keys = np.arange(2 * len(rows), dtype=np.int32).reshape(len(rows), 2)
+    got = np.empty(len(rows), np.int32)
+    sample(logits, np.zeros(len(rows), np.float32), keys, got)
+    assert got.tolist() == [want for _, want in rows]
+    sample(logits[:1], np.full(1, 0.7, np.float32), keys[:1], got[:1])
+    assert got[0] in (1, 2)
