@@ -10,6 +10,7 @@ import os
 import sys
 
 DEFAULT_PROMPT = "What is the capital of France?"  # kern run without --prompt
+MAX_MEMORY = 1 << 40  # --memory: a state budget past any device's memory (the pool's bookkeeping grows with it)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -103,6 +104,8 @@ def _memory(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
     if not math.isfinite(n):  # inf, nan, 1e400G
         raise argparse.ArgumentTypeError(f"expected a finite size such as 512M or 2G, got {text!r}")
+    if n > MAX_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at most 1024G (more than any device holds), got {text!r}")
     if n < 1 << 20:
         raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
     return int(n)

@@ -59,6 +59,7 @@ ANY_FLAGS = [  # (id, argv, what the message says): flags every command shares, 
     ("run-memory-1e400G", ["run", "/nonexistent", "--memory", "1e400G"], "argument --memory: expected a finite size"),
     ("serve-memory-inf", ["serve", "--memory", "inf"], "argument --memory: expected a finite size"),
     ("serve-memory-nan", ["serve", "--memory", "nanG"], "argument --memory: expected a finite size"),
+    ("run-memory-1e20G", ["run", "/nonexistent", "--memory", "1e20G"], "argument --memory: must be at most 1024G"),
     ("bench-memory-1e400G", ["bench", "m.json", "--workload", "w.toml", "--memory", "1e400G"],
      "argument --memory: expected a finite size"),
     ("serve-port-70000", ["serve", "--port", "70000"], "argument --port: a TCP port is at most 65535, got 70000"),
@@ -102,6 +103,14 @@ def test_kern_run_context_1_blames_the_context(capsys, tiny):
     lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
     assert r.code == 1 and r.out == "" and len(lines) == 1, r.err
     assert lines[0] == "kern run: context must be at least 2 positions (a prompt token and a generated one), got 1"
+
+
+@pytest.mark.skipif(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >= 1 << 40, reason="a 1 TiB machine")
+def test_kern_run_memory_past_the_machine_is_one_line(capsys, tiny):
+    r = kern(capsys, "run", str(tiny), "--prompt", "w1", "--target", "cpu", "--memory", "1000G")
+    lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
+    assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert lines[0].startswith("kern run: memory 1000 GiB is more than this machine has")
 
 
 def _occupied_port():
