@@ -105,7 +105,9 @@ def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Pat
             gc.enable()
 
 
-def verify_path(path: str | Path) -> Report:
+def verify_path(path: str | Path, *, files: bool = False) -> Report:
+    """`files`: also check the pins of the module files beside it (kern verify does; a load
+    checks each module's bytes as it fetches them, and kern kernels lists every mismatch)."""
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
@@ -116,7 +118,7 @@ def verify_path(path: str | Path) -> Report:
         data = p.read_bytes()
     except OSError as exc:
         return Report(None, [Problem(str(p), f"cannot read: {exc.strerror or exc}")])
-    return verify_text(data, str(p), p.parent, files=True)
+    return verify_text(data, str(p), p.parent, files=files)
 
 
 def load_verified(path: str | Path) -> Verified:
