@@ -9,6 +9,9 @@ import math
 import os
 import sys
 
+DEFAULT_PROMPT = "What is the capital of France?"  # kern run without --prompt
+MAX_MEMORY = 1 << 40  # --memory: a state budget past any device's memory (the pool's bookkeeping grows with it)
+
 
 def _verify(args: argparse.Namespace) -> int:
     """`PATH: ok, N programs, M calls, K launches`, or `PATH: manifest failed verification:` and
@@ -19,7 +22,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     results = []
     for path in args.paths:
-        r = verify_path(path)
+        r = verify_path(path, files=True)
         if r.verified is not None:
             v = r.verified
             res = {"path": path, "ok": True, "programs": len(v.manifest.programs), "calls": v.ncalls,
@@ -79,6 +82,13 @@ def _text(text: str) -> str:
     return text
 
 
+def _port(text: str) -> int:
+    n = _whole(0)(text)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {n}")
+    return n
+
+
 _positive = _whole(1)
 _non_negative = _whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
 
@@ -92,6 +102,10 @@ def _memory(text: str) -> int:
         n = float(t[:-1] if scale else t) * (scale or 1 << 20)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if not math.isfinite(n):  # inf, nan, 1e400G
+        raise argparse.ArgumentTypeError(f"expected a finite size such as 512M or 2G, got {text!r}")
+    if n > MAX_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at most 1024G (more than any device holds), got {text!r}")
     if n < 1 << 20:
         raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
     return int(n)
@@ -125,9 +139,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
                    help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
     p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
-    p.add_argument("--prompt", type=_text, default="What is the capital of France?")
+    p.add_argument("--prompt", type=_text, default=None,
+                   help=f"the text to continue (default: {DEFAULT_PROMPT!r}, said on stderr when used)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=_positive, default=64)
+    p.add_argument("--max-tokens", type=_positive, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=_non_negative_real, default=0.0, help="0 (the default) is greedy")
     p.add_argument("--seed", type=_non_negative, default=0, help="sampling seed, a whole number >= 0")
     p.add_argument("--target", choices=("cpu", "cuda"), default=None,
@@ -142,11 +157,14 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_verb("kern.run_cmd"))
 
     p = sub.add_parser("test", help="judge a candidate manifest against a reference, span by span")
-    p.add_argument("--reference", required=True, metavar="A")
-    p.add_argument("--candidate", required=True, metavar="B")
-    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
+    p.add_argument("--reference", required=True, metavar="A",
+                   help="the manifest taken as right (manifest.json or a folder holding one)")
+    p.add_argument("--candidate", required=True, metavar="B",
+                   help="the manifest judged (a manifest, a folder, or kern cut's stages folder)")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR",
+                   help="the checkpoint both run (default: the embedded model)")
     p.add_argument("--seed", type=_non_negative, default=0, help="workload seed, a whole number >= 0")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the verdict as JSON on stdout")
     p.add_argument("--seqs", type=_positive, default=None, help="sequences in the workload (default 6)")
     p.add_argument("--decode-steps", type=_non_negative, default=None,
                    help="decode steps per sequence (default 10; 0 judges prefill only)")
@@ -189,10 +207,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
                    help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
     p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
-    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="cpu or cuda (default: cuda when a GPU and the CUDA kernels are usable)")
     loop_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write every served step's shape to FILE (JSON lines): a kern bench --workload")

@@ -48,7 +48,13 @@ def main(args) -> int:
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "")
         print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",
               file=sys.stderr)
-        gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
+        prompt = args.prompt
+        if prompt is None:
+            from .cli import DEFAULT_PROMPT
+
+            prompt = DEFAULT_PROMPT
+            print(f"[kern] no --prompt given: {prompt!r}", file=sys.stderr)
+        gen = model.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))
     except (KernError, ManifestError, CudaUnavailable) as exc:

@@ -17,7 +17,7 @@ from ..runtime.errors import KernError
 SERVE_RUN_AHEAD = 4
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1):
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
@@ -36,8 +36,6 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
         from ..bench.trace import record
 
         record(model.engine, trace)
-    print(f"[kern] serving {loop.model_name} (context {loop.context}) on {where} (chat page at /, API at /v1)",
-          file=sys.stderr)
     return loop
 
 
@@ -45,7 +43,7 @@ def main(args) -> int:
     from .server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
+                        args.memory, args.trace, args.tp)
     try:
         # the model id a request gives: the served name, or the path exactly as given here
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
@@ -55,6 +53,6 @@ def main(args) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
         print("[kern] stopped", file=sys.stderr)
-    except SystemExit as exc:  # uvicorn exits when it cannot bind (it has said why); SIGTERM exits 0
+    except SystemExit as exc:  # SIGTERM exits 0 (a socket that cannot bind is a KernError, before the load)
         return exc.code if isinstance(exc.code, int) else 1
     return 0
