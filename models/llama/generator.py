@@ -51,7 +51,10 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         shutil.copyfile(HERE / "cpu" / "kernels.py", dst)
         m["modules"]["kernels"]["sha256"] = _sha(dst)
     elif target in ("cuda", ARCH):
-        m = manifest_cuda.build(shape, model, context=context, **limits)
+        # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
+        # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
+        split = {"seqs": manifest_cuda.DECODE_SEQS} if tp != 1 else {}
+        m = manifest_cuda.build(shape, model, context=context, **{**split, **limits})
         digests = provide_cubins(out / "kernels", variant)
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]
