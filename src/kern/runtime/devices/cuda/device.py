@@ -195,7 +195,7 @@ class CudaProgram:
         self._uploads: dict[tuple, list] = {}
         self._mark_buf: memory.DeviceBuffer | None = None
         self._old_marks: list[memory.DeviceBuffer] = []
-        self._progress = memory.PinnedHost(4, "step progress")
+        self._progress: memory.PinnedHost | None = None  # made by the first run_steps
 
     def _upload(self, env: dict[str, int]) -> None:
         """Copy up, from their mirrors, the staged inputs this program reads: as many bytes as
@@ -279,6 +279,8 @@ class CudaProgram:
         outputs as they land."""
         k = 1 + len(later)
         marks = self._marks(k)
+        if self._progress is None:
+            self._progress = memory.PinnedHost(4, "step progress")
         progress = self._progress.array.view(np.int32)
         sizes = [a.nbytes for a in later[0]] if later else []
         for j, arrays in enumerate(later, start=1):
