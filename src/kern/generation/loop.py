@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -128,14 +129,15 @@ class Loop:
         if len(prompt_ids) + 1 > self.context:
             raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
                               f"context of {self.context} positions (the prompt plus one generated token)")
-        max_tokens = min(params.max_tokens, self.context - len(prompt_ids))
-        if not self.paging.fits(len(prompt_ids) + max_tokens):
-            raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + max_tokens} tokens never fit the state "
-                              "budget: raise --memory or shorten the request")
+        # held once from here: the request's params with max_tokens clipped to the context
+        params = replace(params, max_tokens=min(params.max_tokens, self.context - len(prompt_ids)))
+        if not self.paging.fits(len(prompt_ids) + params.max_tokens):
+            raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
+                              "state budget: raise --memory or shorten the request")
         seed = params.seed if params.seed is not None else _seed_of(request_id)
-        self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params, max_tokens,
-                                     TextStream(self.tokenizer, params.stop),
-                                     np.random.Generator(np.random.PCG64(seed)), seed))
+        self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params,
+                                               TextStream(self.tokenizer, params.stop),
+                                               np.random.Generator(np.random.PCG64(seed)), seed))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:

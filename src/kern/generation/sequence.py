@@ -15,8 +15,7 @@ from .params import SamplingParams
 class Sequence:
     id: str
     prompt: list[int]
-    params: SamplingParams
-    max_tokens: int  # params.max_tokens clipped to the context
+    params: SamplingParams  # max_tokens clipped to the context by Loop.add
     text: TextStream
     rng: np.random.Generator
     seed: int  # the request's seed (its own or one derived from its id): keys the device's draws
@@ -37,6 +36,10 @@ class Sequence:
         if start >= p:
             return self.out[start - p:start - p + n]
         return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
 
     @property
     def pending(self) -> int:
