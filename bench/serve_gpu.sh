@@ -48,8 +48,8 @@ stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to
 
 measure() {  # $1 label, $2 url: the lone stream, the curve, the long prompts (JSON lines in $OUT/$1.jsonl)
   local conc=${CONC//,/ }
-  timeout ${LONE_S:-60} python3 bench/serve.py --url $2 --label $1 --requests 4 --warmup 1 --prompt 128 --shared 0 \
-    --output 512 --concurrency 1 >> $OUT/$1_lone.jsonl 2>> $OUT/$1_bench.log
+  [ "${LONE:-1}" = 1 ] && timeout ${LONE_S:-60} python3 bench/serve.py --url $2 --label $1 --requests 4 --warmup 1 \
+    --prompt 128 --shared 0 --output 512 --concurrency 1 >> $OUT/$1_lone.jsonl 2>> $OUT/$1_bench.log
   for c in $conc; do
     n=$((c * 2)); [ $n -lt 32 ] && n=32; [ $n -lt 256 ] && [ $c -ge 32 ] && n=256
     timeout ${CURVE_S:-90} python3 bench/serve.py --url $2 --label $1 --requests $n $WORK --concurrency $c \
@@ -97,7 +97,7 @@ elif [ "$PEER" = transformers ]; then
     > $OUT/transformers_serve.log 2>&1 &
   PID=$!
   if up http://127.0.0.1:8101 ${HF_UP_S:-80} $PID; then
-    CONC=32,128 LONG_PROMPT=0 measure transformers http://127.0.0.1:8101
+    CONC=32,128 LONG_PROMPT=0 LONE=0 measure transformers http://127.0.0.1:8101
   else
     echo "transformers serve did not come up"; tail -15 $OUT/transformers_serve.log
   fi
