@@ -150,7 +150,7 @@ def test_generate_runs_ahead_by_default_and_gives_the_same_tokens(model):
 
 @pytest.mark.parametrize("path", ["wide", "ragged"])
 def test_a_decode_batch_beyond_the_graph_steps_as_rows_alone(model, path):
-    """40 sequences (more than the gemv decode program's 32) step one row each through the wide
+    """40 sequences (past the gemv decode program's bound) step one row each through the wide
     decode program (a graph of cuBLASLt GEMMs, the path a server's large batches take) or the
     ragged prefill program (cuBLASLt projections, gemv_f32 logits in passes of 32 rows): the
     same tokens as each row through the decode program alone, logits within bf16 GEMM noise."""
