@@ -46,18 +46,20 @@ def alone(tiny_llama):
 def test_decode_rows_take_decode_slices_beside_a_prefill_chunk_where_graphs_exist(tiny_llama, alone):
     """With decode graphs (forced here on the CPU, the bound cut to 2), one-row feeds go through
     the decode program in slices of its bound and only longer chunks through the ragged one,
-    in the same step; every sequence still gets its tokens alone."""
+    in the same step, the decode slices first; the host waits for a run only where a later run
+    of the step is of the same program (it would rewrite that run's inputs), so the ragged
+    run's launches go while the last decode slice runs. Every sequence gets its tokens alone."""
     from kern.generation.runner import buckets
 
     loop = make_loop(tiny_llama, budget=24)
     runner = loop.runner
     runner.graphs, runner.decode_max, runner.sizes = True, 2, buckets(2)
-    steps: list[list[tuple[str, int]]] = []  # each step's (program, groups) runs
+    steps: list[list[tuple[str, int, bool]]] = []  # each step's (program, groups, wait) runs
     real_run, real_step = runner.engine.run, loop.step
 
-    def run(program, vars, inputs=None):
-        steps[-1].append((program, vars.get(runner.decode.groups_var)))
-        return real_run(program, vars, inputs)
+    def run(program, vars, inputs=None, wait=True):
+        steps[-1].append((program, vars.get(runner.decode.groups_var), wait))
+        return real_run(program, vars, inputs, wait)
 
     def step():
         steps.append([])
@@ -69,10 +71,15 @@ def test_decode_rows_take_decode_slices_beside_a_prefill_chunk_where_graphs_exis
     finally:
         runner.engine.run, loop.step = real_run, real_step
     assert {i: _tokens(got[f"c{i}"]) for i in range(6)} == alone
-    decode = [g for s in steps for p, g in s if p == runner.decode.program]
+    dec, rag = runner.decode.program, runner.ragged.program
+    decode = [g for s in steps for p, g, _ in s if p == dec]
     assert max(decode) <= 2  # never more rows than the decode bound in one run
     assert any(len(s) > 2 for s in steps)  # 6 decode rows: three slices in one step
-    assert any({p for p, _ in s} == {runner.decode.program, runner.ragged.program} for s in steps)
+    mixed = [s for s in steps if {p for p, _, _ in s} == {dec, rag}]
+    assert mixed
+    for s in mixed:
+        assert [p for p, _, _ in s] == [dec] * (len(s) - 1) + [rag]
+        assert [w for _, _, w in s] == [True] * (len(s) - 2) + [False, False]  # the reads wait
 
 
 def test_batched_decode_gives_each_sequence_its_tokens_alone(tiny_llama, alone):

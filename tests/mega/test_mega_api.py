@@ -38,7 +38,7 @@ class Recording(CpuDevice):
         class Program:
             runs_steps_natively = False
 
-            def run(self, env):
+            def run(self, env, wait=True):
                 dev.runs.append((len(launches), dict(env)))
 
         return Program()

@@ -51,7 +51,8 @@ def test_the_check_finds_a_missing_or_different_member():
             pass
 
     assert mismatches(Half, seam.Program) == [
-        "Half.run(self, env, extra) differs from the protocol's (self, env: 'dict[str, int]') -> 'None'",
+        "Half.run(self, env, extra) differs from the protocol's (self, env: 'dict[str, int]', wait: 'bool' = True) "
+        "-> 'None'",
         "Half has no run_steps"]
 
 

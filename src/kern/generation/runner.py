@@ -98,22 +98,38 @@ class Runner:
         Where decode graphs exist, one-row feeds always take them (in slices of the decode
         bound) and only longer chunks take the ragged program: a step of many decode rows and
         a prefill chunk is then a few graph replays and one ragged run, not one ragged run of
-        every row (which launches eagerly, far slower per row)."""
+        every row (which launches eagerly, far slower per row). The decode graphs go first and
+        the host does not wait for them before the ragged run's launches (programs with inputs
+        of their own): those launches' host time overlaps the graphs' device time."""
         single = [i for i, f in enumerate(feeds) if len(f.tokens) == 1]
         if not self.graphs or not single or (len(single) == len(feeds) and len(feeds) <= self.decode_max):
-            return self._run(self.stepper_for(feeds), feeds, logits)
-        parts = [[i for i in range(len(feeds)) if len(feeds[i].tokens) > 1]]
-        parts += [single[j:j + self.decode_max] for j in range(0, len(single), self.decode_max)]
+            return self._launch(self.stepper_for(feeds), feeds, logits)()
+        parts = [single[j:j + self.decode_max] for j in range(0, len(single), self.decode_max)]
+        parts += [[i for i in range(len(feeds)) if len(feeds[i].tokens) > 1]]
+        parts = [(idx, [feeds[i] for i in idx]) for idx in parts if idx]
+        steppers = [self.stepper_for(sub) for _, sub in parts]
+        got = []  # each part's read, made at once where a later run is of its program
+        for j, (st, (_, sub)) in enumerate(zip(steppers, parts)):
+            apart = self._apart(st, steppers[j + 1:])
+            read = self._launch(st, sub, logits, wait=not apart)
+            got.append(read if apart else read())
         tokens = np.empty(len(feeds), np.int64)
         out = None
-        for idx in filter(None, parts):
-            sub = [feeds[i] for i in idx]
-            t, l = self._run(self.stepper_for(sub), sub, logits)
+        for (idx, _), read in zip(parts, got):
+            t, l = read() if callable(read) else read
             tokens[idx] = t[:len(idx)]
             if l is not None:
                 out = np.empty((len(feeds), l.shape[1]), l.dtype) if out is None else out
                 out[idx] = l[:len(idx)]
         return tokens, out
+
+    @staticmethod
+    def _apart(st: Stepper, later: list[Stepper]) -> bool:
+        """Whether no later run writes an input st's launches have yet to read or an output of
+        st's before it is read (another program, with buffers of its own); else the host waits
+        for st's run and reads it before the next launch."""
+        mine = _buffers(st)
+        return all(o.program != st.program and not mine & _buffers(o) for o in later)
 
     def _inputs(self, st: Stepper, feeds: list[Feed]) -> dict[str, np.ndarray]:
         """The step's input arrays, by buffer."""
@@ -141,15 +157,19 @@ class Runner:
         sizes = self.sizes if steps == 1 else self.ahead_sizes
         return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), sizes) - len(feeds))
 
-    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def _launch(self, st: Stepper, feeds: list[Feed], logits: bool, wait: bool = True
+                ) -> Callable[[], tuple[np.ndarray, np.ndarray | None]]:
+        """Launch st's program on these feeds; the read of its tokens (and logits) to call."""
         feeds = self._pad(st, feeds)
         n = len(feeds)
         rows = sum(len(f.tokens) for f in feeds)
         reach = max(f.start + len(f.tokens) for f in feeds)
-        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), self._inputs(st, feeds))
-        tokens = self.engine.read(st.outputs["tokens"], env)
-        out = self.engine.read(st.outputs["logits"], env) if logits else None
-        return tokens, out
+        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), self._inputs(st, feeds), wait=wait)
+
+        def read() -> tuple[np.ndarray, np.ndarray | None]:
+            tokens = self.engine.read(st.outputs["tokens"], env)
+            return tokens, self.engine.read(st.outputs["logits"], env) if logits else None
+        return read
 
     def run_ahead(self, feeds: list[Feed], k: int, keys: list[list[int]] | None = None,
                   each: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
@@ -176,6 +196,10 @@ class Runner:
                                      feedback={tok: st.inputs["token"]}, collect=[],
                                      each=None if each is None else lambda j, o: each(j, o[tok][:n]))
         return [o[tok][:n] for o in outs]
+
+
+def _buffers(st: Stepper) -> set[str]:
+    return {*st.inputs.values(), *st.outputs.values(), *(pt.buffer for pt in st.page_tables)}
 
 
 def _keys(keys: list[int]) -> np.ndarray:

@@ -25,11 +25,13 @@ class Program(Protocol):
     one graph launch), so running several decode steps a host wait saves host time; False when
     it loops single steps on the host."""
 
-    def run(self, env: dict[str, int]) -> None:
+    def run(self, env: dict[str, int], wait: bool = True) -> None:
         """Run every launch once and wait for the device to finish.
 
         Args:
             env: constants and var values of this step (already checked against their bounds).
+            wait: False: return once launched (the next read waits); the caller writes none of
+                this program's inputs before then.
         """
 
     def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list[Storage],

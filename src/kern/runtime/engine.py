@@ -236,9 +236,12 @@ class Engine:
     def write_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> None:
         self.device.write(self.buffers[buffer], self.check_input(program, buffer, host, env))
 
-    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
-        """Check, write inputs, run one program. Returns the step's env (for reading outputs)."""
-        return self.run_checked(self.checked(program, vars, inputs))
+    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
+            wait: bool = True) -> dict[str, int]:
+        """Check, write inputs, run one program. Returns the step's env (for reading outputs).
+        `wait=False`: return once launched; a read of its outputs waits (the caller writes none
+        of its inputs before then: another program's launches may go meanwhile)."""
+        return self.run_checked(self.checked(program, vars, inputs), wait)
 
     def checked(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> "Checked":
         """A step's env and inputs checked against their bounds and domains, nothing written: what
@@ -253,12 +256,12 @@ class Engine:
             arrays[buf] = self.check_input(program, buf, host, env)
         return Checked(program, env, arrays)
 
-    def run_checked(self, step: "Checked") -> dict[str, int]:
+    def run_checked(self, step: "Checked", wait: bool = True) -> dict[str, int]:
         for buf, arr in step.inputs.items():
             self.device.write(self.buffers[buf], arr)
         for see in self.observers:
             see(step.program, step.env, step.inputs)
-        self.programs[step.program].run(step.env)
+        self.programs[step.program].run(step.env, wait)
         return step.env
 
     def runs_steps_natively(self, program: str) -> bool:

@@ -152,7 +152,8 @@ class RankedEngine:
     # The step is checked once, here (the ranks' manifests agree on every buffer a step writes),
     # and each rank's thread only writes and launches: the threads share one interpreter lock,
     # so a check on every rank's thread was paid once a rank and held the last rank's launch back.
-    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> dict[str, int]:
+    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
+            wait: bool = True) -> dict[str, int]:  # every rank waits: a read asks rank 0 alone
         step = self.ranks[0].checked(program, vars, inputs)
         return self.workers.each(lambda r: self.ranks[r].run_checked(step))[0]
 

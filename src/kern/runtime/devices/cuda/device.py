@@ -251,7 +251,7 @@ class CudaProgram:
             else:
                 it(s)
 
-    def run(self, env: dict[str, int]) -> None:
+    def run(self, env: dict[str, int], wait: bool = True) -> None:
         key = tuple(sorted(env.items()))
         items = self._cache.get(key)
         if items is None:
@@ -265,7 +265,8 @@ class CudaProgram:
         else:
             self._upload(env)
             self._record(items)
-        self.dev.stream.synchronize()
+        if wait:
+            self.dev.stream.synchronize()
 
     def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list, feedback: list,
                   collect: list, each=None) -> list[list[np.ndarray]]:
