@@ -136,42 +136,6 @@ def test_a_decoding_batch_runs_ahead_streaming_each_step_and_gives_each_sequence
     assert len(loop.paging.pool.leases) == 1  # the scratch page's
 
 
-def test_an_arrival_after_a_single_step_waits_one_run_ahead_and_one_after_a_run_ahead_none(tiny_llama, alone):
-    """Requests that arrive after a step with prefill rows wait while the decoding batch runs
-    ahead once (then are admitted together): where requests arrive every other step, admitting
-    each at once would keep the batch from ever running ahead. One that arrives after a
-    run-ahead is admitted at the next step. Every request still gets its tokens alone."""
-    from dataclasses import replace
-
-    loop = make_loop(tiny_llama)
-    loop.limits = replace(loop.limits, run_ahead=4)
-    prompts = _prompts(6)
-    got: dict[str, list] = {}
-
-    def step() -> None:
-        for d in loop.step():
-            got.setdefault(d.request_id, []).append(d)
-
-    loop.add("r0", prompts[0], GREEDY)
-    loop.add("r1", prompts[1], GREEDY)
-    step()  # both prefilled: a single step
-    loop.add("r2", prompts[2], GREEDY)
-    step()  # r2 waits while r0 and r1 run ahead
-    assert [s.id for s in loop.waiting] == ["r2"] and len(_tokens(got["r0"])) == 1 + 4
-    step()  # r2 admitted and prefilled beside r0 and r1's decode rows
-    assert not loop.waiting and len(_tokens(got["r0"])) == 1 + 4 + 1 and len(got["r2"]) == 1
-    step()  # all three decode: a run-ahead
-    assert len(_tokens(got["r2"])) == 1 + 4
-    loop.add("r3", prompts[3], GREEDY)
-    step()  # after a run-ahead an arrival is admitted at once
-    assert not loop.waiting and len(got["r3"]) == 1
-    while loop.has_work():
-        step()
-    for i in range(4):
-        assert _tokens(got[f"r{i}"]) == alone[i], i
-    loop.paging.pool.check()
-
-
 @pytest.mark.parametrize("left", [5, 6, 7, 8])
 def test_a_run_ahead_never_steps_a_row_past_the_context(tiny_llama, left):
     """A request that ends at the context's last position, beside one with tokens to spare: the

@@ -81,28 +81,15 @@ class Scheduler:
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.hold = False  # admit nothing until a request ends: no preemption ping-pong
-        self.ran_ahead = False  # the last plan was a run-ahead: arrivals are admitted now
         self.prompt_tokens = self.cached_tokens = 0
 
     def next(self, host_draws: Callable[[SequenceState], bool]) -> Plan:
         """Admit what fits, then plan the step. `host_draws(s)`: whether the host reads s's
-        logits (then it cannot run ahead: its token is drawn on the host).
-
-        Arrivals after a single step wait one run-ahead of the decoding batch before they are
-        admitted (then all at once, in one step with prefill rows): otherwise, where requests
-        arrive about every other step (128 streams), every step admits one and the batch never
-        runs ahead, paying the host's part of each step. A request waits at most one run-ahead
-        more (k decode steps)."""
-        if self.waiting and self.running and not self.ran_ahead:
-            k = self._ahead(host_draws, defer=True)
-            if k > 1:
-                self.ran_ahead = True
-                return Plan([(s, 1) for s in self.running], k)
+        logits (then it cannot run ahead: its token is drawn on the host)."""
         self.admit()
         if not self.running:
             return Plan([])
         k = self._ahead(host_draws)
-        self.ran_ahead = k > 1
         if k > 1:
             return Plan([(s, 1) for s in self.running], k)
         rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget, self.chunk_max,
@@ -163,18 +150,17 @@ class Scheduler:
                 self.hold = True
         return [(s, n) for s, n in rows if s in self.running]
 
-    def _ahead(self, host_draws: Callable[[SequenceState], bool], defer: bool = False) -> int:
+    def _ahead(self, host_draws: Callable[[SequenceState], bool]) -> int:
         """Decode steps the running batch takes with one host wait: the run-ahead limit where
         every running sequence decodes with its token drawn on the device, they fit one decode
         program, nobody waits who could be admitted at the next step, some row has that many
         tokens left (a row that ends sooner wastes the rest of its run), no row would step past
-        the context, and the budget binds the pages; else 1. `defer`: the waiting are left for
-        the step after the run."""
+        the context, and the budget binds the pages; else 1."""
         k = self.limits.run_ahead
         run = self.running
         if k < 2 or len(run) > self.ahead_rows:
             return 1
-        if self.waiting and not defer and not self.hold and len(run) < self.limits.max_seqs:
+        if self.waiting and not self.hold and len(run) < self.limits.max_seqs:
             return 1
         if not all(s.out and s.pending == 1 and not host_draws(s) for s in run):
             return 1
