@@ -11,12 +11,6 @@ from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
-# Decode steps a host wait for a served batch: every batch size's graph of that many steps is
-# captured at start-up (bench/serve_gpu.sh on the H200: 8 took start-up past 15 s); at 4 the
-# host's part of a step is still paid once in four, and each step's tokens stream as they land.
-SERVE_RUN_AHEAD = 4
-
-
 def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
@@ -25,8 +19,7 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
 
     model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
-    loop = model.loop
-    model.run_ahead = min(model.run_ahead, SERVE_RUN_AHEAD)
+    loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
     t0 = time.monotonic()
     if loop.warm_up(progress=True):
         mem = model.engine.device.memory()
