@@ -28,11 +28,7 @@ norm_gemv_f32(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
 gemv_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res,
               int rows, int N, int K) {
-#ifdef GEMV_RESIDUAL_LATE  // variant: trigger after the wait, as the other projections
-    gemv(XPlain{x}, W, YAddRes{res}, rows, N, K);
-#else
     gemv(XPlain{x}, W, YAddRes{res}, rows, N, K, true);
-#endif
 }
 // act = silu(gate) * up, [gate | up] = (rmsnorm(res) * nw) @ W^T, W = gate_up [2N, K]: the
 // post-attention norm, the gate/up projection and SwiGLU in one launch. Grid

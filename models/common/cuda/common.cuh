@@ -13,7 +13,7 @@
 // from the same numbers, so a grid and its kernel's tile cannot disagree.
 #if !defined(GEMV_COLS) || !defined(GEMV_WARPS) || !defined(PF_BM) || !defined(PF_THREADS) || \
     !defined(DEC_THREADS)
-#error "build with models/llama/cuda/build.py: the tile constants come from table.py"
+#error "build with kern_models.common.cubins: the tile constants come from the family's table.py"
 #endif
 
 typedef __nv_bfloat16 bf16;

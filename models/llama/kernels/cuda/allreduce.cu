@@ -51,18 +51,6 @@ __device__ void barrier(const unsigned long long *flag_peers, unsigned *flags, u
     __syncthreads();
 }
 
-// res[i] += sum over ranks p of parts[p][offset + i] (fp32 parts of a fan-in projection; decode).
-extern "C" __global__ void __launch_bounds__(512)
-all_reduce_add_f32(const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
-                   unsigned *flags, unsigned *epoch, bf16 *res, int rank, int ranks, int offset, int n) {
-    barrier(flag_peers, flags, epoch, rank, ranks);
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float s = 0.f;
-        for (int p = 0; p < ranks; ++p) s += __ldcv(reinterpret_cast<const float *>(parts[p]) + offset + i);
-        res[i] = to_bf(to_f(res[i]) + s);
-    }
-}
-
 // y[i] = sum over ranks p of parts[p][offset + i] (bf16 parts, fp32 sum; small prefills).
 extern "C" __global__ void __launch_bounds__(512)
 all_reduce_bf16(const unsigned long long *__restrict__ parts, const unsigned long long *__restrict__ flag_peers,
@@ -123,7 +111,8 @@ all_gather_f32(const unsigned long long *__restrict__ parts, const unsigned long
 // their places and stream their weights). all_reduce_add_local then crosses the barrier (the
 // system fence and release before a rank's flag come after the projection's grid has finished,
 // its stores to the other ranks included) and sums the ranks' slots from its own memory, in
-// rank order: the same bits as gemv_f32 + all_reduce_add_f32, one remote read round trip less.
+// rank order: the same bits as reading every rank's part over NVLink after the projection, one
+// remote read round trip less.
 // The halves alternate between calls as for the other kernels.
 struct YPush {
     static constexpr bool PAIRED = false;
@@ -154,67 +143,4 @@ all_reduce_add_local(const float *recv, const unsigned long long *__restrict__ f
         for (int p = 0; p < ranks; ++p) s += __ldcv(got + (size_t)p * n + i);
         res[i] = to_bf(to_f(res[i]) + s);
     }
-}
-
-// ---- the projections after an all-reduce, asking L2 for their weights first -----------------
-// Under PDL the projection after an all-reduce starts while the all-reduce waits on the other
-// ranks, and gemv.cuh loads each warp's first unit of W before its own wait: the first
-// GEMV_WARPS * GEMV_UNIT elements of each of the block's rows. With `prefetch`, warp 0 also asks
-// L2 for the rest of each row (cp.async.bulk.prefetch.L2, no registers held), so the blocks
-// resident during the wait stream their whole slice of W then, not after it.
-__device__ __forceinline__ void prefetch_row(const bf16 *row, int K) {
-    const int k0 = min(K, GEMV_WARPS * GEMV_UNIT);
-    if (k0 < K)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + k0), "r"((K - k0) * 2) : "memory");
-}
-
-// norm_gemv_rope_append (gemv.cu), the qkv projection after decode's down all-reduce, with the
-// prefetch of its 16 rows (8 rope pairs) when `prefetch`.
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
-norm_gemv_rope_append_pf(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
-                         const bf16 *__restrict__ W, bf16 *__restrict__ y, char *__restrict__ kv_state,
-                         const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
-                         const int *__restrict__ pos, const float *__restrict__ table, int pages_per_seq,
-                         int rows, int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads,
-                         int head_dim, int page_tokens, int N, int K, float eps, int prefetch) {
-    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
-                       page_tokens};
-    const YRopeAppend ys{y, pos, table, app, n_q_heads, n_kv_heads, head_dim};
-    int w0, w1;
-    if (prefetch && threadIdx.x < 16 && ys.wrows(blockIdx.x, threadIdx.x & 7, N, w0, w1))
-        prefetch_row(W + (size_t)(threadIdx.x < 8 ? w0 : w1) * K, K);
-    gemv(XNorm{res, nw, eps}, W, ys, rows, N, K);
-}
-
-// ---- the split's gate/up projection on narrower tiles (decode) -------------------------------
-// norm_gemv_swiglu (gemv.cu) with 4 outputs a block instead of 8: mma rows g < 4 are gate rows
-// 4t + g, rows g + 8 their up rows, rows 4..7 and 12..15 empty (no loads). A rank's slice of the
-// intermediate width makes few blocks: Llama-3.1-8B's 14336 / 2 = 7168 outputs are 896 blocks
-// of 8, 3.4 waves of the 264 an H200 holds, the last one 40% full (the gemv ran at 3.0 TB/s
-// against 3.6 unsplit); 1792 blocks of 4 are 6.8 waves. Same sums, same bits: a block's sums
-// are formed in the same order whatever its width. Grid ceil_div(N, 4).
-struct YSwiGLU4 {
-    static constexpr bool PAIRED = true;
-    bf16 *act;
-    __device__ bool wrows(int tile, int g, int N, int &w0, int &w1) const {
-        w0 = 4 * tile + g;
-        w1 = N + w0;
-        return g < 4 && w0 < N;
-    }
-    __device__ void put(int r, int tile, int g, int N, float gate, float up) const {
-        const float gs = rbf(gate);
-        act[(size_t)r * N + 4 * tile + g] = to_bf(rbf(gs / (1.f + expf(-gs))) * rbf(up));
-    }
-};
-
-// The gate/up projection follows decode's o all-reduce: with `prefetch`, its 8 rows' rest
-// asked of L2 first (see prefetch_row).
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
-norm_gemv_swiglu4(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
-                  bf16 *__restrict__ act, int rows, int N, int K, float eps, int prefetch) {
-    int w0, w1;
-    const YSwiGLU4 ys{act};
-    if (prefetch && threadIdx.x < 8 && ys.wrows(blockIdx.x, threadIdx.x & 3, N, w0, w1))
-        prefetch_row(W + (size_t)(threadIdx.x < 4 ? w0 : w1) * K, K);
-    gemv(XNorm{res, nw, eps}, W, ys, rows, N, K);
 }

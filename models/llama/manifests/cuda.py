@@ -10,9 +10,9 @@ manifest span by span against the cpu reference of the same model."""
 
 from __future__ import annotations
 
-from .config import ConfigError, Shape
-from .cuda import table
-from .manifest_cpu import PAGE_TOKENS, _buf, b, context_of, sampling_inputs, v, weight_buffers
+from ..config import ConfigError, Shape
+from ..kernels.cuda import table
+from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
 
 BF = "bf16"
 # Context split of decode attention: a sequence's context is spread over blocks of one tile
@@ -184,7 +184,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
                           f"(larger batches step through the prefill program, up to prefill_seqs)")
     context = context_of(s, context, MAX_CONTEXT)
     pages = {"ceil_div": ["context", "page_tokens"]}
-    buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
+    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
@@ -195,31 +195,31 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
                               ("decode_wide", "wide_seqs", "wide_seqs")):
         p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_"}[prog]
         decode = prog != "prefill"
-        bw = lambda shape, kind="workspace", dtype=BF, **kw: _buf(shape, kind, dtype, **kw)
+        bw = lambda shape, kind="workspace", dtype=BF, **kw: buf(shape, kind, dtype, **kw)
         buffers.update({
-            p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
-            p + "pos": _buf([rows], "input", "i32", fill="position",
+            p + "pos": buf([rows], "input", "i32", fill="position",
                             domain={"range": [0, "reach" if decode else "context"]}),
-            p + "cu_seqlens": _buf([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
+            p + "cu_seqlens": buf([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
                                    domain={"range": [0, {"add": [rows, 1]}]}),
-            p + "page_table": _buf([gseqs, pages], "input", "i32",
+            p + "page_table": buf([gseqs, pages], "input", "i32",
                                    domain={"index_into": "kv", "stride": "page_tokens"}),
             p + "x": bw([rows, "hidden"]), p + "h": bw([rows, "hidden"]), p + "qkv": bw([rows, "qkv_dim"]),
             p + "attn": bw([rows, "q_dim"]), p + "attn_out": bw([rows, "hidden"]),
             p + "gate_up": bw([rows, {"mul": [2, "inter"]}]), p + "act": bw([rows, "inter"]),
             p + "mlp_out": bw([rows, "hidden"]),
-            p + "logits": _buf([gseqs, "vocab"], "output", "f32", fill="logits"),
+            p + "logits": buf([gseqs, "vocab"], "output", "f32", fill="logits"),
             p + "argmax_val": bw([gseqs, ARGMAX_CHUNKS], dtype="f32"),
             p + "argmax_idx": bw([gseqs, ARGMAX_CHUNKS], dtype="i32"),
-            p + "next": _buf([gseqs], "output", "i32", fill="tokens"),
+            p + "next": buf([gseqs], "output", "i32", fill="tokens"),
             **sampling_inputs(p, gseqs),
         })
         if decode:
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = _buf([rows, "kv_heads"], "carry", "i32")
+            buffers[p + "sem"] = buf([rows, "kv_heads"], "carry", "i32")
         if prog == "decode":
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _decode_calls

@@ -6,52 +6,10 @@ sequence's last row) and `decode` (one row per sequence)."""
 
 from __future__ import annotations
 
-from .config import ConfigError, Shape
+from ..config import Shape
+from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
 
-PAGE_TOKENS = 16
 F = "f32"
-
-
-def _buf(shape, kind="workspace", dtype=F, **kw):
-    return {"kind": kind, "dtype": dtype, "shape": shape, **kw}
-
-
-def _w(shape, *tensors):
-    return _buf(shape, "weight", bind=[{"tensor": t} for t in tensors])
-
-
-def weight_buffers(s: Shape, dtype: str) -> dict:
-    """Every checkpoint tensor as a weight buffer of dtype: q/k/v fused into one, gate/up into
-    one, the LM head on the embedding table when tied."""
-    def w(shape, *tensors):
-        return {**_w(shape, *tensors), "dtype": dtype}
-
-    out = {
-        "embed": w(["vocab", "hidden"], "model.embed_tokens.weight"),
-        "final_norm": w(["hidden"], "model.norm.weight"),
-        "lm_head": w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
-    }
-    for l in range(s.layers):
-        pre = f"model.layers.{l}."
-        out[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")
-        out[f"ln2.{l}"] = w(["hidden"], pre + "post_attention_layernorm.weight")
-        out[f"qkv_w.{l}"] = w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
-        out[f"o_w.{l}"] = w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
-        out[f"gate_up_w.{l}"] = w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
-                                  pre + "mlp.up_proj.weight")
-        out[f"down_w.{l}"] = w(["hidden", "inter"], pre + "mlp.down_proj.weight")
-        if s.qk_norm:
-            out[f"q_norm.{l}"] = w(["head_dim"], pre + "self_attn.q_norm.weight")
-            out[f"k_norm.{l}"] = w(["head_dim"], pre + "self_attn.k_norm.weight")
-    return out
-
-
-def b(name):
-    return {"buf": name}
-
-
-def v(x):
-    return {"value": x}
 
 
 def ops_cpu() -> dict:
@@ -87,29 +45,11 @@ def ops_cpu() -> dict:
     return {name: op(*params, name=name) for name, params in table.items()}
 
 
-def sampling_inputs(p: str, groups) -> dict:
-    """Each sequence's temperature (0: greedy) and the 64-bit key of its draw, as two i32."""
-    return {p + "temperature": _buf([groups], "input", "f32", fill="temperature"),
-            p + "rng": _buf([groups, 2], "input", "i32", fill="rng")}
-
-
-def context_of(s: Shape, context: int | None, limit: int | None = None) -> int:
-    """The context bound of a manifest: the model's max_position_embeddings (clipped to the
-    kernels' limit) unless given; a given one must be within both."""
-    top = min(s.max_pos, limit) if limit else s.max_pos
-    if context is None:
-        return top
-    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= top:
-        why = f"max_position_embeddings {s.max_pos}" + (f", the kernels {limit}" if limit else "")
-        raise ConfigError(f"context {context!r}: must be an integer in [1, {top}] ({why})")
-    return context
-
-
 def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
     context = context_of(s, context)
     pages = {"ceil_div": ["context", "page_tokens"]}
     qkv_dim = s.q_dim + 2 * s.kv_dim
-    buffers: dict = {"rope": _buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
+    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
@@ -119,28 +59,28 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
         p = prog[0] + "_"
         decode = prog == "decode"
         buffers.update({
-            p + "ids": _buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
-            p + "pos": _buf([rows], "input", "i32", fill="position",
+            p + "pos": buf([rows], "input", "i32", fill="position",
                             domain={"range": [0, "reach" if prog == "decode" else "context"]}),
-            p + "page_table": _buf(["seqs", pages], "input", "i32",
+            p + "page_table": buf(["seqs", pages], "input", "i32",
                                    domain={"index_into": "kv", "stride": "page_tokens"}),
-            p + "x": _buf([rows, "hidden"]),
-            p + "h": _buf([rows, "hidden"]),
-            p + "qkv": _buf([rows, "qkv_dim"]),
-            p + "attn": _buf([rows, "q_dim"]),
-            p + "attn_out": _buf([rows, "hidden"]),
-            p + "gate_up": _buf([rows, {"mul": [2, "inter"]}]),
-            p + "act": _buf([rows, "inter"]),
-            p + "mlp_out": _buf([rows, "hidden"]),
-            p + "logits": _buf(["seqs", "vocab"], "output", fill="logits"),
-            p + "next": _buf(["seqs"], "output", "i32", fill="tokens"),
+            p + "x": buf([rows, "hidden"]),
+            p + "h": buf([rows, "hidden"]),
+            p + "qkv": buf([rows, "qkv_dim"]),
+            p + "attn": buf([rows, "q_dim"]),
+            p + "attn_out": buf([rows, "hidden"]),
+            p + "gate_up": buf([rows, {"mul": [2, "inter"]}]),
+            p + "act": buf([rows, "inter"]),
+            p + "mlp_out": buf([rows, "hidden"]),
+            p + "logits": buf(["seqs", "vocab"], "output", fill="logits"),
+            p + "next": buf(["seqs"], "output", "i32", fill="tokens"),
             **sampling_inputs(p, "seqs"),
         })
         if not decode:
-            buffers[p + "cu_seqlens"] = _buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
+            buffers[p + "cu_seqlens"] = buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
                                              domain={"range": [0, {"add": ["tokens", 1]}]})
-            buffers[p + "last"] = _buf(["seqs", "hidden"])
+            buffers[p + "last"] = buf(["seqs", "hidden"])
         attn_scalars = lambda l: [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens")]
         kv = {"state": "kv"}
         calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x")]}]

@@ -16,8 +16,8 @@ occupancy API says cannot be co-resident, which is what keeps the grid barrier f
 from __future__ import annotations
 
 from ..config import ConfigError, Shape
-from ..manifest_cpu import _buf, b, v
-from .. import manifest_cuda
+from . import cuda as manifest_cuda
+from .common import b, buf, v
 
 SMS = 132             # H100 / H200 SXM multiprocessors: one block each
 THREADS = 256         # mega.cu MEGA_THREADS
@@ -84,7 +84,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
     if m["vars"]["seqs"]["max"] > MAX_SEQS:
         raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
     bufs = m["buffers"]
-    bw = lambda shape, dtype="bf16": _buf(shape, "workspace", dtype)
+    bw = lambda shape, dtype="bf16": buf(shape, "workspace", dtype)
     per_layer = LAYER_WEIGHTS + (QK_WEIGHTS if s.qk_norm else ())
     entries = [f"{w}.{l}" for l in range(s.layers) for w in per_layer] + list(GLOBAL_WEIGHTS)
     bufs.update({
@@ -94,11 +94,11 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         # attention's split partials; sem counts a (row, kv head)'s splits, zero between phases
         "mega_part_o": bw([MAX_ROWS, "heads", MAX_SPLITS, "head_dim"], "f32"),
         "mega_part_ml": bw([MAX_ROWS, "heads", MAX_SPLITS, 2], "f32"),
-        "mega_sem": _buf([MAX_ROWS, "kv_heads"], "carry", "i32"),
+        "mega_sem": buf([MAX_ROWS, "kv_heads"], "carry", "i32"),
         # each block's maximum of each row's logits
         "mega_argmax_val": bw([MAX_SEQS, sms], "f32"), "mega_argmax_idx": bw([MAX_SEQS, sms], "i32"),
         # the grid barrier's arrival and leaving counters: zero at load, zero again after every launch
-        "mega_bar": _buf([2], "carry", "u32"),
+        "mega_bar": buf([2], "carry", "u32"),
     })
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
     total = n_phases(s.layers, s.qk_norm)
@@ -116,13 +116,13 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
                       "new_tokens": {"max": context_max}})
     pages = {"ceil_div": ["context", "page_tokens"]}
     bufs.update({
-        "g_ids": _buf(["gen_rows"], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-        "g_pos": _buf(["gen_rows"], "input", "i32", fill="position", domain={"range": [0, "context"]}),
-        "g_cu_seqlens": _buf([{"add": ["gen_seqs", 1]}], "input", "i32", fill="cu_seqlens",
+        "g_ids": buf(["gen_rows"], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+        "g_pos": buf(["gen_rows"], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+        "g_cu_seqlens": buf([{"add": ["gen_seqs", 1]}], "input", "i32", fill="cu_seqlens",
                              domain={"range": [0, {"add": ["gen_rows", 1]}]}),
-        "g_page_table": _buf(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
-        "g_tokens": _buf(["gen_seqs", "new_tokens"], "output", "i32", fill="tokens"),
-        "g_logits": _buf(["gen_seqs", "vocab"], "output", "f32", fill="logits"),
+        "g_page_table": buf(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
+        "g_tokens": buf(["gen_seqs", "new_tokens"], "output", "i32", fill="tokens"),
+        "g_logits": buf(["gen_seqs", "vocab"], "output", "f32", fill="logits"),
     })
     m["programs"]["generate"] = {"calls": [_call(s, "gen_seqs", "g_tokens", "g_logits", MAX_CHUNK,
                                                  "new_tokens", 1 << 30, 0, total, ids="g_ids", pos="g_pos", cu="g_cu_seqlens",

@@ -11,12 +11,10 @@ nothing but the all-reduces and the logits' all-gather crosses between GPUs).
 The transform is data: constants (heads, kv_heads, inter become a rank's), bind segments with
 row / column ranges, and each fan-in projection followed by an all-reduce call. The all-reduce
 a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES (2 MiB) the
-peer-memory kernel after the projection (collectives/allreduce.cu: one barrier; on cuda decode
+peer-memory kernel after the projection (kernels/cuda/allreduce.cu: one barrier; on cuda decode
 the projection pushes its part into every rank's buffer and the all-reduce sums them locally,
 elsewhere the all-reduce reads every rank's part over NVLink), past it NCCL (the runtime's
-extern call). Decode's qkv projection on cuda is allreduce.cu's variant of the gemv kernel that
-asks L2 for its weights while the all-reduce before it waits (and, measured and not kept, a
-gate/up projection on narrow blocks). The cpu target always uses the peer kernel
+extern call). The cpu target always uses the peer kernel
 (cpu/collectives.py): the cpu device runs ranks as threads of one process, and the kernel's
 barrier and peer reads are the GPU kernel's, in numpy.
 
@@ -27,20 +25,17 @@ in place on every rank before sampling, so every rank still samples the same tok
 from __future__ import annotations
 
 import copy
-import hashlib
 import shutil
 from pathlib import Path
 
-from .config import ConfigError, Shape
-from .cuda import build
+from kern_models.common.cubins import sha256_of
+
+from ..config import ConfigError, Shape
+from ..kernels.cuda import CUBINS
 
 PEER_MAX_BYTES = 2 << 20
 AR_BLOCKS_CUDA = 16  # blocks of the peer kernel: each owns a barrier slot (flags, epoch) and a stripe
 AR_THREADS = 512
-# Below this many gate/up blocks of 8 outputs (about 4 waves of the 264 gemv blocks an H100 /
-# H200 holds) the last wave's emptiness costs: a rank's gate/up takes blocks of 4
-# (norm_gemv_swiglu4)
-NARROW_BELOW = 1024
 TP_GROUP = "tp"
 
 # the checkpoint tensors a rank keeps a slice of: (axis, which part of the fused buffer's rows)
@@ -62,20 +57,14 @@ def check(s: Shape, ranks: int) -> None:
         raise ConfigError(f"tp {ranks}: " + "; ".join(problems))
 
 
-def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool = True,
-          narrow: bool = False, prefetch: bool = False) -> dict:
-    """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifest_cpu or
-    manifest_cuda for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
+def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True) -> dict:
+    """Rank `rank`'s manifest of a `ranks`-way split of `m` (a manifest of manifests/cpu.py or
+    manifests/cuda.py for shape `s`; not changed). pdl (cuda): decode's fan-in projections and
     peer all-reduces take programmatic dependent launch, as the rest of the decode chain: the
     projection streams its weights while attention finishes, the next one while the all-reduce
-    waits on the other ranks (allreduce.cu). push (cuda): decode's fan-in projections store
-    their parts into every rank's buffer (gemv_push) and the all-reduce reads them locally
-    (all_reduce_add_local), else each all-reduce reads the other ranks' parts over NVLink.
-    narrow (cuda, measured and not kept: off by default): decode's gate/up projection on blocks
-    of 4 outputs instead of 8 (norm_gemv_swiglu4) where the rank's slice of the intermediate
-    width makes few blocks (NARROW_BELOW); on the H200 it took 56 us a call against 36.
-    prefetch (cuda): the projections after decode's all-reduces (qkv; gate/up when narrow) ask
-    L2 for their weights while the all-reduce waits on the other ranks."""
+    waits on the other ranks (allreduce.cu). Decode's fan-in projections on cuda store their
+    parts into every rank's buffer (gemv_push) and the all-reduce sums them from local memory
+    (all_reduce_add_local)."""
     check(s, ranks)
     m = copy.deepcopy(m)
     per = {"q": s.heads // ranks * s.head_dim, "kv": s.kv_heads // ranks * s.head_dim, "inter": s.inter // ranks}
@@ -109,13 +98,6 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool
         rows_max = m["vars"][rows]["max"]
         calls, k = [], 0
         for call in prog["calls"]:
-            if cuda and narrow and call["op"] == "norm_gemv_swiglu" and per["inter"] // 8 < NARROW_BELOW:
-                call = {"op": "norm_gemv_swiglu4", "args": [*call["args"], {"value": int(prefetch)}]}
-                ops.setdefault("norm_gemv_swiglu4", _variant(ops["norm_gemv_swiglu"], "norm_gemv_swiglu4", 4))
-            if cuda and prefetch and call["op"] == "norm_gemv_rope_append" and name == "decode":
-                call = {"op": "norm_gemv_rope_append_pf", "args": [*call["args"], {"value": 1}]}
-                ops.setdefault("norm_gemv_rope_append_pf",
-                               _variant(ops["norm_gemv_rope_append"], "norm_gemv_rope_append_pf", None))
             if head and any(a.get("buf") == HEAD for a in call["args"]):
                 calls += _gathered(m, ops, name, call, cuda, ranks, rank, pdl)
                 continue
@@ -123,7 +105,7 @@ def shard(m: dict, s: Shape, ranks: int, rank: int, pdl: bool = True, push: bool
             if w is None:
                 calls.append(call)
                 continue
-            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl, push)
+            calls += _all_reduced(m, ops, name, call, rows, rows_max, k, cuda, ranks, rank, pdl)
             k += 1
         prog["calls"] = calls
     used = {c["op"] for prog in m["programs"].values() for c in prog["calls"]}
@@ -187,7 +169,7 @@ def _fan_in_weight(call: dict) -> str | None:
 
 
 def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max: int, k: int, cuda: bool,
-                 ranks: int, rank: int, pdl: bool, push: bool) -> list[dict]:
+                 ranks: int, rank: int, pdl: bool) -> list[dict]:
     """A fan-in projection followed by the all-reduce that sums its output over the ranks.
 
     Peer path: the projection writes its part into half k % 2 of the program's exported part
@@ -195,7 +177,7 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     cuda prefill `gemm`) or adds the sum into the residual (cuda decode `gemv_residual`). Two
     halves, used in turn, let one barrier an all-reduce suffice: a rank writes a half again only
     after every rank has passed the next all-reduce's barrier, so every rank has finished
-    reading it. Pushed (cuda decode, push): the projection stores its part into slot `rank` of
+    reading it. Pushed (cuda decode): the projection stores its part into slot `rank` of
     every rank's buffer and the all-reduce sums the slots from local memory (_pushed). NCCL path
     (cuda, large messages): the projection as it was, then an in-place all-reduce of its output."""
     op = call["op"]
@@ -210,7 +192,7 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             "params": ["x: inout buffer<bf16>", "n: i32"],
             "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
-    if cuda and residual and push:
+    if cuda and residual:
         return _pushed(m, ops, prog, call, rows, k, ranks, rank, pdl)
     part = f"ar_part.{prog}"
     m["buffers"][part] = {"kind": "workspace", "dtype": part_dtype, "shape": [2, rows, "hidden"]}
@@ -224,30 +206,9 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
         ops.setdefault("all_reduce", _op("collectives", "all_reduce_sum", "y: out buffer<f32>", 1, 1))
         return [{**call, "args": [a[0], a[1], view]},
                 {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
-    if residual:
-        ops.setdefault("gemv_part", _gemv_f32(pdl))
-        ops.setdefault("all_reduce_add", _op("allreduce", "all_reduce_add_f32", "res: inout buffer<bf16>", "ar_blocks",
-                                             AR_THREADS, pdl))
-        x, w = a[0], a[1]
-        return [{"op": "gemv_part", "args": [x, w, view, *a[3:]]},
-                {"op": "all_reduce_add", "args": [*barrier, a[2], *scalars]}]
     ops.setdefault("all_reduce", _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS))
     return [{**call, "args": [a[0], a[1], view, *a[3:]]},
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
-
-
-def _variant(op: dict, entry: str, cols: int | None) -> dict:
-    """A gemv op of gemv.cu on its variant `entry` of allreduce.cu: the same parameters and one
-    more, prefetch (i32); cols: outputs a block, when not the original's."""
-    op = copy.deepcopy(op)
-    (la,) = op["impl"]["launches"]
-    la.update(module="allreduce", entry=entry)
-    if cols is not None:
-        la["grid"] = [{"ceil_div": ["N", cols]}]
-    op["params"] = [*op["params"], "prefetch: i32"]
-    if "args" in la:
-        la["args"] = [*la["args"], "prefetch"]
-    return op
 
 
 def _pushed(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int,
@@ -287,60 +248,16 @@ def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,
             "impl": {"launches": [launch]}}
 
 
-def _gemv_f32(pdl: bool) -> dict:
-    """gemv_f32 (y = x @ W^T in fp32) as decode's fan-in projection: under PDL it streams its
-    weights before its wait, as gemv_residual does in the unsplit chain."""
-    from .cuda import table
-
-    op = copy.deepcopy(table.ops()["gemv_logits"])
-    if pdl:
-        op["impl"]["launches"][0]["pdl"] = True
-    return op
-
-
 # ---- the modules a split adds --------------------------------------------------------------
 
-HERE = Path(__file__).parent
-COLLECTIVES = HERE / "cuda" / "collectives"
-CPU_MODULE = HERE / "cpu" / "collectives.py"
-PIN = COLLECTIVES / "allreduce.cubin.sha256"
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def provide_cubin(out_dir: Path) -> str:
-    """allreduce.cubin into out_dir, its sha256: the shipped one when its pinned inputs are this
-    tree's (the same rule as the other cubins, cuda/build.py), else built with nvcc."""
-    src, shipped = COLLECTIVES / "allreduce.cu", COLLECTIVES / "allreduce.cubin"
-    digest, inputs = PIN.read_text().split()
-    f = build.flags()
-    if inputs.removeprefix("inputs=") == build.input_digest(src, f) and shipped.is_file() and _sha(shipped) == digest:
-        shutil.copyfile(shipped, out_dir / "allreduce.cubin")
-        return digest
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise ConfigError("allreduce.cubin: its sources differ from the pinned ones, and building it needs nvcc")
-    return _sha(build.compile_one(src, out_dir, nvcc, f))
-
-
-def record_cubin() -> str:
-    """Build allreduce.cubin with nvcc, ship it and pin it (python -m kern_models.llama.tp)."""
-    out = build.compile_one(COLLECTIVES / "allreduce.cu", COLLECTIVES, shutil.which("nvcc") or "nvcc", build.flags())
-    line = f"{_sha(out)}  inputs={build.input_digest(COLLECTIVES / 'allreduce.cu', build.flags())}\n"
-    PIN.write_text(line)
-    return line
+CPU_MODULE = Path(__file__).resolve().parents[1] / "kernels" / "cpu" / "collectives.py"
 
 
 def add_module(m: dict, kernels: Path) -> None:
     """The collectives module of a split manifest, copied (cpu) or provided (cuda) into kernels/."""
     if m["target"]["device"] == "cpu":
         shutil.copyfile(CPU_MODULE, kernels / "collectives.py")
-        m["modules"]["collectives"] = {"source": "kernels/collectives.py", "sha256": _sha(kernels / "collectives.py")}
+        m["modules"]["collectives"] = {"source": "kernels/collectives.py", "sha256": sha256_of(kernels / "collectives.py")}
     elif any(la.get("module") == "allreduce" for op in m["ops"].values() for la in op["impl"]["launches"]):
-        m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": provide_cubin(kernels)}
-
-
-if __name__ == "__main__":
-    print(record_cubin(), end="")
+        (digest,) = CUBINS.provide(kernels, ["allreduce.cubin"]).values()
+        m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": digest}

@@ -104,9 +104,6 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     };
     load_tile(t0, min(TT, t1 - t0), 0);
     pdl_wait();
-#ifdef DEC_LATE_TRIGGER
-    pdl_launch_dependents();
-#endif
     load_tile(t0, min(TT, t1 - t0), 1);
 
     for (int tb = t0; tb < t1; tb += TT) {
@@ -255,9 +252,7 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     // This kernel waits (in attend_decode, once its first tile's older K/V rows are on their way)
     // before it reads q or writes anything, so the chain's order holds: the o projection's wait
     // returns after this kernel, which finished after the qkv projection.
-#ifndef DEC_LATE_TRIGGER  // variant: let it launch only after this kernel's wait
     pdl_launch_dependents();
-#endif
     const int r = blockIdx.x;
     if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \

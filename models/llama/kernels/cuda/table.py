@@ -1,7 +1,7 @@
 """The llama-family CUDA kernels, one typed table: every kernel a manifest launches, with its
 module, entry, parameters, grid, block and role under programmatic dependent launch.
 
-The manifest generator (manifest_cuda.py) emits its ops from this table, build.py passes TILES
+The manifest generator (manifest_cuda.py) emits its ops from this table, kern_models.common.cubins passes TILES
 to nvcc as -D defines (so a grid here and its kernel's tile are the same number), and
 tests/cuda/test_cuda_table.py checks every entry against the .cu sources: names and parameter
 types in order, and that every __global__ entry of the sources is launched by a manifest.
@@ -24,14 +24,6 @@ TILES = {
     "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
     "DEC_THREADS": 128,   # attention_decode: 4 warps
 }
-
-# Kernel variants that were measured and not kept, selectable by name (generate(...,
-# variant=...), bench/decode.py --variant): extra -D defines, built with nvcc (no shipped cubin).
-VARIANTS = {
-    "attention.late_trigger": ("-DDEC_LATE_TRIGGER",),  # attention_decode triggers after its wait
-    "gemv.residual_late": ("-DGEMV_RESIDUAL_LATE",),    # gemv_residual triggers after its wait
-}
-
 
 class Pdl(Enum):
     """How a kernel is launched and when it lets the next one start (common.cuh says why)."""
