@@ -19,7 +19,8 @@ from .generation.outputs import Delta
 from .generation.params import SamplingParams
 from .manifest import load_verified
 from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
-from .runtime.errors import BoundsError, KernError
+from .errors import KernError
+from .runtime.errors import BoundsError
 from .runtime.jsonfiles import read_object, token_ids
 from .registry import default_model, deployment_for
 from .tokenizer import Tokenizer

@@ -27,7 +27,8 @@ from .manifest.schema import Add, BufArg
 from .manifest.verify import Verified
 from .registry import deployment_for
 from .runtime.engine import Engine
-from .runtime.errors import BoundsError, KernError
+from .errors import KernError
+from .runtime.errors import BoundsError
 
 TARGET = "mega"  # the generator target of the one-kernel deployment
 

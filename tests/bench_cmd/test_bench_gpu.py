@@ -43,7 +43,7 @@ def test_bench_on_cuda_attributes_every_call_inside_the_program_and_passes_the_g
 
 
 def test_cut_sm90a_pipeline_is_bit_identical_on_the_gpu(ckpt, tmp_path):
-    from kern.cut_cmd import write_stages
+    from kern.commands.cut import write_stages
     from kern.harness.judge import Options
     from kern.harness.pipeline import judge_pipeline
 

@@ -102,7 +102,7 @@ def test_thin_logit_evidence_grows_the_workload_with_natural_prompts(smol_a, smo
 
 def test_pipeline_stages_pass(smol_a, smollm2, tmp_path):
     """kern cut's stages, run in sequence, against the uncut manifest: bit-identical."""
-    from kern.cut_cmd import write_stages
+    from kern.commands.cut import write_stages
     from kern.harness.pipeline import judge_pipeline
 
     write_stages(smol_a, 2, tmp_path / "stages")

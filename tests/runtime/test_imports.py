@@ -10,7 +10,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RUNTIME = SRC / "kern" / "runtime"
-BELOW = ("kern.manifest", "kern.pool", "kern.runtime")
+BELOW = ("kern.errors", "kern.manifest", "kern.pool", "kern.runtime")
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 
 
 class WorkloadError(KernError):

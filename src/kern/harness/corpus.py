@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 
 TEXT = """\
 The river ran low that summer, and the children of the village walked along its bed looking for

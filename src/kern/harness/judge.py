@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import KernError
 from ..manifest.protocol import derive
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
@@ -28,7 +29,7 @@ from .replay import SpanRun, free_run, replay
 from .verdict import GROWABLE, EndToEnd, Facts, Verdict, decide
 
 
-class HarnessError(RuntimeError):
+class HarnessError(KernError, RuntimeError):
     """The reference itself cannot be judged against (it does not verify or load)."""
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import KernError
 from .expr import evaluate
 from .schema import INPUT_ROLES, BufArg
 from .verify import Verified
@@ -15,7 +16,7 @@ from .verify import Verified
 REACH_MIN = 64  # the smallest reach bucket
 
 
-class ProtocolError(ValueError):
+class ProtocolError(KernError, ValueError):
     """The manifest cannot serve what was asked; names the program, var or role."""
 
 

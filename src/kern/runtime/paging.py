@@ -14,7 +14,7 @@ from ..manifest.expr import evaluate
 from ..manifest.verify import Verified
 from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
 from ..pool.plans import Plan
-from .errors import KernError
+from ..errors import KernError
 
 MIN_CHUNK = 2 << 20
 

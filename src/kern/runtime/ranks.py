@@ -29,7 +29,8 @@ from ..manifest import load_verified
 from ..manifest.verify import Verified
 from .device import Device
 from .engine import DEFAULT_STATE_BUDGET, Engine
-from .errors import DeviceError, KernError
+from ..errors import KernError
+from .errors import DeviceError
 
 
 class RankError(KernError):

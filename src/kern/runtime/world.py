@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import KernError
+from ..errors import KernError
 
 MEET_S = 300.0  # how long a rank waits for the others to arrive
 

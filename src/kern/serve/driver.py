@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..generation.params import SamplingParams
-from ..runtime.errors import KernError
+from ..errors import KernError
 from . import engine_process, wire
 
 STOP_TIMEOUT_S = 30.0  # for the engine process to finish its step and exit, before it is killed

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 from . import wire
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 from .app import make_app
 from .driver import Driver
 from .metrics import Metrics

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from functools import partial
 
-from ..manifest.problems import ManifestError
-from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
-from ..runtime.errors import KernError
+from .args import loop_options
+
+HELP = "an OpenAI-compatible HTTP server with a chat page (default: the embedded model)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    loop_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
 
 
 def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
-    from ..run_cmd import pick_target
+    from ..runtime.target import pick_target
 
     model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
@@ -30,13 +44,14 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
 
 
 def main(args) -> int:
-    from .server import serve_forever
+    from ..errors import KernError
+    from ..serve.server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
                         args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
-    except (KernError, ManifestError, CudaUnavailable) as exc:
+    except KernError as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly

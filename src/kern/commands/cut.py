@@ -3,19 +3,25 @@ pipeline.json that says how they chain (kern.runtime.pipeline runs them)."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from .manifest.cut import CutError, pipeline_doc, plan, stage_manifest
-from .manifest.problems import ManifestError
-from .manifest.verify import load_verified, verify_text
-from .runtime.errors import KernError
-from .say import manifest_line
-from .runtime.jsonfiles import read_object
-from .runtime.pipeline import PIPELINE_FILE
+from ..errors import KernError
+from .args import positive
+
+HELP = "slice a manifest into pipeline stages"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--stages", type=positive, required=True, metavar="N")
+    p.add_argument("--out", default=None, metavar="DIR", help="default: <manifest folder>.stages<N>")
+    p.add_argument("--times", default=None, metavar="BENCH_JSON",
+                   help="balance by kern bench times instead of weight bytes")
 
 
 def manifest_file(path: str | Path) -> Path:
@@ -25,6 +31,8 @@ def manifest_file(path: str | Path) -> Path:
 
 def read_times(path: str | Path, sha256: str) -> dict[str, list[float]]:
     """program -> time of each call (us): the scenarios' p50, weighted, summed, from kern bench JSON."""
+    from ..runtime.jsonfiles import read_object
+
     try:
         doc = read_object(Path(path))
     except KernError as exc:  # the flag is the place a user looks for
@@ -54,6 +62,10 @@ def _module_path(source: str, name: str) -> str | None:
 
 
 def write_stages(manifest: str | Path, stages: int, out: str | Path, times_path: str | None = None) -> list[str]:
+    from ..manifest.cut import pipeline_doc, plan, stage_manifest
+    from ..manifest.verify import load_verified, verify_text
+    from ..runtime.pipeline import PIPELINE_FILE
+
     path = manifest_file(manifest)
     v = load_verified(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -90,15 +102,14 @@ def write_stages(manifest: str | Path, stages: int, out: str | Path, times_path:
 
 
 def main(args) -> int:
+    from .say import failed
+    from ..runtime.pipeline import PIPELINE_FILE
+
     out = args.out or f"{manifest_file(args.manifest).parent.name}.stages{args.stages}"
     try:
         lines = write_stages(args.manifest, args.stages, out, args.times)
-    except ManifestError as exc:
-        print(f"kern cut: {manifest_line(exc)}", file=sys.stderr)
-        return 1
-    except (CutError, KernError) as exc:
-        print(f"kern cut: {exc}", file=sys.stderr)
-        return 1
+    except KernError as exc:
+        return failed("cut", exc)
     except OSError as exc:
         print(f"kern cut: {exc.filename or out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -5,20 +5,26 @@ entry points (a generator's rebuild(source, target) -> bytes | None); the engine
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
-from .manifest.problems import ManifestError
-from .manifest.verify import load_verified
-from .runtime.errors import KernError
-from .say import manifest_line
-from .runtime.modules import cache_dir
+from ..errors import KernError
+
+HELP = "list a manifest's modules; --rebuild checks their sha256 from source"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--rebuild", action="store_true", help="rebuild from source with the generator's build")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _where(source: str, sha256: str, base: Path) -> dict:
     """Where the module's bytes are and whether they hash to the pin."""
+    from ..runtime.modules import cache_dir
+
     if source.startswith(("https://", "hf:")):
         blob = cache_dir() / "blobs" / sha256
         ok = blob.is_file() and hashlib.sha256(blob.read_bytes()).hexdigest() == sha256
@@ -51,7 +57,7 @@ def listing(v) -> list[dict]:
 def rebuild(rows: list[dict], target: str) -> None:
     """Each row gains `rebuilt`: the generator that rebuilt it, the sha256 it built, and
     whether that is the pinned one (or why it could not be rebuilt)."""
-    from .registry import generators
+    from ..registry import generators
 
     gens = [g for g in generators() if hasattr(g, "rebuild")]
     for r in rows:
@@ -89,19 +95,20 @@ def _line(r: dict) -> list[str]:
 
 
 def main(args) -> int:
+    from .say import failed
+    from ..manifest.verify import load_verified
+
     try:
         v = load_verified(args.manifest)
-    except ManifestError as exc:
-        print(f"kern kernels: {manifest_line(exc)}", file=sys.stderr)
-        return 1
+    except KernError as exc:
+        return failed("kernels", exc)
     rows = listing(v)
     t = v.manifest.target
     if args.rebuild:
         try:
             rebuild(rows, t.arch or t.device)
         except KernError as exc:
-            print(f"kern kernels: {exc}", file=sys.stderr)
-            return 1
+            return failed("kernels", exc)
     if args.json:
         print(json.dumps({"manifest": str(args.manifest), "target": t.arch or t.device, "modules": rows}, indent=1))
     else:

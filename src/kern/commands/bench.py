@@ -3,18 +3,33 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from ..manifest.problems import ManifestError
-from ..say import manifest_line
-from ..runtime.errors import KernError
-from . import report
-from .workload import read
+from .args import memory, positive
+
+HELP = "price every call of a manifest on a workload of real shapes"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
+    p.add_argument("--workload", required=True, metavar="TOML", help="samples, seed and [[sweep]] shapes")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR", help="default: the embedded model")
+    p.add_argument("--isolate", action="store_true", help="also time each distinct call alone, cold and warm")
+    p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
+    p.add_argument("--samples", type=positive, default=None, help="override the workload's samples")
+    p.add_argument("--memory", type=memory, default=None,
+                   help="state (KV cache) budget, e.g. 2G (default: what the workload's largest shape needs)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
+    p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
+                   "needs matplotlib)")
 
 
 def _writable(flag: str, path: str) -> None:
+    from ..errors import KernError
+
     parent = Path(path).resolve().parent
     if not parent.is_dir():
         raise KernError(f"{flag} {path}: folder {parent} does not exist")
@@ -23,6 +38,8 @@ def _writable(flag: str, path: str) -> None:
 
 
 def _check_chart(path: str) -> None:
+    from ..errors import KernError
+
     _writable("--chart", path)
     if Path(path).suffix.lower() not in (".png", ".svg"):
         raise KernError(f"--chart {path}: give a .png or .svg file name")
@@ -34,7 +51,11 @@ def _check_chart(path: str) -> None:
 
 
 def main(args) -> int:
-    from .run import bench, bench_compare, manifest_file
+    from ..bench import report
+    from ..bench.run import bench, bench_compare, manifest_file
+    from ..bench.workload import read
+    from ..errors import KernError
+    from .say import failed
 
     to_stdout = args.json == "-"
     try:
@@ -56,12 +77,8 @@ def main(args) -> int:
         kw = {"isolate": args.isolate, "samples": args.samples, "memory": args.memory, "progress": not to_stdout}
         doc = (bench_compare(args.manifest, args.compare, weights, wl, **kw) if args.compare
                else bench(args.manifest, weights, wl, **kw))
-    except ManifestError as exc:
-        print(f"kern bench: {manifest_line(exc)}", file=sys.stderr)
-        return 1
     except KernError as exc:
-        print(f"kern bench: {exc}", file=sys.stderr)
-        return 1
+        return failed("bench", exc)
     text = json.dumps(doc, indent=1)
     if to_stdout:
         print(text)
