@@ -22,7 +22,7 @@ from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
 from .errors import KernError
 from .runtime.errors import BoundsError
 from .runtime.jsonfiles import read_object, token_ids
-from .registry import default_model, deployment_for
+from .deployments import default_model, deployment_for
 from .tokenizer import Tokenizer
 
 

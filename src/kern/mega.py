@@ -25,7 +25,7 @@ from .manifest.expr import evaluate
 from .manifest.protocol import derive
 from .manifest.schema import Add, BufArg
 from .manifest.verify import Verified
-from .registry import deployment_for
+from .deployments import deployment_for
 from .runtime.engine import Engine
 from .errors import KernError
 from .runtime.errors import BoundsError

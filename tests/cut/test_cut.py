@@ -1,5 +1,5 @@
 """kern cut: stages that verify, bind only their weights, and chain back to the uncut logits
-bit for bit (run through the harness's workload and verdict)."""
+bit for bit (run through kern test's script and verdict)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kern.cli import main
-from kern.harness.judge import Options
-from kern.harness.pipeline import judge_pipeline
+from kern.judge.judge import Options
+from kern.judge.pipeline import judge_pipeline
 from kern.manifest.cut import CutError, plan, stage_manifest
 from kern.manifest.verify import load_verified, verify_text
 
@@ -91,7 +91,7 @@ def test_more_stages_than_weights_is_refused(tiny_a):
 
 def test_the_sm90a_example_cuts_into_stages_that_verify(tmp_path):
     """No GPU needed to cut: the cubins are copied, the stages verified (the GPU run is in
-    tests/bench_cmd/test_bench_gpu.py)."""
+    tests/bench/test_bench_gpu.py)."""
     from pathlib import Path
 
     from kern.commands.cut import write_stages

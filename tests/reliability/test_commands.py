@@ -56,7 +56,7 @@ def test_kern_test_refuses_bad_flags(capsys, flags, says):
 
 def test_kern_test_keeps_an_explicit_zero(capsys, monkeypatch, tiny):
     """Seed 0, 0 decode steps (prefill only) and a KL limit of 0 reach the judge as given."""
-    from kern.harness import judge
+    from kern.judge import judge
 
     seen = []
     monkeypatch.setattr(judge, "judge", lambda a, b, w, opts, say: seen.append(opts) or 1 / 0)

@@ -53,7 +53,7 @@ def _check_chart(path: str) -> None:
 def main(args) -> int:
     from ..bench import report
     from ..bench.run import bench, bench_compare, manifest_file
-    from ..bench.workload import read
+    from ..bench.load import read
     from ..errors import KernError
     from .say import failed
 
@@ -69,7 +69,7 @@ def main(args) -> int:
             _check_chart(args.chart)
         weights = args.weights
         if weights is None:
-            from ..registry import default_model
+            from ..deployments import default_model
 
             weights = default_model(progress=not to_stdout)
         elif not Path(weights).is_dir():

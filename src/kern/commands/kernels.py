@@ -57,7 +57,7 @@ def listing(v) -> list[dict]:
 def rebuild(rows: list[dict], target: str) -> None:
     """Each row gains `rebuilt`: the generator that rebuilt it, the sha256 it built, and
     whether that is the pinned one (or why it could not be rebuilt)."""
-    from ..registry import generators
+    from ..deployments import generators
 
     gens = [g for g in generators() if hasattr(g, "rebuild")]
     for r in rows:

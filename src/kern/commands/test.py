@@ -31,13 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     from ..errors import KernError
-    from ..harness import judge as judging
-    from ..harness.judge import Options
+    from ..judge import judge as judging
+    from ..judge.judge import Options
     from ..runtime.pipeline import PIPELINE_FILE
 
     weights = args.weights
     if weights is None:
-        from ..registry import default_model  # the embedded default checkpoint (found by entry point)
+        from ..deployments import default_model  # the embedded default checkpoint (found by entry point)
 
         weights = default_model(progress=not args.json)
     d = Options()
@@ -48,7 +48,7 @@ def main(args) -> int:
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
         if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence
-            from ..harness.pipeline import judge_pipeline
+            from ..judge.pipeline import judge_pipeline
 
             report = judge_pipeline(args.reference, args.candidate, weights, opts, say)
         else:

@@ -1,7 +1,7 @@
 """The serving protocol, derived from a verified manifest: which program steps (groups, rows),
 which buffer carries which role, and which inputs are page tables into which paged state.
 
-kern run, kern serve and the harness drive the runtime only through this, never by names."""
+kern run, kern serve, kern test and kern bench drive the runtime only through this, never by names."""
 
 from __future__ import annotations
 

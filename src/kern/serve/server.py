@@ -19,7 +19,9 @@ from .metrics import Metrics
 
 
 @dataclass
-class Running:
+class LiveServer:
+    """A server started by start(): its URL, the engine process behind it, and close()."""
+
     url: str  # http://host:port, without /v1
     driver: Driver
     metrics: Metrics
@@ -48,7 +50,7 @@ def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str)
 
 
 def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-          log_level: str = "warning", timeout: float = 30.0) -> Running:
+          log_level: str = "warning", timeout: float = 30.0) -> LiveServer:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
@@ -63,7 +65,7 @@ def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int
             raise KernError(f"the server did not start listening on {host}:{port}")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
-    return Running(f"http://{host}:{bound}", driver, metrics, server, thread)
+    return LiveServer(f"http://{host}:{bound}", driver, metrics, server, thread)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
