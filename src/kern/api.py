@@ -18,7 +18,8 @@ from .generation.loop import Loop
 from .generation.outputs import Delta
 from .generation.params import SamplingParams
 from .manifest import load_verified
-from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
+from .runtime.engine import DEFAULT_STATE_BUDGET
+from .runtime.stepping import open_engine
 from .errors import KernError
 from .runtime.errors import BoundsError
 from .runtime.jsonfiles import read_object, token_ids
@@ -65,14 +66,8 @@ class Model:
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        if self.verified.manifest.topology.ranks > 1:  # a split deployment (docs/tensor-parallel.md)
-            from .runtime.ranks import load_split
-
-            self.engine = load_split(manifest, checkpoint, state_budget=state_budget, paged=True,
-                                     host_bytes=host_bytes)
-        else:
-            self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
-                                 state_budget=state_budget, paged=True, host_bytes=host_bytes)
+        self.engine = open_engine(self.verified, checkpoint, device=device, state_budget=state_budget, paged=True,
+                                  host_bytes=host_bytes)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
