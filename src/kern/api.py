@@ -48,8 +48,8 @@ class Generation:
 
 
 # Greedy decode steps a host wait where the device runs them as one launch: at 8 the host's
-# part of a step (the launch, the wait, the read) is paid once in 8 (docs/perf.md: +3-5% tok/s
-# on the H200); a stop token inside a run costs at most 7 steps' work that is thrown away.
+# part of a step (the launch, the wait, the read) is paid once in 8 (the gain: docs/perf.md); a
+# stop token inside a run costs at most 7 steps' work that is thrown away.
 RUN_AHEAD = 8
 
 

@@ -56,6 +56,13 @@ def memory(text: str) -> int:
     return int(n)
 
 
+def model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model a command loads (kern run, kern serve): a folder, or the embedded default."""
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+
+
 def loop_options(p: argparse.ArgumentParser) -> None:
     """The host loop's options, shared by kern run and kern serve."""
     p.add_argument("--context", type=positive, default=None,

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import loop_options, non_negative, non_negative_real, positive, utf8
+from .args import loop_options, model_arguments, non_negative, non_negative_real, positive, utf8
 
 HELP = "generate text with a model (default: the embedded model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
-                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
-    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    model_arguments(p)
     p.add_argument("--prompt", type=utf8, default="What is the capital of France?")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--max-tokens", type=positive, default=64)

@@ -6,15 +6,13 @@ import argparse
 import sys
 from functools import partial
 
-from .args import loop_options
+from .args import loop_options, model_arguments
 
 HELP = "an OpenAI-compatible HTTP server with a chat page (default: the embedded model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
-                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
-    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    model_arguments(p)
     p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
     loop_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
