@@ -1,0 +1,78 @@
+"""Seeded random-weight checkpoints in Hugging Face layout, at the shapes of real models.
+
+GPU runs use these instead of downloading weights: same tensor names, shapes and config as the
+real checkpoint, bf16 weights from transformers' own initializer under a fixed seed, and a
+word-level tokenizer.json over the vocabulary (token i is the word `w{i}`). Needs
+torch and transformers (test and benchmark dependencies, never the runtime's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAPES = {
+    "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    "qwen3-0.6b": dict(arch="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+                       tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "llama-3.2-1b": dict(arch="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+}
+# Shapes too large for the benches' default sweep (benchmarks/decode.py runs every SHAPES entry):
+# asked for by name (benchmarks/tp.py).
+LARGE = {
+    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+}
+
+
+def make(name: str, folder: str | Path, *, seed: int = 0, device: str = "cpu", max_positions: int = 8192) -> Path:
+    """Write a random checkpoint of shape `name` (a key of SHAPES or LARGE) into folder."""
+    save(model_of(name, seed=seed, device=device, max_positions=max_positions), folder)
+    return Path(folder)
+
+
+def save(model, folder: str | Path) -> None:
+    """A model of model_of() as a checkpoint folder, with its word tokenizer."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
+
+
+def model_of(name: str, *, seed: int = 0, device: str = "cpu", max_positions: int = 8192):
+    """The seeded random transformers model (bf16) of shape `name`, on `device`."""
+    import torch
+    import transformers
+
+    spec = dict({**SHAPES, **LARGE}[name])
+    arch = spec.pop("arch")
+    cls, cfg_cls = ((transformers.LlamaForCausalLM, transformers.LlamaConfig) if arch == "llama"
+                    else (transformers.Qwen3ForCausalLM, transformers.Qwen3Config))
+    cfg = cfg_cls(**spec, max_position_embeddings=max_positions)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = cls(cfg)
+        if arch == "qwen3":  # q/k norm weights start at one: make them matter
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                    layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        model = model.to(torch.bfloat16)
+    return model
+
+
+def word_tokenizer(vocab_size: int):
+    """A tokenizer.json for a random checkpoint, so that it can be run on text (kern run,
+    Model.generate): token i is the word `w{i}`, words are split on whitespace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok

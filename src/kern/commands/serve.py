@@ -1,0 +1,65 @@
+"""kern serve: load a model (the embedded default without one), warm it up, serve it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+
+from .args import loop_options, model_arguments, port
+
+HELP = "an OpenAI-compatible HTTP server with a chat page (default: the embedded model)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    model_arguments(p)
+    p.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="cpu or cuda (default: cuda when a GPU and the CUDA kernels are usable)")
+    loop_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=port, default=8000, help="TCP port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
+
+
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1):
+    """In the engine process: load, then capture every decode graph (never inside a request);
+    with `trace`, record the served steps to that file."""
+    from ..api import load
+    from ..runtime.target import pick_target
+
+    model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
+                 max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
+    loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
+    t0 = time.monotonic()
+    if loop.warm_up(progress=True):
+        mem = model.engine.device.memory()
+        free = f"; {mem[0] / 2**30:.1f} GiB of the device left free" if mem else ""
+        print(f"[kern] decode graphs captured in {time.monotonic() - t0:.1f} s{free}", file=sys.stderr)
+    if trace:  # after the warm-up: only served steps
+        from ..bench.trace import record
+
+        record(model.engine, trace)
+    return loop
+
+
+def main(args) -> int:
+    from ..errors import KernError
+    from ..serve.server import serve_forever
+
+    make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
+                        args.memory, args.trace, args.tp)
+    try:
+        # the model id a request gives: the served name, or the path exactly as given here
+        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
+                      aliases=(args.model,) if args.model else ())
+    except KernError as exc:
+        print(f"kern serve: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
+        print("[kern] stopped", file=sys.stderr)
+    except SystemExit as exc:  # SIGTERM exits 0 (a socket that cannot bind is a KernError, before the load)
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
