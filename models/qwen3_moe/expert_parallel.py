@@ -1,0 +1,114 @@
+"""Expert-parallel Qwen3-MoE manifests: one manifest a rank, made from the single-device one.
+
+The experts of every sparse layer split over the ranks of the `ep` group: rank r holds experts
+[r E/N, (r+1) E/N) (its `experts_*` buffers bind only their tensors). Everything else (the
+embedding, attention, norms, the router, the LM head) is whole on every rank, so every rank
+routes every row the same way and ends with the same logits. Each sparse layer's experts call
+is wrapped in two all-to-alls over peer buffers the manifest declares:
+
+  dispatch  row t goes from its home rank (t % N) to each rank that owns one of its experts,
+            into that rank's exported `recv` rows (then one barrier);
+  experts   each rank runs its own experts on the rows it received (the single device's
+            arithmetic: an expert's rows, in row order);
+  combine   each rank writes its (row, choice) outputs into every rank's exported `gathered`
+            buffer, crosses a barrier, and sums each row's choices with their weights in choice
+            order: every rank holds the whole MoE output, bit for bit the single device's.
+
+The barrier and peer writes are the collectives module's (the cpu device runs ranks as threads
+of one process, kern.runtime.ranks, so CI runs this end to end)."""
+
+from __future__ import annotations
+
+import copy
+
+from kern_models.llama import tp as tensor_parallel
+from kern_models.llama.config import ConfigError
+
+from .config import MoeShape
+from .sparse import expert_weights
+
+EP_GROUP = "ep"
+
+
+def check(s: MoeShape, ranks: int) -> None:
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError(f"ep {ranks!r}: must be a whole number >= 1")
+    if s.experts % ranks:
+        raise ConfigError(f"ep {ranks}: num_experts {s.experts} does not split over {ranks} ranks")
+
+
+def _barrier_op(entry: str, *params: str) -> dict:
+    return {"params": ["parts: in buffer<u64>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
+                       "epoch: inout buffer<u32>", *params],
+            "impl": {"launches": [{"module": "collectives", "entry": entry}]}}
+
+
+OPS_CPU = {
+    "ep_dispatch": _barrier_op("dispatch_rows", "x: in buffer<f32>", "ids: in buffer<i32>",
+                               "recv: out buffer<f32>", "rank: i32",
+                               "ranks: i32", "per_rank: i32"),
+    "ep_combine": _barrier_op("combine_rows", "y: in buffer<f32>", "ids: in buffer<i32>", "weights: in buffer<f32>",
+                              "out: out buffer<f32>", "rank: i32", "ranks: i32", "per_rank: i32"),
+}
+
+
+def shard(m: dict, s: MoeShape, ranks: int, rank: int) -> dict:
+    """Rank `rank`'s manifest of a `ranks`-way expert split of `m` (a single-device Qwen3-MoE
+    manifest of shape `s`; not changed)."""
+    check(s, ranks)
+    if m["target"]["device"] != "cpu":
+        raise ConfigError("ep: expert parallel is generated for the cpu target")
+    m = copy.deepcopy(m)
+    per = s.experts // ranks
+    dtype = m["buffers"]["embed"]["dtype"]
+    m["constants"].update(local_experts=per, ranks=ranks, ar_blocks=1)
+    for l, sparse in enumerate(s.sparse):
+        if sparse:
+            m["buffers"].update(expert_weights(s, l, dtype, rank * per, per))
+    m["buffers"].update({
+        "ar_flags": {"kind": "carry", "dtype": "u32", "shape": ["ar_blocks", "ranks"]},
+        "ar_flag_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": "ar_flags"},
+        "ar_epoch": {"kind": "carry", "dtype": "u32", "shape": ["ar_blocks"]},
+    })
+    m["ops"].update(OPS_CPU)
+    barrier = lambda part: [{"buf": part + "_peers"}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"},
+                            {"buf": "ar_epoch"}]
+    scalars = [{"value": rank}, {"value": ranks}, {"value": "local_experts"}]
+    for prog in m["programs"].values():
+        calls = []
+        for call in prog["calls"]:
+            a = call["args"]
+            if call["op"] == "moe_experts":
+                x, ids, y = a[0], a[1], a[4]
+                p = x["buf"].split("_", 1)[0] + "_"
+                rows = m["buffers"][x["buf"]]["shape"][0]
+                _exported(m, p + "recv", [rows, "hidden"])
+                calls.append({"op": "ep_dispatch", "args": [*barrier(p + "recv"), x, ids, {"buf": p + "recv"},
+                                                            *scalars]})
+                calls.append({**call, "args": [{"buf": p + "recv"}, ids, a[2], a[3], y,
+                                               {"value": rank * per}, {"value": "local_experts"}]})
+            elif call["op"] == "moe_combine":
+                y, w, out = a
+                p = y["buf"].split("_", 1)[0] + "_"
+                rows = m["buffers"][y["buf"]]["shape"][0]
+                ids = {"buf": p + "topk_ids"}
+                _exported(m, p + "gathered", [rows, "top_k", "hidden"])
+                calls.append({"op": "ep_combine", "args": [*barrier(p + "gathered"), y, ids, w, out, *scalars]})
+            else:
+                calls.append(call)
+        prog["calls"] = calls
+    m["ops"] = {n: op for n, op in m["ops"].items() if any(c["op"] == n for p in m["programs"].values()
+                                                           for c in p["calls"])}
+    m["topology"] = {"ranks": ranks, "rank": rank, "groups": {EP_GROUP: [list(range(ranks))]}}
+    return m
+
+
+def _exported(m: dict, name: str, shape: list) -> None:
+    """A workspace the other ranks write into, and its peer table (every rank's address of it)."""
+    m["buffers"][name] = {"kind": "workspace", "dtype": "f32", "shape": shape}
+    m["buffers"][name + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": name}
+
+
+def add_module(m: dict, kernels) -> None:
+    """The collectives module (the peer barrier and the row all-to-alls), as tensor parallel's."""
+    tensor_parallel.add_module(m, kernels)
