@@ -40,6 +40,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     max_position_embeddings, clipped to what the kernels support). variant: for cuda, a kernel
     variant of cuda/table.py (VARIANTS), built with nvcc."""
     shape = shape_of(config)
+    if limits.pop("ep", 1) != 1:
+        raise ConfigError(f"ep: {shape.arch} has no experts to split (expert parallel is for mixtures of experts)")
     model = model or config.get("_name_or_path") or shape.arch
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)

@@ -107,6 +107,9 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                    help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
     p.add_argument("--tp", type=_positive, default=1,
                    help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
+    p.add_argument("--ep", type=_positive, default=1,
+                   help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
+                        "a rank (default 1)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,14 +10,15 @@ from ..runtime.devices.cuda.errors import CudaUnavailable  # imports no CUDA
 from ..runtime.errors import KernError
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1):
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1,
+               ep: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
     from ..run_cmd import pick_target
 
     model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
-                 max_seqs=max_seqs, memory=memory, progress=True, tp=tp)
+                 max_seqs=max_seqs, memory=memory, progress=True, tp=tp, ep=ep)
     loop = model.loop
     loop.warm_up(progress=True)
     if trace:  # after the warm-up: only served steps
@@ -33,7 +34,7 @@ def main(args) -> int:
     from .server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp)
+                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp, args.ep)
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except (KernError, ManifestError, CudaUnavailable) as exc:
