@@ -14,8 +14,12 @@ from pathlib import Path, PurePosixPath
 from kern_models.llama.config import ConfigError
 from kern_models.llama.generator import GENERATOR as DENSE
 
-from . import expert_parallel, manifest_cpu
+from kern_models.llama.cuda.build import provide as provide_dense_cubins
+from kern_models.llama.cuda.table import ARCH
+
+from . import expert_parallel, manifest_cpu, manifest_cuda
 from .config import ARCHITECTURES, shape_of
+from .cuda import build as moe_build
 
 HERE = Path(__file__).parent
 CPU_MODULES = {"kernels": ("llama_cpu.py", HERE.parent / "llama" / "cpu" / "kernels.py"),
@@ -43,8 +47,16 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         for name, (file, src) in CPU_MODULES.items():
             shutil.copyfile(src, out / "kernels" / file)
             m["modules"][name] = {"source": f"kernels/{file}", "sha256": _sha(out / "kernels" / file)}
+    elif target in ("cuda", ARCH):
+        m = manifest_cuda.build(shape, model, context=context, **limits)
+        digests = provide_dense_cubins(out / "kernels")
+        digests["moe.cubin"] = moe_build.provide(out / "kernels")
+        for name, mod in m["modules"].items():
+            mod["sha256"] = digests[f"{name}.cubin"]
+        for stale in set(digests) - {f"{n}.cubin" for n in m["modules"]}:
+            (out / "kernels" / stale).unlink()
     else:
-        raise ConfigError(f"target {target!r}: this generator builds cpu")
+        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
     if ep != 1:
         expert_parallel.check(shape, ep)
         for rank in range(ep):
@@ -78,6 +90,8 @@ class _Generator:
             for file, src in CPU_MODULES.values():
                 if name == file:
                     return src.read_bytes()
+        if target == ARCH and name == "moe.cubin":
+            return moe_build.rebuild()
         return DENSE.rebuild(source, target)
 
 

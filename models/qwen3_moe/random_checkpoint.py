@@ -19,6 +19,11 @@ SHAPES = {
                           head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                           num_experts_per_tok=8, norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False,
                           rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # the GPU tests': the smallest the sm_90a kernels take (head_dim 64, widths multiples of 32)
+    "small": dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  intermediate_size=256, moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4,
+                  norm_topk_prob=True, mlp_only_layers=[1], vocab_size=512, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     # CI's: every feature of the family (a dense mlp_only layer, renormalized top-k) in a few ms a step
     "tiny": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                  intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
