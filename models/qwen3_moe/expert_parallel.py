@@ -25,6 +25,7 @@ from kern_models.llama import tp as tensor_parallel
 from kern_models.llama.config import ConfigError
 
 from .config import MoeShape
+from .cuda import table
 from .sparse import expert_weights
 
 EP_GROUP = "ep"
@@ -56,12 +57,11 @@ def shard(m: dict, s: MoeShape, ranks: int, rank: int) -> dict:
     """Rank `rank`'s manifest of a `ranks`-way expert split of `m` (a single-device Qwen3-MoE
     manifest of shape `s`; not changed)."""
     check(s, ranks)
-    if m["target"]["device"] != "cpu":
-        raise ConfigError("ep: expert parallel is generated for the cpu target")
     m = copy.deepcopy(m)
+    cuda = m["target"]["device"] == "cuda"
     per = s.experts // ranks
     dtype = m["buffers"]["embed"]["dtype"]
-    m["constants"].update(local_experts=per, ranks=ranks, ar_blocks=1)
+    m["constants"].update(local_experts=per, ranks=ranks, ar_blocks=tensor_parallel.AR_BLOCKS_CUDA if cuda else 1)
     for l, sparse in enumerate(s.sparse):
         if sparse:
             m["buffers"].update(expert_weights(s, l, dtype, rank * per, per))
@@ -70,9 +70,23 @@ def shard(m: dict, s: MoeShape, ranks: int, rank: int) -> dict:
         "ar_flag_peers": {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": "ar_flags"},
         "ar_epoch": {"kind": "carry", "dtype": "u32", "shape": ["ar_blocks"]},
     })
+    if cuda:
+        _shard_cuda(m, ranks, rank, per)
+    else:
+        _shard_cpu(m, ranks, rank, per)
+    m["ops"] = {n: op for n, op in m["ops"].items() if any(c["op"] == n for p in m["programs"].values()
+                                                           for c in p["calls"])}
+    m["topology"] = {"ranks": ranks, "rank": rank, "groups": {EP_GROUP: [list(range(ranks))]}}
+    return m
+
+
+def _barrier(part: str) -> list[dict]:
+    return [{"buf": part + "_peers"}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"}, {"buf": "ar_epoch"}]
+
+
+def _shard_cpu(m: dict, ranks: int, rank: int, per: int) -> None:
+    """dispatch, the rank's experts on the rows it received, combine: the two all-to-alls."""
     m["ops"].update(OPS_CPU)
-    barrier = lambda part: [{"buf": part + "_peers"}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"},
-                            {"buf": "ar_epoch"}]
     scalars = [{"value": rank}, {"value": ranks}, {"value": "local_experts"}]
     for prog in m["programs"].values():
         calls = []
@@ -82,8 +96,8 @@ def shard(m: dict, s: MoeShape, ranks: int, rank: int) -> dict:
                 x, ids, y = a[0], a[1], a[4]
                 p = x["buf"].split("_", 1)[0] + "_"
                 rows = m["buffers"][x["buf"]]["shape"][0]
-                _exported(m, p + "recv", [rows, "hidden"])
-                calls.append({"op": "ep_dispatch", "args": [*barrier(p + "recv"), x, ids, {"buf": p + "recv"},
+                _exported(m, p + "recv", [rows, "hidden"], "f32")
+                calls.append({"op": "ep_dispatch", "args": [*_barrier(p + "recv"), x, ids, {"buf": p + "recv"},
                                                             *scalars]})
                 calls.append({**call, "args": [{"buf": p + "recv"}, ids, a[2], a[3], y,
                                                {"value": rank * per}, {"value": "local_experts"}]})
@@ -92,23 +106,77 @@ def shard(m: dict, s: MoeShape, ranks: int, rank: int) -> dict:
                 p = y["buf"].split("_", 1)[0] + "_"
                 rows = m["buffers"][y["buf"]]["shape"][0]
                 ids = {"buf": p + "topk_ids"}
-                _exported(m, p + "gathered", [rows, "top_k", "hidden"])
-                calls.append({"op": "ep_combine", "args": [*barrier(p + "gathered"), y, ids, w, out, *scalars]})
+                _exported(m, p + "gathered", [rows, "top_k", "hidden"], "f32")
+                calls.append({"op": "ep_combine", "args": [*_barrier(p + "gathered"), y, ids, w, out, *scalars]})
             else:
                 calls.append(call)
         prog["calls"] = calls
-    m["ops"] = {n: op for n, op in m["ops"].items() if any(c["op"] == n for p in m["programs"].values()
-                                                           for c in p["calls"])}
-    m["topology"] = {"ranks": ranks, "rank": rank, "groups": {EP_GROUP: [list(range(ranks))]}}
-    return m
 
 
-def _exported(m: dict, name: str, shape: list) -> None:
-    """A workspace the other ranks write into, and its peer table (every rank's address of it)."""
-    m["buffers"][name] = {"kind": "workspace", "dtype": "f32", "shape": shape}
+def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
+    """On the GPUs every rank already holds every row (attention is whole on each), so rows need
+    no dispatch: each rank runs its experts on the rows routed to them (the MoE kernels' `first`
+    and `count`), and the combine is an all-reduce of the ranks' parts over NVLink peer buffers
+    (the tensor-parallel collectives: allreduce.cu) into the residual (narrow decode) or the MLP
+    output (wide decode), or NCCL's where a prefill's message is past the peer kernel's limit."""
+    ops = m["ops"]
+    params = {n: [p.split(":")[0] for p in op["params"]] for n, op in ops.items()}
+    ops.update({k: op for k, op in table.ops().items() if k in ("moe_gemv_down_part", "moe_combine_part")})
+    first, count = {"value": rank * per}, {"value": "local_experts"}
+    hidden = m["constants"]["hidden"]
+    for name, prog in m["programs"].items():
+        if prog.get("once"):
+            continue
+        batch = prog["batch"]
+        rows = batch["rows"] if isinstance(batch["rows"], str) else batch["groups"]
+        rows_max = m["vars"][rows]["max"]
+        n = {"mul": [rows, "hidden"]}
+        calls, k = [], 0
+        for call in prog["calls"]:
+            a = list(call["args"])
+            if "first" in params.get(call["op"], ()):
+                a[params[call["op"]].index("first")] = first
+                calls.append({**call, "args": a})
+                continue
+            if call["op"] not in ("moe_gemv_down_residual", "moe_combine"):
+                calls.append(call)
+                continue
+            p = a[0]["buf"].split("_", 1)[0] + "_"
+            offset = {"mul": [k % 2, rows, "hidden"]} if k % 2 else 0
+            scalars = [{"value": rank}, {"value": ranks}, {"value": offset}, {"value": n}]
+            if call["op"] == "moe_gemv_down_residual":  # act, ids, w, W, res, rows, top_k, hidden, inter
+                part = _exported(m, f"ep_part.{name}", [2, rows, "hidden"], "f32")
+                view = {"buf": part, "offset": offset, "shape": [rows, "hidden"]}
+                ops.setdefault("all_reduce_add", tensor_parallel._op(
+                    "allreduce", "all_reduce_add_f32", "res: inout buffer<bf16>", "ar_blocks", tensor_parallel.AR_THREADS))
+                calls += [{"op": "moe_gemv_down_part", "args": [*a[:4], view, *a[5:], first, count]},
+                          {"op": "all_reduce_add", "args": [*_barrier(part), a[4], *scalars]}]
+            else:  # moe_combine: y, pos, w, out, rows, top_k, hidden
+                y, pos, w, out = a[:4]
+                combine = lambda dst: {"op": "moe_combine_part", "args": [y, pos, {"buf": p + "topk_ids"}, w, dst,
+                                                                         *a[4:], first, count]}
+                if rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
+                    ops.setdefault("all_reduce_nccl", {"params": ["x: inout buffer<bf16>", "n: i32"], "impl": {
+                        "launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
+                    calls += [combine(out), {"op": "all_reduce_nccl", "args": [out, {"value": n}]}]
+                else:
+                    part = _exported(m, f"ep_part.{name}", [2, rows, "hidden"], "bf16")
+                    ops.setdefault("all_reduce", tensor_parallel._op(
+                        "allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", tensor_parallel.AR_THREADS))
+                    calls += [combine({"buf": part, "offset": offset, "shape": [rows, "hidden"]}),
+                              {"op": "all_reduce", "args": [*_barrier(part), out, *scalars]}]
+            k += 1
+        prog["calls"] = calls
+
+
+def _exported(m: dict, name: str, shape: list, dtype: str) -> str:
+    """A workspace the other ranks reach, and its peer table (every rank's address of it)."""
+    m["buffers"][name] = {"kind": "workspace", "dtype": dtype, "shape": shape}
     m["buffers"][name + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": name}
+    return name
 
 
 def add_module(m: dict, kernels) -> None:
-    """The collectives module (the peer barrier and the row all-to-alls), as tensor parallel's."""
+    """The collectives module (cpu: the peer barrier and the row all-to-alls; cuda: the peer
+    all-reduces), as tensor parallel's."""
     tensor_parallel.add_module(m, kernels)

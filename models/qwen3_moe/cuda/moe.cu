@@ -136,6 +136,29 @@ moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids
     }
 }
 
+// Expert parallel (one rank of an `ep` split holds experts first .. first + count - 1): part[r, n] =
+// the same sum over the row's choices held here only, in choice order, f32; an all-reduce of
+// the parts over the ranks then adds the whole into the residual (kern_models.qwen3_moe's
+// expert_parallel). Grid and block as moe_gemv_down_residual.
+extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
+moe_gemv_down_part(const bf16 *__restrict__ act, const int *__restrict__ ids, const float *__restrict__ weights,
+                   const bf16 *__restrict__ W, float *__restrict__ part, int rows, int top_k, int hidden, int inter,
+                   int first, int count) {
+    const int r = blockIdx.y;
+    if (r >= rows) return;
+    const int warp = threadIdx.x >> 5;
+    for (int n = blockIdx.x * MOE_COLS + warp * 2; n < min(hidden, blockIdx.x * MOE_COLS + warp * 2 + 2); ++n) {
+        float acc = 0.f;
+        for (int j = 0; j < top_k; ++j) {
+            const int pair = r * top_k + j, e = ids[pair] - first;
+            if (e < 0 || e >= count) continue;
+            const bf16 *w = W + ((size_t)e * hidden + n) * inter;
+            acc = fmaf(weights[pair], rbf(warp_dot(act + (size_t)pair * inter, w, inter)), acc);
+        }
+        if ((threadIdx.x & 31) == 0) part[(size_t)r * hidden + n] = acc;
+    }
+}
+
 // ---- wide decode and prefill: pairs grouped by expert ------------------------------------------
 // A stable counting sort of the n_pairs = rows * top_k pairs (pair = r * top_k + j) by expert:
 // sorted[s] = the pair at sorted position s (each expert's pairs in pair order), pos[pair] =
@@ -324,6 +347,23 @@ moe_combine(const float *__restrict__ y, const int *__restrict__ pos, const floa
     float acc = 0.f;
     for (int j = 0; j < top_k; ++j) {
         const int pair = r * top_k + j;
+        acc = fmaf(weights[pair], rbf(y[(size_t)pos[pair] * hidden + n]), acc);
+    }
+    out[(size_t)r * hidden + n] = to_bf(acc);
+}
+
+// moe_combine over the choices whose expert this rank holds (expert parallel: the other ranks'
+// parts are summed in by an all-reduce after it). Grid and block as moe_combine.
+extern "C" __global__ void __launch_bounds__(256)
+moe_combine_part(const float *__restrict__ y, const int *__restrict__ pos, const int *__restrict__ ids,
+                 const float *__restrict__ weights, bf16 *__restrict__ out, int rows, int top_k, int hidden,
+                 int first, int count) {
+    const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
+    if (r >= rows || n >= hidden) return;
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+        const int pair = r * top_k + j, e = ids[pair] - first;
+        if (e < 0 || e >= count) continue;
         acc = fmaf(weights[pair], rbf(y[(size_t)pos[pair] * hidden + n]), acc);
     }
     out[(size_t)r * hidden + n] = to_bf(acc);

@@ -31,6 +31,10 @@ KERNELS: tuple[Kernel, ...] = (
                                               _buf("res", direction="inout"),
                                               *_ints("rows", "top_k", "hidden", "inter")),
            ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
+    Kernel(MODULE, "moe_gemv_down_part", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
+                                          _buf("part", "f32", "out"),
+                                          *_ints("rows", "top_k", "hidden", "inter", "first", "count")),
+           ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
     Kernel(MODULE, "moe_sort", (_buf("ids", "i32"), _buf("sorted", "i32", "out"), _buf("pos", "i32", "out"),
                                 _buf("tiles", "i32", "out"), *_ints("n_pairs", "experts")), (1,), (1024,)),
     Kernel(MODULE, "moe_group_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
@@ -43,6 +47,10 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel(MODULE, "moe_combine", (_buf("y", "f32"), _buf("pos", "i32"), _buf("weights", "f32"),
                                    _buf("out", direction="out"), *_ints("rows", "top_k", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    Kernel(MODULE, "moe_combine_part", (_buf("y", "f32"), _buf("pos", "i32"), _buf("ids", "i32"),
+                                        _buf("weights", "f32"), _buf("out", direction="out"),
+                                        *_ints("rows", "top_k", "hidden", "first", "count")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 _TILED = ("max_tiles: i32",)  # a parameter only the grouped GEMMs' grid reads
@@ -51,7 +59,8 @@ OPS = {
     "moe_gemv_down_residual": Op(("moe_gemv_down_residual",)), "moe_sort": Op(("moe_sort",)),
     "moe_group_gate_up": Op(("moe_group_gate_up",), (*BY_ENTRY["moe_group_gate_up"].params, *_TILED)),
     "moe_group_down": Op(("moe_group_down",), (*BY_ENTRY["moe_group_down"].params, *_TILED)),
-    "moe_combine": Op(("moe_combine",)),
+    "moe_combine": Op(("moe_combine",)), "moe_gemv_down_part": Op(("moe_gemv_down_part",)),
+    "moe_combine_part": Op(("moe_combine_part",)),
 }
 
 
