@@ -3,7 +3,7 @@ Qwen3-30B-A3B shape (hidden 2048, 32 query / 4 KV heads of 128, 128 experts, 8 a
 width 768, vocabulary 151,936) at reduced depth as a seeded random checkpoint, parity against
 transformers, decode speed at batch 1 / 16 / 64.
 
-    python3 bench/moe_gpu.py [--layers 24] [--steps ckpt,kern] [--batch 1,16,64]
+    python3 bench/moe_gpu.py [--layers 24] [--steps ckpt,kern,ep] [--batch 1,16,64]
                              [--ckpt-timeout 270] [--kern-timeout 270]
 
 Steps, each a process of its own with its own timeout (faulthandler says where a hang sits):
@@ -11,6 +11,8 @@ Steps, each a process of its own with its own timeout (faulthandler says where a
         routing and next tokens are decisive) made on the GPU and saved to $MOE_CKPT; then, from
         the same weights, transformers eager's logits at every position of a few random
         sequences in bf16 and in fp32 (the bf16-vs-fp32 spread is the yardstick below).
+  ep    (two GPUs or more; skipped below) the kern step again on an EP=2 deployment: the
+        experts split over two GPUs, beside the kern step's EP=1 figures.
   kern  the sm_90a deployment: teacher-forced logits through the narrow decode program (gather
         gemv) and each sequence's prefill (grouped GEMMs) against transformers fp32: KL and
         argmax agreement where the fp32 top-1/top-2 margin is decisive, beside transformers'
@@ -89,8 +91,9 @@ def emit(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
 ckpt, batches, read_tb_s = Path(sys.argv[2]), [int(b) for b in sys.argv[3].split(",")], float(sys.argv[5])
 cfg = json.loads((ckpt / "config.json").read_text())
-man = generate(cfg, ckpt.parent / ("deploy-" + sys.argv[6]), target=sys.argv[6], model="qwen3-moe-random",
-               context=1024)
+ep = int(sys.argv[7])
+man = generate(cfg, ckpt.parent / f"deploy-{sys.argv[6]}-ep{ep}", target=sys.argv[6], model="qwen3-moe-random",
+               context=1024, ep=ep)
 model = Model(man, ckpt, state_budget=8 << 30)
 say("loaded")
 ref = np.load(ckpt.parent / "moe-ref.npz")
@@ -132,11 +135,11 @@ emit(parity={"transformers_bf16_vs_fp32": spread, "kern_decode_vs_fp32": ours,
              "within_spread": bool(ok)})
 say("parity", "PASS" if ok else "FAIL")
 eng = model.engine
-c = eng.consts
+c = eng.consts if ep == 1 else {**eng.consts, "local_experts": eng.consts["experts"]}
 q_dim, kv_dim = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
 attn = c["hidden"] * (q_dim + 2 * kv_dim) + q_dim * c["hidden"]
 expert = 3 * c["moe_inter"] * c["hidden"]
-sparse = sum(1 for n in eng.m.buffers if n.startswith("experts_down."))
+sparse = sum(1 for n in eng.m.buffers if n.startswith("experts_down."))  # a rank's manifest names them too
 dense = c["layers"] - sparse
 per_token = 2 * (c["layers"] * (attn + 2 * c["hidden"]) + sparse * (c["top_k"] * expert + c["experts"] * c["hidden"])
                  + dense * 3 * c.get("inter", 0) * c["hidden"] + c["vocab"] * c["hidden"])
@@ -155,21 +158,30 @@ print("KERN OK")
 """
 
 
+def _gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+
+
 def table(s: dict) -> str:
     """The summary as a few lines a person reads."""
     out = [f"gpu: {s.get('gpu')}  layers: {s.get('layers')}  params: {s.get('params_b')}B  {s.get('date')}"]
-    p = s.get("parity")
-    if p:
-        for k in ("transformers_bf16_vs_fp32", "kern_decode_vs_fp32", "kern_prefill_last_rows_vs_fp32"):
-            v = p[k]
-            out.append(f"{k:34s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  argmax agree "
-                       f"{v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
-        out.append(f"parity within transformers' bf16 spread: {p['within_spread']}")
-    for d in s.get("decode", []):
-        extra = (f"  {d['bytes_per_token_gb']} GB/token, {d['fraction_of_read_ceiling']} of the read ceiling"
-                 if "bytes_per_token_gb" in d else "")
-        out.append(f"decode batch {d['batch']:3d} ({d['program']}): {d['tok_s']:9.1f} tok/s  {d['step_ms']:.3f} ms/step"
-                   + extra)
+    for tag in ("", "_ep2"):
+        p = s.get("parity" + tag)
+        if p:
+            for k in ("transformers_bf16_vs_fp32", "kern_decode_vs_fp32", "kern_prefill_last_rows_vs_fp32"):
+                v = p[k]
+                out.append(f"{k + tag:38s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  argmax agree "
+                           f"{v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
+            out.append(f"parity{tag} within transformers' bf16 spread: {p['within_spread']}")
+        for d in s.get("decode" + tag, []):
+            extra = (f"  {d['bytes_per_token_gb']} GB/token, {d['fraction_of_read_ceiling']} of the read ceiling"
+                     if "bytes_per_token_gb" in d else "")
+            out.append(f"decode{tag} batch {d['batch']:3d} ({d['program']}): {d['tok_s']:9.1f} tok/s  "
+                       f"{d['step_ms']:.3f} ms/step" + extra)
     out += s.get("notes", [])
     return "\n".join(out)
 
@@ -177,7 +189,7 @@ def table(s: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=24, help="decoder layers of the 48 (disk: 1.3 GB a layer)")
-    ap.add_argument("--steps", default="ckpt,kern")
+    ap.add_argument("--steps", default="ckpt,kern,ep")
     ap.add_argument("--shape", default="qwen3-30b-a3b", help="a shape of kern_models.qwen3_moe.random_checkpoint")
     ap.add_argument("--device", default="cuda", help="where the checkpoint is made")
     ap.add_argument("--target", default="cuda", help="the deployment's (a dry run on a laptop: --shape tiny "
@@ -187,6 +199,7 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=96, help="parity: tokens a sequence")
     ap.add_argument("--ckpt-timeout", type=int, default=270)
     ap.add_argument("--kern-timeout", type=int, default=270)
+    ap.add_argument("--ep-timeout", type=int, default=270)
     args = ap.parse_args()
     steps = args.steps.split(",")
     out = Path(os.environ.get("OUT", "/tmp/out"))
@@ -223,18 +236,27 @@ def main() -> int:
         else:
             s["notes"].append("ckpt failed: " + " | ".join(text.strip().splitlines()[-4:]))
         report()
-    if ok and "kern" in steps:
-        text = r.step("kern", [sys.executable, "-c", KERN, str(args.kern_timeout), str(ckpt), args.batch, str(ROOT),
-                               str(READ_TB_S), args.target], args.kern_timeout)
+    gpus = _gpus() if args.target == "cuda" else 8  # cpu ranks are threads
+    for step, ep, timeout in (("kern", 1, args.kern_timeout), ("ep", 2, args.ep_timeout)):
+        if not ok or step not in steps:
+            continue
+        if ep > gpus:
+            s["notes"].append(f"{step}: skipped, EP={ep} needs {ep} GPUs and {gpus} are visible")
+            report()
+            continue
+        text = r.step(step, [sys.executable, "-c", KERN, str(timeout), str(ckpt), args.batch, str(ROOT),
+                             str(READ_TB_S), args.target, str(ep)], timeout)
+        tag = "" if ep == 1 else f"_ep{ep}"
+        s.setdefault("decode" + tag, [])
         for ln in text.splitlines():
             if ln.startswith("RESULT "):
                 got = json.loads(ln.removeprefix("RESULT "))
                 if "decode" in got:
-                    s["decode"].append(got["decode"])
+                    s["decode" + tag].append(got["decode"])
                 else:
-                    s.update(got)
+                    s["parity" + tag] = got["parity"]
         if "KERN OK" not in text:
-            s["notes"].append("kern did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
+            s["notes"].append(f"{step} did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
         report()
     print(table(s))
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from kern_models.qwen3_moe.cuda import table
@@ -87,3 +88,39 @@ def test_sm90a_passes_kern_test_against_the_cpu_reference(tmp_path):
     r = judge(a, b, ckpt, Options(seed=0, seqs=3, decode_steps=4, max_prompt=96))
     print("\n".join(r.lines + [r.verdict.line]))
     assert r.verdict.status == "PASS", r.verdict.line
+
+
+def test_the_expert_parallel_sm90a_ranks_verify_and_combine_by_all_reduce(tmp_path, capsys):
+    from kern.cli import main
+    from kern_models.qwen3_moe.generator import generate
+
+    generate(PUBLISHED, tmp_path, target="cuda", ep=2)
+    assert main(["verify", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")]) == 0
+    for r in (0, 1):
+        m = json.loads((tmp_path / f"rank{r}.json").read_text())
+        firsts = {c["args"][8]["value"] for c in m["programs"]["decode"]["calls"] if c["op"] == "moe_gemv_gate_up"}
+        assert firsts == {64 * r} and m["constants"]["local_experts"] == 64
+        assert _ops(m, "decode").count("all_reduce_add") == _ops(m, "decode_wide").count("all_reduce") == 2
+        assert _ops(m, "prefill").count("all_reduce_nccl") == 2  # 2048 rows of bf16: past the peer kernel's 2 MiB
+        assert "allreduce" in m["modules"] and m["topology"]["groups"] == {"ep": [[0, 1]]}
+
+
+@pytest.mark.gpu
+def test_ep2_on_two_gpus_gives_the_one_gpu_logits(tmp_path):
+    from kern.api import Model
+    from kern.runtime.devices.cuda.driver import call, open_device
+    from kern_models.qwen3_moe.generator import generate
+    from kern_models.qwen3_moe.random_checkpoint import make
+    from tests.runtime.parity import compare, teacher_forced
+
+    open_device(0)
+    if call("cuDeviceGetCount") < 2:
+        pytest.skip("expert parallelism across GPUs needs two")
+    ckpt = make("small", tmp_path / "ckpt", max_positions=1024)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    one = Model(generate(cfg, tmp_path / "ep1", target="cuda", context=512), ckpt, state_budget=256 << 20)
+    two = Model(generate(cfg, tmp_path / "ep2", target="cuda", context=512, ep=2), ckpt, state_budget=256 << 20)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, 512, 48)]
+    c = compare(teacher_forced(one, ids), teacher_forced(two, ids))
+    assert c["mean_kl"] < 1e-4 and c["agree_decisive"] == 1.0, c
+    assert one.generate(ids[:20], max_tokens=8).tokens == two.generate(ids[:20], max_tokens=8).tokens
