@@ -114,47 +114,48 @@ moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const 
     }
 }
 
-// res[r, n] += sum over j (in order) of weights[r, j] * (act[r, j] . down_e[n]), e = ids[r, j]:
-// the down projections of a row's choices, the weighted combine and the residual add. Every
-// choice must be held (first = 0, count = experts). Grid (ceil_div(hidden, MOE_COLS), rows),
-// block 32 * (MOE_COLS / 2).
+// sum over j (in order) of weights[r, j] * (act[r, j] . down_e[n]), e = ids[r, j] - first, over
+// the choices whose expert is held here (first .. first + count - 1): a warp's output n of row r.
+__device__ __forceinline__ float down_sum(const bf16 *__restrict__ act, const int *__restrict__ ids,
+                                          const float *__restrict__ weights, const bf16 *__restrict__ W, int r,
+                                          int n, int top_k, int hidden, int inter, int first, int count) {
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+        const int pair = r * top_k + j, e = ids[pair] - first;
+        if (e < 0 || e >= count) continue;
+        const bf16 *w = W + ((size_t)e * hidden + n) * inter;
+        acc = fmaf(weights[pair], rbf(warp_dot(act + (size_t)pair * inter, w, inter)), acc);
+    }
+    return acc;
+}
+
+// res[r, n] += down_sum over every choice: the down projections of a row's choices, the
+// weighted combine and the residual add. Grid (ceil_div(hidden, MOE_COLS), rows), block
+// 32 * (MOE_COLS / 2).
 extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
 moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids,
                        const float *__restrict__ weights, const bf16 *__restrict__ W, bf16 *res, int rows,
                        int top_k, int hidden, int inter) {
-    const int r = blockIdx.y;
+    const int r = blockIdx.y, warp = threadIdx.x >> 5;
     if (r >= rows) return;
-    const int warp = threadIdx.x >> 5;
     for (int n = blockIdx.x * MOE_COLS + warp * 2; n < min(hidden, blockIdx.x * MOE_COLS + warp * 2 + 2); ++n) {
-        float acc = 0.f;
-        for (int j = 0; j < top_k; ++j) {
-            const int pair = r * top_k + j;
-            const bf16 *w = W + ((size_t)ids[pair] * hidden + n) * inter;
-            acc = fmaf(weights[pair], rbf(warp_dot(act + (size_t)pair * inter, w, inter)), acc);
-        }
+        const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, 0, 1 << 30);
         if ((threadIdx.x & 31) == 0) res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + acc);
     }
 }
 
 // Expert parallel (one rank of an `ep` split holds experts first .. first + count - 1): part[r, n] =
-// the same sum over the row's choices held here only, in choice order, f32; an all-reduce of
-// the parts over the ranks then adds the whole into the residual (kern_models.qwen3_moe's
-// expert_parallel). Grid and block as moe_gemv_down_residual.
+// down_sum over the choices held here, f32; an all-reduce of the parts over the ranks then adds
+// the whole into the residual (kern_models.qwen3_moe's expert_parallel). Grid and block as
+// moe_gemv_down_residual.
 extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
 moe_gemv_down_part(const bf16 *__restrict__ act, const int *__restrict__ ids, const float *__restrict__ weights,
                    const bf16 *__restrict__ W, float *__restrict__ part, int rows, int top_k, int hidden, int inter,
                    int first, int count) {
-    const int r = blockIdx.y;
+    const int r = blockIdx.y, warp = threadIdx.x >> 5;
     if (r >= rows) return;
-    const int warp = threadIdx.x >> 5;
     for (int n = blockIdx.x * MOE_COLS + warp * 2; n < min(hidden, blockIdx.x * MOE_COLS + warp * 2 + 2); ++n) {
-        float acc = 0.f;
-        for (int j = 0; j < top_k; ++j) {
-            const int pair = r * top_k + j, e = ids[pair] - first;
-            if (e < 0 || e >= count) continue;
-            const bf16 *w = W + ((size_t)e * hidden + n) * inter;
-            acc = fmaf(weights[pair], rbf(warp_dot(act + (size_t)pair * inter, w, inter)), acc);
-        }
+        const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, first, count);
         if ((threadIdx.x & 31) == 0) part[(size_t)r * hidden + n] = acc;
     }
 }
@@ -337,34 +338,36 @@ moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, cons
     }
 }
 
-// out[r, n] = sum over j (in order) of weights[r, j] * rbf(y[pos[r * top_k + j], n]): the
-// weighted combine of each row's choices. Grid (rows, ceil_div(hidden, 256)), block 256.
-extern "C" __global__ void __launch_bounds__(256)
-moe_combine(const float *__restrict__ y, const int *__restrict__ pos, const float *__restrict__ weights,
-            bf16 *__restrict__ out, int rows, int top_k, int hidden) {
+// out[r, n] = sum over j (in order) of weights[r, j] * rbf(y[pos[r * top_k + j], n]) over the
+// choices whose expert is held here (ids[r, j] - first in [0, count)): the weighted combine of
+// each row's choices. Grid (rows, ceil_div(hidden, 256)), block 256.
+__device__ __forceinline__ void combine(const float *__restrict__ y, const int *__restrict__ pos,
+                                        const int *__restrict__ ids, const float *__restrict__ weights,
+                                        bf16 *__restrict__ out, int rows, int top_k, int hidden, int first,
+                                        int count) {
     const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
     if (r >= rows || n >= hidden) return;
     float acc = 0.f;
     for (int j = 0; j < top_k; ++j) {
         const int pair = r * top_k + j;
+        if (ids && (ids[pair] - first < 0 || ids[pair] - first >= count)) continue;
         acc = fmaf(weights[pair], rbf(y[(size_t)pos[pair] * hidden + n]), acc);
     }
     out[(size_t)r * hidden + n] = to_bf(acc);
 }
 
-// moe_combine over the choices whose expert this rank holds (expert parallel: the other ranks'
-// parts are summed in by an all-reduce after it). Grid and block as moe_combine.
+// Every choice (one device).
+extern "C" __global__ void __launch_bounds__(256)
+moe_combine(const float *__restrict__ y, const int *__restrict__ pos, const float *__restrict__ weights,
+            bf16 *__restrict__ out, int rows, int top_k, int hidden) {
+    combine(y, pos, nullptr, weights, out, rows, top_k, hidden, 0, 0);
+}
+
+// The choices this rank holds (expert parallel: the other ranks' parts are summed in by an
+// all-reduce after it).
 extern "C" __global__ void __launch_bounds__(256)
 moe_combine_part(const float *__restrict__ y, const int *__restrict__ pos, const int *__restrict__ ids,
                  const float *__restrict__ weights, bf16 *__restrict__ out, int rows, int top_k, int hidden,
                  int first, int count) {
-    const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
-    if (r >= rows || n >= hidden) return;
-    float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-        const int pair = r * top_k + j, e = ids[pair] - first;
-        if (e < 0 || e >= count) continue;
-        acc = fmaf(weights[pair], rbf(y[(size_t)pos[pair] * hidden + n]), acc);
-    }
-    out[(size_t)r * hidden + n] = to_bf(acc);
+    combine(y, pos, ids, weights, out, rows, top_k, hidden, first, count);
 }
