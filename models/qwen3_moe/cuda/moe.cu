@@ -71,11 +71,16 @@ moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__rest
 }
 
 // ---- narrow decode: only the chosen experts' rows are read --------------------------------------
-// Dot product of a bf16 row x with a bf16 weight row w over K (K % 8 == 0): lanes take 16-byte
-// chunks lane, lane + 32, ...; the xor tree gives every lane the sum.
-__device__ __forceinline__ float warp_dot(const bf16 *__restrict__ x, const bf16 *__restrict__ w, int K) {
+// A warp a column; a block MOE_COLS columns (32 * MOE_COLS threads). Batch-1 decode is a stream
+// of weight rows, so each warp issues the loads of every row it needs (gate and up; or every
+// choice's down row) before any reduction: the lane partials first, the xor trees after.
+
+// This lane's part of the dot product of bf16 rows x and w over K (K % 8 == 0): 16-byte chunks
+// lane, lane + 32, ...; warp_sum of it is the dot product (the same tree on every device run).
+__device__ __forceinline__ float lane_dot(const bf16 *__restrict__ x, const bf16 *__restrict__ w, int K) {
     const uint4 *x8 = reinterpret_cast<const uint4 *>(x), *w8 = reinterpret_cast<const uint4 *>(w);
     float acc = 0.f;
+#pragma unroll 4
     for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
         float a[8], b[8];
         unpack8(x8[i], a);
@@ -83,7 +88,7 @@ __device__ __forceinline__ float warp_dot(const bf16 *__restrict__ x, const bf16
 #pragma unroll
         for (int t = 0; t < 8; ++t) acc = fmaf(a[t], b[t], acc);
     }
-    return warp_sum(acc);
+    return acc;
 }
 
 // SwiGLU as the dense path and transformers in bf16 round it: silu of the bf16 gate, rounded,
@@ -95,69 +100,72 @@ __device__ __forceinline__ bf16 swiglu(float gate, float up) {
 
 // act[r, j, c] = swiglu(x[r] . gate_e[c], x[r] . up_e[c]), e = ids[r, j] - first, for the
 // experts first .. first + count - 1 this buffer holds ([gate_e; up_e] = W[e * 2 inter ..]).
-// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k),
-// block 32 * (MOE_COLS / 2): a warp two columns.
-extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
+// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k).
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
 moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const bf16 *__restrict__ W,
                  bf16 *__restrict__ act, int rows, int top_k, int inter, int hidden, int first, int count) {
-    const int pair = blockIdx.y, r = pair / top_k;
-    if (r >= rows) return;
+    const int pair = blockIdx.y, r = pair / top_k, c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || c >= inter) return;
     const int e = ids[pair] - first;
     if (e < 0 || e >= count) return;
     const bf16 *xr = x + (size_t)r * hidden;
     const bf16 *We = W + (size_t)e * 2 * inter * hidden;
-    const int warp = threadIdx.x >> 5;
-    for (int c = blockIdx.x * MOE_COLS + warp * 2; c < min(inter, blockIdx.x * MOE_COLS + warp * 2 + 2); ++c) {
-        const float g = warp_dot(xr, We + (size_t)c * hidden, hidden);
-        const float u = warp_dot(xr, We + (size_t)(inter + c) * hidden, hidden);
-        if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(g, u);
-    }
+    const float g = lane_dot(xr, We + (size_t)c * hidden, hidden);
+    const float u = lane_dot(xr, We + (size_t)(inter + c) * hidden, hidden);
+    const float gs = warp_sum(g), us = warp_sum(u);
+    if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(gs, us);
 }
 
-// sum over j (in order) of weights[r, j] * (act[r, j] . down_e[n]), e = ids[r, j] - first, over
-// the choices whose expert is held here (first .. first + count - 1): a warp's output n of row r.
+// sum over j (in order) of weights[r, j] * rbf(act[r, j] . down_e[n]), e = ids[r, j] - first,
+// over the choices whose expert is held here (first .. first + count - 1): this warp's output n
+// of row r. The choices go in groups of 8, each group's loads in flight together.
 __device__ __forceinline__ float down_sum(const bf16 *__restrict__ act, const int *__restrict__ ids,
                                           const float *__restrict__ weights, const bf16 *__restrict__ W, int r,
                                           int n, int top_k, int hidden, int inter, int first, int count) {
     float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-        const int pair = r * top_k + j, e = ids[pair] - first;
-        if (e < 0 || e >= count) continue;
-        const bf16 *w = W + ((size_t)e * hidden + n) * inter;
-        acc = fmaf(weights[pair], rbf(warp_dot(act + (size_t)pair * inter, w, inter)), acc);
+    for (int j0 = 0; j0 < top_k; j0 += 8) {
+        float part[8];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            part[jj] = e < 0 || e >= count ? 0.f
+                                           : lane_dot(act + (size_t)pair * inter, W + ((size_t)e * hidden + n) * inter,
+                                                      inter);
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            const float d = warp_sum(part[jj]);
+            if (e >= 0 && e < count) acc = fmaf(weights[pair], rbf(d), acc);
+        }
     }
     return acc;
 }
 
 // res[r, n] += down_sum over every choice: the down projections of a row's choices, the
-// weighted combine and the residual add. Grid (ceil_div(hidden, MOE_COLS), rows), block
-// 32 * (MOE_COLS / 2).
-extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
+// weighted combine and the residual add. Grid (ceil_div(hidden, MOE_COLS), rows).
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
 moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids,
                        const float *__restrict__ weights, const bf16 *__restrict__ W, bf16 *res, int rows,
                        int top_k, int hidden, int inter) {
-    const int r = blockIdx.y, warp = threadIdx.x >> 5;
-    if (r >= rows) return;
-    for (int n = blockIdx.x * MOE_COLS + warp * 2; n < min(hidden, blockIdx.x * MOE_COLS + warp * 2 + 2); ++n) {
-        const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, 0, 1 << 30);
-        if ((threadIdx.x & 31) == 0) res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + acc);
-    }
+    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || n >= hidden) return;
+    const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, 0, 1 << 30);
+    if ((threadIdx.x & 31) == 0) res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + acc);
 }
 
 // Expert parallel (one rank of an `ep` split holds experts first .. first + count - 1): part[r, n] =
 // down_sum over the choices held here, f32; an all-reduce of the parts over the ranks then adds
-// the whole into the residual (kern_models.qwen3_moe's expert_parallel). Grid and block as
+// the whole into the residual (kern_models.qwen3_moe's expert_parallel). Grid as
 // moe_gemv_down_residual.
-extern "C" __global__ void __launch_bounds__(16 * MOE_COLS)
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
 moe_gemv_down_part(const bf16 *__restrict__ act, const int *__restrict__ ids, const float *__restrict__ weights,
                    const bf16 *__restrict__ W, float *__restrict__ part, int rows, int top_k, int hidden, int inter,
                    int first, int count) {
-    const int r = blockIdx.y, warp = threadIdx.x >> 5;
-    if (r >= rows) return;
-    for (int n = blockIdx.x * MOE_COLS + warp * 2; n < min(hidden, blockIdx.x * MOE_COLS + warp * 2 + 2); ++n) {
-        const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, first, count);
-        if ((threadIdx.x & 31) == 0) part[(size_t)r * hidden + n] = acc;
-    }
+    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || n >= hidden) return;
+    const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, first, count);
+    if ((threadIdx.x & 31) == 0) part[(size_t)r * hidden + n] = acc;
 }
 
 // ---- wide decode and prefill: pairs grouped by expert ------------------------------------------

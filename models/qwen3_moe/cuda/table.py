@@ -13,12 +13,12 @@ TILES = {
     "MOE_BM": 64,    # grouped GEMM: sorted (row, choice) pairs a tile (a tile never crosses an expert)
     "MOE_BN": 64,    # grouped GEMM: output columns a tile
     "MOE_BK": 32,    # grouped GEMM: the reduction's step (K % MOE_BK == 0)
-    "MOE_COLS": 16,  # gather gemv: output columns a block (a warp takes two)
+    "MOE_COLS": 8,   # gather gemv: output columns a block (a warp a column)
 }
 DEFINES = {**DENSE_TILES, **TILES}  # common.cuh refuses a build without the dense tiles
 MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
 MAX_TOP_K = 32      # moe_route: one lane a choice
-GEMV_BLOCK = (16 * TILES["MOE_COLS"],)
+GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
 GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
 
 KERNELS: tuple[Kernel, ...] = (
