@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from kern_models.llama.random_checkpoint import SHAPES, make
+from kern_models.common.random_checkpoint import SHAPES, make
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.raw_pages steps by hand
 from tests.raw_pages import raw  # noqa: E402
@@ -52,7 +52,6 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2040, help="prefill length timed once per shape (0: skip)")
     ap.add_argument("--decode-split", type=int, default=None,
                     help="context tokens per decode attention block (default: the generator's)")
-    ap.add_argument("--variant", default=None, help="a kernel variant (models/llama/cuda/table.py VARIANTS)")
     ap.add_argument("--context", type=int, default=4096,
                     help="the manifest's context bound (4096: that of the figures in docs/perf.md)")
     ap.add_argument("--no-reach", action="store_true",
@@ -73,8 +72,7 @@ def main() -> None:
         ckpt = checkpoint(name, tmp / "ckpt")
         cfg = json.loads((ckpt / "config.json").read_text())
         split = {"decode_split": args.decode_split} if args.decode_split else {}
-        man = generate(cfg, tmp / "deploy", target="cuda", model=name, context=args.context, variant=args.variant,
-                       **split)
+        man = generate(cfg, tmp / "deploy", target="cuda", model=name, context=args.context, **split)
         t0 = time.perf_counter()
         model = Model(man, ckpt, state_budget=4 << 30)
         load_s = time.perf_counter() - t0

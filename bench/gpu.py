@@ -3,7 +3,7 @@ summary. Run on the device machine from the repository root; logs land under $OU
 
     python3 bench/gpu.py --preset tests,decode          the GPU suite, then decode tok/s
     python3 bench/gpu.py --preset final                  GPU suite, all shapes with prefill
-    python3 bench/gpu.py --preset variants --variants attention.late_trigger,gemv.residual_late
+    python3 bench/gpu.py --preset variants --base /tmp/base/models
 
 Presets (comma-separated, run in order):
   tests     every GPU test (pytest tests/cuda -m gpu; --tests narrows it with a -k expression)
@@ -13,8 +13,7 @@ Presets (comma-separated, run in order):
   step      where a decode step's time goes (bench/profile_step.py)
   split     decode tok/s at each decode attention split of --splits
   reach     decode with the reach var at its bound against the default (the step's reach)
-  variants  decode tok/s of this tree, of --base (a models/ tree, e.g. `git archive C models`)
-            and of each kernel variant of --variants (models/llama/cuda/table.py VARIANTS)
+  variants  decode tok/s of this tree and of --base (a models/ tree, e.g. `git archive C models`)
   fused     the fused decode kernels against the plain ones (tests/cuda/bench_cuda_kernels.py)
   embedded  kern installed as a user installs it, the real embedded model (its wheel joined in
             /tmp/smol beforehand): kern run's first byte and decode tok/s, cold then warm
@@ -158,7 +157,6 @@ def main() -> int:
     ap.add_argument("--shapes", default=TWO_SHAPES, help="shapes of the decode, split, reach and variants presets")
     ap.add_argument("--tests", default=None, help="a pytest -k expression for the tests preset")
     ap.add_argument("--splits", default="64,128,256")
-    ap.add_argument("--variants", default="")
     ap.add_argument("--base", default=None, help="a models/ tree to compare with (variants preset)")
     ap.add_argument("--timeout", type=int, default=170, help="seconds a step")
     args = ap.parse_args()
@@ -199,8 +197,6 @@ def main() -> int:
             if args.base:
                 r.decode("base", quick, args.timeout, models_env(site, Path(args.base).resolve(), Path("/tmp/kc-base")))
             r.decode("new", quick, args.timeout)
-            for v in filter(None, args.variants.split(",")):
-                r.decode(v, [*quick, "--variant", v], args.timeout, {**env, "KERN_CACHE": f"/tmp/kc-{v}"})
         elif p == "fused":
             text = r.step("fused", [sys.executable, "tests/cuda/bench_cuda_kernels.py", "bench_fused"], args.timeout,
                           {**env, "PYTHONPATH": env["PYTHONPATH"] + f":{ROOT / 'tests/cuda'}"})

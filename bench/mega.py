@@ -50,7 +50,7 @@ def read_ceiling_tb_s() -> float:
 def checkpoint(name: str) -> Path:
     """The seeded random checkpoint of shape `name`, made once in $MEGA_CKPTS (shared by the
     steps of bench/mega_gpu.py) or in a fresh temporary folder."""
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     root = Path(os.environ.get("MEGA_CKPTS") or tempfile.mkdtemp())
     folder = root / name

@@ -96,8 +96,8 @@ def main() -> int:
     report([])
     ok = True
     if "build" in steps:
-        shutil.copyfile(ROOT / "models/llama/mega/cubins/mega.cubin", "/tmp/mega-base.cubin")
-        text = r.step("build", [sys.executable, "-m", "kern_models.llama.mega.build", "/tmp/mega-build", "--record"],
+        shutil.copyfile(ROOT / "models/llama/kernels/cuda/cubins/mega.cubin", "/tmp/mega-base.cubin")
+        text = r.step("build", [sys.executable, "-m", "kern_models.common.cubins", "llama", "/tmp/mega-build", "--record"],
                       args.build_timeout)
         ok = "recorded" in text
         report([ln for ln in text.splitlines() if ln.strip()][-2:])

@@ -6,7 +6,7 @@ per-op graph path, in one run on the GPU.
 
 Variants of mega.cubin, each swapped into an otherwise identical deployment, as NAME=SOURCE[@SHARED]
 (or just SOURCE, named after it):
-  shipped    the pinned cubin in models/llama/mega/cubins (after `build --record`, this tree's)
+  shipped    the pinned cubin in models/llama/kernels/cuda/cubins (after `build --record`, this tree's)
   prof       mega.cu built with -DMEGA_PROFILE: thread 0 of each block stamps clock64 around
              every phase; the run reads back mega_prof (a __device__ array of the module) and
              prints, per kind of phase and per decode step, each block's wait (from its previous
@@ -43,8 +43,7 @@ def build(variants: list[str], out: Path) -> dict[str, tuple[Path, int | None]]:
     """{name: (mega.cubin, shared_mem override or None)} for each variant."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from kern_models.llama.cuda.build import compile_one, flags
-    from kern_models.llama.mega import build as mb
+    from kern_models.llama.kernels.cuda import CUBINS
 
     cubins, shared = {}, {}
     with ThreadPoolExecutor() as pool:  # one nvcc a variant, side by side
@@ -53,13 +52,13 @@ def build(variants: list[str], out: Path) -> dict[str, tuple[Path, int | None]]:
             spec, _, smem = (spec or name).partition("@")
             shared[name] = int(smem) if smem else None
             if spec == "shipped":
-                cubins[name] = mb.SHIPPED / mb.CUBIN
+                cubins[name] = CUBINS.shipped / "mega.cubin"
             elif spec.endswith(".cubin"):
                 cubins[name] = Path(spec)
             else:
                 extra = ["-DMEGA_PROFILE"] if spec == "prof" else spec.split()
-                cubins[name] = pool.submit(compile_one, mb.SOURCE, out / name, shutil.which("nvcc") or "nvcc",
-                                           (*flags(), *extra))
+                cubins[name] = pool.submit(CUBINS.compile, CUBINS.folder / "mega.cu", out / name,
+                                           shutil.which("nvcc") or "nvcc", tuple(extra))
     return {n: (c if isinstance(c, Path) else c.result(), shared[n]) for n, c in cubins.items()}
 
 

@@ -46,7 +46,7 @@ faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
 import numpy as np, torch
 from pathlib import Path
 from kern_models.qwen3_moe.random_checkpoint import model_of
-from kern_models.llama.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import word_tokenizer
 T0 = time.perf_counter()
 def say(*a):
     print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)

@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from kern.serve.server import start
-    from kern_models.llama.random_checkpoint import word_tokenizer
+    from kern_models.common.random_checkpoint import word_tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix="kern-serve-cpu-"))
     word_tokenizer(VOCAB).save(str(folder / "tokenizer.json"))

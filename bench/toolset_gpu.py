@@ -71,7 +71,7 @@ def main() -> int:
 
     import torch
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

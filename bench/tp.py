@@ -5,11 +5,11 @@
                                             in its own process under a timeout; logs and JSON in $OUT
     python3 bench/tp.py --shapes llama-3.2-1b --tp 2     one process (the environment ready)
 
-Per shape (random weights, seeded, generated on the GPU; kern_models.llama.random_checkpoint):
+Per shape (random weights, seeded, generated on the GPU; kern_models.common.random_checkpoint):
 teacher-forced logits of TP=1, TP=N, transformers eager bf16 and transformers fp32 (the spread
 of transformers' own bf16 against fp32 is the bar), KL and argmax agreement; a prefill (NCCL
 all-reduces) followed by teacher-forced decode, TP=N against TP=1; decode tok/s at each batch,
-TP=1, TP=N and `before` (the split as it was before the pushed parts, the L2 prefetch and the
+TP=1, TP=N and `before` (the split with the LM head whole on every rank, as before the
 vocabulary-split head: the same tokens, by construction) in the
 same run; each call's time inside a batch-1 step (bench/tp_profile.py's attribution) for TP=1
 and every rank of TP=N; and the decode step's collective launches alone (a graph of every such
@@ -33,8 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# --extras: the split with one of generate's tp_* switches turned over
-EXTRAS = {"prefetch": {"tp_prefetch": True}, "pulled": {"tp_push": False}, "narrow": {"tp_narrow": True}}
 NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
@@ -64,7 +62,6 @@ def device_run(args) -> int:
     for shape in args.shapes.split(","):
         text = step(f"tp_{shape}", [sys.executable, __file__, "--shapes", shape, "--tp", str(args.tp),
                                     "--batch", args.batch, "--out", str(out / f"tp_{shape}.json"),
-                                    *(["--extras", args.extras] if "8b" in shape else []),
                                     *(["--commands"] if shape == args.commands_shape else [])],
                     args.timeout_8b if "8b" in shape else args.timeout)
         for ln in text.splitlines():
@@ -88,7 +85,6 @@ def main() -> int:
     ap.add_argument("--test-timeout", type=int, default=80)
     ap.add_argument("--commands-shape", default="", help="a shape kern run --tp also runs on (--device; the "
                     "generators' entry points need --commands-only's install)")
-    ap.add_argument("--extras", default="", help=f"comma-separated, of {', '.join(EXTRAS)}: also their batch-1 tok/s")
     ap.add_argument("--out", default=None)
     ap.add_argument("--commands", action="store_true", help="also kern run --tp, in one process and one a rank")
     ap.add_argument("--commands-only", action="store_true",
@@ -119,7 +115,7 @@ def run_shape(name: str, args) -> list[dict]:
     from kern.api import Model
     from tp_profile import attribution, by_op, prepared, variant, whole_head
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import model_of, save
+    from kern_models.common.random_checkpoint import model_of, save
     from tests.runtime.parity import compare, teacher_forced
 
     rows: list[dict] = []
@@ -132,10 +128,8 @@ def run_shape(name: str, args) -> list[dict]:
     cfg = json.loads((tmp / "ckpt" / "config.json").read_text())
     made_s = time.perf_counter() - t0
     split = generate(cfg, tmp / f"tp{args.tp}", target="cuda", model=name, context=args.context, tp=args.tp)
-    old = generate(cfg, tmp / "old", target="cuda", model=name, context=args.context, tp=args.tp, tp_push=False,
-                   tp_narrow=False, tp_prefetch=False)
     paths = {"tp1": generate(cfg, tmp / "tp1", target="cuda", model=name, context=args.context),
-             f"tp{args.tp}": split, "before": variant(old.parent, args.tp, tmp / "before", whole_head)}
+             f"tp{args.tp}": split, "before": variant(split.parent, args.tp, tmp / "before", whole_head)}
     models = {}
     for key, man in paths.items():
         t0 = time.perf_counter()
@@ -167,10 +161,6 @@ def run_shape(name: str, args) -> list[dict]:
     emit(rows, {"shape": name, "parity": "prefill 300 (nccl) + 16 forced", f"tp{args.tp}_vs_tp1": compare(p1, pn)})
     del ref
     torch.cuda.empty_cache()
-    extras = {}  # one switch turned over at a time, batch 1 only
-    for key in [k for k in args.extras.split(",") if k]:
-        extras[key] = Model(generate(cfg, tmp / key, target="cuda", model=name, context=args.context, tp=args.tp,
-                                     **EXTRAS[key]), tmp / "ckpt", state_budget=1 << 30)
 
     # decode tok/s, TP=1 and TP=N in the same run
     for batch in [int(b) for b in args.batch.split(",")]:
@@ -186,9 +176,7 @@ def run_shape(name: str, args) -> list[dict]:
                         f"tp{args.tp}_step_ms": round(rn["step_ms"], 3),
                         "before_tok_s": round(r0["tok_s"], 1), "before_speedup": round(r0["tok_s"] / r1["tok_s"], 3),
                         "greedy_first32_agreement": agree,
-                        "before_same_tokens": r0["tokens"] == rn["tokens"],
-                        **{f"{k}_tok_s": round(run_kern(m, prompts, args.new, ahead)["tok_s"], 1)
-                           for k, m in (extras.items() if batch == 1 else ())}})
+                        "before_same_tokens": r0["tokens"] == rn["tokens"]})
     # where a batch-1 step goes: each call's time inside the real step (kern bench's prefixes),
     # TP=1 and every rank of TP=N at once
     for key, m in (("tp1", one), (f"tp{args.tp}", many)):
@@ -209,7 +197,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     import torch
     import transformers
 
-    from kern_models.llama.random_checkpoint import word_tokenizer
+    from kern_models.common.random_checkpoint import word_tokenizer
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

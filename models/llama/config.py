@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..common.errors import ConfigError
+
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
-
-
-class ConfigError(ValueError):
-    """config.json describes something this generator does not build; names the field."""
 
 
 @dataclass(frozen=True)

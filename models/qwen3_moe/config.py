@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kern_models.llama.config import ConfigError, Shape, _count, shape_of as dense_shape_of
+from kern_models.common.errors import ConfigError
+from kern_models.llama.config import Shape, _count, shape_of as dense_shape_of
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kern_models.llama.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import word_tokenizer
 
 SHAPES = {
     # Qwen3-30B-A3B (num_hidden_layers 48 in the published config; `layers` picks the depth)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     return make("smollm2-135m", tmp_path_factory.mktemp("smol_random"), device="cuda")
 

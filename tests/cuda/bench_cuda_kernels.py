@@ -3,8 +3,7 @@
     PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
-they include) are built and timed beside the working tree's kernels ("new"); so is each kernel
-variant named as an argument (models/llama/cuda/table.py VARIANTS, e.g. gemv.residual_late).
+they include) are built and timed beside the working tree's kernels ("new").
 gemv is also timed with the PDL launch attribute ("new+pdl").
 
 Each case is captured in a CUDA graph of REPS launches cycling through enough copies of its
@@ -244,16 +243,11 @@ def main() -> None:
     import subprocess
     import sys
     from cuda_kernel_docs import TEST_KERNEL_DIR
-    from kern_models.llama.cuda import build
-    from kern_models.llama.cuda.table import VARIANTS
+    from kern_models.llama.kernels.cuda import CUBINS
 
-    def cubins(variant=None) -> Path:
-        d = Path(tempfile.mkdtemp())
-        build.build(d, variant=variant)
-        build.build(d, variant=variant, srcs=build.sources(TEST_KERNEL_DIR))
-        return d
-
-    out = cubins()
+    out = Path(tempfile.mkdtemp())
+    CUBINS.build(out)
+    CUBINS.build(out, srcs=CUBINS.sources(TEST_KERNEL_DIR))
     dev = open_device(0)
     gpus = {"new": Gpu(dev, out)}
     # optional: earlier versions of some .cu files in _variants/<label>/ (with the headers they
@@ -264,18 +258,16 @@ def main() -> None:
         for vdir in sorted(p for p in var_root.iterdir() if p.is_dir()):
             vout = Path(tempfile.mkdtemp())
             for src in sorted(vdir.glob("*.cu")):
-                subprocess.run(["nvcc", *build.flags(), "-I", ".", src.name, "-o", str(vout / f"{src.stem}.cubin")],
+                subprocess.run(["nvcc", *CUBINS.flags(), "-I", ".", src.name, "-o", str(vout / f"{src.stem}.cubin")],
                                cwd=vdir, check=True)
             for p in out.glob("*.cubin"):
                 if not (vout / p.name).exists():
                     (vout / p.name).write_bytes(p.read_bytes())
             gpus[vdir.name] = Gpu(dev, vout)
         gpus["new"] = new
-    for v in [a for a in sys.argv[1:] if a in VARIANTS]:  # a kernel variant of table.py, beside "new"
-        gpus[v] = Gpu(dev, cubins(v))
     gpu = gpus["new"]
     rng = np.random.default_rng(0)
-    only = [a for a in sys.argv[1:] if a not in VARIANTS]
+    only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
     for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
         if only and f.__name__ not in only:

@@ -3,7 +3,6 @@ tests skip without a GPU through tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -21,16 +20,14 @@ def device():
 def cubin_dir(tmp_path_factory):
     """The shipped cubins (built with nvcc where this tree's sources differ from the pins) and
     the test-only kernels of tests/cuda/kernels, built with the same flags."""
-    from kern_models.llama.cuda import build
+    from kern_models.llama.kernels.cuda import CUBINS
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is needed to build the test-only kernels")
     out = tmp_path_factory.mktemp("cubins")
-    # KERN_CUDA_VARIANT=NAME: run the kernel tests on a variant of cuda/table.py (VARIANTS)
-    variant = os.environ.get("KERN_CUDA_VARIANT") or None
-    build.provide(out, variant)
-    build.build(out, nvcc, variant, srcs=build.sources(TEST_KERNEL_DIR))
+    CUBINS.provide(out)
+    CUBINS.build(out, nvcc, srcs=CUBINS.sources(TEST_KERNEL_DIR))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Read the kernel sources: the extern "C" __global__ entries of models/llama/cuda (the shipped
+"""Read the kernel sources: the extern "C" __global__ entries of models/llama/kernels/cuda (the shipped
 kernels) and tests/cuda/kernels (test-only references), with their parameters."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "models" / "llama" / "cuda"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "models" / "llama" / "kernels" / "cuda"
 TEST_KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
 _EXTERN = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
                      r"(\w+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"^(const\s+)?(\w+)\s*(\*)?\s*(?:__restrict__\s*)?(\w+)$")
+_PARAM = re.compile(r"^(const\s+)?((?:unsigned\s+)?(?:long long|\w+))\s*(\*)?\s*(?:__restrict__\s*)?(\w+)$")
 
 
 @dataclass(frozen=True)
 class CParam:
     name: str
-    ctype: str     # bf16, float, int, char
+    ctype: str     # bf16, float, int, char, unsigned, unsigned long long
     pointer: bool
     const: bool
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 def test_sm90a_manifest_passes_against_its_cpu_reference(tmp_path):
     from kern.harness.judge import Options, judge
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     ckpt = make("smollm2-135m", tmp_path / "ckpt", max_positions=2048)
     cfg = json.loads((ckpt / "config.json").read_text())

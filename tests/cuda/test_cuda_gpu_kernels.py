@@ -23,7 +23,7 @@ def assert_near_bf16(got, ref, max_ulp=1, min_exact=0.99):
 
 
 def test_every_kernel_loads_with_the_layout_its_table_entry_declares(gpu):
-    from kern_models.llama.cuda.table import KERNELS
+    from kern_models.llama.kernels.cuda.table import KERNELS
 
     for k in KERNELS:
         gpu.modules[k.module].kernel(k.entry, k.c_kinds())
@@ -411,7 +411,7 @@ def test_a_temperature_draw_is_the_cpu_references_draw_and_follows_the_softmax(g
     """sample_partial at T > 0 draws what the cpu op draws for the same key (one formula; a
     flip needs a near-tie of logit / T + noise), and over many keys the draws follow
     softmax(logits / T)."""
-    from kern_models.llama.cpu.kernels import sample
+    from kern_models.llama.kernels.cpu.kernels import sample
 
     rng = np.random.default_rng(11)
     n_rows, vocab, chunks, t = 2000, 8, 4, 0.7

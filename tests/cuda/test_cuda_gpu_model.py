@@ -18,7 +18,7 @@ SHAPES = ["smollm2-135m", "qwen3-0.6b", "llama-3.2-1b"]
 def model(request, tmp_path_factory):
     from kern.api import Model
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     tmp = tmp_path_factory.mktemp(request.param)
     ckpt = make(request.param, tmp / "ckpt", device="cuda")

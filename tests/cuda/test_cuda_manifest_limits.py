@@ -54,7 +54,7 @@ def test_the_prefill_grids_resolve_over_256_sequences(sm90):
 
 
 def test_context_defaults_to_the_model_clipped_to_the_kernels(sm90, tmp_path):
-    from kern_models.llama.manifest_cuda import MAX_CONTEXT
+    from kern_models.llama.manifests.cuda import MAX_CONTEXT
 
     assert sm90.manifest.vars["context"].max == MAX_CONTEXT == 32768  # the model has 40000
     small = load_verified(GENERATOR.generate(TINY, tmp_path, target="cuda", model="tiny", context=1000))
@@ -79,7 +79,7 @@ def test_the_cpu_manifest_takes_the_model_context(tmp_path):
 
 
 def test_decode_beyond_32_sequences_is_refused():
-    from kern_models.llama import manifest_cuda
+    from kern_models.llama.manifests import cuda as manifest_cuda
 
     with pytest.raises(ConfigError, match="seqs 64: the graph-captured decode program steps at most 32"):
         manifest_cuda.build(shape_of(TINY), "tiny", seqs=64)

@@ -1,5 +1,5 @@
 """The launch order that programmatic dependent launch (PDL) relies on, checked on the CPU in
-the generator's sm_90a manifests (models/llama/cuda/common.cuh says why it must hold).
+the generator's sm_90a manifests (models/llama/kernels/cuda/common.cuh says why it must hold).
 
 Two kernels let the next one launch at entry instead of after their wait: attention_decode and
 gemv_residual. A kernel launched behind one of them may start while the kernels before it
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from kern_models.llama.cuda.table import KERNELS, Pdl
+from kern_models.llama.kernels.cuda.table import KERNELS, Pdl
 
 EARLY = {k.entry for k in KERNELS if k.pdl is Pdl.EARLY}  # griddepcontrol.launch_dependents at entry
 WEIGHTS_ONLY_BEFORE_WAIT = {k.entry for k in KERNELS if k.before_wait == "weights"}
@@ -29,7 +29,7 @@ CONFIGS = {
 
 def _launches(cfg: dict) -> dict[str, list[tuple[str, bool]]]:
     """{program: [(entry, launched with the PDL attribute), ...]} in launch order."""
-    from kern_models.llama import manifest_cuda
+    from kern_models.llama.manifests import cuda as manifest_cuda
     from kern_models.llama.config import shape_of
 
     m = manifest_cuda.build(shape_of(cfg), "tiny")

@@ -1,17 +1,20 @@
-"""The kernel table (models/llama/cuda/table.py) is the one place a kernel's contract is
+"""The kernel table (models/llama/kernels/cuda/table.py) is the one place a kernel's contract is
 written: every entry matches its .cu source (module, parameter names and types in order, const
 exactly for inputs), every __global__ entry of the shipped sources is launched by a generated
 manifest, and the test-only kernels live under tests/cuda/kernels."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cuda_kernel_docs import KERNEL_DIR, TEST_KERNEL_DIR, CParam, in_sources
 
-from kern_models.llama import manifest_cuda
+from kern_models.llama.manifests import cuda as manifest_cuda
 from kern_models.llama.config import shape_of
-from kern_models.llama.cuda import table
+from kern_models.llama.generator import generate
+from kern_models.llama.kernels.cuda import table
 
 C_TYPE = {"bf16": "bf16", "f32": "float", "i32": "int"}
 
@@ -52,16 +55,25 @@ def test_the_check_catches_a_wrong_type_or_constness():
     assert expected("eps: f32") != CParam("eps", "int", False, False)
 
 
-def test_every_shipped_kernel_is_launched_by_a_generated_manifest():
-    launched = set()
+def test_every_shipped_kernel_is_launched_by_a_generated_manifest(tmp_path):
+    """The per-op manifest launches every kernel of the table; with the megakernel and a
+    tensor-parallel split (peer all-reduces in decode, NCCL past the peer kernel's messages in
+    prefill) every __global__ of the shipped sources is launched by some generated manifest."""
+    per_op, launched = set(), set()
     for cfg in CONFIGS.values():
         m = manifest_cuda.build(shape_of(cfg), "tiny")
-        launched |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+        per_op |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
         assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
                                      for la in op["impl"]["launches"] if "module" in la}
-    assert sorted(in_sources()) == sorted(k.entry for k in table.KERNELS)
-    externs = {"extern:cublaslt_bf16_tn", "extern:cublaslt_bf16_tn_f32"}
-    assert sorted(launched - externs) == sorted(k.entry for k in table.KERNELS)
+        launched |= per_op
+        for target, kw in (("mega", {}), ("cuda", {"tp": 2})):
+            path = generate({**cfg, "hidden_size": 1024}, tmp_path / f"{cfg['architectures'][0]}-{target}",
+                            target=target, **kw)
+            m = json.loads(path.read_text())
+            launched |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+    externs = {e for e in launched if e.startswith("extern:")}
+    assert sorted(per_op - externs) == sorted(k.entry for k in table.KERNELS)
+    assert sorted(launched - externs) == sorted(in_sources())
 
 
 def test_test_only_kernels_are_not_shipped():
@@ -80,18 +92,19 @@ def test_pointers_come_first():
 def test_grids_use_the_tiles_the_kernels_are_built_with():
     """The tile numbers in the grids are table.TILES, and every source is built with them as
     -D defines (common.cuh refuses a build without them)."""
-    from kern_models.llama.cuda.build import flags
+    from kern_models.common.cubins import COMMON_CUDA
+    from kern_models.llama.kernels.cuda import CUBINS
 
-    defines = {f for f in flags() if f.startswith("-D")}
+    defines = {f for f in CUBINS.flags() if f.startswith("-D")}
     assert defines == {f"-D{k}={v}" for k, v in table.TILES.items()}
     by = table.BY_ENTRY
     assert by["norm_gemv_bf16"].grid == ({"ceil_div": ["N", table.TILES["GEMV_COLS"]]},)
     assert by["norm_gemv_swiglu"].grid == ({"ceil_div": ["N", table.TILES["GEMV_COLS"] // 2]},)
     assert by["prefill_attention"].grid[1] == {"add": [{"ceil_div": ["rows", table.TILES["PF_BM"]]}, "n_seqs"]}
-    common = (KERNEL_DIR / "common.cuh").read_text()
+    common = (COMMON_CUDA / "common.cuh").read_text()
     assert all(f"defined({k})" in common for k in table.TILES)
 
 
 def test_the_arch_is_named_once():
-    hits = [p.name for p in KERNEL_DIR.parent.rglob("*.py") if '"sm_90a"' in p.read_text()]
+    hits = [p.name for p in KERNEL_DIR.parents[2].rglob("*.py") if '"sm_90a"' in p.read_text()]
     assert hits == ["table.py"]

@@ -22,7 +22,7 @@ GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     from kern_models.llama.generator import generate
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     tmp = tmp_path_factory.mktemp("smollm2")
     ckpt = make("smollm2-135m", tmp / "ckpt", device="cuda")

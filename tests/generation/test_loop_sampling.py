@@ -92,7 +92,7 @@ def test_the_sample_op_draws_follow_the_softmax_at_the_temperature():
     import numpy as np
 
     from kern.generation.loop import draw_key
-    from kern_models.llama.cpu.kernels import sample
+    from kern_models.llama.kernels.cpu.kernels import sample
 
     rng = np.random.default_rng(2)
     n, vocab, t = 3000, 6, 0.6

@@ -18,7 +18,7 @@ CONTEXT = 1024
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A seeded random SmolLM2-135M; the one bench/mega_gpu.py made already when $MEGA_CKPTS has it."""
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     shared = Path(os.environ.get("MEGA_CKPTS", "/nonexistent")) / "smollm2-135m"
     if (shared / "config.json").is_file():
@@ -144,7 +144,7 @@ def test_qwen3_q_k_norms_pass_kern_test_against_the_per_op_manifest(tmp_path):
     import transformers
 
     from kern.harness.judge import Options, judge
-    from kern_models.llama.random_checkpoint import word_tokenizer
+    from kern_models.common.random_checkpoint import word_tokenizer
 
     cfg = transformers.Qwen3Config(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                                    head_dim=128, intermediate_size=1024, vocab_size=4096, tie_word_embeddings=True,

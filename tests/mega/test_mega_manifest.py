@@ -16,12 +16,13 @@ from kern.mega import generation_program
 from kern.runtime.errors import KernError
 from kern_models.llama.config import ConfigError, shape_of
 from kern_models.llama.generator import generate
-from kern_models.llama.mega import manifest as mega
+from kern_models.llama.kernels.cuda import CUBINS
+from kern_models.llama.manifests import mega
 
 TINY = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256, max_position_embeddings=512,
             tie_word_embeddings=True)
-SOURCE = Path(mega.__file__).with_name("mega.cu")
+SOURCE = CUBINS.folder / "mega.cu"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_the_kernel_signature_is_the_ops_params():
 def test_the_launch_gives_the_shared_memory_mega_cu_asks(deployment):
     text = SOURCE.read_text()
     d = dict(re.findall(r"#define (MEGA_NT|MEGA_STAGE|MEGA_SMEM_BYTES) (.*)", text))
-    gemv = (SOURCE.parent.parent / "cuda" / "gemv.cuh").read_text()
+    gemv = (CUBINS.folder / "gemv.cuh").read_text()
     g = dict(re.findall(r"#define (GEMV_KU|GEMV_UNIT|GEMV_XLD|GEMV_MAX_NT) ([^/\n]*?)\s*(?://|\n)", gemv))
     assert d["MEGA_STAGE"] == "(MEGA_NT * 8 * GEMV_XLD * 2)"
     assert d["MEGA_SMEM_BYTES"] == "(GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kern_models import embedded
-from kern_models.gguf_to_hf import unpermute_rope_rows
+from kern_models.common.gguf_to_hf import unpermute_rope_rows
 
 
 def test_unpermute_inverts_llama_cpp_rope_permutation():

@@ -58,7 +58,7 @@ def test_a_config_it_cannot_build_is_one_line_naming_the_field(change, message):
 
 
 def _kernels():
-    path = Path(__file__).parents[2] / "models" / "qwen3_moe" / "cpu" / "kernels.py"
+    path = Path(__file__).parents[2] / "models" / "qwen3_moe" / "kernels" / "cpu" / "kernels.py"
     spec = importlib.util.spec_from_file_location("moe_cpu_kernels", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from kern_models.qwen3_moe.cuda import table
+from kern_models.qwen3_moe.kernels.cuda import CUBINS, table
 from kern_models.qwen3_moe.random_checkpoint import SHAPES
 from tests.cuda.cuda_kernel_docs import in_sources
 
@@ -50,7 +50,7 @@ def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_exp
 
 
 def test_the_kernel_table_matches_moe_cu():
-    srcs = in_sources(_folder())
+    srcs = in_sources(CUBINS.folder)
     assert sorted(srcs) == sorted(k.entry for k in table.KERNELS)
     for k in table.KERNELS:
         module, params = srcs[k.entry]
@@ -59,20 +59,14 @@ def test_the_kernel_table_matches_moe_cu():
         assert tuple(p.kind for p in params) == k.c_kinds(), k.entry
 
 
-def _folder():
-    from kern_models.qwen3_moe.cuda import build
-
-    return build.HERE
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_pinned_cubin_is_what_nvcc_builds():
     import hashlib
 
-    from kern_models.qwen3_moe.cuda import build
-
-    digest, _ = build.PIN.read_text().split()
-    assert hashlib.sha256(build.rebuild()).hexdigest() == digest == hashlib.sha256(build.SHIPPED.read_bytes()).hexdigest()
+    _, pins = CUBINS.read_pins()
+    assert pins["moe.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / "moe.cu")
+    assert hashlib.sha256(CUBINS.rebuild("moe.cubin")).hexdigest() == pins["moe.cubin"].cubin == \
+        hashlib.sha256((CUBINS.shipped / "moe.cubin").read_bytes()).hexdigest()
 
 
 @pytest.mark.gpu
@@ -100,7 +94,7 @@ def test_the_expert_parallel_sm90a_ranks_verify_and_combine_by_all_reduce(tmp_pa
         m = json.loads((tmp_path / f"rank{r}.json").read_text())
         firsts = {c["args"][8]["value"] for c in m["programs"]["decode"]["calls"] if c["op"] == "moe_gemv_gate_up"}
         assert firsts == {64 * r} and m["constants"]["local_experts"] == 64
-        assert _ops(m, "decode").count("all_reduce_add") == _ops(m, "decode_wide").count("all_reduce") == 2
+        assert _ops(m, "decode").count("all_reduce_add_local") == _ops(m, "decode_wide").count("all_reduce") == 2
         assert _ops(m, "prefill").count("all_reduce_nccl") == 2  # 2048 rows of bf16: past the peer kernel's 2 MiB
         assert "allreduce" in m["modules"] and m["topology"]["groups"] == {"ep": [[0, 1]]}
 

@@ -54,7 +54,7 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 def make_tiny(folder: Path, seed: int = 0) -> Path:
     """Random bf16 weights in the llama layout, a config.json and a word tokenizer (token i is `wi`)."""
-    from kern_models.llama.random_checkpoint import word_tokenizer
+    from kern_models.common.random_checkpoint import word_tokenizer
 
     c, rng = CONFIG, np.random.default_rng(seed)
     h, inter, hd = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"]

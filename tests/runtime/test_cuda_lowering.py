@@ -20,12 +20,12 @@ from kern.runtime.lower import lower_program
 def _cuda_manifest(cfg: dict, out, model: str, **limits):
     """The generator's sm_90a manifest without building cubins (no nvcc needed): modules are
     pinned to the recorded digests, which is all the lowering reads (it never loads a cubin)."""
-    from kern_models.llama import manifest_cuda
+    from kern_models.llama.manifests import cuda as manifest_cuda
     from kern_models.llama.config import shape_of
-    from kern_models.llama.cuda.build import read_recorded
+    from kern_models.llama.kernels.cuda import CUBINS
 
     m = manifest_cuda.build(shape_of(cfg), model, **limits)
-    _, digests = read_recorded()
+    digests = {n: p.cubin for n, p in CUBINS.read_pins()[1].items()}
     for name, mod in m["modules"].items():
         mod["sha256"] = digests[f"{name}.cubin"]
     (out / "manifest.json").write_text(json.dumps(m))

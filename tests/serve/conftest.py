@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from kern.serve.server import Running, start  # noqa: E402
-from kern_models.llama.random_checkpoint import word_tokenizer  # noqa: E402
+from kern_models.common.random_checkpoint import word_tokenizer  # noqa: E402
 
 from . import engines  # noqa: E402
 

@@ -20,7 +20,7 @@ from .conftest import TEMPLATE, leased_pages, words
 
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory):
-    from kern_models.llama.random_checkpoint import make
+    from kern_models.common.random_checkpoint import make
 
     ckpt = make("smollm2-135m", tmp_path_factory.mktemp("gpu") / "ckpt", device="cuda")
     (ckpt / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))

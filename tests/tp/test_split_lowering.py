@@ -35,13 +35,12 @@ class _RankDev(_Dev):
 
 
 def _lowered(tmp_path, program, **kw):
-    from kern_models.llama import manifest_cuda, tp
+    from kern_models.llama.manifests import cuda as manifest_cuda, tp
     from kern_models.llama.config import shape_of
-    from kern_models.llama.cuda.build import read_recorded
+    from kern_models.llama.kernels.cuda import CUBINS
 
     m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny"), shape_of(CFG), 2, 1, **kw)
-    _, digests = read_recorded()
-    digests["allreduce.cubin"] = tp.PIN.read_text().split()[0]
+    digests = {n: p.cubin for n, p in CUBINS.read_pins()[1].items()}
     m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": ""}
     for name, mod in m["modules"].items():
         mod["sha256"] = digests[f"{name}.cubin"]
@@ -76,36 +75,16 @@ def test_decode_pushes_parts_into_alternate_halves_and_sums_them_locally(tmp_pat
     assert gather.args[5:] == (1, 2, seqs, 128) and gather.pdl
 
 
-def test_the_narrow_gate_up_and_prefetch_variants(tmp_path):
-    """tp_narrow and tp_prefetch (both measured slower on the H200, off by default): a rank's 512
-    gate/up outputs on 128 blocks of 4, and the qkv projection's prefetching kernel, each with the
-    prefetch flag as its last argument."""
-    v, prog, _, _ = _lowered(tmp_path, "decode", narrow=True, prefetch=True)
-    items = prog.resolve({**v.constants, "seqs": 3, "context": 1024, "reach": 64})
-    qkv = [i for i in items if i.kernel.name.startswith("norm_gemv_rope_append")]
-    assert [(i.kernel.name, i.args[-1]) for i in qkv] == [("norm_gemv_rope_append_pf", 1)] * 2
-    swiglu = [i for i in items if i.kernel.name.startswith("norm_gemv_swiglu")]
-    assert [(i.kernel.name, i.grid, i.args[5], i.args[-1]) for i in swiglu] == \
-        [("norm_gemv_swiglu4", (128, 1, 1), 512, 1)] * 2
-
-
-def test_unfused_decode_parts_alternate_halves_and_the_all_reduce_reads_them(tmp_path):
-    v, prog, bufs, _ = _lowered(tmp_path, "decode", push=False, narrow=False, prefetch=False)
-    seqs, hidden = 3, 1024
-    items = prog.resolve({**v.constants, "seqs": seqs, "context": 1024, "reach": 64})
-    names = [i.kernel.name for i in items]
-    layer = ["norm_gemv_rope_append", "attention_decode", "gemv_f32", "all_reduce_add_f32", "norm_gemv_swiglu",
-             "gemv_f32", "all_reduce_add_f32"]
-    assert names[:16] == ["embed", *layer * 2, "norm_gemv_f32"] and "all_reduce_add_f32" not in names[16:]
-    part = bufs["ar_part.decode"].ptr
-    projections = [i for i in items if i.kernel.name == "gemv_f32"]
-    reduces = [i for i in items if i.kernel.name == "all_reduce_add_f32"]
-    halves = [0, seqs * hidden, 0, seqs * hidden]
-    assert [p.args[2] for p in projections] == [part + h * 4 for h in halves]  # fp32 parts
-    for r, h in zip(reduces, halves):
-        assert r.args[:5] == (bufs["ar_part.decode_peers"].ptr, bufs["ar_flag_peers"].ptr, bufs["ar_flags"].ptr,
-                              bufs["ar_epoch"].ptr, bufs["d_x"].ptr)
-        assert r.args[5:] == (1, 2, h, seqs * hidden) and r.grid == (16, 1, 1) and r.pdl
+def test_wide_decode_parts_alternate_halves_and_the_all_reduce_reads_them(tmp_path):
+    v, prog, bufs, _ = _lowered(tmp_path, "decode_wide")
+    rows, hidden = 40, 1024
+    items = prog.resolve({**v.constants, "wide_seqs": rows, "context": 1024, "reach": 64})
+    reduces = [i for i in items if getattr(i, "kernel", None) and i.kernel.name == "all_reduce_bf16"]
+    halves = [0, rows * hidden, 0, rows * hidden]
+    for r, h in zip(reduces, halves, strict=True):
+        assert r.args[:4] == (bufs["ar_part.decode_wide_peers"].ptr, bufs["ar_flag_peers"].ptr,
+                              bufs["ar_flags"].ptr, bufs["ar_epoch"].ptr)
+        assert r.args[5:] == (1, 2, h, rows * hidden) and r.grid == (16, 1, 1)
 
 
 def test_prefill_sums_through_the_devices_nccl_collective(tmp_path):

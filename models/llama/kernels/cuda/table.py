@@ -1,0 +1,192 @@
+"""The llama-family CUDA kernels, one typed table: every kernel a manifest launches, with its
+module, entry, parameters, grid, block and role under programmatic dependent launch.
+
+The manifest generator (manifest_cuda.py) emits its ops from this table, kern_models.common.cubins passes TILES
+to nvcc as -D defines (so a grid here and its kernel's tile are the same number), and
+tests/cuda/test_cuda_table.py checks every entry against the .cu sources: names and parameter
+types in order, and that every __global__ entry of the sources is launched by a manifest.
+KERNELS.md says what each kernel computes; its parameter lists are not restated there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+ARCH = "sm_90a"
+
+# Tile constants shared by the grids below and the kernels (common.cuh refuses a build without
+# them; the kernels static_assert the ones their layout is written for).
+TILES = {
+    "GEMV_WARPS": 8,      # gemv block: 8 warps split K
+    "GEMV_COLS": 16,      # gemv: output columns (W rows) a block, one mma tile
+    "PF_BM": 64,          # prefill_attention: query rows a tile
+    "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
+    "DEC_THREADS": 128,   # attention_decode: 4 warps
+}
+
+class Pdl(Enum):
+    """How a kernel is launched and when it lets the next one start (common.cuh says why)."""
+
+    OFF = "off"      # launched without the PDL attribute: starts after everything before it
+    LATE = "late"    # with the attribute; waits, then lets the next kernel launch
+    EARLY = "early"  # with the attribute; lets the next kernel launch at entry
+
+
+@dataclass(frozen=True)
+class Kernel:
+    module: str                # the .cu file (and cubin) it lives in
+    entry: str                 # its extern "C" name
+    params: tuple[str, ...]    # in the kernel's order: "name: in buffer<bf16>", "name: i32", ...
+    grid: tuple                # manifest expressions over param names
+    block: tuple
+    pdl: Pdl = Pdl.OFF
+    # before_wait: what it reads before griddepcontrol.wait ("weights": only weights and the
+    # step's inputs; "kv": also K/V rows of earlier positions; "": nothing or no PDL).
+    before_wait: str = ""
+    writes: tuple[str, ...] | None = None  # params it writes, when not every out/inout param
+
+    def c_kinds(self) -> tuple[str, ...]:
+        """ptr, i32 or f32 for each parameter, as the cubin's layout has them."""
+        return tuple("ptr" if ("buffer" in p or "state" in p) else p.split(":")[1].strip() for p in self.params)
+
+
+def _buf(name: str, dtype: str = "bf16", direction: str = "in") -> str:
+    return f"{name}: {direction} buffer<{dtype}>"
+
+
+def _ints(*names: str) -> tuple[str, ...]:
+    return tuple(f"{n}: i32" for n in names)
+
+
+EPS = "eps: f32"
+GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
+GEMV_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"]]},)
+PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes pairs of W rows
+HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
+ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
+_APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
+_ROPE = (_buf("table", "f32"),)
+
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("embed", "embed", (_buf("ids", "i32"), _buf("W"), _buf("x", direction="out"), *_ints("rows", "hidden")),
+           ("rows",), (256,)),
+    Kernel("embed", "gather_last", (_buf("x"), _buf("cu_seqlens", "i32"), _buf("y", direction="out"),
+                                    *_ints("n_seqs", "hidden")), ("n_seqs",), (256,)),
+    Kernel("norm", "rms_norm", (_buf("x"), _buf("w"), _buf("y", direction="out"), *_ints("rows", "hidden"), EPS),
+           ("rows",), (256,)),
+    Kernel("norm", "add_rms_norm", (_buf("res", direction="inout"), _buf("x"), _buf("w"), _buf("y", direction="out"),
+                                    *_ints("rows", "hidden"), EPS), ("rows",), (256,)),
+    Kernel("rope", "rope_table", (_buf("table", "f32", "out"), *_ints("max_pos", "head_dim"), "theta: f32",
+                                  "factor: f32", "low_freq_factor: f32", "high_freq_factor: f32",
+                                  "original_max_pos: i32"), ("max_pos",), HALF_HEAD),
+    Kernel("rope", "rope", (_buf("q", direction="inout"), _buf("k", direction="inout"), _buf("pos", "i32"), *_ROPE,
+                            *_ints("rows", "n_q_heads", "n_kv_heads", "head_dim", "q_stride", "k_stride")),
+           ROPE_GRID, HALF_HEAD),
+    Kernel("rope", "qk_norm_rope", (_buf("q", direction="inout"), _buf("k", direction="inout"), _buf("qw"), _buf("kw"),
+                                    _buf("pos", "i32"), *_ROPE, *_ints("rows", "n_q_heads", "n_kv_heads", "head_dim",
+                                                                       "q_stride", "k_stride"), EPS),
+           ROPE_GRID, HALF_HEAD),
+    Kernel("rope", "qk_norm_rope_append", (
+        _buf("q", direction="inout"), _buf("k", direction="inout"), _buf("v"), _buf("qw"), _buf("kw"), *_APPEND, *_ROPE,
+        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+               "page_tokens", "q_stride", "k_stride"), EPS), ROPE_GRID, HALF_HEAD, Pdl.LATE),
+    Kernel("kv", "kv_append", (_buf("k"), _buf("v"), *_APPEND, *_ints("pages_per_seq", "rows", "n_seqs", "layer",
+                                                                     "n_layers", "n_kv_heads", "head_dim",
+                                                                     "page_tokens", "kv_stride")),
+           ("rows", "n_kv_heads"), (32,)),
+    # sem: the split counters, zero between launches (the merging block resets them), so the
+    # launch leaves it as it found it and does not list it among its writes.
+    Kernel("attention", "attention_decode", (
+        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("pos", "i32"), _buf("part_o", "f32", "out"),
+        _buf("part_ml", "f32", "out"), _buf("sem", "i32", "inout"), _buf("o", direction="out"),
+        *_ints("rows", "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "page_tokens",
+               "split_tokens", "q_stride")),
+           ("rows", "n_kv_heads", "n_splits"), (TILES["DEC_THREADS"],), Pdl.EARLY, "kv",
+           writes=("part_o", "part_ml", "o")),
+    Kernel("prefill_attention", "prefill_attention", (
+        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
+        _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+                                           "n_kv_heads", "head_dim", "page_tokens", "q_stride")),
+           ("n_q_heads", {"add": [{"ceil_div": ["rows", TILES["PF_BM"]]}, "n_seqs"]}), (TILES["PF_THREADS"],)),
+    Kernel("mlp", "silu_mul", (_buf("gate_up"), _buf("h", direction="out"), *_ints("rows", "inter")),
+           ("rows", {"ceil_div": ["inter", 8 * 256]}), (256,)),  # 8 elements a thread, any block size
+    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
+                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
+                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
+    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
+                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_rope_append", (
+        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
+        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+               "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
+    Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
+                                        _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
+                                        *_ints("vocab", "n_rows", "chunks")),
+           ("chunks", "n_rows"), (256,), Pdl.LATE),
+    Kernel("argmax", "argmax_final", (_buf("part_val", "f32"), _buf("part_idx", "i32"), _buf("tokens", "i32", "out"),
+                                      *_ints("n_rows", "chunks")), ("n_rows",), (32,), Pdl.LATE),
+)
+
+BY_ENTRY = {k.entry: k for k in KERNELS}
+MODULES = tuple(sorted({k.module for k in KERNELS}))
+
+
+@dataclass(frozen=True)
+class Op:
+    """A manifest op: its kernels launched in order. params: the op's parameter order when it is
+    not the one kernel's (several kernels, or a parameter only the grid reads)."""
+
+    entries: tuple[str, ...]
+    params: tuple[str, ...] | None = None
+
+    def to_manifest(self, by_entry: dict[str, Kernel] | None = None) -> dict:
+        """by_entry: where the entries are looked up (another family's table; default this one's)."""
+        kernels = [(by_entry or BY_ENTRY)[e] for e in self.entries]
+        params = self.params or kernels[0].params
+        launches = []
+        for k in kernels:
+            launch: dict = {"module": k.module, "entry": k.entry}
+            if k.pdl is not Pdl.OFF:
+                launch["pdl"] = True
+            if k.params != params:
+                launch["args"] = [p.split(":")[0] for p in k.params]
+            if k.writes is not None:
+                launch["writes"] = list(k.writes)
+            launch["grid"] = list(k.grid)
+            launch["block"] = list(k.block)
+            launches.append(launch)
+        return {"params": list(params), "impl": {"launches": launches}}
+
+
+_ATTN = BY_ENTRY["attention_decode"].params
+_SAMPLE = BY_ENTRY["sample_partial"].params
+OPS = {
+    "embed": Op(("embed",)), "gather_last": Op(("gather_last",)), "rms_norm": Op(("rms_norm",)),
+    "add_rms_norm": Op(("add_rms_norm",)), "rope_table": Op(("rope_table",)), "rope": Op(("rope",)),
+    "qk_norm_rope": Op(("qk_norm_rope",)), "qk_norm_rope_append": Op(("qk_norm_rope_append",)),
+    "kv_append": Op(("kv_append",)),
+    "attention_decode": Op(("attention_decode",), (*_ATTN, "n_splits: i32")),
+    "attention_prefill": Op(("prefill_attention",)), "silu_mul": Op(("silu_mul",)),
+    "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
+    "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
+    "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
+    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
+}
+# Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
+EXTERN_OPS = {
+    "gemm": {"params": [_buf("x"), _buf("W"), _buf("y", direction="out"), "M: i32", "N: i32", "K: i32"],
+             "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]}},
+    "gemm_logits": {"params": [_buf("x"), _buf("W"), _buf("y", "f32", "out"), "M: i32", "N: i32", "K: i32"],
+                    "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn_f32"}]}},
+}
+
+
+def ops() -> dict:
+    """Every op the generator may emit, as manifest JSON."""
+    return {**{name: op.to_manifest() for name, op in OPS.items()}, **EXTERN_OPS}

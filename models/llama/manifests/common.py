@@ -1,0 +1,68 @@
+"""What the llama family's manifests share, whatever the target: buffer and argument helpers,
+the checkpoint's tensors as weight buffers, the sampling inputs and the context bound."""
+
+from __future__ import annotations
+
+from ..config import ConfigError, Shape
+
+PAGE_TOKENS = 16
+
+
+def buf(shape, kind="workspace", dtype="f32", **kw):
+    return {"kind": kind, "dtype": dtype, "shape": shape, **kw}
+
+
+def _w(shape, *tensors):
+    return buf(shape, "weight", bind=[{"tensor": t} for t in tensors])
+
+
+def weight_buffers(s: Shape, dtype: str) -> dict:
+    """Every checkpoint tensor as a weight buffer of dtype: q/k/v fused into one, gate/up into
+    one, the LM head on the embedding table when tied."""
+    def w(shape, *tensors):
+        return {**_w(shape, *tensors), "dtype": dtype}
+
+    out = {
+        "embed": w(["vocab", "hidden"], "model.embed_tokens.weight"),
+        "final_norm": w(["hidden"], "model.norm.weight"),
+        "lm_head": w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
+    }
+    for l in range(s.layers):
+        pre = f"model.layers.{l}."
+        out[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")
+        out[f"ln2.{l}"] = w(["hidden"], pre + "post_attention_layernorm.weight")
+        out[f"qkv_w.{l}"] = w(["qkv_dim", "hidden"], *(pre + f"self_attn.{p}_proj.weight" for p in "qkv"))
+        out[f"o_w.{l}"] = w(["hidden", "q_dim"], pre + "self_attn.o_proj.weight")
+        out[f"gate_up_w.{l}"] = w([{"mul": [2, "inter"]}, "hidden"], pre + "mlp.gate_proj.weight",
+                                  pre + "mlp.up_proj.weight")
+        out[f"down_w.{l}"] = w(["hidden", "inter"], pre + "mlp.down_proj.weight")
+        if s.qk_norm:
+            out[f"q_norm.{l}"] = w(["head_dim"], pre + "self_attn.q_norm.weight")
+            out[f"k_norm.{l}"] = w(["head_dim"], pre + "self_attn.k_norm.weight")
+    return out
+
+
+def b(name):
+    return {"buf": name}
+
+
+def v(x):
+    return {"value": x}
+
+
+def sampling_inputs(p: str, groups) -> dict:
+    """Each sequence's temperature (0: greedy) and the 64-bit key of its draw, as two i32."""
+    return {p + "temperature": buf([groups], "input", "f32", fill="temperature"),
+            p + "rng": buf([groups, 2], "input", "i32", fill="rng")}
+
+
+def context_of(s: Shape, context: int | None, limit: int | None = None) -> int:
+    """The context bound of a manifest: the model's max_position_embeddings (clipped to the
+    kernels' limit) unless given; a given one must be within both."""
+    top = min(s.max_pos, limit) if limit else s.max_pos
+    if context is None:
+        return top
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= top:
+        why = f"max_position_embeddings {s.max_pos}" + (f", the kernels {limit}" if limit else "")
+        raise ConfigError(f"context {context!r}: must be an integer in [1, {top}] ({why})")
+    return context

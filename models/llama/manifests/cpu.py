@@ -1,0 +1,147 @@
+"""The llama family's manifest for the cpu target (fp32 compute from the checkpoint's weights).
+
+Layers are unrolled into calls. Two stepping programs share the weights, the rope table and
+the paged KV state: `prefill` (several sequences, ragged rows with cu_seqlens, logits of each
+sequence's last row) and `decode` (one row per sequence)."""
+
+from __future__ import annotations
+
+from ..config import Shape
+from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
+
+F = "f32"
+
+
+def ops_cpu() -> dict:
+    def op(*params, entry=None, name=None):
+        return {"params": list(params), "impl": {"launches": [{"module": "kernels", "entry": entry or name}]}}
+
+    attn_scalars = ("layer: i32", "layers: i32", "heads: i32", "kv_heads: i32", "head_dim: i32", "page_tokens: i32")
+    table = {
+        "embed": ("ids: in buffer<i32>", "table: in buffer<f32>", "x: out buffer<f32>"),
+        "rms_norm": ("x: in buffer<f32>", "w: in buffer<f32>", "y: out buffer<f32>", "eps: f32"),
+        "add_rms_norm": ("res: inout buffer<f32>", "x: in buffer<f32>", "w: in buffer<f32>",
+                         "y: out buffer<f32>", "eps: f32"),
+        "head_rms_norm": ("qkv: inout buffer<f32>", "qw: in buffer<f32>", "kw: in buffer<f32>",
+                          "heads: i32", "kv_heads: i32", "head_dim: i32", "eps: f32"),
+        "linear": ("x: in buffer<f32>", "w: in buffer<f32>", "y: out buffer<f32>"),
+        "rope_table": ("table: out buffer<f32>", "theta: f32", "factor: f32", "low_freq_factor: f32",
+                       "high_freq_factor: f32", "original_max_pos: i32"),
+        "rope": ("qkv: inout buffer<f32>", "pos: in buffer<i32>", "table: in buffer<f32>",
+                 "heads: i32", "kv_heads: i32", "head_dim: i32"),
+        "kv_append": ("qkv: in buffer<f32>", "kv: inout state", "page_table: in buffer<i32>",
+                      "cu_seqlens: in buffer<i32>", "pos: in buffer<i32>", *attn_scalars),
+        "kv_append_decode": ("qkv: in buffer<f32>", "kv: inout state", "page_table: in buffer<i32>",
+                             "pos: in buffer<i32>", *attn_scalars),
+        "attention": ("qkv: in buffer<f32>", "kv: in state", "page_table: in buffer<i32>",
+                      "cu_seqlens: in buffer<i32>", "pos: in buffer<i32>", "o: out buffer<f32>", *attn_scalars),
+        "attention_decode": ("qkv: in buffer<f32>", "kv: in state", "page_table: in buffer<i32>",
+                             "pos: in buffer<i32>", "o: out buffer<f32>", *attn_scalars),
+        "silu_mul": ("gate_up: in buffer<f32>", "h: out buffer<f32>"),
+        "gather_last": ("x: in buffer<f32>", "cu_seqlens: in buffer<i32>", "y: out buffer<f32>"),
+        "sample": ("logits: in buffer<f32>", "temperature: in buffer<f32>", "key: in buffer<i32>",
+                   "tokens: out buffer<i32>"),
+    }
+    return {name: op(*params, name=name) for name, params in table.items()}
+
+
+def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
+    context = context_of(s, context)
+    pages = {"ceil_div": ["context", "page_tokens"]}
+    qkv_dim = s.q_dim + 2 * s.kv_dim
+    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
+
+    programs: dict = {
+        "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
+            b("rope"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high), v(s.rope_orig_max)]}]},
+    }
+    for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
+        p = prog[0] + "_"
+        decode = prog == "decode"
+        buffers.update({
+            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
+            p + "pos": buf([rows], "input", "i32", fill="position",
+                            domain={"range": [0, "reach" if prog == "decode" else "context"]}),
+            p + "page_table": buf(["seqs", pages], "input", "i32",
+                                   domain={"index_into": "kv", "stride": "page_tokens"}),
+            p + "x": buf([rows, "hidden"]),
+            p + "h": buf([rows, "hidden"]),
+            p + "qkv": buf([rows, "qkv_dim"]),
+            p + "attn": buf([rows, "q_dim"]),
+            p + "attn_out": buf([rows, "hidden"]),
+            p + "gate_up": buf([rows, {"mul": [2, "inter"]}]),
+            p + "act": buf([rows, "inter"]),
+            p + "mlp_out": buf([rows, "hidden"]),
+            p + "logits": buf(["seqs", "vocab"], "output", fill="logits"),
+            p + "next": buf(["seqs"], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, "seqs"),
+        })
+        if not decode:
+            buffers[p + "cu_seqlens"] = buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
+                                             domain={"range": [0, {"add": ["tokens", 1]}]})
+            buffers[p + "last"] = buf(["seqs", "hidden"])
+        attn_scalars = lambda l: [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens")]
+        kv = {"state": "kv"}
+        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x")]}]
+        for l in range(s.layers):
+            if l == 0:
+                calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(s.eps)]})
+            else:
+                calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
+                                                             b(p + "h"), v(s.eps)]})
+            calls.append({"op": "linear", "args": [b(p + "h"), b(f"qkv_w.{l}"), b(p + "qkv")]})
+            if s.qk_norm:
+                calls.append({"op": "head_rms_norm", "args": [b(p + "qkv"), b(f"q_norm.{l}"), b(f"k_norm.{l}"),
+                                                              v("heads"), v("kv_heads"), v("head_dim"), v(s.eps)]})
+            calls.append({"op": "rope", "args": [b(p + "qkv"), b(p + "pos"), b("rope"),
+                                                 v("heads"), v("kv_heads"), v("head_dim")]})
+            if decode:
+                calls.append({"op": "kv_append_decode", "args": [b(p + "qkv"), kv, b(p + "page_table"),
+                                                                 b(p + "pos"), *attn_scalars(l)]})
+                calls.append({"op": "attention_decode", "args": [b(p + "qkv"), kv, b(p + "page_table"),
+                                                                 b(p + "pos"), b(p + "attn"), *attn_scalars(l)]})
+            else:
+                calls.append({"op": "kv_append", "args": [b(p + "qkv"), kv, b(p + "page_table"),
+                                                          b(p + "cu_seqlens"), b(p + "pos"), *attn_scalars(l)]})
+                calls.append({"op": "attention", "args": [b(p + "qkv"), kv, b(p + "page_table"),
+                                                          b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"),
+                                                          *attn_scalars(l)]})
+            calls.append({"op": "linear", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "attn_out")]})
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"),
+                                                         b(p + "h"), v(s.eps)]})
+            calls.append({"op": "linear", "args": [b(p + "h"), b(f"gate_up_w.{l}"), b(p + "gate_up")]})
+            calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act")]})
+            calls.append({"op": "linear", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "mlp_out")]})
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
+                                                     v(s.eps)]})
+        last = p + "h"
+        if not decode:
+            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
+            last = p + "last"
+        calls.append({"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]})
+        calls.append({"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]})
+        programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
+                          else {"groups": "seqs", "rows": "tokens"}}
+
+    ops = ops_cpu()
+    if not s.qk_norm:
+        del ops["head_rms_norm"]
+    return {
+        "schema_version": 1,
+        "model": model,
+        "target": {"device": "cpu"},
+        "constants": {
+            "hidden": s.hidden, "layers": s.layers, "heads": s.heads, "kv_heads": s.kv_heads,
+            "head_dim": s.head_dim, "inter": s.inter, "vocab": s.vocab, "page_tokens": PAGE_TOKENS,
+            "q_dim": {"mul": ["heads", "head_dim"]},
+            "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
+        },
+        "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
+                 "reach": {"max": context}},
+        "buffers": buffers,
+        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 4]}}},
+        "modules": {"kernels": {"source": "kernels/llama_cpu.py", "sha256": ""}},
+        "ops": ops,
+        "programs": programs,
+    }

@@ -1,0 +1,253 @@
+"""The llama family's manifest for cuda sm_90a: bf16 buffers, the kernels of cuda/table.py
+(what each computes: cuda/KERNELS.md), cuBLASLt for prefill projections, CUDA graphs for decode.
+
+Decode launches after the first carry the PDL attribute (programmatic dependent launch) as the
+table says; the order of the calls below is what keeps the early triggers safe (cuda/common.cuh;
+tests/cuda/test_cuda_pdl_order.py).
+
+Buffer and program names match the cpu manifest (manifest_cpu.py), so kern test can judge this
+manifest span by span against the cpu reference of the same model."""
+
+from __future__ import annotations
+
+from ..config import ConfigError, Shape
+from ..kernels.cuda import table
+from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
+
+BF = "bf16"
+# Context split of decode attention: a sequence's context is spread over blocks of one tile
+# each (128 tokens at head_dim 64: a context that fits is one pass with no merge).
+DECODE_SPLIT = 128
+ARGMAX_CHUNKS = 128
+# The graph-captured decode program steps at most this many sequences: the gemv kernels read
+# each weight once for up to 32 rows (more go in passes that re-read it). Larger batches (a
+# server's, up to PREFILL_SEQS) step through the prefill program: ragged rows, one row each.
+DECODE_SEQS = 32
+PREFILL_SEQS = 256
+# The wide decode program steps 33 to WIDE_SEQS sequences, one row each, as a CUDA graph of
+# cuBLASLt GEMMs: each weight is read once a step however many rows there are (the gemv
+# kernels re-read it every 32 rows), which is what a server's large batches need.
+WIDE_SEQS = 256
+# The longest context the generator offers: the model's own max_position_embeddings, clipped to
+# this (the decode partials and the rope table grow with it; longer is untested).
+MAX_CONTEXT = 32768
+
+
+def _qkv_slices(p: str):
+    q = {"buf": p + "qkv"}
+    k = {"buf": p + "qkv", "offset": "q_dim"}
+    vv = {"buf": p + "qkv", "offset": {"add": ["q_dim", "kv_dim"]}}
+    return q, k, vv
+
+
+def _gemm_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention) -> list:
+    """The embedding, every layer as one op a step (cuBLASLt GEMMs for the projections) and
+    the final norm into `h`; `attention(l)` is layer l's attention call. Prefill's and the
+    wide decode's programs share it."""
+    q, k, vv = _qkv_slices(p)
+    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
+    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    for l in range(s.layers):
+        if l == 0:
+            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
+                                                     v(s.eps)]})
+        else:
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
+                                                         b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
+        if s.qk_norm:
+            calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
+                          b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
+                          v("qkv_dim"), v(s.eps)]})
+        else:
+            calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
+                                                 v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
+        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
+                      b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v(seqs), v(l), v("layers"),
+                      v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
+        calls.append(attention(l))
+        calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
+                                                     v(rows), v("hidden"), v(s.eps)]})
+        calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
+        calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
+        calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
+    calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
+                                                 v(rows), v("hidden"), v(s.eps)]})
+    return calls
+
+
+def _prefill_calls(s: Shape, p: str, pages) -> list:
+    """Prefill, one op per step of the layer: cuBLASLt GEMMs, flash prefill attention. Its
+    calls mirror the cpu reference one to one, so kern test compares every intermediate."""
+    rows, seqs = "tokens", "prefill_seqs"
+    q, _, _ = _qkv_slices(p)
+    calls = _gemm_layers(s, p, rows, seqs, pages, lambda l: {"op": "attention_prefill", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
+        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+        v("qkv_dim")]})
+    calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
+                                                v("hidden")]})
+    calls.append({"op": "gemv_logits", "args": [b(p + "last"), b("lm_head"), b(p + "logits"), v(seqs),
+                                                v("vocab"), v("hidden")]})
+    calls.append(_argmax(p, seqs))
+    return calls
+
+
+def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
+    """Decode, five launches a layer (a CUDA graph of PDL launches): the input norm, the qkv
+    projection, rope and the KV append are one kernel; attention merges its own context
+    splits; the o projection adds into the residual stream x; the post-attention norm, the
+    gate/up projection and SwiGLU are one kernel; the down projection adds into x. Models with
+    q/k norms (Qwen3) keep rope apart, after the normed qkv projection: six a layer.
+    Attention's grid takes the context splits the step's reach holds, not the context bound's:
+    at a context of 100, 2 blocks a (row, kv head) instead of 64 that mostly leave at once."""
+    rows = "seqs"
+    q, k, vv = _qkv_slices(p)
+    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    for l in range(s.layers):
+        append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
+                  v(rows), v("seqs"), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
+                  v("page_tokens")]
+        if s.qk_norm:
+            calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
+                                                      v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
+            calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
+                                                                *append, v("qkv_dim"), v("qkv_dim"), v(s.eps)]})
+        else:
+            calls.append({"op": "norm_gemv_rope_append", "args": [
+                b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append, v("qkv_dim"), v("hidden"),
+                v(s.eps)]})
+        calls.append({"op": "attention_decode", "args": [
+            q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
+            b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+        calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
+                                                      v("hidden"), v("q_dim")]})
+        calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
+                                                         b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
+        calls.append({"op": "gemv_residual", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
+                                                      v("hidden"), v("inter")]})
+    calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                                     v(rows), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_argmax(p, "seqs"))
+    return calls
+
+
+def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
+    """Decode of many sequences, one row each: the prefill program's GEMM layers (cuBLASLt,
+    weights read once a step for every row) with decode attention over each sequence's pages,
+    and the LM head as a GEMM with fp32 output."""
+    rows = "wide_seqs"
+    q, _, _ = _qkv_slices(p)
+    calls = _gemm_layers(s, p, rows, rows, pages, lambda l: {"op": "attention_decode", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "sem"),
+        b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
+        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+    calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
+                                                v("hidden")]})
+    calls.append(_argmax(p, rows))
+    return calls
+
+
+def _argmax(p: str, seqs: str) -> dict:
+    """Each sequence's next token: its logits' argmax, or a draw at its temperature (cuda/argmax.cu)."""
+    return {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "argmax_val"),
+                                     b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
+
+
+def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
+    """What these kernels support (cuda/KERNELS.md); every problem at once, as a ConfigError."""
+    problems = []
+    if s.head_dim not in (64, 128, 256):
+        problems.append(f"head_dim {s.head_dim}: the attention kernels take 64, 128 or 256")
+    if s.heads % s.kv_heads or s.heads // s.kv_heads > 8:
+        problems.append(f"{s.heads} query heads over {s.kv_heads} kv heads: the attention kernels need a "
+                        "whole group of at most 8 query heads a kv head")
+    for name, n in (("hidden_size", s.hidden), ("intermediate_size", s.inter)):
+        if n % 8:
+            problems.append(f"{name} {n}: the gemv kernels need a multiple of 8")
+    if decode_split < 1:
+        problems.append(f"decode_split {decode_split}: must be at least 1")
+    if problems:
+        raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
+
+
+def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, prefill_seqs: int = PREFILL_SEQS,
+          context: int | None = None, decode_split: int = DECODE_SPLIT) -> dict:
+    """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
+    program's (ragged rows, so also the path for decode batches larger than seqs).
+    decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
+    check_shape(s, decode_split)
+    if seqs > DECODE_SEQS:
+        raise ConfigError(f"seqs {seqs}: the graph-captured decode program steps at most {DECODE_SEQS} sequences "
+                          f"(larger batches step through the prefill program, up to prefill_seqs)")
+    context = context_of(s, context, MAX_CONTEXT)
+    pages = {"ceil_div": ["context", "page_tokens"]}
+    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
+
+    programs: dict = {
+        "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
+            b("rope"), v("context"), v("head_dim"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high),
+            v(s.rope_orig_max)]}]},
+    }
+    for prog, rows, gseqs in (("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
+                              ("decode_wide", "wide_seqs", "wide_seqs")):
+        p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_"}[prog]
+        decode = prog != "prefill"
+        bw = lambda shape, kind="workspace", dtype=BF, **kw: buf(shape, kind, dtype, **kw)
+        buffers.update({
+            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
+            p + "pos": buf([rows], "input", "i32", fill="position",
+                            domain={"range": [0, "reach" if decode else "context"]}),
+            p + "cu_seqlens": buf([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
+                                   domain={"range": [0, {"add": [rows, 1]}]}),
+            p + "page_table": buf([gseqs, pages], "input", "i32",
+                                   domain={"index_into": "kv", "stride": "page_tokens"}),
+            p + "x": bw([rows, "hidden"]), p + "h": bw([rows, "hidden"]), p + "qkv": bw([rows, "qkv_dim"]),
+            p + "attn": bw([rows, "q_dim"]), p + "attn_out": bw([rows, "hidden"]),
+            p + "gate_up": bw([rows, {"mul": [2, "inter"]}]), p + "act": bw([rows, "inter"]),
+            p + "mlp_out": bw([rows, "hidden"]),
+            p + "logits": buf([gseqs, "vocab"], "output", "f32", fill="logits"),
+            p + "argmax_val": bw([gseqs, ARGMAX_CHUNKS], dtype="f32"),
+            p + "argmax_idx": bw([gseqs, ARGMAX_CHUNKS], dtype="i32"),
+            p + "next": buf([gseqs], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, gseqs),
+        })
+        if decode:
+            n_splits = max(-(-context // decode_split), 2)
+            buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
+            buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
+            buffers[p + "sem"] = buf([rows, "kv_heads"], "carry", "i32")
+        if prog == "decode":
+            for n in ("h", "attn_out", "gate_up", "mlp_out"):
+                del buffers[p + n]  # fused away: see _decode_calls
+            calls = _decode_calls(s, p, pages, decode_split)
+        elif prog == "decode_wide":
+            calls = _wide_calls(s, p, pages, decode_split)
+        else:
+            buffers[p + "last"] = bw([gseqs, "hidden"])
+            calls = _prefill_calls(s, p, pages)
+        programs[prog] = {"calls": calls, "graph": decode,
+                          "batch": {"groups": gseqs, "rows": 1, "reach": "reach"} if decode
+                          else {"groups": "prefill_seqs", "rows": "tokens"}}
+
+    used = {c["op"] for prog in programs.values() for c in prog["calls"]}
+    ops = {name: op for name, op in table.ops().items() if name in used}
+    return {
+        "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": table.ARCH},
+        "constants": {
+            "hidden": s.hidden, "layers": s.layers, "heads": s.heads, "kv_heads": s.kv_heads,
+            "head_dim": s.head_dim, "inter": s.inter, "vocab": s.vocab, "page_tokens": PAGE_TOKENS,
+            "q_dim": {"mul": ["heads", "head_dim"]}, "kv_dim": {"mul": ["kv_heads", "head_dim"]},
+            "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
+        },
+        "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
+                 "wide_seqs": {"max": WIDE_SEQS}, "context": {"max": context},
+                 "reach": {"max": context}},
+        "buffers": buffers,
+        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
+        "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in table.MODULES},
+        "ops": ops, "programs": programs,
+    }
