@@ -70,6 +70,20 @@ __device__ __forceinline__ int warp_min(int v) {
     return v;
 }
 
+// Argmax over (value, index) pairs: the larger value wins, a tie goes to the lower index, NaN
+// never wins (every comparison with it is false). warp_best leaves the warp's best in every lane.
+__device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+__device__ __forceinline__ void warp_best(float &bv, int &bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, v, i);
+    }
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets
 // the result. `scratch` holds 32 floats. Order: lanes by xor tree, then warps 0..n-1.
 __device__ __forceinline__ float block_sum(float v, float *scratch) {

@@ -11,20 +11,7 @@
 #include "common.cuh"
 #include <limits.h>
 
-__device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
-
-__device__ __forceinline__ void warp_best(float &bv, int &bi) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, v, i);
-    }
-}
-
-// splitmix64's finaliser: a bijective 64-bit mix (models/llama/cpu/kernels.py mirrors it).
+// splitmix64's finaliser: a bijective 64-bit mix (models/llama/kernels/cpu/kernels.py mirrors it).
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

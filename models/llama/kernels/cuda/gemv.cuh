@@ -203,23 +203,37 @@ __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, cons
     }
 }
 
-// One pass over rows [r0, r0 + R), R <= 8 * NT. Each warp's first W unit is loaded before
-// griddepcontrol.wait (W never depends on the previous kernel; x does), so under PDL the
-// weight stream overlaps the previous kernel's tail. `xw` is this warp's staging tile (8 rows
-// of GEMV_XLD), later its slice of the reduction (red(w)); `ssr` the warps' sums of squares.
-template <int NT, class X, class Y>
-__device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys,
-                                          int r0, int R, int N, int K, char *smem, float *ssr,
-                                          bool first, bool early) {
+// Where a pass keeps its staged x rows and the warps' partial sums. The per-op kernels: a warp's
+// 8 staged rows, later its slice of the reduction, in the same bytes (GEMV_WARP_SMEM a warp).
+struct GemvSmem {
+    static constexpr bool SHARED = true;  // the reduction overwrites the staged rows
+    char *smem;
+    __device__ bf16 *stage(int warp, int) const { return reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM); }
+    __device__ float *red(int w) const { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); }
+};
+// A Y's view after the wait: itself, unless it reads what the previous kernel writes through a
+// pointer that must not be read before the wait (an overload for such a Y says so).
+template <class Y>
+__device__ __forceinline__ Y y_after(const Y &y) { return y; }
+
+// One pass of tile `tile` (16 W rows, or 8 pairs) over rows [r0, r0 + R), R <= 8 * NT. Each
+// warp's first W unit is loaded before wait() (W never depends on the previous kernel or
+// phase; x does): under PDL the weight stream overlaps the previous kernel's tail. mem.stage
+// is this warp's staging tile (8 rows of GEMV_XLD for each of the NT row tiles, or the same 8
+// rows reused), mem.red(w) warp w's slice of the reduction; `ssr` the warps' sums of squares.
+// staged: the rows are in this warp's stage already (the megakernel's later tiles of a phase):
+// the same values, not loaded and formed again.
+template <int NT, class X, class Y, class Mem, class Wait>
+__device__ __forceinline__ void gemv_tile(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile,
+                                          int r0, int R, int N, int K, const Mem &mem, float *ssr, bool staged,
+                                          const Wait &wait) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x, n0 = GEMV_COLS * tile;
-    bf16 *xw = reinterpret_cast<bf16 *>(smem + warp * GEMV_WARP_SMEM);
-    auto red = [&](int w) { return reinterpret_cast<float *>(smem + w * GEMV_WARP_SMEM); };
+    const int n0 = GEMV_COLS * tile;
     int row0, row1;
     bool ok0, ok1;
     if constexpr (Y::PAIRED) {
-        ok0 = ok1 = ys.wrows(tile, g, N, row0, row1);
+        ok0 = ok1 = ys0.wrows(tile, g, N, row0, row1);
     } else {
         row0 = n0 + g;
         row1 = n0 + g + 8;
@@ -231,12 +245,14 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
     uint4 a[GEMV_KU], b[GEMV_KU];
     int kb = warp * GEMV_UNIT;
     ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    if (first) {
-        pdl_wait();
-        if (!early) pdl_launch_dependents();
-    }
+    wait();
+    // after(): the activations' addresses come from after the wait, so their loads (asm that the
+    // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
+    // above it nor reuse values from before it
     const X xs = xs0.after();
-    if constexpr (X::NORM) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;  // this warp's row sums
+    const Y ys = y_after(ys0);
+    if constexpr (X::NORM)
+        if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;  // this warp's row sums
     float c[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
@@ -244,12 +260,13 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
         if constexpr (X::NORM) {
             const int kc = kb + 8 * lane;  // this lane's 8 elements of the unit when staging
             const bool okc = kc < K;
-            const uint4 nw = xs.weight(okc ? kc : 0);
+            const uint4 nw = staged ? make_uint4(0, 0, 0, 0) : xs.weight(okc ? kc : 0);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
+                bf16 *xw = mem.stage(warp, nt);
                 __syncwarp();  // the previous tile's reads of xw are done
 #pragma unroll
-                for (int i0 = 0; i0 < 8; i0 += GEMV_STAGE_ROWS) {
+                for (int i0 = 0; i0 < 8 && !staged; i0 += GEMV_STAGE_ROWS) {
                     uint4 raw[GEMV_STAGE_ROWS];
 #pragma unroll
                     for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
@@ -294,11 +311,11 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
 
     // c[nt][i]: i = 0, 1 -> (W row g, x rows 2t, 2t+1), i = 2, 3 -> (W row g + 8, same x rows).
     // red(warp)[nt * 4 + i][lane]; then the 8 warps are added in order.
-    __syncwarp();  // xw becomes red(warp)
+    if constexpr (Mem::SHARED) __syncwarp();  // xw becomes red(warp)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
+        for (int i = 0; i < 4; ++i) mem.red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
     __syncthreads();
     for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
         const int q = j >> 5, l = j & 31;
@@ -318,8 +335,8 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
                 float as = 0.f, bs = 0.f;
 #pragma unroll
                 for (int w = 0; w < GEMV_WARPS; ++w) {
-                    as += red(w)[q * 32 + l];
-                    bs += red(w)[(q + 2) * 32 + l];
+                    as += mem.red(w)[q * 32 + l];
+                    bs += mem.red(w)[(q + 2) * 32 + l];
                 }
                 ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
             }
@@ -328,7 +345,7 @@ __device__ __forceinline__ void gemv_pass(const X &xs0, const bf16 *__restrict__
             if (col < N) {
                 float v = 0.f;
 #pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
+                for (int w = 0; w < GEMV_WARPS; ++w) v += mem.red(w)[q * 32 + l];
                 ys.put((size_t)(r0 + row) * N + col, v * scale);
             }
         }
@@ -343,11 +360,19 @@ __device__ __forceinline__ void gemv(const X &xs, const bf16 *__restrict__ W, co
     __shared__ __align__(16) char smem[GEMV_WARPS * GEMV_WARP_SMEM];
     __shared__ float ssr[GEMV_WARPS * 8 * GEMV_MAX_NT];
     if (early) pdl_launch_dependents();
+    const GemvSmem mem{smem};
     for (int r0 = 0; r0 < rows; r0 += 8 * GEMV_MAX_NT) {
         const int R = min(8 * GEMV_MAX_NT, rows - r0);
         const bool first = r0 == 0;
-        if (R <= 8) gemv_pass<1>(xs, W, ys, r0, R, N, K, smem, ssr, first, early);
-        else if (R <= 16) gemv_pass<2>(xs, W, ys, r0, R, N, K, smem, ssr, first, early);
-        else gemv_pass<4>(xs, W, ys, r0, R, N, K, smem, ssr, first, early);
+        // the first pass waits for the previous kernel after its first weight loads (PDL)
+        const auto wait = [&] {
+            if (first) {
+                pdl_wait();
+                if (!early) pdl_launch_dependents();
+            }
+        };
+        if (R <= 8) gemv_tile<1>(xs, W, ys, blockIdx.x, r0, R, N, K, mem, ssr, false, wait);
+        else if (R <= 16) gemv_tile<2>(xs, W, ys, blockIdx.x, r0, R, N, K, mem, ssr, false, wait);
+        else gemv_tile<4>(xs, W, ys, blockIdx.x, r0, R, N, K, mem, ssr, false, wait);
     }
 }

@@ -222,149 +222,24 @@ struct Proj {
 // this much dynamic shared memory)
 #define MEGA_SMEM_BYTES (GEMV_WARPS * (MEGA_STAGE + MEGA_NT * 4 * 32 * 4) + GEMV_WARPS * 8 * GEMV_MAX_NT * 4)
 
-// ---- projections: gemv.cuh's pass, one tile at a time ---------------------------------------
-// gemv_pass with the tile given (not blockIdx.x) and the grid barrier where gemv_pass waits for
-// the previous kernel: the same loads, mma order and reduction, so the same bits as the per-op
-// kernels.
-// gemv.cuh's YAddRes with its residual pointer taken after the wait (see mega_pass); the same
-// arithmetic, so the same bits. The other outputs only write, or read weights and the block's
-// own shared memory.
-struct YAddResMega {
-    static constexpr bool PAIRED = false;
-    bf16 *res;
-    __device__ void put(size_t i, float v) const { res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v)); }
+// ---- projections: gemv.cuh's tile loop, one tile at a time ----------------------------------
+// gemv_tile with the tile given (not blockIdx.x) and the grid barrier where the per-op kernels
+// wait for the previous kernel: the same loads, mma order and reduction, so the same bits as
+// the per-op kernels. A warp keeps MEGA_NT tiles of 8 staged rows (a later tile of the phase
+// reuses them) and the partial sums apart from them.
+struct MegaStage {
+    static constexpr bool SHARED = false;
+    char *tiles;
+    float *red_base;
+    __device__ bf16 *stage(int warp, int nt) const {
+        return reinterpret_cast<bf16 *>(tiles + warp * MEGA_STAGE) + nt * 8 * GEMV_XLD;
+    }
+    __device__ float *red(int w) const { return red_base + w * MEGA_NT * 4 * 32; }
 };
-template <class Y>
-__device__ __forceinline__ Y y_after(const Y &y) { return y; }
-__device__ __forceinline__ YAddResMega y_after(const YAddResMega &y) { return {after_wait(y.res)}; }
-
-// staged: a normed x's rows are in this warp's stage already (a later tile of the phase, the
-// warp holding one unit of K): the same values, not loaded and formed again.
-template <int NT, class X, class Y>
-__device__ __forceinline__ void mega_pass(const X &xs0, const bf16 *__restrict__ W, const Y &ys0, int tile, int r0,
-                                          int R, int N, int K, char *smem, float *red_base, float *ssr, GridBar &gb,
-                                          bool staged) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int n0 = GEMV_COLS * tile;
-    bf16 *xw0 = reinterpret_cast<bf16 *>(smem + warp * MEGA_STAGE);
-    auto red = [&](int w) { return red_base + w * MEGA_NT * 4 * 32; };
-    int row0, row1;
-    bool ok0, ok1;
-    if constexpr (Y::PAIRED) {
-        ok0 = ok1 = ys0.wrows(tile, g, N, row0, row1);
-    } else {
-        row0 = n0 + g;
-        row1 = n0 + g + 8;
-        ok0 = row0 < N;
-        ok1 = row1 < N;
-    }
-    const bf16 *w0 = W + (size_t)(ok0 ? row0 : 0) * K;
-    const bf16 *w1 = W + (size_t)(ok1 ? row1 : 0) * K;
-    uint4 a[GEMV_KU], b[GEMV_KU];
-    int kb = warp * GEMV_UNIT;
-    ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    gb.wait();  // weights never depend on the other blocks; x does
-    // after(): the activations' addresses come from after the wait, so their loads (asm that the
-    // compiler may move or merge: ld_act is neither volatile nor memory-clobbering) neither rise
-    // above it nor reuse an earlier phase's values
-    const X xs = xs0.after();
-    const Y ys = y_after(ys0);
-    if constexpr (X::NORM)
-        if (!staged) ssr[warp * 8 * GEMV_MAX_NT + lane] = 0.f;
-    float c[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
-    while (kb < K) {
-        if constexpr (X::NORM) {
-            const int kc = kb + 8 * lane;
-            const bool okc = kc < K;
-            const uint4 nw = staged ? make_uint4(0, 0, 0, 0) : xs.weight(okc ? kc : 0);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                bf16 *xw = xw0 + nt * 8 * GEMV_XLD;
-                __syncwarp();
-#pragma unroll
-                for (int i0 = 0; i0 < 8 && !staged; i0 += GEMV_STAGE_ROWS) {
-                    uint4 raw[GEMV_STAGE_ROWS];
-#pragma unroll
-                    for (int i = 0; i < GEMV_STAGE_ROWS; ++i)
-                        if (nt * 8 + i0 + i < R) raw[i] = xs.fetch(r0 + nt * 8 + i0 + i, okc ? kc : 0, K);
-#pragma unroll
-                    for (int i = 0; i < GEMV_STAGE_ROWS; ++i) {
-                        if (nt * 8 + i0 + i < R) {
-                            float ss = 0.f;
-                            *reinterpret_cast<uint4 *>(xw + (i0 + i) * GEMV_XLD + 8 * lane) =
-                                xs.form(raw[i], nw, okc, ss);
-                            ss = warp_sum(ss);
-                            if (lane == 0) ssr[warp * 8 * GEMV_MAX_NT + nt * 8 + i0 + i] += ss;
-                        }
-                    }
-                }
-                __syncwarp();
-#pragma unroll
-                for (int u = 0; u < GEMV_KU; ++u) {
-                    const uint4 xv = *reinterpret_cast<const uint4 *>(xw + g * GEMV_XLD + 32 * u + 8 * t);
-                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
-                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < GEMV_KU; ++u) {
-                const int k = kb + 32 * u + 8 * t;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const int row = nt * 8 + g;
-                    const uint4 xv = (row < R && k < K) ? xs.fetch(r0 + row, k, K) : make_uint4(0, 0, 0, 0);
-                    mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
-                    mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
-                }
-            }
-        }
-        kb += GEMV_WARPS * GEMV_UNIT;
-        if (kb < K) ld_unit(a, b, w0, w1, ok0, ok1, kb, t, K);
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red(warp)[(nt * 4 + i) * 32 + lane] = c[nt][i];
-    __syncthreads();
-    for (int j = threadIdx.x; j < NT * 4 * 32; j += blockDim.x) {
-        const int q = j >> 5, l = j & 31;
-        const int nt = q >> 2, i = q & 3;
-        const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        if (row >= R) continue;
-        float scale = 1.f;
-        if constexpr (X::NORM) {
-            float s = 0.f;
-#pragma unroll
-            for (int w = 0; w < GEMV_WARPS; ++w) s += ssr[w * 8 * GEMV_MAX_NT + row];
-            scale = 1.f / sqrtf(s / (float)K + xs.eps);
-        }
-        if constexpr (Y::PAIRED) {
-            int w0_, w1_;
-            if (i < 2 && ys.wrows(tile, l >> 2, N, w0_, w1_)) {
-                float as = 0.f, bs = 0.f;
-#pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) {
-                    as += red(w)[q * 32 + l];
-                    bs += red(w)[(q + 2) * 32 + l];
-                }
-                ys.put(r0 + row, tile, l >> 2, N, as * scale, bs * scale);
-            }
-        } else {
-            const int col = n0 + (l >> 2) + (i >= 2 ? 8 : 0);
-            if (col < N) {
-                float v = 0.f;
-#pragma unroll
-                for (int w = 0; w < GEMV_WARPS; ++w) v += red(w)[q * 32 + l];
-                ys.put((size_t)(r0 + row) * N + col, v * scale);
-            }
-        }
-    }
-    __syncthreads();
-}
+// The residual add reads x, which another block of the grid wrote in the phase before: its
+// pointer is taken after the wait (the same arithmetic as gemv.cuh's YAddRes, so the same bits).
+// The other outputs only write, or read weights and the block's own shared memory.
+__device__ __forceinline__ YAddRes y_after(const YAddRes &y) { return {after_wait(y.res)}; }
 
 // rmsnorm(res[rows[j]]) * w: XNorm over a gathered subset of rows (the LM head's last rows).
 struct XNormRows {
@@ -442,7 +317,7 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
         }
         cp_async_commit();
     };
-    const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (mega_pass says why)
+    const bf16 *qkv = after_wait(a.qkv);  // read after the phase's wait (gemv_tile says why)
     for (int i = tid; i < G * HD; i += blockDim.x)
         sm.q[i / HD][i % HD] = to_f(__ldcg(qkv + (size_t)r * qkv_dim + (kh * G) * HD + i)) * scale;
     if (tid < G) {
@@ -547,22 +422,6 @@ __device__ void attend(const AttnArgs &a, const Layout &Lo, int r, int kh, int z
     __syncthreads();
 }
 
-// ---- argmax: ties to the lowest index, NaN never wins -------------------------------------
-__device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
-    if (v2 > v || (v2 == v && i2 < i)) {
-        v = v2;
-        i = i2;
-    }
-}
-__device__ __forceinline__ void warp_best(float &v, int &i) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-        better(v, i, v2, i2);
-    }
-}
-
 // The block's working memory, in dynamic shared memory: a projection's staged x rows (a warp's
 // own, kept across the phase's tiles), the warps' partial sums and sums of squares; or
 // attention's tiles.
@@ -585,14 +444,15 @@ static_assert(sizeof(MegaSmem) <= MEGA_SMEM_BYTES, "mega.cu's MEGA_SMEM_BYTES (a
 template <class X, class Y>
 __device__ void mega_gemv(const X &xs, const Proj &p, const Y &ys, int rows, MegaSmem &sm, GridBar &gb) {
     const bool keep = X::NORM && rows <= 8 * MEGA_NT && p.K <= GEMV_WARPS * GEMV_UNIT;
-    char *st = sm.g.tiles;
-    float *rd = &sm.g.red[0][0], *ss = sm.g.ssr;
+    const MegaStage mem{sm.g.tiles, &sm.g.red[0][0]};
+    float *ss = sm.g.ssr;
+    const auto wait = [&] { gb.wait(); };
     for (int tile = blockIdx.x; tile < p.n_tiles; tile += gridDim.x) {
         const bool staged = keep && tile != blockIdx.x;
         for (int r0 = 0; r0 < rows; r0 += 8 * MEGA_NT) {
             const int R = min(8 * MEGA_NT, rows - r0);
-            if (R <= 8) mega_pass<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
-            else mega_pass<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, st, rd, ss, gb, staged);
+            if (R <= 8) gemv_tile<1>(xs, p.W, ys, tile, r0, R, p.N, p.K, mem, ss, staged, wait);
+            else gemv_tile<2>(xs, p.W, ys, tile, r0, R, p.N, p.K, mem, ss, staged, wait);
         }
     }
     gb.wait();
@@ -768,7 +628,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 1);
             }
             if (in(ph + 2)) {  // o projection into the residual stream
-                mega_gemv(XPlain{attn}, proj(ph + 2), YAddResMega{x}, R, sm, gb);
+                mega_gemv(XPlain{attn}, proj(ph + 2), YAddRes{x}, R, sm, gb);
                 done(ph + 2);
             }
             if (in(ph + 3)) {  // norm, gate/up, SwiGLU
@@ -776,7 +636,7 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
                 done(ph + 3);
             }
             if (in(ph + 4)) {  // down projection into the residual stream
-                mega_gemv(XPlain{act}, proj(ph + 4), YAddResMega{x}, R, sm, gb);
+                mega_gemv(XPlain{act}, proj(ph + 4), YAddRes{x}, R, sm, gb);
                 done(ph + 4);
             }
         }
