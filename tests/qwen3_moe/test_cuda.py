@@ -118,3 +118,15 @@ def test_ep2_on_two_gpus_gives_the_one_gpu_logits(tmp_path):
     c = compare(teacher_forced(one, ids), teacher_forced(two, ids))
     assert c["mean_kl"] < 1e-4 and c["agree_decisive"] == 1.0, c
     assert one.generate(ids[:20], max_tokens=8).tokens == two.generate(ids[:20], max_tokens=8).tokens
+
+
+def test_the_moe_kernels_keep_the_dense_chain_s_pdl_order(published):
+    """The MoE kernels launch without the PDL attribute (they start when the kernel before them
+    is done); the dense kernels around them keep the order common.cuh asks for."""
+    from tests.cuda.test_cuda_pdl_order import _violations
+
+    for name, prog in published["programs"].items():
+        seq = [(la["entry"], bool(la.get("pdl"))) for c in prog["calls"]
+               for la in published["ops"][c["op"]]["impl"]["launches"]]
+        assert not any(pdl for entry, pdl in seq if entry.startswith("moe_")), name
+        assert _violations(seq) == [], name
