@@ -18,10 +18,12 @@ from .generation.loop import Loop
 from .generation.outputs import Delta
 from .generation.params import SamplingParams
 from .manifest import load_verified
-from .runtime.engine import DEFAULT_STATE_BUDGET, Engine, make_device
-from .runtime.errors import BoundsError, KernError
+from .runtime.engine import DEFAULT_STATE_BUDGET
+from .runtime.stepping import open_engine
+from .errors import KernError
+from .runtime.errors import BoundsError
 from .runtime.jsonfiles import read_object, token_ids
-from .registry import default_model, deployment_for
+from .deployments import default_model, deployment_for
 from .tokenizer import Tokenizer
 
 
@@ -46,8 +48,8 @@ class Generation:
 
 
 # Greedy decode steps a host wait where the device runs them as one launch: at 8 the host's
-# part of a step (the launch, the wait, the read) is paid once in 8 (docs/perf.md: +3-5% tok/s
-# on the H200); a stop token inside a run costs at most 7 steps' work that is thrown away.
+# part of a step (the launch, the wait, the read) is paid once in 8 (the gain: docs/perf.md); a
+# stop token inside a run costs at most 7 steps' work that is thrown away.
 RUN_AHEAD = 8
 
 
@@ -64,14 +66,8 @@ class Model:
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
-        if self.verified.manifest.topology.ranks > 1:  # a split deployment (docs/tensor-parallel.md)
-            from .runtime.ranks import load_split
-
-            self.engine = load_split(manifest, checkpoint, state_budget=state_budget, paged=True,
-                                     host_bytes=host_bytes)
-        else:
-            self.engine = Engine(self.verified, checkpoint, device=device or make_device(self.verified),
-                                 state_budget=state_budget, paged=True, host_bytes=host_bytes)
+        self.engine = open_engine(self.verified, checkpoint, device=device, state_budget=state_budget, paged=True,
+                                  host_bytes=host_bytes)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "

@@ -25,9 +25,10 @@ from .manifest.expr import evaluate
 from .manifest.protocol import derive
 from .manifest.schema import Add, BufArg
 from .manifest.verify import Verified
-from .registry import deployment_for
+from .deployments import deployment_for
 from .runtime.engine import Engine
-from .runtime.errors import BoundsError, KernError
+from .errors import KernError
+from .runtime.errors import BoundsError
 
 TARGET = "mega"  # the generator target of the one-kernel deployment
 

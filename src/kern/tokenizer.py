@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .runtime.jsonfiles import read_object
-from .runtime.errors import KernError
+from .errors import KernError
 
 
 def _chat_template(path: Path, value) -> str | None:

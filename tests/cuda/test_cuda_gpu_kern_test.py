@@ -1,7 +1,7 @@
 """kern test on the GPU: the sm_90a manifest of a SmolLM2-shaped model (random seeded weights)
 judged span by span against the cpu reference manifest of the same checkpoint. Random weights
 give near-ties everywhere, so the logits may be too thin to decide (the real weights decide:
-tests/harness/test_cuda_vs_cpu.py); what must hold is every replayed span within the floor of
+tests/judge/test_cuda_vs_cpu.py); what must hold is every replayed span within the floor of
 the reference in bf16, and no FAIL."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_sm90a_manifest_passes_against_its_cpu_reference(tmp_path):
-    from kern.harness.judge import Options, judge
+    from kern.judge.judge import Options, judge
     from kern_models.llama.generator import generate
     from kern_models.common.random_checkpoint import make
 

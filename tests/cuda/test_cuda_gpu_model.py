@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from tests.raw_pages import raw
+from kern.drive.raw_pages import raw
 
 pytestmark = pytest.mark.gpu
 

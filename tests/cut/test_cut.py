@@ -1,5 +1,5 @@
 """kern cut: stages that verify, bind only their weights, and chain back to the uncut logits
-bit for bit (run through the harness's workload and verdict)."""
+bit for bit (run through kern test's script and verdict)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kern.cli import main
-from kern.harness.judge import Options
-from kern.harness.pipeline import judge_pipeline
+from kern.judge.judge import Options
+from kern.judge.pipeline import judge_pipeline
 from kern.manifest.cut import CutError, plan, stage_manifest
 from kern.manifest.verify import load_verified, verify_text
 
@@ -91,10 +91,10 @@ def test_more_stages_than_weights_is_refused(tiny_a):
 
 def test_the_sm90a_example_cuts_into_stages_that_verify(tmp_path):
     """No GPU needed to cut: the cubins are copied, the stages verified (the GPU run is in
-    tests/bench_cmd/test_bench_gpu.py)."""
+    tests/bench/test_bench_gpu.py)."""
     from pathlib import Path
 
-    from kern.cut_cmd import write_stages
+    from kern.commands.cut import write_stages
 
     sm90a = Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a"
     write_stages(sm90a, 2, tmp_path / "s")
@@ -119,7 +119,7 @@ def test_cut_reads_kern_bench_json_as_times(tiny_a, tiny_ckpt, tmp_path, capsys)
 
 
 def test_a_call_timed_below_zero_costs_nothing_in_the_balance(tmp_path):
-    from kern.cut_cmd import read_times
+    from kern.commands.cut import read_times
 
     call = {"call": 0, "us": {"p50": -1.5}}
     doc = {"kern_bench": 1, "manifest": {"sha256": "ab"}, "scenarios": [

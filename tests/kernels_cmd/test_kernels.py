@@ -75,7 +75,7 @@ def test_a_pin_the_bytes_do_not_match_is_reported(tmp_path, capsys):
 @needs_nvcc
 @pytest.mark.parametrize("cubin", ["embed", "kv"])
 def test_nvcc_rebuilds_the_pinned_cubins(cubin):
-    from kern.registry import generators
+    from kern.deployments import generators
 
     (gen,) = [g for g in generators() if g.name == "llama"]
     m = json.loads((SM90A / "manifest.json").read_text())

@@ -271,7 +271,7 @@ def tiny_deployment(request, tmp_path_factory) -> tuple[Path, Path]:
     """(checkpoint folder, manifest path) of one of the runtime tests' tiny random models, on the cpu."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from kern.registry import deployment_for
+    from kern.deployments import deployment_for
     from tests.runtime.conftest import tiny_checkpoint
 
     ckpt = tiny_checkpoint(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)

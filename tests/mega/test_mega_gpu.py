@@ -17,7 +17,7 @@ CONTEXT = 1024
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """A seeded random SmolLM2-135M; the one bench/mega_gpu.py made already when $MEGA_CKPTS has it."""
+    """A seeded random SmolLM2-135M; the one benchmarks/mega_gpu.py made already when $MEGA_CKPTS has it."""
     from kern_models.common.random_checkpoint import make
 
     shared = Path(os.environ.get("MEGA_CKPTS", "/nonexistent")) / "smollm2-135m"
@@ -121,7 +121,7 @@ def test_the_decode_program_captured_as_a_graph_gives_the_same_bits(ckpt, mega, 
 
 
 def test_kern_test_passes_against_the_per_op_manifest(ckpt, tmp_path):
-    from kern.harness.judge import Options, judge
+    from kern.judge.judge import Options, judge
 
     a = deploy(ckpt, tmp_path / "a", target="cuda").parent
     b = deploy(ckpt, tmp_path / "b").parent
@@ -143,7 +143,7 @@ def test_qwen3_q_k_norms_pass_kern_test_against_the_per_op_manifest(tmp_path):
     import torch
     import transformers
 
-    from kern.harness.judge import Options, judge
+    from kern.judge.judge import Options, judge
     from kern_models.common.random_checkpoint import word_tokenizer
 
     cfg = transformers.Qwen3Config(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,

@@ -54,22 +54,21 @@ def test_same_operations_same_plans(config, ops):
 
 SCRIPT = """
 import hashlib, random, sys
-sys.path.insert(0, sys.argv[1])
-from pool.test_determinism import drive
+from tests.pool.test_determinism import drive
 rnd = random.Random(7)
 ops = [(rnd.randrange(7), rnd.randrange(1 << 16), [rnd.randrange(5) for _ in range(rnd.randrange(6))]) for _ in range(600)]
-print(hashlib.sha256("\\n".join(drive(sys.argv[2], ops)).encode()).hexdigest())
+print(hashlib.sha256("\\n".join(drive(sys.argv[1], ops)).encode()).hexdigest())
 """
 
 
 def test_plans_do_not_depend_on_the_hash_seed():
-    tests = str(Path(__file__).resolve().parents[1])
+    root = Path(__file__).resolve().parents[2]  # where `tests` is a package
     digests = set()
     for seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
         for config in ("paged+seq",):
             out = subprocess.run(
-                [sys.executable, "-c", SCRIPT, tests, config], env=env, capture_output=True, text=True, check=True
+                [sys.executable, "-c", SCRIPT, config], env=env, cwd=root, capture_output=True, text=True, check=True
             )
             digests.add(out.stdout.strip())
     assert len(digests) == 1, digests

@@ -71,7 +71,7 @@ def test_the_pinned_cubin_is_what_nvcc_builds():
 
 @pytest.mark.gpu
 def test_sm90a_passes_kern_test_against_the_cpu_reference(tmp_path):
-    from kern.harness.judge import Options, judge
+    from kern.judge.judge import Options, judge
     from kern_models.qwen3_moe.generator import generate
     from kern_models.qwen3_moe.random_checkpoint import make
 
@@ -105,7 +105,7 @@ def test_ep2_on_two_gpus_gives_the_one_gpu_logits(tmp_path):
     from kern.runtime.devices.cuda.driver import call, open_device
     from kern_models.qwen3_moe.generator import generate
     from kern_models.qwen3_moe.random_checkpoint import make
-    from tests.runtime.parity import compare, teacher_forced
+    from kern.drive.parity import compare, teacher_forced
 
     open_device(0)
     if call("cuDeviceGetCount") < 2:

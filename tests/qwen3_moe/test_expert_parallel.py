@@ -11,7 +11,7 @@ import pytest
 
 from kern.runtime.errors import BoundsError
 from tests.reliability.conftest import kern, make_tiny
-from tests.runtime.parity import teacher_forced
+from kern.drive.parity import teacher_forced
 
 
 @pytest.fixture(scope="module", params=[2, 4])
@@ -106,8 +106,8 @@ def test_load_takes_ep(tiny_moe_dir):
 def test_a_shipped_manifest_is_not_split_by_ep(tmp_path, moe_dep, moe_ckpt):
     import shutil
 
-    from kern.registry import deployment_for
-    from kern.runtime.errors import KernError
+    from kern.deployments import deployment_for
+    from kern.errors import KernError
 
     folder = tmp_path / "both"
     shutil.copytree(moe_ckpt, folder)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.raw_pages import raw
+from kern.drive.raw_pages import raw
 from tests.runtime.conftest import reference_logits
-from tests.runtime.parity import compare, teacher_forced
+from kern.drive.parity import compare, teacher_forced
 
 
 def test_teacher_forced_logits_match_transformers(moe_model, moe_ckpt):

@@ -10,8 +10,8 @@ from functools import partial
 import pytest
 
 from kern.cli import main
-from kern.harness.judge import Options, judge
-from tests.harness.planted import variant
+from kern.judge.judge import Options, judge
+from tests.judge.planted import variant
 
 SMALL = Options(seed=0, seqs=3, decode_steps=2, max_prompt=40)
 
@@ -65,7 +65,7 @@ def test_kern_bench_times_every_expert_op(moe_dep, moe_ckpt):
 
 
 def test_kern_cut_stages_chain_back_bit_for_bit(moe_dep, moe_ckpt, tmp_path):
-    from kern.harness.pipeline import judge_pipeline
+    from kern.judge.pipeline import judge_pipeline
 
     assert main(["cut", str(moe_dep), "--stages", "2", "--out", str(tmp_path / "cut")]) == 0
     r = judge_pipeline(moe_dep, tmp_path / "cut", moe_ckpt, SMALL)

@@ -56,10 +56,10 @@ def test_kern_test_refuses_bad_flags(capsys, flags, says):
 
 def test_kern_test_keeps_an_explicit_zero(capsys, monkeypatch, tiny):
     """Seed 0, 0 decode steps (prefill only) and a KL limit of 0 reach the judge as given."""
-    import kern.harness.cli as harness_cli
+    from kern.judge import judge
 
     seen = []
-    monkeypatch.setattr(harness_cli, "judge", lambda a, b, w, opts, say: seen.append(opts) or 1 / 0)
+    monkeypatch.setattr(judge, "judge", lambda a, b, w, opts, say: seen.append(opts) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         kern(capsys, "test", "--reference", "a", "--candidate", "b", "--weights", str(tiny), "--seed", "0",
              "--decode-steps", "0", "--kl-limit", "0")
@@ -84,12 +84,12 @@ def test_a_usable_gpu_runs_cuda_without_the_toolkit(monkeypatch):
     """The model package ships its pinned cubins: a usable GPU is a CUDA run even without nvcc."""
     import shutil
 
-    import kern.run_cmd as run_cmd
+    from kern.runtime import target
     from kern.runtime.devices.cuda import driver
 
     monkeypatch.setattr(driver, "open_device", lambda ordinal=0: None)
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert run_cmd._auto_target() == ("cuda", None)
+    assert target.auto_target() == ("cuda", None)
 
 
 def _kern_run(tiny: Path, stdout) -> subprocess.CompletedProcess:

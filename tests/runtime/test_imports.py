@@ -1,6 +1,6 @@
 """Imports in kern.runtime run one way (DESIGN.md, "Layout"): no two of its modules import each
 other, directly or round a longer loop, and none imports a floor above it (the host loop, the
-harness, the bench, the server, the api, the cli). Every import counts, also those inside
+judge, the bench, the server, the api, the commands). Every import counts, also those inside
 functions (the cuda device is imported lazily, but a loop through it is still a loop)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RUNTIME = SRC / "kern" / "runtime"
-BELOW = ("kern.manifest", "kern.pool", "kern.runtime")
+BELOW = ("kern.errors", "kern.manifest", "kern.pool", "kern.runtime")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -32,10 +32,13 @@ def imports(path: Path, root: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names
+            mods = {f"{base}.{a.name}" for a in node.names
                     if (root / Path(*f"{base}.{a.name}".split("."))).with_suffix(".py").exists()
                     or (root / Path(*f"{base}.{a.name}".split(".")) / "__init__.py").exists()}
+            out |= mods
+            if len(mods) < len(node.names):  # a name of the package itself, not only its modules
+                out.add(base)
+    out.discard(name)  # a module naming itself (pickling under its own name) is no loop
     return {m for m in out if m == "kern" or m.startswith("kern.")}
 
 
@@ -67,6 +70,15 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 def test_the_runtime_has_no_import_cycles():
     g = graph(SRC, RUNTIME)
     assert len(g) > 15 and "kern.runtime.devices.cuda.device" in g
+    assert cycles(g) == []
+
+
+def test_the_house_has_no_import_cycles():
+    """Not only the runtime: no two modules of kern import each other, round any loop (a
+    package's __init__ re-exporting its modules counts only where a module imports a name of
+    the package itself)."""
+    g = graph(SRC, SRC / "kern")
+    assert len(g) > 100 and "kern.bench.trace" in g and "kern.commands.run" in g
     assert cycles(g) == []
 
 

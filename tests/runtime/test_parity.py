@@ -8,8 +8,8 @@ import pytest
 from kern.api import Model
 
 from .conftest import reference_logits
-from .parity import compare, teacher_forced
-from tests.raw_pages import raw
+from kern.drive.parity import compare, teacher_forced
+from kern.drive.raw_pages import raw
 
 POSITIONS = 160
 

@@ -11,7 +11,7 @@ import pytest
 from kern.api import Model
 from kern.manifest.protocol import ProtocolError
 from kern.runtime.errors import BoundsError
-from tests.raw_pages import raw
+from kern.drive.raw_pages import raw
 
 
 def test_reach_rounds_up_to_power_of_two_buckets(tiny):

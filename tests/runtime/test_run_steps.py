@@ -9,7 +9,7 @@ import pytest
 
 from kern.api import Model, deployment_for
 from kern.runtime.errors import BoundsError
-from tests.raw_pages import raw
+from kern.drive.raw_pages import raw
 
 
 def _decode_setup(model: Model, batch: int, prompt: int, new: int):

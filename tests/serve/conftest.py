@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from kern.serve.server import Running, start  # noqa: E402
+from kern.serve.server import LiveServer, start  # noqa: E402
 from kern_models.common.random_checkpoint import word_tokenizer  # noqa: E402
 
 from . import engines  # noqa: E402
@@ -55,7 +55,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(checkpoint) -> Running:
+def server(checkpoint) -> LiveServer:
     running = start(partial(engines.model_loop, checkpoint, CONTEXT, 16), api_key=API_KEY)
     yield running
     running.close()
@@ -71,7 +71,7 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
-def post(server: Running, path: str, body: bytes | dict, key: str | None = API_KEY) -> tuple[int, dict]:
+def post(server: LiveServer, path: str, body: bytes | dict, key: str | None = API_KEY) -> tuple[int, dict]:
     """A raw POST (bad input the official client would not send): (status, JSON body)."""
     u = urlsplit(server.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
@@ -85,7 +85,7 @@ def post(server: Running, path: str, body: bytes | dict, key: str | None = API_K
     return r.status, json.loads(data)
 
 
-def get(server: Running, path: str) -> tuple[int, str]:
+def get(server: LiveServer, path: str) -> tuple[int, str]:
     u = urlsplit(server.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     conn.request("GET", path)
@@ -95,7 +95,7 @@ def get(server: Running, path: str) -> tuple[int, str]:
     return out
 
 
-def wait_idle(server: Running, timeout: float = 20.0):
+def wait_idle(server: LiveServer, timeout: float = 20.0):
     """The loop's stats once no sequence runs or waits (the driver replaces them per step)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -106,7 +106,7 @@ def wait_idle(server: Running, timeout: float = 20.0):
     raise AssertionError(f"the loop is still busy after {timeout}s: {server.driver.stats}")
 
 
-def leased_pages(server: Running) -> int:
+def leased_pages(server: LiveServer) -> int:
     """Pool pages held by leases, not by cached prefixes, once the loop is idle."""
     wait_idle(server)
     return server.driver.query(engines.leased_pages)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.conftest import tiny_checkpoint
-from tests.runtime.parity import compare, teacher_forced
+from kern.drive.parity import compare, teacher_forced
 
 pytest.importorskip("torch")
 

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.raw_pages import raw
-from tests.runtime.parity import compare, teacher_forced
+from kern.drive.raw_pages import raw
+from kern.drive.parity import compare, teacher_forced
 
 pytestmark = pytest.mark.gpu
 

@@ -177,7 +177,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, 
           context: int | None = None, decode_split: int = DECODE_SPLIT) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
     program's (ragged rows, so also the path for decode batches larger than seqs).
-    decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
+    decode_split: context tokens per decode attention block (benchmarks/decode.py --decode-split)."""
     check_shape(s, decode_split)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the graph-captured decode program steps at most {DECODE_SEQS} sequences "

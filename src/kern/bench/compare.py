@@ -1,12 +1,12 @@
 """--compare B: two manifests priced on the same workload, call by call, read per span.
 
-Pure: two bench results and the harness's diff of the two manifests (the spans kern test
+Pure: two bench results and kern test's diff of the two manifests (the spans kern test
 judges), so a change's price sits next to its verdict. A span's time on either side is the
 sum of its calls' p50; the calls outside spans are the same on both sides."""
 
 from __future__ import annotations
 
-from ..harness.diff import Diff
+from ..judge.diff import Diff
 
 
 def _key(sc: dict) -> tuple:

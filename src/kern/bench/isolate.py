@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..harness.engine_io import EngineIO, poison
+from ..drive.engine_io import EngineIO, poison
 from ..manifest.expr import evaluate
 from ..runtime.engine import Engine
 from ..runtime.lower import Scalar, StateRef, View

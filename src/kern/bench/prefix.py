@@ -2,8 +2,8 @@
 
 A clock between calls changes what it measures: an event between two launches breaks the
 programmatic dependent launch (PDL) that lets a kernel start while the one before it drains,
-and an eager walk pays a launch gap per kernel (on the H200 such a walk took 4.4x the graph
-step of SmolLM2-135M). So nothing is put between calls. Instead the program is cut after
+and an eager walk pays a launch gap per kernel (several times the graph step: docs/perf.md). So
+nothing is put between calls. Instead the program is cut after
 each call: prefix k is the program's first k calls, run exactly as the program runs them (a
 graph of those launches, captured the same way, or the same eager launches), and timed
 whole. T(k) is when the program's first k calls are done; call k's time is T(k + 1) - T(k),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 
 TOP_OPS = 8
 

@@ -9,8 +9,8 @@ import hashlib
 import sys
 from pathlib import Path
 
-from ..harness.diff import diff
-from ..harness.engine_io import EngineIO
+from ..judge.diff import diff
+from ..drive.engine_io import EngineIO
 from ..manifest.verify import load_verified
 from ..manifest.protocol import derive
 from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine

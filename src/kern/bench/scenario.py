@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..harness.workload import Chunk, Limits, Seq, Step, feed
+from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed
 from ..manifest.expr import evaluate
 from ..manifest.protocol import Protocol, ProtocolError, Stepper
 from ..manifest.verify import Verified
@@ -23,8 +23,8 @@ class Scenario:
     shape: Shape
     stepper: Stepper
     seqs: tuple[Seq, ...]
-    prefix: tuple[Step, ...]  # the steps that build the context
-    measured: Step
+    prefix: tuple[ScriptStep, ...]  # the steps that build the context
+    measured: ScriptStep
 
     @property
     def program(self) -> str:
@@ -60,7 +60,7 @@ def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> 
     return need
 
 
-def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario | str:
+def plan(shape: Shape, protocol: Protocol, lim: Bounds, seed: int) -> Scenario | str:
     """The scenario for a shape, or the reason no program of this manifest accepts it."""
     g, r, c = shape.groups, shape.rows, shape.context
     try:
@@ -82,7 +82,7 @@ def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario |
     seqs = tuple(Seq(tuple(int(x) for x in rng.integers(lo, hi, c + r)), (), tuple(range(i * pages_each,
                                                                                          (i + 1) * pages_each)),
                      "bench") for i in range(g))
-    prefix: list[Step] = []
+    prefix: list[ScriptStep] = []
     if c:
         done = [0] * g
         while any(d < c for d in done):
@@ -93,8 +93,8 @@ def plan(shape: Shape, protocol: Protocol, lim: Limits, seed: int) -> Scenario |
                     chunks.append(Chunk(i, done[i], seqs[i].prompt[done[i]:done[i] + k]))
                     done[i] += k
                     budget -= k
-            prefix.append(Step(True, tuple(chunks)))
-    measured = Step(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)))
+            prefix.append(ScriptStep(True, tuple(chunks)))
+    measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)))
     return Scenario(shape, st, seqs, tuple(prefix), measured)
 
 

@@ -46,12 +46,12 @@ def stats(xs) -> dict[str, float]:
 
 class CpuTimer:
     """A clock around each of the program's own bound launches (attribute); one call alone
-    through its launches lowered on their own (the harness's EngineIO: isolate)."""
+    through its launches lowered on their own (kern.drive's EngineIO: isolate)."""
 
     kind = "cpu"
 
     def __init__(self, engine):
-        from ..harness.engine_io import EngineIO
+        from ..drive.engine_io import EngineIO
 
         self.engine = engine
         self.io = EngineIO(engine)
@@ -117,7 +117,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-class CudaTimer:  # exercised by tests/bench_cmd/test_bench_gpu.py on a GPU
+class CudaTimer:  # exercised by tests/bench/test_bench_gpu.py on a GPU
     kind = "cuda"
 
     def __init__(self, engine):

@@ -94,7 +94,7 @@ def record(engine, path: str | Path) -> Writer:
     try:
         out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open for the server's life)
     except OSError as exc:
-        from ..runtime.errors import KernError
+        from ..errors import KernError
 
         raise KernError(f"--trace {path}: cannot write ({exc.strerror or exc})") from None
     w = Writer(engine, out)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from itertools import product
-from pathlib import Path
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 
 
 class WorkloadError(KernError):
@@ -97,14 +96,3 @@ def parse(text: str, path: str = "workload") -> Workload:
             shapes.setdefault((g, r, c), Shape(g, r, c, float(weight)))
     return Workload(path, samples, seed, tuple(shapes.values()), tuple(sweeps))
 
-
-def read(path: str | Path) -> Workload:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise WorkloadError(f"--workload {path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"--workload {path}: not UTF-8 text") from None
-    from . import trace  # it builds on this module's types
-
-    return trace.parse(text, str(path)) if trace.is_trace(text) else parse(text, str(path))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..runtime.errors import BoundsError, KernError
@@ -22,9 +25,14 @@ from .sampling import logprobs_of, sample
 from .scheduler import Row, Running, admissions, schedule, victim
 from .sequence import Sequence
 
+if TYPE_CHECKING:
+    from ..runtime.stepping import StepEngine
+    from ..tokenizer import Tokenizer
+
 
 class Loop:
-    def __init__(self, engine, paging: Paging, tokenizer, eos: set[int], limits: Limits, model_name: str):
+    def __init__(self, engine: StepEngine, paging: Paging, tokenizer: Callable[[], Tokenizer], eos: set[int],
+                 limits: Limits, model_name: str):
         """`tokenizer`: a callable giving the Tokenizer, called on first use (a checkpoint without
         one: token ids only, no text)."""
         self.engine, self.paging = engine, paging

@@ -5,10 +5,14 @@ through the ragged program, where a decode row is a one-token chunk."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..manifest.protocol import Protocol, Stepper
+
+if TYPE_CHECKING:
+    from ..runtime.stepping import StepEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +42,7 @@ def bucket(n: int, sizes: list[int]) -> int:
 
 
 class Runner:
-    def __init__(self, engine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
+    def __init__(self, engine: StepEngine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
         self.engine = engine
         self.protocol = protocol
         # one-row-a-sequence programs, fewest sequences first: decode, and a wide decode where

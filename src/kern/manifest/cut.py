@@ -19,12 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from ..errors import KernError
 from .expr import evaluate, names
 from .schema import DTYPE_BYTES, BufArg, StateArg
 from .verify import Verified
 
 
-class CutError(ValueError):
+class CutError(KernError, ValueError):
     """The manifest cannot be cut as asked; one line naming why."""
 
 

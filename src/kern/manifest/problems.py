@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import KernError
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -14,7 +16,7 @@ class Problem:
         return f"{self.where}: {self.what}" if self.where else self.what
 
 
-class ManifestError(Exception):
+class ManifestError(KernError):
     """A manifest failed to parse or verify; carries every problem found."""
 
     def __init__(self, path: str, problems: list[Problem]):

@@ -1,12 +1,13 @@
 """The serving protocol, derived from a verified manifest: which program steps (groups, rows),
 which buffer carries which role, and which inputs are page tables into which paged state.
 
-kern run, kern serve and the harness drive the runtime only through this, never by names."""
+kern run, kern serve, kern test and kern bench drive the runtime only through this, never by names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import KernError
 from .expr import evaluate
 from .schema import INPUT_ROLES, BufArg
 from .verify import Verified
@@ -15,7 +16,7 @@ from .verify import Verified
 REACH_MIN = 64  # the smallest reach bucket
 
 
-class ProtocolError(ValueError):
+class ProtocolError(KernError, ValueError):
     """The manifest cannot serve what was asked; names the program, var or role."""
 
 

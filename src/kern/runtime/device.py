@@ -1,6 +1,6 @@
 """The seam between the engine and a device: what a device must offer to run manifests.
 
-The engine (and the harness) use a device only through these two protocols; `devices/cpu.py`
+The engine (and kern test) use a device only through these two protocols; `devices/cpu.py`
 and `devices/cuda/device.py` implement them. Storage (a buffer's or a state's memory) is
 opaque: whatever the device's `alloc` / `alloc_state` returned, handed back to it unchanged."""
 

@@ -79,10 +79,13 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
 
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0):
+                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 own_paging: bool = True):
         """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
         chunks its plans map, `host_bytes` of host tier) and the engine owns `paging`, the pool
-        bound to its states. Else each state is what the budget holds, fully backed."""
+        bound to its states. Else each state is what the budget holds, fully backed.
+        own_paging False: the pool is planned (`pool`) but bound to nothing yet; a split's
+        RankedEngine binds rank 0's to itself, so its plans run on every rank's states."""
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -124,7 +127,8 @@ class Engine:
         self.observers: list[Callable[[str, dict[str, int], dict[str, np.ndarray]], None]] = []
         for p in self.protocol.once:
             self.run(p, {})
-        self.paging = Paging(pool, self) if pool else None
+        self.pool = pool
+        self.paging = Paging(pool, self) if pool and own_paging else None
 
     def _plan_pool(self, budget: int, host_bytes: int) -> Pool:
         page_tokens = set(self.protocol.paged_states.values())

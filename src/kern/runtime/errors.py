@@ -1,8 +1,6 @@
 """Runtime errors: each says what is wrong, where, and who has to act."""
 
-
-class KernError(Exception):
-    """Base of the errors kern reports to a user as one clear message (never a traceback)."""
+from ..errors import KernError
 
 
 class ModuleError(KernError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import KernError
+from ..errors import KernError
 
 
 def read_object(path: Path) -> dict:

@@ -7,6 +7,7 @@ pages: chunk_bytes is the smallest multiple of every unit size that is at least 
 from __future__ import annotations
 
 from math import lcm
+from typing import Protocol
 
 import numpy as np
 
@@ -14,9 +15,21 @@ from ..manifest.expr import evaluate
 from ..manifest.verify import Verified
 from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
 from ..pool.plans import Plan
-from .errors import KernError
+from ..errors import KernError
 
 MIN_CHUNK = 2 << 20
+
+
+class States(Protocol):
+    """What the pool's plans need of an engine: its state memory (Engine; RankedEngine, every rank's)."""
+
+    def remap_state(self, state: str, unmap: list[int], map: list[tuple[int, int]]) -> None: ...
+
+    def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None: ...
+
+    def read_state(self, state: str, offset: int, nbytes: int) -> np.ndarray: ...
+
+    def write_state(self, state: str, offset: int, data: np.ndarray) -> None: ...
 
 
 class OutOfMemory(KernError):
@@ -62,7 +75,7 @@ def state_sizes(pool: Pool) -> dict[str, int]:
 class Paging:
     """Built by the engine once its states exist: runs the pool's initial plan at once."""
 
-    def __init__(self, pool: Pool, engine):
+    def __init__(self, pool: Pool, engine: States):
         self.pool, self.engine = pool, engine
         lay = pool.layout
         self.kinds = {k.name: k for k in lay.kinds}

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..manifest.verify import load_verified
 from .engine import Engine
-from .errors import KernError
+from ..errors import KernError
 from .jsonfiles import read_object
 
 PIPELINE_FILE = "pipeline.json"

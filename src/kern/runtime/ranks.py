@@ -29,26 +29,29 @@ from ..manifest import load_verified
 from ..manifest.verify import Verified
 from .device import Device
 from .engine import DEFAULT_STATE_BUDGET, Engine
-from .errors import DeviceError, KernError
+from .paging import Paging
+from ..errors import KernError
+from .errors import DeviceError
 
 
 class RankError(KernError):
     """The ranks of a split deployment do not fit together (files, topology, devices)."""
 
 
-def rank_manifests(path: str | Path) -> list[Verified]:
-    """Every rank's verified manifest of the split deployment `path` belongs to: path is one of
-    them (rankR.json); its siblings rank0.json .. rank{N-1}.json, N = its topology's ranks.
-    Each must say it is rank r of the same N with the same groups."""
-    first = load_verified(path)
+def rank_manifests(deployment: Verified | str | Path) -> list[Verified]:
+    """Every rank's verified manifest of the split deployment that `deployment` (one of its rank
+    manifests, verified or a path) belongs to: itself and its siblings rank0.json ..
+    rank{N-1}.json, N = its topology's ranks, each verified once. Each must say it is rank r of
+    the same N with the same groups."""
+    first = deployment if isinstance(deployment, Verified) else load_verified(deployment)
     t = first.manifest.topology
-    folder = Path(path).parent
+    folder = first.base_dir
     out = []
     for r in range(t.ranks):
         p = folder / f"rank{r}.json"
         if not p.is_file():
-            raise RankError(f"{folder}: a {t.ranks}-rank deployment needs rank{r}.json beside {Path(path).name}")
-        v = first if p.resolve() == Path(path).resolve() else load_verified(p)
+            raise RankError(f"{folder}: a {t.ranks}-rank deployment needs rank{r}.json beside rank{t.rank}.json")
+        v = first if r == t.rank else load_verified(p)
         tr = v.manifest.topology
         if (tr.ranks, tr.rank, tr.groups) != (t.ranks, r, t.groups):
             raise RankError(f"{p}: topology says rank {tr.rank} of {tr.ranks} (groups {tr.groups}), the deployment "
@@ -130,21 +133,15 @@ class RankedEngine:
         self.workers = Workers(n)
         self.ranks: list[Engine] = self.workers.each(lambda r: Engine(
             verified[r], weights, device=rank_device(verified[r], ordinals[r]), state_budget=state_budget,
-            paged=paged))
+            paged=paged, own_paging=False))
         link(self.ranks, self.workers)
         e0 = self.ranks[0]
         self.v, self.m, self.consts, self.protocol = e0.v, e0.m, e0.consts, e0.protocol
         self.shapes, self.launches, self.max_env, self.device = e0.shapes, e0.launches, e0.max_env, e0.device
-        self.paging = e0.paging
         self.observers = e0.observers  # told of every step once (kern serve --trace), by rank 0
-        if self.paging is not None:
-            # the loop's one pool: its plans (chunk maps, page copies) run on every rank's states,
-            # which have the same layout (the ranks' manifests declare the same state sizes)
-            self.paging.engine = self
-
-    @classmethod
-    def load(cls, path: str | Path, weights: str | Path | None, **kw) -> "RankedEngine":
-        return cls(rank_manifests(path), weights, **kw)
+        # the loop's one pool (rank 0's plan): its plans (chunk maps, page copies) run on every
+        # rank's states, which have the same layout (the ranks' manifests declare the same sizes)
+        self.paging = Paging(e0.pool, self) if e0.pool else None
 
     # ---- stepping: every rank ---------------------------------------------------------------
     # The step is checked once, here (the ranks' manifests agree on every buffer a step writes),
@@ -192,17 +189,17 @@ class RankedEngine:
         return self.ranks[0].page_bytes(state)
 
 
-def load_split(path: str | Path, weights: str | Path | None, **kw):
-    """The engine of a split deployment (path: one of its rank manifests). Under a launcher
-    (WORLD_SIZE > 1: torchrun, Slurm) this process's rank alone, on GPU LOCAL_RANK, joined to
-    the others (kern.runtime.world); else every rank, one thread each (RankedEngine)."""
-    from .world import World, join, rank_path
+def load_split(v: Verified, weights: str | Path | None, **kw) -> "Engine | RankedEngine":
+    """The engine of a split deployment (v: one of its rank manifests, verified). Under a
+    launcher (WORLD_SIZE > 1: torchrun, Slurm) this process's rank alone, on GPU LOCAL_RANK,
+    joined to the others (kern.runtime.world); else every rank, one thread each (RankedEngine)."""
+    from .world import World, join
 
     world = World.from_env()
     if world is None:
-        return RankedEngine.load(path, weights, **kw)
-    v = load_verified(rank_path(path, world))
-    engine = Engine(v, weights, device=rank_device(v, world.local_rank), **kw)
+        return RankedEngine(rank_manifests(v), weights, **kw)
+    mine = v if v.manifest.topology.rank == world.rank else load_verified(v.base_dir / f"rank{world.rank}.json")
+    engine = Engine(mine, weights, device=rank_device(mine, world.local_rank), **kw)
     join(world, engine)
     return engine
 

@@ -19,11 +19,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .errors import KernError
+from ..errors import KernError
 
 MEET_S = 300.0  # how long a rank waits for the others to arrive
 
@@ -152,7 +151,3 @@ def join(world: World, engine) -> None:
         engine.device.write(engine.buffers[name], table)
     engine.device.synchronize()
 
-
-def rank_path(path: str | Path, world: World) -> Path:
-    """This process's manifest of the split deployment `path` (rank0.json): rank{RANK}.json beside it."""
-    return Path(path).parent / f"rank{world.rank}.json"

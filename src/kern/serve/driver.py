@@ -18,10 +18,15 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from ..errors import KernError
 from ..generation.params import SamplingParams
-from ..runtime.errors import KernError
 from . import engine_process, wire
+
+if TYPE_CHECKING:
+    from ..generation.loop import Loop
+    from ..generation.outputs import LoopStats
 
 STOP_TIMEOUT_S = 30.0  # for the engine process to finish its step and exit, before it is killed
 
@@ -46,14 +51,16 @@ Sink = Callable[[list], None]  # called on the event loop with one step's items 
 
 
 class Driver:
-    def __init__(self, make_loop: Callable[[], object], on_step: Callable[[object], None] | None = None):
+    """The API process's handle on the engine process's Loop."""
+
+    def __init__(self, make_loop: Callable[[], Loop], on_step: Callable[[LoopStats], None] | None = None):
         """`make_loop()`: builds the Loop in the engine process (load, warm-up); it must pickle
         (a module-level function or a functools.partial of one). `on_step(stats)`: called on
         the event loop with each step's LoopStats (metrics)."""
         self._make_loop = make_loop
         self.on_step = on_step
         self.info: wire.Ready | None = None  # model name, context, tokenizer, vocab: set by start()
-        self.stats = None  # the latest LoopStats, replaced whole after each step
+        self.stats: LoopStats | None = None  # the latest, replaced whole after each step
         self.failure: str | None = None  # set once the engine has failed; the server then refuses work
         self._sinks: dict[str, Sink] = {}
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -133,7 +140,7 @@ class Driver:
         self._sinks.pop(request_id, None)
         self._outbox.put(wire.Abort(request_id))
 
-    def query(self, fn: Callable[[object], object], timeout: float = 60.0):
+    def query(self, fn: Callable[[Loop], Any], timeout: float = 60.0) -> Any:
         """fn(loop), run in the engine process between steps; call it from a thread other than
         the event loop's (tests read the pool's books with it)."""
         key = next(self._keys)

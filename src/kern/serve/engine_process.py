@@ -15,12 +15,16 @@ import signal
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 from . import wire
 
+if TYPE_CHECKING:
+    from ..generation.loop import Loop
 
-def main(make_loop: Callable[[], object], down: Connection, up: Connection) -> None:
+
+def main(make_loop: Callable[[], Loop], down: Connection, up: Connection) -> None:
     """The process's target: build the loop, say Ready (or LoadFailed), serve until stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -53,7 +57,9 @@ def _portable(e: BaseException) -> wire.Raised:
 
 
 class Serving:
-    def __init__(self, loop, up: Connection):
+    """The engine process's side of the pipes: requests and aborts in, each step's Deltas out."""
+
+    def __init__(self, loop: Loop, up: Connection):
         self.loop, self.up = loop, up
         self.open: set[str] = set()  # requests added and not finished
         self.failure: str | None = None

@@ -10,6 +10,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from ..generation.outputs import LoopStats
+
 # Seconds: from a millisecond-scale step on a GPU to a loaded CPU's seconds.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -58,7 +60,7 @@ class Metrics:
         self.pages_total = Gauge("kern_pool_pages_total", "Pool pages in all", registry=r)
         self.pool_use = Gauge("kern_pool_use", "Fraction of the pool's pages in use", registry=r)
 
-    def observe_stats(self, s) -> None:
+    def observe_stats(self, s: LoopStats) -> None:
         """From a LoopStats (called on the event loop after each step)."""
         self.waiting.set(s.waiting)
         self.running.set(s.running)

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass, replace
 
 from ..generation.params import SamplingParams
-from ..runtime.errors import BoundsError, KernError
+from ..errors import KernError
+from ..runtime.errors import BoundsError
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the loop
 

@@ -9,17 +9,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
-from ..runtime.errors import KernError
+from ..errors import KernError
 from .app import make_app
 from .driver import Driver
 from .metrics import Metrics
 
+if TYPE_CHECKING:
+    from ..generation.loop import Loop
+
 
 @dataclass
-class Running:
+class LiveServer:
+    """A server started by start(): its URL, the engine process behind it, and close()."""
+
     url: str  # http://host:port, without /v1
     driver: Driver
     metrics: Metrics
@@ -33,7 +39,7 @@ class Running:
         self.driver.stop()
 
 
-def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str):
+def _setup(make_loop: Callable[[], Loop], host: str, port: int, api_key: str | None, log_level: str):
     """Start the engine process (it builds the loop), then the app over it."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
@@ -47,8 +53,8 @@ def _setup(make_loop, host: str, port: int, api_key: str | None, log_level: str)
     return metrics, driver, uvicorn.Server(config)
 
 
-def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-          log_level: str = "warning", timeout: float = 30.0) -> Running:
+def start(make_loop: Callable[[], Loop], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+          log_level: str = "warning", timeout: float = 30.0) -> LiveServer:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
@@ -63,14 +69,14 @@ def start(make_loop: Callable[[], object], *, host: str = "127.0.0.1", port: int
             raise KernError(f"the server did not start listening on {host}:{port}")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
-    return Running(f"http://{host}:{bound}", driver, metrics, server, thread)
+    return LiveServer(f"http://{host}:{bound}", driver, metrics, server, thread)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def serve_forever(make_loop: Callable[[], object], *, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(make_loop: Callable[[], Loop], *, host: str, port: int, api_key: str | None) -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM). uvicorn shuts down
     gracefully on either, then raises the signal again: SIGTERM's default would end the process
     there, before the engine process is stopped, so SIGTERM exits through the `finally`."""

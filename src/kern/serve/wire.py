@@ -3,9 +3,9 @@ LoopStats travel in.
 
 Down (API -> engine): Add, Abort, Query, Stop. Up (engine -> API): Ready or LoadFailed once,
 then one Step per step of the loop (everything the step made, for every request, in one
-message) and a QueryResult per Query. A Delta travels as the tuple of its fields: pickling a
-frozen dataclass costs ~4 us a Delta each way, a tuple ~0.2 us, and at 15,000 tokens/s the
-API process has ~66 us per token for everything."""
+message) and a QueryResult per Query. A Delta travels as the tuple of its fields: a frozen
+dataclass pickles an order of magnitude slower than a tuple, and at a busy server's token rate
+the API process has only tens of microseconds a token for everything (docs/perf.md)."""
 
 from __future__ import annotations
 

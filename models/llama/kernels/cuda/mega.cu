@@ -146,7 +146,7 @@ struct GridBar {
         if (threadIdx.x == 0) {
             const unsigned target = round * gridDim.x;
             while ((int)(ld_acquire(ctr) - target) < 0) {
-            }  // a pure spin (H200: a __nanosleep quantum, or relaxed polls and one fence after, cost more)
+            }  // a pure spin: a __nanosleep quantum, or relaxed polls and one fence after, cost more
             prof.passed();
         }
         __syncthreads();
@@ -268,7 +268,7 @@ struct XNormRows {
 #define ATT_TILE 64
 #define ATT_MAX_SPLITS 16
 
-__device__ __forceinline__ int att_split(int ctx) {  // (16-token splits: slower on the H200)
+__device__ __forceinline__ int att_split(int ctx) {  // tiles of ATT_TILE: 16-token splits were slower
     const int s = (ctx + ATT_MAX_SPLITS - 1) / ATT_MAX_SPLITS;
     return max(ATT_TILE, (s + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
 }
@@ -541,9 +541,9 @@ mega_decode(const unsigned long long *__restrict__ wt, char *__restrict__ kv_sta
     __syncthreads();
     // Runs phase ph when it is in [phase_lo, phase_hi); then, unless it ends the range, arrives at
     // the grid barrier, which the next phase waits for (a projection after its first weight
-    // loads). No L2 prefetch of the next phase's weights (cp.async.bulk.prefetch.L2, two tiles
-    // ahead, as this kernel had): on the H200 dropping it took SmolLM2-135M's step from 762 to
-    // 652 us and Llama-1B's from 1,244 to 1,028.
+    // loads). No L2 prefetch of the next phase's weights (cp.async.bulk.prefetch.L2): the
+    // arrivals' fence waited for the prefetches in flight, so dropping it was the largest gain
+    // of the megakernel's tuning (docs/perf.md).
     GridBar gb{bar, 0, false};
 #ifdef MEGA_PROFILE
     __shared__ unsigned long long prof_acc[PK_KINDS][2];

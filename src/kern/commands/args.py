@@ -1,0 +1,79 @@
+"""The flag types every command shares (each refusal names the flag's value) and the host
+loop's options (kern run, kern serve)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+def whole(lowest: int):
+    """An argparse type: a whole number >= lowest (the message names the flag's value)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {n}")
+        return n
+    return parse
+
+
+def non_negative_real(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return x
+
+
+def utf8(text: str) -> str:
+    """Text that is valid UTF-8 (argv bytes that are not arrive as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text (a stray byte at character {exc.start})") from None
+    return text
+
+
+positive = whole(1)
+non_negative = whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
+
+
+def memory(text: str) -> int:
+    """A byte count: a whole number of MiB, or with a unit: 512M, 2G."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(t[-1:], None)
+    try:
+        n = float(t[:-1] if scale else t) * (scale or 1 << 20)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if n < 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
+    return int(n)
+
+
+def model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model a command loads (kern run, kern serve): a folder, or the embedded default."""
+    p.add_argument("model", nargs="?", metavar="MODEL_DIR",
+                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+    p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+
+
+def loop_options(p: argparse.ArgumentParser) -> None:
+    """The host loop's options, shared by kern run and kern serve."""
+    p.add_argument("--context", type=positive, default=None,
+                   help="positions a sequence may reach (default: the model's own, where --memory holds it)")
+    p.add_argument("--max-seqs", type=positive, default=None,
+                   help="sequences running at once (default: the manifest's decode bound)")
+    p.add_argument("--memory", type=memory, default=None,
+                   help="state (KV cache) budget, e.g. 512M or 8G (default: 512M)")
+    p.add_argument("--tp", type=positive, default=1,
+                   help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
+    p.add_argument("--ep", type=positive, default=1,
+                   help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
+                        "a rank (default 1)")
+

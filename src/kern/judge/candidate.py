@@ -1,0 +1,107 @@
+"""The candidate's run: loaded, run free on the workload, then every span replayed from A's
+record. In the judging process, after A is released; or, when A and B live on different
+devices, in a process of its own started beside A's record (`python -m kern.judge.candidate`,
+a fresh interpreter, so a CUDA candidate never inherits a forked context), taking the record
+through a Feed as A makes it, so that B's load, free run and replays hide behind A's record."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..manifest.verify import Verified, verify_path
+from ..runtime.engine import Engine
+from . import blas, forked
+from .diff import Diff
+from ..drive.engine_io import EngineIO
+from .precision import Precision
+from .record import Live, Recording, StepOut
+from .replay import SpanRun, free_run, replay
+from ..drive.script import Script
+
+
+@dataclass
+class Outcome:
+    out: list[StepOut] = field(default_factory=list)  # B free, step by step
+    runs: list[SpanRun] = field(default_factory=list)  # every span record replayed on B
+    wide_out: list[StepOut] = field(default_factory=list)  # B free on the wide workload
+    seconds: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # B failed loading or running: a finding, not a crash of kern test
+
+
+def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl: Script,
+        wide: Script | None, rec: Recording | Live) -> Outcome:
+    o = Outcome()
+    t = time.perf_counter()
+    try:
+        eng = Engine(v_b, weights)
+        io = EngineIO(eng)
+        o.seconds["load_b"] = time.perf_counter() - t
+        start = {s: io.read_state(s, io.state_prefix(s, wl.pages_used)).copy() for s in prec.carried
+                 if s in eng.states}
+        o.out, o.seconds["free_b"] = free_run(io, wl)
+        o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)
+        if wide is not None:
+            o.wide_out, o.seconds["wide_b"] = free_run(io, wide)
+    except Exception as exc:  # the candidate's failure is a finding, not a crash of kern test
+        o.error = f"{type(exc).__name__}: {exc}"
+    return o
+
+
+class Beside:
+    """run() in a process of its own, fed through `feed` (its first message: what to run)."""
+
+    def __init__(self, candidate: str | Path, weights: str | Path | None, d: Diff, prec: Precision, wl: Script,
+                 wide: Script | None, feed: forked.Feed):
+        r = feed.pipe()
+        self._res, w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._proc = subprocess.Popen([sys.executable, "-m", "kern.judge.candidate", str(r), str(w)],
+                                      pass_fds=(r, w), env=env)
+        os.close(r)
+        os.close(w)
+        self._setup = ("setup", str(candidate), None if weights is None else str(weights), d, prec, wl, wide)
+
+    def send_setup(self, feed: forked.Feed) -> None:
+        feed.send(self._setup)
+
+    def result(self) -> Outcome:
+        with os.fdopen(self._res, "rb") as f:
+            data = f.read()
+        code = self._proc.wait()
+        if not data:
+            return Outcome(error=f"the candidate's process died (exit code {code})")
+        return pickle.loads(data)
+
+
+def _main(feed_fd: int, result_fd: int) -> None:
+    try:
+        msgs = forked.inbox(feed_fd)
+        _, candidate, weights, d, prec, wl, wide = next(msgs)
+        with blas.threads(1):  # as the judging process runs its side
+            v = verify_path(candidate).verified
+            o = (run(v, weights, d, prec, wl, wide, Live(msgs)) if v is not None
+                 else Outcome(error=f"{candidate} failed verification"))
+    except Exception as exc:  # noqa: BLE001 - reported as the candidate's failure, never a traceback
+        o = Outcome(error=f"{type(exc).__name__}: {exc}")
+    try:
+        with os.fdopen(result_fd, "wb") as f:
+            f.write(pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL))
+    except BrokenPipeError:  # the judging process is gone
+        pass
+
+
+def apart(v_a: Verified, v_b: Verified) -> bool:
+    """A and B on different devices: B may be loaded while A is (their memories are apart)."""
+    return v_a.manifest.target.device != v_b.manifest.target.device
+
+
+if __name__ == "__main__":
+    from kern.judge.candidate import _main as main  # Outcome pickled under its module's own name
+
+    main(int(sys.argv[1]), int(sys.argv[2]))

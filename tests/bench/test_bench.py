@@ -1,0 +1,155 @@
+"""kern bench on the CPU with a tiny random llama. Measuring is not testing: these check the
+structure (every call attributed, sums consistent, dropped shapes listed, the JSON's fields,
+the isolate gate, compare's spans), never speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.judge import planted
+from kern.bench.run import bench, bench_compare
+from kern.bench.workload import parse
+from kern.cli import main
+
+WL = parse("""
+samples = 2
+[[sweep]]
+groups = [1, 2]
+rows = [1]
+context = [20]
+[[sweep]]
+groups = [1]
+rows = [8]
+context = [0]
+[[sweep]]
+groups = [64]
+rows = [1]
+context = [0]
+""", "wl.toml")
+
+STATS = {"min", "p10", "p50", "p90", "max"}
+
+
+@pytest.fixture(scope="module")
+def doc(tiny_a, tiny_ckpt):
+    return bench(tiny_a, tiny_ckpt, WL, isolate=True, progress=False)
+
+
+def test_the_document_says_what_was_measured(doc, tiny_a):
+    import hashlib
+
+    assert doc["kern_bench"] == 1 and doc["model"] == "tiny"
+    assert doc["manifest"]["sha256"] == hashlib.sha256((tiny_a / "manifest.json").read_bytes()).hexdigest()
+    assert doc["device"]["kind"] == "cpu" and doc["device"]["name"] and doc["device"]["driver"]
+    assert doc["ceiling_gbps"] > 0 and doc["workload"]["samples"] == 2
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON
+
+
+def test_dropped_shapes_are_listed_not_errors(doc):
+    assert [(d["groups"], d["rows"], d["context"]) for d in doc["dropped"]] == [(64, 1, 0)]
+    assert "64 sequences" in doc["dropped"][0]["why"]
+    assert [(s["program"], s["groups"], s["rows"]) for s in doc["scenarios"]] == [
+        ("decode", 1, 1), ("decode", 2, 1), ("prefill", 1, 8)]
+
+
+def test_every_call_is_attributed_and_the_sums_agree(doc):
+    for sc in doc["scenarios"]:
+        calls = sc["calls"]
+        assert [c["call"] for c in calls] == list(range(sc["program_calls"]))
+        for c in calls:
+            assert set(c["us"]) == STATS and c["us"]["min"] <= c["us"]["p50"] <= c["us"]["max"]
+            assert c["launches"] >= 1 and c["bytes"] > 0 and c["where"].startswith(f"programs.{sc['program']}.")
+        st = sc["step"]
+        for k in ("untraced_us", "host_us", "base_us", "calls_us"):
+            assert set(st[k]) == STATS
+        ck = st["check"]
+        assert ck["calls_us"] == pytest.approx(sum(c["us"]["p50"] for c in calls))
+        assert ck["step_us"] == st["untraced_us"]["p50"] and ck["ratio"] == pytest.approx(ck["calls_us"] / ck["step_us"])
+        assert ck["ok"] == (abs(ck["ratio"] - 1) <= ck["within"] == 0.05)
+        assert sum(o["us"] for o in sc["ops"]) == pytest.approx(sum(c["us"]["p50"] for c in calls))
+        assert sum(o["calls"] for o in sc["ops"]) == len(calls)
+        assert sum(o["share"] for o in sc["ops"]) == pytest.approx(1.0)
+
+
+def test_bytes_follow_the_shape(doc):
+    one, two = doc["scenarios"][0], doc["scenarios"][1]
+    embed = [c for c in one["calls"] if c["op"] == "embed"][0]["bytes"], \
+        [c for c in two["calls"] if c["op"] == "embed"][0]["bytes"]
+    table = 256 * 64 * 4  # the embedding table is passed whole; ids and rows grow with the batch
+    assert embed[1] - table == 2 * (embed[0] - table)
+
+
+def test_isolate_times_each_distinct_call_cold_and_warm_behind_the_gate(doc):
+    for sc in doc["scenarios"]:
+        iso = sc["isolate"]
+        assert iso["gate"]["ok"], iso["gate"]["what"]
+        covered = sorted(i for c in iso["calls"] for i in c["calls"])
+        assert covered == list(range(sc["program_calls"]))  # every call stands for one distinct call
+        assert len({c["key"] for c in iso["calls"]}) == len(iso["calls"]) < sc["program_calls"]
+        for c in iso["calls"]:
+            assert set(c["cold_us"]) == STATS and set(c["warm_us"]) == STATS
+
+
+def test_the_gate_fails_when_the_walk_differs(tiny_a, tiny_ckpt, monkeypatch, tmp_path, capsys):
+    from kern.drive.engine_io import EngineIO
+
+    real = EngineIO.run_calls
+
+    def skip_last(self, program, lo, hi, env):  # the walk drops the program's last call
+        return [] if hi == len(self.e.m.programs[program].calls) else real(self, program, lo, hi, env)
+
+    monkeypatch.setattr(EngineIO, "run_calls", skip_last)
+    wl = tmp_path / "wl.toml"
+    wl.write_text("samples = 1\n[[sweep]]\ngroups = 1\nrows = 1\ncontext = 0\n")
+    code = main(["bench", str(tiny_a), "--workload", str(wl), "--weights", str(tiny_ckpt), "--isolate",
+                 "--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err
+    assert code == 1 and "isolate gate failed" in err
+    assert not json.loads((tmp_path / "out.json").read_text())["scenarios"][0]["isolate"]["gate"]["ok"]
+
+
+def test_compare_prices_the_spans_kern_test_judges(tiny_a, tiny_ckpt, tmp_path):
+    cand = planted.reduction_reordered(tiny_a, tmp_path / "b")
+    wl = parse("samples = 1\n[[sweep]]\ngroups = 1\nrows = 1\ncontext = 4\n")
+    doc = bench_compare(tiny_a, cand, tiny_ckpt, wl, progress=False)
+    cmp_ = doc["compare"]
+    assert cmp_["manifest"]["path"].startswith(str(cand))
+    (sc,) = cmp_["scenarios"]
+    linears = sum(c["op"] == "linear" for c in doc["scenarios"][0]["calls"])
+    assert len(sc["spans"]) == linears and all(s["ops"] == "linear -> linear" for s in sc["spans"])
+    for s in sc["spans"]:
+        assert s["delta_us"] == pytest.approx(s["b_us"] - s["a_us"])
+
+
+def test_the_command_prints_a_table_and_writes_json(tiny_a, tiny_ckpt, tmp_path, capsys):
+    wl = tmp_path / "wl.toml"
+    wl.write_text("samples = 1\n[[sweep]]\ngroups = 1\nrows = 1\ncontext = [0, 70000]\n")
+    code = main(["bench", str(tiny_a), "--workload", str(wl), "--weights", str(tiny_ckpt),
+                 "--json", str(tmp_path / "out.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "decode: 1 x 1 rows, context 0: step p50" in out
+    assert "dropped 1 x 1 rows, context 70000" in out
+    assert json.loads((tmp_path / "out.json").read_text())["kern_bench"] == 1
+
+
+def test_chart_png_and_svg(doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    from kern.bench.report import chart
+
+    for name in ("where.png", "where.svg"):
+        chart(doc, tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_the_state_is_sized_for_the_workload_or_by_memory(tiny_a, tiny_ckpt):
+    # 4 sequences at context 200 + 1 row hold 13 pages of 16 tokens each: 52 pages in all
+    wl = parse("samples = 1\n[[sweep]]\ngroups = [1, 4]\nrows = 1\ncontext = 200\n")
+    doc = bench(tiny_a, tiny_ckpt, wl, progress=False)
+    assert not doc["dropped"] and doc["state_budget"] % 52 == 0
+    page = doc["state_budget"] // 52
+    short = bench(tiny_a, tiny_ckpt, wl, memory=doc["state_budget"] - page, progress=False)
+    assert [(s["groups"], s["context"]) for s in short["scenarios"]] == [(1, 200)]
+    (dr,) = short["dropped"]
+    assert (dr["groups"], dr["why"]) == (4, "4 sequences need 52 pages, the paged state holds 51 (--memory)")

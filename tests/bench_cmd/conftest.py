@@ -1,6 +1,0 @@
-"""test_bench.py plants its bugs with the harness's planted.py."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))

@@ -1,0 +1,264 @@
+"""Planted candidates: a generated llama cpu deployment, mutated in a copy.
+
+Manifest mutations edit the JSON; kernel mutations copy the kernels module with one function
+changed into a new module file (new sha256) and point only the affected ops at it, so every
+other op keeps its implementation and the diff stays local."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def variant(base: Path, out: Path, edit: Callable[[dict], None] | None = None,
+            patch: tuple[list[tuple[str, str]], list[str]] | None = None, module: str = "planted",
+            of: str = "kernels") -> Path:
+    """Copy the deployment folder `base` (holding manifest.json) to `out` and mutate it.
+
+    patch = ([(old, new), ...] text replacements of the module named `of`, [ops to point at it])."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base, out)
+    m = json.loads((out / "manifest.json").read_text())
+    if patch is not None:
+        reps, ops = patch
+        src = (out / m["modules"][of]["source"]).read_text()
+        for old, new in reps:
+            assert src.count(old) >= 1, f"planted patch does not apply: {old!r}"
+            src = src.replace(old, new)
+        dst = out / "kernels" / f"{module}.py"
+        dst.write_text(src)
+        m["modules"][module] = {"source": f"kernels/{module}.py", "sha256": _sha(dst)}
+        for op in ops:
+            for launch in m["ops"][op]["impl"]["launches"]:
+                launch["module"] = module
+    if edit is not None:
+        edit(m)
+    (out / "manifest.json").write_text(json.dumps(m, indent=1))
+    return out
+
+
+def _calls(m: dict, program: str):
+    return m["programs"][program]["calls"]
+
+
+def _bufs(call: dict) -> list:
+    return [a.get("buf") for a in call["args"]]
+
+
+# ---- bugs that must FAIL ------------------------------------------------------------------
+
+
+def rope_theta(base: Path, out: Path) -> Path:
+    def edit(m):
+        arg = _calls(m, "rope_init")[0]["args"][1]
+        arg["value"] = arg["value"] / 10
+    return variant(base, out, edit)
+
+
+def residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
+    """The attention residual of one layer: add_rms_norm(x, attn_out, ln2) -> rms_norm(attn_out, ln2)."""
+    def edit(m):
+        for prog in ("prefill", "decode"):
+            for c in _calls(m, prog):
+                if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":
+                    c["op"] = "rms_norm"
+                    c["args"] = c["args"][1:]
+    return variant(base, out, edit)
+
+
+def kv_off_by_one(base: Path, out: Path) -> Path:
+    return variant(base, out, patch=([("off = p % page_tokens", "off = (p + 1) % page_tokens"),
+                                      ("off = pos % page_tokens", "off = (pos + 1) % page_tokens")],
+                                     ["kv_append", "kv_append_decode"]))
+
+
+def gqa_mapping(base: Path, out: Path) -> Path:
+    """Query head h reads kv head h % kv_heads instead of h // (heads / kv_heads)."""
+    return variant(base, out, patch=([
+        ("qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)",
+         "qg = q.reshape(len(pos_rows), g, kv_heads, head_dim).transpose(2, 0, 1, 3)"),
+        ("out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)",
+         "out[:] = o.transpose(1, 2, 0, 3).reshape(len(pos_rows), heads * head_dim)")],
+        ["attention", "attention_decode"]))
+
+
+def lm_head_prenorm(base: Path, out: Path) -> Path:
+    """The LM head reads the residual stream x, not the final norm's output h."""
+    def edit(m):
+        last = [c for c in _calls(m, "prefill") if c["op"] == "gather_last"][-1]
+        head = [c for c in _calls(m, "decode") if "d_logits" in _bufs(c)][0]
+        for c in (last, head):
+            c["args"][0]["buf"] = c["args"][0]["buf"][:-1] + "x"
+    return variant(base, out, edit)
+
+
+# ---- changes that must PASS ---------------------------------------------------------------
+
+
+BF16_PARAMS = ("x", "y", "res", "qkv", "o", "gate_up", "h")  # the activations the cpu kernels take
+BF16_MODULE = """
+
+# ---- bf16 storage (tests/judge/planted.py): f32 arithmetic on widened copies, stored in bf16
+import ml_dtypes as _ml
+
+_BF16 = np.dtype(_ml.bfloat16)
+
+
+def _pages(kv, layers, kv_heads, page_tokens, head_dim):
+    return kv.view(_BF16).reshape(-1, layers, 2, kv_heads, page_tokens, head_dim)
+
+
+def _in_f32(fn):
+    def run(*args):
+        wide = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == _BF16 else a for a in args]
+        fn(*wide)
+        for a, w in zip(args, wide):
+            if w is not a:
+                a[...] = w
+    return run
+
+
+for _name in ("embed", "rms_norm", "add_rms_norm", "linear", "rope", "kv_append", "kv_append_decode",
+              "attention", "attention_decode", "silu_mul", "gather_last"):
+    globals()[_name] = _in_f32(globals()[_name])
+"""
+
+
+def bf16(base: Path, out: Path) -> Path:
+    """The cpu deployment with bf16 activations and a bf16 KV cache (its kernels compute in f32
+    on widened copies and store bf16, like a GPU port): a faithful port of the f32 reference in
+    another precision, so it must PASS. Logits stay f32, through a linear_logits op."""
+    def edit(m):
+        for n, b in m["buffers"].items():
+            if b["kind"] == "workspace" and b["dtype"] == "f32":
+                b["dtype"] = "bf16"
+        m["states"]["kv"]["bytes_per_token"]["mul"][-1] = 2
+        for op in m["ops"].values():
+            op["params"] = [p.replace("buffer<f32>", "buffer<bf16>") if p.split(":")[0] in BF16_PARAMS else p
+                            for p in op["params"]]
+        m["ops"]["linear_logits"] = {"params": ["x: in buffer<bf16>", "w: in buffer<f32>", "y: out buffer<f32>"],
+                                     "impl": {"launches": [{"module": "kernels", "entry": "linear"}]}}
+        for prog in ("prefill", "decode"):
+            for c in _calls(m, prog):
+                if any(str(x).endswith("_logits") for x in _bufs(c)) and c["op"] == "linear":
+                    c["op"] = "linear_logits"
+    v = variant(base, out, edit)
+    m = json.loads((v / "manifest.json").read_text())
+    mod = v / m["modules"]["kernels"]["source"]
+    src = mod.read_text().replace("kv = pages[phys[:npg], layer]  #", "kv = pages[phys[:npg], layer].astype(np.float32)  #")
+    mod.write_text(src + BF16_MODULE)
+    m["modules"]["kernels"]["sha256"] = _sha(mod)
+    (v / "manifest.json").write_text(json.dumps(m, indent=1))
+    return v
+
+
+
+def embed_swapped(base: Path, out: Path) -> Path:
+    """An equivalent embedding kernel (fancy indexing instead of np.take): bit-identical."""
+    return variant(base, out, patch=([("    np.take(table, ids, axis=0, out=x)", "    x[:] = table[ids]")], ["embed"]))
+
+
+def reduction_reordered(base: Path, out: Path) -> Path:
+    """Every linear sums its fp32 reduction in two halves: different bits, same numbers."""
+    return variant(base, out, patch=([("def linear(x, w, y):\n    np.matmul(x, w.T, out=y)",
+                                       "def linear(x, w, y):\n    k = x.shape[1] // 2\n"
+                                       "    np.matmul(x[:, :k], w[:, :k].T, out=y)\n"
+                                       "    y += x[:, k:] @ w[:, k:].T")], ["linear"]))
+
+
+def split_norm(base: Path, out: Path, layer: int = 1) -> Path:
+    """The reference side of "a fused norm+residual replacing two calls": one layer's
+    add_rms_norm split into add (a new op in a new module) and rms_norm."""
+    def edit(m):
+        m["ops"]["add"] = {"params": ["res: inout buffer<f32>", "x: in buffer<f32>"],
+                           "impl": {"launches": [{"module": "split", "entry": "add"}]}}
+        for prog in ("prefill", "decode"):
+            calls = _calls(m, prog)
+            for i, c in enumerate(calls):
+                if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":
+                    res, x, w, y, eps = c["args"]
+                    calls[i:i + 1] = [{"op": "add", "args": [res, x]}, {"op": "rms_norm", "args": [res, w, y, eps]}]
+                    break
+    v = variant(base, out, edit)
+    mod = v / "kernels" / "split.py"
+    mod.write_text("def add(res, x):\n    res += x\n")
+    m = json.loads((v / "manifest.json").read_text())
+    m["modules"]["split"] = {"source": "kernels/split.py", "sha256": _sha(mod)}
+    (v / "manifest.json").write_text(json.dumps(m, indent=1))
+    return v
+
+
+FAILS = {"rope_theta": rope_theta, "residual_dropped": residual_dropped, "kv_off_by_one": kv_off_by_one,
+         "gqa_mapping": gqa_mapping, "lm_head_prenorm": lm_head_prenorm}
+
+
+# ---- the same bugs planted in the sm_90a manifest (manifest edits only: its kernels are cubins)
+
+
+def _prefill_calls(m: dict, op: str) -> list[dict]:
+    return [c for c in _calls(m, "prefill") if c["op"] == op]
+
+
+def cuda_rope_theta(base: Path, out: Path) -> Path:
+    """The rope table built with theta / 10 (the largest float argument of rope_table)."""
+    def edit(m):
+        args = _calls(m, "rope_init")[0]["args"]
+        theta = max((a for a in args if isinstance(a.get("value"), float)), key=lambda a: a["value"])
+        theta["value"] /= 10
+    return variant(base, out, edit)
+
+
+def cuda_residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
+    """Prefill's attention residual of one layer: add_rms_norm(x, attn_out, ln2, h, ...) ->
+    rms_norm(attn_out, ln2, h, ...)."""
+    def edit(m):
+        for c in _prefill_calls(m, "add_rms_norm"):
+            if _bufs(c)[2] == f"ln2.{layer}":
+                c["op"] = "rms_norm"
+                c["args"] = c["args"][1:]
+    return variant(base, out, edit)
+
+
+def cuda_kv_off_by_one(base: Path, out: Path) -> Path:
+    """Prefill's KV append strides the page table one page too wide (pages_per_seq + 1): the
+    k and v of sequence s land s pages on, where attention does not look. (Positions cannot be
+    shifted by one in a manifest: views are 16-byte aligned.)"""
+    def edit(m):
+        for c in _prefill_calls(m, "kv_append"):
+            c["args"][6] = {"value": {"add": [c["args"][6]["value"], 1]}}  # pages_per_seq
+    return variant(base, out, edit)
+
+
+def cuda_gqa_mapping(base: Path, out: Path) -> Path:
+    """Prefill attention told there is one kv head: every query head reads kv head 0."""
+    def edit(m):
+        for c in _prefill_calls(m, "attention_prefill"):
+            c["args"][12] = {"value": 1}  # n_kv_heads
+    return variant(base, out, edit)
+
+
+def cuda_lm_head_prenorm(base: Path, out: Path) -> Path:
+    """The LM head on the residual stream x: prefill gathers x, not the final norm's h; decode
+    projects x without the final norm (gemv_logits for norm_gemv_logits)."""
+    def edit(m):
+        g = _prefill_calls(m, "gather_last")[-1]
+        g["args"][0]["buf"] = "p_x"
+        for c in _calls(m, "decode"):
+            if c["op"] == "norm_gemv_logits":
+                x, _norm, w, y, rows, n, k, _eps = c["args"]
+                c["op"], c["args"] = "gemv_logits", [x, w, y, rows, n, k]
+        del m["ops"]["norm_gemv_logits"]
+    return variant(base, out, edit)
+
+
+CUDA_FAILS = {"rope_theta": cuda_rope_theta, "residual_dropped": cuda_residual_dropped,
+              "kv_off_by_one": cuda_kv_off_by_one, "gqa_mapping": cuda_gqa_mapping,
+              "lm_head_prenorm": cuda_lm_head_prenorm}
