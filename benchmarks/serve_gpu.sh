@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.
 CKPT=/tmp/serve-ckpt
 WORK="--requests ${REQUESTS:-256} --prompt 512 --shared 256 --output 128 --concurrency ${CONC:-32,128}"
 
-timeout 90 python3 -c "from kern_models.llama.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda')" \
+timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda')" \
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 benchmarks/serve.py --prepare $CKPT
 

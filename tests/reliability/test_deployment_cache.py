@@ -1,4 +1,4 @@
-"""The deployment cache (registry.deployment_for): a deployment is built under a .build-* name
+"""The deployment cache (deployments.deployment_for): a deployment is built under a .build-* name
 and renamed into place, a finished one is reused as it is (never regenerated), builds abandoned
 by killed runs are cleaned up, and concurrent `kern run`s on one cache all succeed."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kern import registry
+from kern import deployments
 from kern.runtime.modules import cache_dir
 
 
@@ -25,7 +25,7 @@ def _deployments() -> Path:
 
 def test_a_finished_deployment_is_reused_as_is(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("KERN_CACHE", str(tmp_path / "cache"))
-    first = registry.deployment_for(tiny, "cpu")
+    first = deployments.deployment_for(tiny, "cpu")
     stamp = {p: p.stat().st_mtime_ns for p in first.parent.rglob("*")}
     from kern_models.llama import generator
 
@@ -33,19 +33,19 @@ def test_a_finished_deployment_is_reused_as_is(tiny, monkeypatch, tmp_path):
         raise AssertionError("a finished deployment was generated again")
 
     monkeypatch.setattr(generator, "generate", refuse)
-    assert registry.deployment_for(tiny, "cpu") == first
+    assert deployments.deployment_for(tiny, "cpu") == first
     assert {p: p.stat().st_mtime_ns for p in first.parent.rglob("*")} == stamp
     assert [p.name for p in _deployments().iterdir()] == [first.parent.name], "no .build-* folder is left"
 
 
 def test_a_build_that_loses_the_race_keeps_the_winner(tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("KERN_CACHE", str(tmp_path / "cache"))
-    winner = registry.deployment_for(tiny, "cpu")
+    winner = deployments.deployment_for(tiny, "cpu")
     before = winner.read_bytes(), winner.stat().st_mtime_ns
     from kern_models.llama.generator import GENERATOR
 
     config = json.loads((tiny / "config.json").read_text())
-    again = registry._build(GENERATOR, config, winner.parent.parent, winner.parent, "cpu", "tiny", {})
+    again = deployments._build(GENERATOR, config, winner.parent.parent, winner.parent, "cpu", "tiny", {})
     assert again == winner and (winner.read_bytes(), winner.stat().st_mtime_ns) == before
     assert [p.name for p in _deployments().iterdir()] == [winner.parent.name]
 
@@ -66,9 +66,9 @@ def test_builds_abandoned_by_killed_runs_are_cleaned(tiny, monkeypatch, tmp_path
     other_host = root / ".build-elsewhere-1-x"
     for d in (dead, old, live, other_host):
         (d / "kernels").mkdir(parents=True)
-    hours_ago = time.time() - 2 * registry.STALE_BUILD_S
+    hours_ago = time.time() - 2 * deployments.STALE_BUILD_S
     os.utime(old, (hours_ago, hours_ago))
-    registry.deployment_for(tiny, "cpu")
+    deployments.deployment_for(tiny, "cpu")
     assert not dead.exists() and not old.exists()
     assert live.exists() and other_host.exists(), "a build whose owner may still run is left alone"
 
