@@ -1,0 +1,42 @@
+"""A tiny seeded random Kimi-Linear (KDA layers 0, 2, 3 and an MLA layer 1; a dense MLP at layer 0,
+MoE with grouped sigmoid routing, a score bias and a shared expert after; router, norms and LM
+head sharpened: kern_models.kimi_linear.random_checkpoint) and its cpu deployment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="session")
+def kimi_ckpt(tmp_path_factory) -> Path:
+    from kern_models.kimi_linear.random_checkpoint import make
+
+    return make("tiny", tmp_path_factory.mktemp("kimi") / "ckpt", max_positions=512)
+
+
+@pytest.fixture(scope="session")
+def kimi_config(kimi_ckpt) -> dict:
+    return json.loads((kimi_ckpt / "config.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def kimi_dep(kimi_config, tmp_path_factory) -> Path:
+    """The cpu deployment folder (manifest.json + kernels/)."""
+    from kern_models.kimi_linear.generator import generate
+
+    out = tmp_path_factory.mktemp("kimi_dep")
+    generate(kimi_config, out, target="cpu", model="tiny-kimi", tokens=64, seqs=4, context=256)
+    return out
+
+
+@pytest.fixture(scope="session")
+def kimi_model(kimi_dep, kimi_ckpt):
+    from kern.api import Model
+
+    return Model(kimi_dep / "manifest.json", kimi_ckpt)
