@@ -106,6 +106,9 @@ def shape_of(cfg: dict) -> KimiShape:
     if cfg.get("quantization_config") is not None:
         raise ConfigError("config.json quantization_config: quantized checkpoints are not supported "
                           "(give bf16/f16/f32 weights)")
+    if cfg.get("moe_router_activation_func", "sigmoid") != "sigmoid":
+        raise ConfigError(f"config.json moe_router_activation_func {cfg['moe_router_activation_func']!r}: only "
+                          "sigmoid is supported")
     lin = cfg.get("linear_attn_config") or {}
     if not isinstance(lin, dict):
         raise ConfigError(f"config.json linear_attn_config must be an object, got {lin!r}")
