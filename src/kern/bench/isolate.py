@@ -42,6 +42,7 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
             samples: int, tick: Callable[[], None] = lambda: None,
             more: Callable[[int], None] = lambda n: None) -> dict:
     program = stepper.program
+    slots = vars.get(stepper.groups_var, stepper.groups_max) if stepper.groups_var else stepper.groups_max
     io = EngineIO(engine)
     env = engine.run(program, vars, inputs)
     engine.device.synchronize()
@@ -59,7 +60,7 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
                     if isinstance(a, View) and engine.m.buffers[a.buffer].kind != "weight"}
             sts = {a.state for l in ls for a in l.args if isinstance(a, StateRef)}
             snaps[ci] = ({b: io.read(b, io.extent(b, env, ls)) for b in sorted(bufs)},
-                         {s: io.read_state(s, io.state_prefix(s, pages)) for s in sorted(sts)})
+                         {s: io.read_state(s, io.state_prefix(s, pages, slots)) for s in sorted(sts)})
         reps.setdefault(key, []).append(ci)
         io.run_calls(program, ci, ci + 1, env)
     walked = _outputs(engine, stepper, env)
