@@ -67,3 +67,22 @@ def test_short_then_long_sequences_that_no_fixed_split_holds(hybrid):
     for l in big:
         paging.pool.free(l)
     paging.pool.check()
+
+
+def test_the_real_model_s_units_tile_a_chunk_of_a_few_tens_of_mib():
+    """The published shape's MLA page and KDA slot, padded by the generator, have a common
+    multiple the pool can use as its chunk (unpadded: about 90 GB)."""
+    from math import lcm
+
+    from kern_models.kimi_linear.config import shape_of
+    from kern_models.kimi_linear.manifests.common import PAGE_TOKENS, state_constants
+    from tests.kimi_linear.test_config import PUBLISHED
+
+    s = shape_of(PUBLISHED)
+    raw_page, raw_slot = 7 * 576 * 2 * PAGE_TOKENS, 20 * (32 * 128 * 128 + 3 * 3 * 4096) * 4
+    assert lcm(raw_page, raw_slot, 2 << 20) > 80e9
+    for elem in (2, 4):  # bf16 (cuda) and f32 (cpu) caches
+        c = state_constants(s, elem)
+        page, slot = c["kv_token_bytes"] * PAGE_TOKENS, c["kda_slot_bytes"]
+        assert slot >= raw_slot and page >= 7 * 576 * elem * PAGE_TOKENS
+        assert lcm(page, slot, 2 << 20) == slot <= 1.03 * raw_slot  # one slot a chunk, 3% padding at most

@@ -84,7 +84,6 @@ def constants(s: KimiShape) -> dict:
     c = {
         "hidden": s.hidden, "vocab": s.vocab, "inter": s.inter, "page_tokens": PAGE_TOKENS,
         "kda_layers": len(s.kda_layers), "kda_heads": s.kda_heads, "kda_dim": s.kda_dim, "conv": s.conv,
-        "window": s.conv - 1,
         "qkv": {"mul": ["kda_heads", "kda_dim"]},
         "mla_layers": len(s.mla_layers), "heads": s.heads, "kv_lora": s.kv_lora, "nope": s.nope, "rope": s.rope,
         "v_dim": s.v_dim, "latent": {"add": ["kv_lora", "rope"]},
@@ -97,14 +96,35 @@ def constants(s: KimiShape) -> dict:
     return c
 
 
-def states(s: KimiShape, elem: int) -> dict:
-    """The MLA cache, paged (a token's latent and key part in every MLA layer), and the KDA
-    state, one slot a sequence (every KDA layer's recurrent state and convolution window),
-    `elem` bytes an element."""
+SLOT_ALIGN = 2 << 20  # the pool's smallest chunk (runtime/paging.py MIN_CHUNK)
+
+
+def padded(raw: int) -> int:
+    """A state unit's bytes rounded so that units tile the pool's chunks: a power of two up to
+    SLOT_ALIGN, a multiple of it above. The pool's chunk is a common multiple of every unit;
+    unrounded, the real model's MLA page (7 layers x 576 x 2 bytes x 16 tokens) and KDA slot
+    (~43 MiB) have one of ~90 GB."""
+    return 1 << (raw - 1).bit_length() if raw <= SLOT_ALIGN else -(-raw // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def state_constants(s: KimiShape, elem: int) -> dict:
+    """The bytes of a token of the MLA cache (`elem` bytes an element) and of a KDA slot (f32),
+    each padded (the kernels address units by these strides, the used part first)."""
     out = {}
     if s.mla_layers:
-        out["kv"] = {"bytes_per_token": {"mul": ["mla_layers", "latent", elem]}}
+        out["kv_token_bytes"] = padded(len(s.mla_layers) * (s.kv_lora + s.rope) * elem)
     if s.kda_layers:
-        out["kda"] = {"bytes_per_seq": {"mul": ["kda_layers", {"add": [
-            {"mul": ["kda_heads", "kda_dim", "kda_dim"]}, {"mul": ["window", 3, "qkv"]}]}, 4]}}
+        out["kda_slot_bytes"] = padded(len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2
+                                                            + (s.conv - 1) * 3 * s.qkv) * 4)
+    return out
+
+
+def states(s: KimiShape) -> dict:
+    """The MLA cache, paged (a token's latent and key part in every MLA layer), and the KDA
+    state, one slot a sequence (every KDA layer's recurrent state and convolution window)."""
+    out = {}
+    if s.mla_layers:
+        out["kv"] = {"bytes_per_token": "kv_token_bytes"}
+    if s.kda_layers:
+        out["kda"] = {"bytes_per_seq": "kda_slot_bytes"}
     return out

@@ -16,7 +16,7 @@ from kern_models.llama.manifests.cpu import ops_cpu as llama_ops
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
 from ..config import KDA, KimiShape
-from .common import constants, states, weight_buffers
+from .common import constants, state_constants, states, weight_buffers
 
 F = "f32"
 MODULE = "kimi"
@@ -33,10 +33,11 @@ def ops() -> dict:
     def op(entry, *params):
         return {"params": list(params), "impl": {"launches": [{"module": MODULE, "entry": entry}]}}
 
-    kda = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32")
+    kda = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
     mla = ("layer: i32", "layers: i32", "heads: i32", "nope: i32", "rope: i32", "v_dim: i32", "kv_lora: i32",
-           "page_tokens: i32")
-    append = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "eps: f32")
+           "page_tokens: i32", "token_bytes: i32")
+    append = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
+              "eps: f32")
     fb, ib, st = "in buffer<f32>", "in buffer<i32>", "inout state"
     return {
         "kda_conv": op("kda_conv", "mix: inout buffer<f32>", "w: " + fb, "state: " + st, "slot: " + ib,
@@ -105,7 +106,7 @@ def _buffers(s: KimiShape, p: str, rows, decode: bool) -> dict:
 
 def _kda(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
     k = s.kda_layers.index(l)
-    geo = [v(k), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv")]
+    geo = [v(k), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv"), v("kda_slot_bytes")]
     kda, where = {"state": "kda"}, [b(p + "slot")] + ([] if decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
     lin = lambda x, w, y: {"op": "linear", "args": [b(p + x), b(w), b(p + y)]}
     return [
@@ -137,10 +138,10 @@ def _mla(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
         *q, lin("h", f"kv_a_w.{l}", "ckv"),
         {"op": "mla_append_decode" if decode else "mla_append",
          "args": [b(p + "ckv"), b(f"kv_a_norm.{l}"), kv, *table, v(k), v("mla_layers"), v("kv_lora"), v("rope"),
-                  v("page_tokens"), v(s.eps)]},
+                  v("page_tokens"), v("kv_token_bytes"), v(s.eps)]},
         {"op": "mla_attention_decode" if decode else "mla_attention",
          "args": [b(p + "q"), kv, *table, b(f"kv_b_w.{l}"), b(p + "attn"), v(k), v("mla_layers"), v("heads"),
-                  v("nope"), v("rope"), v("v_dim"), v("kv_lora"), v("page_tokens")]},
+                  v("nope"), v("rope"), v("v_dim"), v("kv_lora"), v("page_tokens"), v("kv_token_bytes")]},
         lin("attn", f"o_w.{l}", "attn_out"),
     ]
 
@@ -194,11 +195,11 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
     all_ops = {**llama_ops(), **moe_ops(), **ops()}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cpu"},
-        "constants": constants(s),
+        "constants": {**constants(s), **state_constants(s, 4)},
         "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
                  "reach": {"max": context}},
         "buffers": buffers,
-        "states": states(s, 4),
+        "states": states(s),
         "modules": {name: {"source": f"kernels/{file}", "sha256": ""} for name, (file, _) in MODULES.items()},
         "ops": {n: op for n, op in all_ops.items() if n in used},
         "programs": programs,

@@ -4,8 +4,8 @@ the Qwen3-MoE module's (experts, combine).
 
 This file is a kern module, pinned by sha256 like a cubin.
 
-KDA (Kimi Delta Attention), a layer's per-sequence state, one slot of the `kda` state holding
-every KDA layer's part, [layer][recurrent | window] in f32:
+KDA (Kimi Delta Attention), a layer's per-sequence state, one slot of the `kda` state (of
+slot_bytes, the used part first) holding every KDA layer's part, [layer][recurrent | window] in f32:
   recurrent  [heads, dim, dim]  S, the gated delta rule's state (key dim x value dim)
   window     [conv - 1, 3 * heads * dim]  the last conv - 1 inputs of the short convolution
 A sequence whose rows start at position 0 starts from zeros, whatever its slot holds: a slot
@@ -16,7 +16,8 @@ Prefill computes this chunk by chunk (`chunk` rows): within a chunk a triangular
 one pass over the state per chunk; decode is the one-token step. Both give the same numbers
 up to rounding.
 
-MLA (multi-head latent attention), the paged `kv` state, a page [layer][token][latent | key]:
+MLA (multi-head latent attention), the paged `kv` state, a page (of page_tokens x token_bytes,
+the used part first) [layer][token][latent | key]:
 the RMS-normed compressed latent (kv_lora wide) and the shared key part (rope wide; Kimi-Linear
 rotates nothing). Prefill expands the latent into each head's keys and values with kv_b;
 decode attends over the latent itself, kv_b's key half absorbed into the query and its value
@@ -30,12 +31,12 @@ F32 = np.float32
 
 # ---- KDA ----------------------------------------------------------------------------------
 
-def _kda_slots(state, layer, layers, heads, dim, conv):
+def _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes):
     """Views of every slot's recurrent state [slots, heads, dim, dim] and conv window
     [slots, conv - 1, 3 * heads * dim] of KDA layer `layer`."""
     rec = heads * dim * dim
     per = rec + (conv - 1) * 3 * heads * dim
-    s = state.view(F32).reshape(-1, layers, per)[:, layer]
+    s = state.view(F32).reshape(-1, slot_bytes // 4)[:, :layers * per].reshape(-1, layers, per)[:, layer]
     return s[:, :rec].reshape(-1, heads, dim, dim), s[:, rec:].reshape(-1, conv - 1, 3 * heads * dim)
 
 
@@ -54,10 +55,10 @@ def _conv_rows(x, window, w):
     return _silu(out), ext[len(ext) - (k - 1):]
 
 
-def kda_conv(mix, w, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv):
+def kda_conv(mix, w, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes):
     """mix [rows, 3 * heads * dim] (q | k | v projections), in place: each sequence's rows
     convolved after its window (zeros at position 0), the window advanced."""
-    _, win = _kda_slots(state, layer, layers, heads, dim, conv)
+    _, win = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
     w = w.reshape(mix.shape[1], conv)
     for s in range(len(cu_seqlens) - 1):
         r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
@@ -67,9 +68,9 @@ def kda_conv(mix, w, state, slot, cu_seqlens, pos, layer, layers, heads, dim, co
         mix[r0:r1], win[slot[s]] = _conv_rows(mix[r0:r1].copy(), start, w)
 
 
-def kda_conv_decode(mix, w, state, slot, pos, layer, layers, heads, dim, conv):
+def kda_conv_decode(mix, w, state, slot, pos, layer, layers, heads, dim, conv, slot_bytes):
     """kda_conv for one row a sequence (row r belongs to sequence r)."""
-    kda_conv(mix, w, state, slot, np.arange(len(pos) + 1), pos, layer, layers, heads, dim, conv)
+    kda_conv(mix, w, state, slot, np.arange(len(pos) + 1), pos, layer, layers, heads, dim, conv, slot_bytes)
 
 
 def kda_gate(f, a_log, dt_bias, heads):
@@ -118,12 +119,12 @@ def _chunk(S, q, k, v, g, beta):
     return o, S
 
 
-def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads, dim, conv, chunk):
+def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads, dim, conv, slot_bytes, chunk):
     """Prefill: each sequence's rows through the recurrence, `chunk` rows at a time, from its
     slot's state (zeros at position 0); the state after its last row written back.
     mix: convolved q | k | v; g [rows, heads * dim] log decay; b [rows, heads] beta's logits;
     o [rows, heads * dim]."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv)
+    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
     for s in range(len(cu_seqlens) - 1):
         r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
         if r1 == r0:
@@ -139,9 +140,9 @@ def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads
         rec[slot[s]] = S
 
 
-def kda_step(mix, g, b, state, slot, pos, o, layer, layers, heads, dim, conv):
+def kda_step(mix, g, b, state, slot, pos, o, layer, layers, heads, dim, conv, slot_bytes):
     """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv)
+    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
     q, k, v = _qkv(mix, slice(None), heads, dim)                      # [n, heads, dim]
     S = rec[slot].copy()                                             # [n, heads, dim, dim]
     S[pos == 0] = 0
@@ -163,14 +164,16 @@ def kda_out_norm(o, gate, w, y, heads, eps):
 
 # ---- MLA ----------------------------------------------------------------------------------
 
-def _mla_pages(kv, layers, page_tokens, width):
-    return kv.view(F32).reshape(-1, layers, page_tokens, width)
+def _mla_pages(kv, layers, page_tokens, width, token_bytes):
+    used = layers * page_tokens * width
+    return kv.view(F32).reshape(-1, page_tokens * token_bytes // 4)[:, :used].reshape(-1, layers, page_tokens, width)
 
 
-def mla_append(ckv, norm_w, kv, page_table, cu_seqlens, pos, layer, layers, kv_lora, rope, page_tokens, eps):
+def mla_append(ckv, norm_w, kv, page_table, cu_seqlens, pos, layer, layers, kv_lora, rope, page_tokens, token_bytes,
+               eps):
     """ckv [rows, kv_lora + rope] (kv_a's output): each row's latent RMS-normed (norm_w) and its
     key part written at its position in its sequence's pages."""
-    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope)
+    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     lat = ckv[:, :kv_lora]
     normed = lat / np.sqrt((lat * lat).mean(-1, keepdims=True) + F32(eps)) * norm_w
     for s in range(len(cu_seqlens) - 1):
@@ -181,10 +184,11 @@ def mla_append(ckv, norm_w, kv, page_table, cu_seqlens, pos, layer, layers, kv_l
         pages[phys, layer, p % page_tokens, kv_lora:] = ckv[r0:r1, kv_lora:]
 
 
-def mla_append_decode(ckv, norm_w, kv, page_table, pos, layer, layers, kv_lora, rope, page_tokens, eps):
+def mla_append_decode(ckv, norm_w, kv, page_table, pos, layer, layers, kv_lora, rope, page_tokens, token_bytes,
+                      eps):
     """mla_append for one row a sequence (row r belongs to sequence r)."""
     mla_append(ckv, norm_w, kv, page_table, np.arange(len(pos) + 1), pos, layer, layers, kv_lora, rope,
-               page_tokens, eps)
+               page_tokens, token_bytes, eps)
 
 
 def _cached(pages, table, layer, ctx, page_tokens, kv_lora):
@@ -201,11 +205,11 @@ def _softmax_rows(s):
 
 
 def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
-                  page_tokens):
+                  page_tokens, token_bytes):
     """Prefill: each sequence's rows (q [rows, heads * (nope + rope)]) attend causally to its
     cached rows, expanded per head: k = [kv_b's key half @ latent | key part], v = kv_b's value
     half @ latent. o [rows, heads * v_dim]."""
-    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope)
+    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
     scale = F32((nope + rope) ** -0.5)
     for s in range(len(cu_seqlens) - 1):
@@ -223,11 +227,11 @@ def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, he
 
 
 def mla_attention_decode(q, kv, page_table, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
-                         page_tokens):
+                         page_tokens, token_bytes):
     """Decode: one row a sequence attends over its latents with kv_b absorbed: the query's key
     half mapped into latent space (q_nope @ kv_b's key half), scores against the latents plus
     the key part's, the weighted latent mapped out through kv_b's value half."""
-    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope)
+    pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
     scale = F32((nope + rope) ** -0.5)
     for r in range(len(pos)):
