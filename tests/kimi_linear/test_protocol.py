@@ -1,0 +1,35 @@
+"""The serving protocol of the hybrid: which per-sequence state the `slot` role carries, and the
+one line a manifest gets when that is ambiguous."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kern.manifest import load_verified
+from kern.manifest.protocol import ProtocolError, derive
+
+
+def test_the_slot_role_carries_the_per_sequence_state(kimi_dep):
+    p = derive(load_verified(kimi_dep / "manifest.json"))
+    assert p.slot_state == "kda" and p.paged_states == {"kv": 16}
+    assert all("slot" in s.inputs for s in p.steppers)
+
+
+@pytest.mark.parametrize("second", [{"bytes_per_seq": 4096}, {"bytes_per_seq": "kda_slot_bytes"}])
+def test_two_per_sequence_states_under_one_slot_role_are_refused(kimi_dep, tmp_path, second):
+    """A lease holds a slot of each per-sequence state, not one index for all: one slot role
+    cannot address two."""
+    m = json.loads((kimi_dep / "manifest.json").read_text())
+    m["states"]["window"] = second
+    m["ops"]["kda_conv"]["params"].append("window: inout state")
+    for c in m["programs"]["prefill"]["calls"]:
+        if c["op"] == "kda_conv":
+            c["args"].append({"state": "window"})
+    (tmp_path / "kernels").symlink_to(kimi_dep / "kernels")
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ProtocolError) as e:
+        derive(load_verified(tmp_path / "manifest.json"))
+    assert str(e.value) == ("the slot role carries one slot, the manifest declares 2 per-sequence states (kda, "
+                            "window): declare them as one")
