@@ -35,8 +35,19 @@ def kimi_dep(kimi_config, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def kimi_model(kimi_dep, kimi_ckpt):
-    from kern.api import Model
+class Stepped:
+    """What kern.drive steps by hand: the deployment's engine with its pool (kern.api.Model
+    refuses the hybrid until the host loop fills the `slot` role)."""
 
-    return Model(kimi_dep / "manifest.json", kimi_ckpt)
+    def __init__(self, manifest: Path, ckpt: Path):
+        from kern.manifest import load_verified
+        from kern.runtime.engine import Engine
+
+        self.engine = Engine(load_verified(manifest), ckpt, paged=True)
+        self.paging, self.protocol = self.engine.paging, self.engine.protocol
+        self.page_tokens = self.paging.page_tokens
+
+
+@pytest.fixture(scope="session")
+def kimi_model(kimi_dep, kimi_ckpt) -> Stepped:
+    return Stepped(kimi_dep / "manifest.json", kimi_ckpt)

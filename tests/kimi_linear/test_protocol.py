@@ -33,3 +33,14 @@ def test_two_per_sequence_states_under_one_slot_role_are_refused(kimi_dep, tmp_p
         derive(load_verified(tmp_path / "manifest.json"))
     assert str(e.value) == ("the slot role carries one slot, the manifest declares 2 per-sequence states (kda, "
                             "window): declare them as one")
+
+
+def test_the_host_loop_refuses_the_hybrid_until_it_fills_the_slot_role(kimi_dep, kimi_ckpt):
+    """Not a wrong answer: without the role filled every sequence would share slot 0's state."""
+    from kern.api import Model
+    from kern.errors import KernError
+
+    with pytest.raises(KernError) as e:
+        Model(kimi_dep / "manifest.json", kimi_ckpt)
+    assert str(e.value) == (f"{kimi_dep / 'manifest.json'}: kern's host loop does not step models with a "
+                            "per-sequence state ('kda') yet; kern test and kern bench do")
