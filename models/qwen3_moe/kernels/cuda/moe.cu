@@ -280,6 +280,18 @@ __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB]
     }
 }
 
+// Tile blockIdx.y of `tiles` (moe_sort's): its expert (less `first`) and sorted positions
+// [s0, s1); false when there is no such tile or another rank holds its expert.
+struct Tile {
+    int e, s0, s1;
+};
+__device__ __forceinline__ bool tile_of_block(const int *__restrict__ tiles, int first, int count, Tile &t) {
+    const int i = blockIdx.y;
+    if (i >= tiles[0]) return false;
+    t = {tiles[1 + 3 * i] - first, tiles[2 + 3 * i], tiles[3 + 3 * i]};
+    return t.e >= 0 && t.e < count;
+}
+
 // The warp's accumulators into a shared [MOE_BM, LDC] float tile.
 __device__ __forceinline__ void store_tile(float *Cs, Acc (&acc)[2][2]) {
     const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
@@ -299,12 +311,10 @@ moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, co
                   const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                   int count) {
     __shared__ __align__(128) float Cs[MOE_BM * LDC];
-    const int t = blockIdx.y;
-    if (t >= tiles[0]) return;
-    const int e = tiles[1 + 3 * t] - first, s0 = tiles[2 + 3 * t], s1 = tiles[3 + 3 * t];
-    if (e < 0 || e >= count) return;
-    const int n0 = blockIdx.x * MOE_BN;
-    const bf16 *We = W + (size_t)e * 2 * inter * hidden;
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *We = W + (size_t)t.e * 2 * inter * hidden;
     const bf16 *const Ws[2] = {We, We + (size_t)inter * hidden};
     auto a_row = [&](int i) -> const bf16 * {
         return s0 + i < s1 ? x + (size_t)(sorted[s0 + i] / top_k) * hidden : nullptr;
@@ -333,12 +343,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, const bf16 *__restrict__ W,
                float *__restrict__ y, int hidden, int inter, int first, int count) {
     __shared__ __align__(128) float Cs[MOE_BM * LDC];
-    const int t = blockIdx.y;
-    if (t >= tiles[0]) return;
-    const int e = tiles[1 + 3 * t] - first, s0 = tiles[2 + 3 * t], s1 = tiles[3 + 3 * t];
-    if (e < 0 || e >= count) return;
-    const int n0 = blockIdx.x * MOE_BN;
-    const bf16 *const Ws[1] = {W + (size_t)e * hidden * inter};
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *const Ws[1] = {W + (size_t)t.e * hidden * inter};
     auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
     Acc acc[1][2][2];
     tile_gemm<1>(a_row, Ws, hidden, inter, n0, acc);
