@@ -233,8 +233,10 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
 template <int NB, typename ARow>
 __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB], int N, int K, int n0,
                                           Acc (&acc)[NB][2][2]) {
-    __shared__ __align__(128) bf16 As[MOE_BM * LDS];
-    __shared__ __align__(128) bf16 Bs[NB][MOE_BN * LDS];
+    // two stages: the next k-tile's copies (cp.async, 16 bytes each, zero-filled past the rows
+    // that exist) are in flight while this one is multiplied
+    __shared__ __align__(128) bf16 As[2][MOE_BM * LDS];
+    __shared__ __align__(128) bf16 Bs[2][NB][MOE_BN * LDS];
     const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -243,40 +245,51 @@ __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB]
 #pragma unroll
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
     constexpr int CHUNKS = MOE_BK / 8;  // 16-byte chunks a row of a k-tile
-    for (int k0 = 0; k0 < K; k0 += MOE_BK) {
+    auto load = [&](int stage, int k0) {
         for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
             const int i = c / CHUNKS, q = c % CHUNKS;
             const bf16 *src = a_row(i);
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (src) v = reinterpret_cast<const uint4 *>(src + k0)[q];
-            *reinterpret_cast<uint4 *>(&As[i * LDS + q * 8]) = v;
+            cp_async16_zfill(&As[stage][i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
         }
 #pragma unroll
         for (int b = 0; b < NB; ++b)
             for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
                 const int n = c / CHUNKS, q = c % CHUNKS;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (n0 + n < N) v = reinterpret_cast<const uint4 *>(W[b] + (size_t)(n0 + n) * K + k0)[q];
-                *reinterpret_cast<uint4 *>(&Bs[b][n * LDS + q * 8]) = v;
+                const bool in = n0 + n < N;
+                cp_async16_zfill(&Bs[stage][b][n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
+                                 in ? 16 : 0);
             }
-        __syncthreads();
+        cp_async_commit();
+    };
+    const int tiles = K / MOE_BK;
+    load(0, 0);
+    for (int kt = 0; kt < tiles; ++kt) {
+        const int stage = kt & 1;
+        if (kt + 1 < tiles) {
+            load(stage ^ 1, (kt + 1) * MOE_BK);  // the stage read two k-tiles ago: free since the last barrier
+            cp_async_wait<1>();                   // this k-tile's copies (this thread's) have landed
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // ... and every thread's
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[(wm * 32 + i * 16) * LDS + kk], LDS);
+            for (int i = 0; i < 2; ++i)
+                wmma::load_matrix_sync(fa[i], &As[stage][(wm * 32 + i * 16) * LDS + kk], LDS);
 #pragma unroll
             for (int b = 0; b < NB; ++b)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     // B (k x n) column-major is W's rows as stored: element (k, n) at Bs[n * LDS + k]
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &Bs[b][(wn * 32 + j * 16) * LDS + kk], LDS);
+                    wmma::load_matrix_sync(fb, &Bs[stage][b][(wn * 32 + j * 16) * LDS + kk], LDS);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
-        __syncthreads();
+        __syncthreads();  // every warp is done with this stage before it is loaded again
     }
 }
 
