@@ -1,5 +1,5 @@
 // The Qwen3-MoE block on sm_90a (bf16 storage, fp32 math). KERNELS.md beside this file says
-// what each computes; kernels.py holds their launch contracts.
+// what each computes; table.py holds their launch contracts.
 //
 // The router: moe_route (softmax over every expert, the top k with ties to the lowest expert
 // index, the cpu reference's rule, optionally renormalized).
