@@ -67,3 +67,30 @@ def test_the_data_generators_read_is_shipped():
         pkg = max((p for p, d in folders.items() if d in f.parents), key=lambda p: len(folders[p].parts))
         rel = f.relative_to(folders[pkg]).as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in data.get(pkg, [])), f"{pkg}: {rel} is not package data"
+
+
+def test_kern_serve_needs_nothing_beyond_the_default_install():
+    """`pip install -e .` (the README's first command) gives a working `kern serve`: every
+    third-party module the server imports comes from a default dependency, not an extra."""
+    import ast
+    import re
+    import sys
+    from importlib.metadata import packages_distributions
+
+    imported = set()
+    for f in (ROOT / "src" / "kern" / "serve").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"kern", "kern_models"}
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    default = {norm(re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0]) for d in PYPROJECT["project"]["dependencies"]}
+    dists = packages_distributions()
+    missing = {m for m in third_party if not {norm(d) for d in dists.get(m, [m])} & default}
+    assert {"fastapi", "uvicorn"} <= third_party
+    assert missing == set(), f"imported by kern.serve, not installed by default: {missing}"

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -227,6 +228,9 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp), ("ep", ep)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if target == "cpu" and memory is not None and memory > ram:  # the pool's bookkeeping alone would not fit
+        raise BoundsError(f"memory {memory / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")

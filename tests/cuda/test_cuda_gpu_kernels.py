@@ -407,6 +407,25 @@ def test_argmax_ties_go_to_the_lowest_index(gpu):
     assert gpu.get(tok, np.int32, n_rows).tolist() == [123, vocab - 1, 0, 999]
 
 
+def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws(gpu):
+    """sample_partial's Gumbel noise stays finite: u strictly inside (0, 1) in float32. (With 24
+    random bits the largest u rounded up to 1.0, its noise was +inf and that token won whatever
+    its logit: 16 of these 100,000 draws did, by the cpu op of the same formula.)"""
+    draws, n_rows, vocab, chunks, best = 100_000, 10_000, 2048, 16, 5
+    logits = np.zeros((n_rows, vocab), np.float32)
+    logits[:, best] = 100.0
+    temps = gpu.put(np.ones(n_rows, np.float32))
+    d_logits = gpu.put(logits)
+    pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
+    rng = np.random.default_rng(12)
+    for start in range(0, draws, n_rows):
+        keys = gpu.put(rng.integers(-2**31, 2**31, (n_rows, 2)).astype(np.int32))
+        gpu.run("sample_partial", (chunks, n_rows), 256, d_logits, temps, keys, pv, pi, vocab, n_rows, chunks)
+        gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
+        got = gpu.get(tok, np.int32, n_rows)
+        assert (got == best).all(), f"draw {start + int(np.argmax(got != best))} took token {got[got != best][0]}"
+
+
 def test_a_temperature_draw_is_the_cpu_references_draw_and_follows_the_softmax(gpu):
     """sample_partial at T > 0 draws what the cpu op draws for the same key (one formula; a
     flip needs a near-tie of logit / T + noise), and over many keys the draws follow

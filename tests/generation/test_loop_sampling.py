@@ -107,3 +107,55 @@ def test_the_sample_op_draws_follow_the_softmax_at_the_temperature():
     assert chi2 < 20.5, f"chi-square {chi2:.1f} over {vocab - 1} degrees of freedom"
     sample(logits, np.zeros(n, np.float32), keys, got)
     assert (got == np.argmax(logits[0])).all()
+
+
+def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws():
+    """The cpu sample op's Gumbel noise stays finite: u strictly inside (0, 1) in float32. (With
+    24 random bits the largest u rounded up to 1.0, its noise was +inf and that token won
+    whatever its logit: about one draw in 340 over a 49,152-token vocabulary.)"""
+    import numpy as np
+
+    from kern.generation.loop import draw_key
+    from kern_models.llama.cpu.kernels import sample
+
+    draws, rows, vocab, best = 100_000, 10_000, 2048, 5
+    logits = np.zeros((rows, vocab), np.float32)
+    logits[:, best] = 100.0
+    got = np.empty(rows, np.int32)
+    for start in range(0, draws, rows):
+        keys = np.array([draw_key(3, start + i) for i in range(rows)], "<u8").view("<i4").reshape(rows, 2)
+        sample(logits, np.ones(rows, np.float32), keys, got)
+        assert (got == best).all(), f"draw {start + int(np.argmax(got != best))} took token {got[got != best][0]}"
+
+
+def test_a_subnormal_temperature_is_greedy(tiny_llama):
+    """Temperatures below 1e-6 act as greedy (docs/serve.md): the device divides by T in float32,
+    where 1 / 1e-40 overflows and every scaled logit was inf or NaN."""
+    from kern.generation.params import GREEDY_BELOW
+
+    prompt = _prompts(1, seed=8)[0]
+    loop = make_loop(tiny_llama)
+    greedy = _tokens(_run(loop, {0: [("g", prompt, SamplingParams(max_tokens=8, ignore_eos=True))]})["g"])
+    for i, t in enumerate((1e-40, 5e-324, GREEDY_BELOW / 2)):
+        p = SamplingParams(max_tokens=8, temperature=t, seed=i, ignore_eos=True)
+        assert p.greedy
+        assert _tokens(_run(loop, {0: [(f"t{i}", prompt, p)]})[f"t{i}"]) == greedy, t
+    assert not SamplingParams(temperature=GREEDY_BELOW).greedy
+
+
+def test_nan_never_wins_the_sample_op_as_on_the_device():
+    """The cpu op answers what cuda/argmax.cu does: a NaN logit is never the token (np.argmax
+    alone would pick the first NaN), ties go to the lowest index, a row of only NaN gives -1."""
+    import numpy as np
+
+    from kern_models.llama.cpu.kernels import sample
+
+    nan, inf = np.nan, np.inf
+    rows = [([nan, 1, 5, nan], 2), ([1, nan, 1, 0], 0), ([-inf, nan, -inf, -inf], 0), ([nan] * 4, -1)]
+    logits = np.array([r for r, _ in rows], np.float32)
+    keys = np.arange(2 * len(rows), dtype=np.int32).reshape(len(rows), 2)
+    got = np.empty(len(rows), np.int32)
+    sample(logits, np.zeros(len(rows), np.float32), keys, got)
+    assert got.tolist() == [want for _, want in rows]
+    sample(logits[:1], np.full(1, 0.7, np.float32), keys[:1], got[:1])
+    assert got[0] in (1, 2)

@@ -4,6 +4,7 @@ generator; penalties move the logits they should; logprobs are the model's own."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kern.generation import SamplingParams
 from kern.generation.sampling import penalize, sample
@@ -115,3 +116,51 @@ def test_the_candidate_sort_picks_what_a_full_sort_picks(monkeypatch):
             monkeypatch.setattr(sampling, "CANDIDATES", z.size)
             full = sampling._draw(z / params.temperature, params, np.random.Generator(np.random.PCG64(seed)))
             assert few == full, (params, seed)
+
+
+class _Top:
+    """A generator whose every uniform draw is the largest double below 1."""
+
+    def random(self):
+        return float(np.nextafter(1.0, 0.0))
+
+
+INF, NAN, F32_MAX = float("inf"), float("nan"), float(np.finfo(np.float32).max)
+# (case, logits row, params, prompt, tokens the row may draw). Every case is drawn with 50 seeds
+# and with the largest u below 1; its logprobs (top 3) must be finite numbers.
+EDGES = [
+    ("NaN logits never win (greedy)", [NAN, 1, 2, NAN], SamplingParams(logprobs=3), [], {2}),
+    ("NaN logits never win (sampled)", [NAN, 0, 9, NAN], SamplingParams(temperature=1.0, logprobs=3), [], {1, 2}),
+    ("NaN logits never win (top_p)", [NAN, 0, 9, NAN], SamplingParams(temperature=1.0, top_p=0.5), [], {2}),
+    ("a +inf logit is always drawn", [0, INF, 0, 0], SamplingParams(temperature=1.0, logprobs=3), [], {1}),
+    ("+inf logits tie", [INF, 0, INF, 0], SamplingParams(temperature=1.0, top_k=3), [], {0, 2}),
+    ("-inf logits are never drawn, even the last", [0, 0, -INF, -INF], SamplingParams(temperature=1.0, logprobs=3),
+     [], {0, 1}),
+    ("float32's largest logits", [F32_MAX, -F32_MAX, F32_MAX, 0], SamplingParams(temperature=1.0, logprobs=3), [],
+     {0, 2}),
+    ("the smallest repetition penalty", [1, 2, 3, -1], SamplingParams(temperature=1.0, repetition_penalty=5e-324),
+     [0], {0}),
+    ("the largest repetition penalty", [1, 2, 3, -1], SamplingParams(temperature=1.0, repetition_penalty=1e308,
+                                                                                 top_k=2), [2], {0, 1}),
+    ("a subnormal temperature is greedy", [1, 2, 3, -1], SamplingParams(temperature=1e-40), [], {2}),
+    ("the largest temperature", [1, 2, 3, -1], SamplingParams(temperature=1.7e308), [], {0, 1, 2, 3}),
+    ("the smallest top_p", [1, 2, 3, -1], SamplingParams(temperature=1.0, top_p=5e-324), [], {2}),
+    ("min_p 1 keeps the best", [1, 2, 3, -1], SamplingParams(temperature=1.0, min_p=1.0), [], {2}),
+    ("top_k past the vocabulary", [1, 2, 3, -INF], SamplingParams(temperature=1.0, top_k=2**62), [], {0, 1, 2}),
+    ("penalties at their bounds", [1, 2, 3, -1], SamplingParams(temperature=1.0, frequency_penalty=2.0,
+                                                                presence_penalty=2.0, top_p=0.99), [], {0, 1, 2, 3}),
+]
+
+
+@pytest.mark.parametrize("case,row,params,prompt,allowed", EDGES, ids=[c[0] for c in EDGES])
+def test_float_edge_values_draw_only_what_they_may(case, row, params, prompt, allowed):
+    logits = np.array([row], np.float32)
+    rngs = [np.random.Generator(np.random.PCG64(s)) for s in range(50)] + [_Top()]
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # no inf - inf, 0 / 0, overflow on the way
+        for rng in rngs:
+            tokens, logprobs = sample(logits, [params], [rng], [prompt], [[]])
+            assert tokens[0] in allowed, f"drew {tokens[0]}"
+            if params.logprobs is not None:
+                lp = logprobs[0]
+                values = [lp.logprob, *(v for _, v in lp.top)]
+                assert all(np.isfinite(values)), values  # JSON has no NaN or infinity

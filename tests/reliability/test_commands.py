@@ -54,6 +54,91 @@ def test_kern_test_refuses_bad_flags(capsys, flags, says):
     assert says in r.err.splitlines()[-1]
 
 
+ANY_FLAGS = [  # (id, argv, what the message says): flags every command shares, and the server's
+    ("run-memory-inf", ["run", "/nonexistent", "--memory", "inf"], "argument --memory: expected a finite size"),
+    ("run-memory-1e400G", ["run", "/nonexistent", "--memory", "1e400G"], "argument --memory: expected a finite size"),
+    ("serve-memory-inf", ["serve", "--memory", "inf"], "argument --memory: expected a finite size"),
+    ("serve-memory-nan", ["serve", "--memory", "nanG"], "argument --memory: expected a finite size"),
+    ("run-memory-1e20G", ["run", "/nonexistent", "--memory", "1e20G"], "argument --memory: must be at most 1024G"),
+    ("bench-memory-1e400G", ["bench", "m.json", "--workload", "w.toml", "--memory", "1e400G"],
+     "argument --memory: expected a finite size"),
+    ("serve-port-70000", ["serve", "--port", "70000"], "argument --port: a TCP port is at most 65535, got 70000"),
+    ("serve-port-negative", ["serve", "--port=-1"], "argument --port: must be at least 0, got -1"),
+    ("serve-port-word", ["serve", "--port", "http"], "argument --port: expected a whole number, got 'http'"),
+    ("serve-target-unknown", ["serve", "--target", "gpu"], "argument --target: invalid choice: 'gpu'"),
+]
+
+
+@pytest.mark.parametrize("argv,says", [c[1:] for c in ANY_FLAGS], ids=[c[0] for c in ANY_FLAGS])
+def test_every_command_refuses_bad_flags(capsys, argv, says):
+    r = kern(capsys, *argv)
+    assert r.code == 2 and "Traceback" not in r.err and r.out == ""
+    assert says in r.err.splitlines()[-1]
+
+
+HELP = [  # (command, words its --help holds, whitespace folded): defaults and meanings shown
+    ("run", "--prompt PROMPT the text to continue (default: 'What is the capital of France?'"),
+    ("run", "--max-tokens MAX_TOKENS tokens to generate at most (default 64)"),
+    ("serve", "--port PORT TCP port to listen on (default 8000"),
+    ("serve", "--target {cpu,cuda}"),
+    ("test", "--reference A the manifest taken as right"),
+    ("test", "--candidate B the manifest judged"),
+    ("test", "--json the verdict as JSON"),
+]
+
+
+@pytest.mark.parametrize("command,words", HELP, ids=[f"{c}-{w.split()[0]}" for c, w in HELP])
+def test_help_shows_what_each_flag_means_and_its_default(capsys, command, words):
+    r = kern(capsys, command, "--help")
+    assert r.code == 0 and words in " ".join(r.out.split())
+
+
+def test_kern_run_says_which_prompt_it_uses_when_none_is_given(capsys, tiny):
+    r = kern(capsys, "run", str(tiny), "--target", "cpu", "--max-tokens", "2")
+    assert r.code == 0 and "[kern] no --prompt given: 'What is the capital of France?'" in r.err
+
+
+def test_kern_run_context_1_blames_the_context(capsys, tiny):
+    r = kern(capsys, "run", str(tiny), "--prompt", "w1", "--target", "cpu", "--context", "1")
+    lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
+    assert r.code == 1 and r.out == "" and len(lines) == 1, r.err
+    assert lines[0] == "kern run: context must be at least 2 positions (a prompt token and a generated one), got 1"
+
+
+@pytest.mark.skipif(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >= 1 << 40, reason="a 1 TiB machine")
+def test_kern_run_memory_past_the_machine_is_one_line(capsys, tiny):
+    r = kern(capsys, "run", str(tiny), "--prompt", "w1", "--target", "cpu", "--memory", "1000G")
+    lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
+    assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, r.err
+    assert lines[0].startswith("kern run: memory 1000 GiB is more than this machine has")
+
+
+def _occupied_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+SERVE_PLACES = [  # (id, flags, what the one line says): refused before the model loads
+    ("port-in-use", lambda port: ["--port", str(port)], "Address already in use"),
+    ("host-not-this-machine", lambda port: ["--host", "192.0.2.1", "--port", "8000"],
+     "cannot listen on 192.0.2.1:8000: Cannot assign requested address"),
+]
+
+
+@pytest.mark.parametrize("flags,says", [c[1:] for c in SERVE_PLACES], ids=[c[0] for c in SERVE_PLACES])
+def test_kern_serve_that_cannot_listen_says_so_in_one_line_and_never_serving(tiny, flags, says):
+    with _occupied_port() as busy:
+        r = subprocess.run([sys.executable, "-m", "kern.cli", "serve", str(tiny), "--target", "cpu",
+                            *flags(busy.getsockname()[1])], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("kern serve: cannot listen on ") and says in line
+
+
 def test_kern_test_keeps_an_explicit_zero(capsys, monkeypatch, tiny):
     """Seed 0, 0 decode steps (prefill only) and a KL limit of 0 reach the judge as given."""
     from kern.judge import judge

@@ -106,3 +106,26 @@ def test_kern_verify_names_every_problem(base, tmp_path, promise, change, expect
     for where, phrase in expected:
         assert [ln for ln in lines[1:] if ln.startswith(f"  {where}: ") and phrase in ln], \
             f"{promise}: no line at {where!r} with {phrase!r}:\n{r.stdout}"
+
+
+def test_kern_verify_checks_the_pins_of_module_files_beside_the_manifest(tmp_path):
+    """The fast loop an agent iterates against says what `kern run` would refuse: a kernel file
+    changed after its sha256 was pinned."""
+    import shutil
+
+    folder = Path(shutil.copytree(Path(__file__).parents[2] / "examples" / "smollm2-135m-instruct-cpu",
+                                  tmp_path / "deployment"))
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kern.cli", "verify", str(folder)], capture_output=True,
+                              text=True, timeout=60)
+
+    assert verify().returncode == 0
+    (module,) = json.loads((folder / "manifest.json").read_text())["modules"].items()
+    name, source = module[0], module[1]["source"]
+    with open(folder / source, "a") as f:
+        f.write("# an edit after pinning\n")
+    r = verify()
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    says = f"  modules.{name}.sha256: the file {source} hashes to"
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith(says)], r.stdout

@@ -3,6 +3,8 @@ keeps serving everyone else."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .conftest import CONTEXT, post, words
@@ -61,13 +63,26 @@ CASES = [
     ("echo", "completions", comp(echo=True), 400, "echo", "unsupported parameter 'echo'"),
     ("unknown field", "chat", chat(frobnicate=1), 400, "frobnicate", "unsupported parameter 'frobnicate'"),
     ("empty prompt", "completions", comp(prompt=""), 400, "prompt", "empty after tokenizing"),
+    # JSON that parses but no tokenizer takes, or that Python's parser refuses by its own limits
+    ("lone surrogate in content", "chat", chat(messages=[{"role": "user", "content": "w5 \ud800"}]), 400,
+     "messages[0].content", "lone surrogate ('\\ud800' at character 3)"),
+    ("lone surrogate in prompt", "completions", comp(prompt="\udfff w5"), 400, "prompt", "lone surrogate"),
+    ("lone surrogate in a stop string", "chat", chat(stop=["w5", "\ud800"]), 400, "stop[1]", "lone surrogate"),
+    ("nested 100,000 levels deep", "chat", b'{"model": "MODEL", "stop": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     400, None, "nests arrays or objects too deeply"),
+    ("an integer of 5,000 digits", "completions", b'{"model": "MODEL", "prompt": "w5", "max_tokens": ' + b"9" * 5000
+     + b"}", 400, "max_tokens", "max_tokens is an integer of 5000 digits"),
+    ("NaN temperature", "chat", b'{"model": "MODEL", "messages": [{"role": "user", "content": "w5"}], '
+     b'"temperature": NaN}', 400, "temperature", "temperature must be a number, got NaN"),
+    ("infinite top_p", "completions", b'{"model": "MODEL", "prompt": "w5", "top_p": 1e400}', 400, "top_p",
+     "top_p must be a number, got Infinity"),
 ]
 
 
 def _named(body, model_name):
     if isinstance(body, dict) and body.get("model") == M:
         return {**body, "model": model_name}
-    return body
+    return body.replace(f'"{M}"'.encode(), json.dumps(model_name).encode()) if isinstance(body, bytes) else body
 
 
 @pytest.mark.parametrize("case,path,body,status,param,says", CASES, ids=[c[0] for c in CASES])

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import logging
 import re
 import socket
+import threading
 import time
 from urllib.parse import urlsplit
 
 import openai
 
 from . import engines
-from .conftest import API_KEY, get, leased_pages, wait_idle, words
+from .conftest import API_KEY, get, leased_pages, post, wait_idle, words
 
 
 def metric(server, name: str) -> float:
@@ -89,3 +92,58 @@ def test_metrics_count_requests_tokens_and_latencies(server, client, model_name)
 
 def test_health(server):
     assert get(server, "/health") == (200, '{"status":"ok"}')
+
+
+def test_a_client_that_disconnects_mid_body_is_counted_not_logged_as_a_traceback(server, model_name):
+    def gone() -> float:
+        _, text = get(server, "/metrics")
+        m = re.search(r'^kern_requests_total\{endpoint="completions",status="499"\} (\S+)$', text, re.MULTILINE)
+        return float(m.group(1)) if m else 0.0
+
+    before, logged = gone(), []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    log = logging.getLogger("uvicorn.error")
+    log.addHandler(handler)
+    try:
+        u = urlsplit(server.url)
+        with socket.create_connection((u.hostname, u.port), timeout=10) as s:  # 1000 bytes promised, 10 sent
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":".encode())
+        deadline = time.monotonic() + 20
+        while gone() == before:
+            assert time.monotonic() < deadline, "the disconnect was never counted as a 499"
+            time.sleep(0.05)
+    finally:
+        log.removeHandler(handler)
+    assert not [r for r in logged if r.exc_info], [r.getMessage() for r in logged]
+
+
+def test_health_answers_while_a_prompt_is_being_tokenized(server, model_name, monkeypatch):
+    """Tokenizing a long prompt (5 MB: seconds) runs off the event loop: here the tokenizer
+    blocks until /health has answered, which it could not if it ran on the loop."""
+    tokenizer = server.driver.info.tokenizer
+    entered, release, answers = threading.Event(), threading.Event(), {}
+    real = tokenizer.encode
+
+    def blocking(text, *args, **kw):
+        entered.set()
+        release.wait(30)
+        return real(text, *args, **kw)
+
+    monkeypatch.setattr(tokenizer, "encode", blocking)
+    body = {"model": model_name, "prompt": words(5), "max_tokens": 2, "temperature": 0}
+    client = threading.Thread(target=lambda: answers.update(completion=post(server, "/v1/completions", body)))
+    client.start()
+    try:
+        assert entered.wait(30), "the request never reached the tokenizer"
+        u = urlsplit(server.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        conn.request("GET", "/health")
+        answers["health"] = conn.getresponse().status
+        conn.close()
+    finally:
+        release.set()
+        client.join(60)
+    assert answers["health"] == 200
+    assert answers["completion"][0] == 200

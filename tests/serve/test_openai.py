@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .conftest import get, leased_pages, wait_idle, words
@@ -16,6 +18,7 @@ def chat(text: str) -> list[dict]:
 def test_models_lists_the_served_model(client, model_name):
     (m,) = client.models.list().data
     assert m.id == model_name and m.owned_by == "kern"
+    assert 1_700_000_000 < m.created <= time.time()  # when the server started serving it, not 0
 
 
 def test_non_streaming_chat_returns_one_body_with_usage(client, model_name, server):

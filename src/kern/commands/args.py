@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+MAX_MEMORY = 1 << 40  # --memory: a state budget past any device's memory (the pool's bookkeeping grows with it)
+
 def whole(lowest: int):
     """An argparse type: a whole number >= lowest (the message names the flag's value)."""
     def parse(text: str) -> int:
@@ -38,6 +40,13 @@ def utf8(text: str) -> str:
     return text
 
 
+def port(text: str) -> int:
+    n = whole(0)(text)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {n}")
+    return n
+
+
 positive = whole(1)
 non_negative = whole(0)  # seed 0 is a seed like any other; a negative one is refused, not wrapped
 
@@ -51,6 +60,10 @@ def memory(text: str) -> int:
         n = float(t[:-1] if scale else t) * (scale or 1 << 20)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if not math.isfinite(n):  # inf, nan, 1e400G
+        raise argparse.ArgumentTypeError(f"expected a finite size such as 512M or 2G, got {text!r}")
+    if n > MAX_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at most 1024G (more than any device holds), got {text!r}")
     if n < 1 << 20:
         raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
     return int(n)

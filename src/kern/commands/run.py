@@ -8,13 +8,15 @@ import sys
 from .args import loop_options, model_arguments, non_negative, non_negative_real, positive, utf8
 
 HELP = "generate text with a model (default: the embedded model)"
+DEFAULT_PROMPT = "What is the capital of France?"  # kern run without --prompt
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
-    p.add_argument("--prompt", type=utf8, default="What is the capital of France?")
+    p.add_argument("--prompt", type=utf8, default=None,
+                   help=f"the text to continue (default: {DEFAULT_PROMPT!r}, said on stderr when used)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=positive, default=64)
+    p.add_argument("--max-tokens", type=positive, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=non_negative_real, default=0.0, help="0 (the default) is greedy")
     p.add_argument("--seed", type=non_negative, default=0, help="sampling seed, a whole number >= 0")
     p.add_argument("--target", choices=("cpu", "cuda"), default=None,
@@ -46,7 +48,11 @@ def main(args) -> int:
             (f" x {args.ep} (expert parallel)" if args.ep > 1 else "")
         print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",
               file=sys.stderr)
-        gen = model.generate(args.prompt, chat=args.chat, max_tokens=args.max_tokens,
+        prompt = args.prompt
+        if prompt is None:
+            prompt = DEFAULT_PROMPT
+            print(f"[kern] no --prompt given: {prompt!r}", file=sys.stderr)
+        gen = model.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))
     except KernError as exc:

@@ -6,24 +6,24 @@ import argparse
 import sys
 from functools import partial
 
-from .args import loop_options, model_arguments
+from .args import loop_options, model_arguments, port
 
 HELP = "an OpenAI-compatible HTTP server with a chat page (default: the embedded model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     model_arguments(p)
-    p.add_argument("--target", default=None, help="cpu or cuda (default: cuda when a GPU is present)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="cpu or cuda (default: cuda when a GPU and the CUDA kernels are usable)")
     loop_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000, help="TCP port to listen on (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, where: str, tp: int = 1,
-               ep: int = 1):
+def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1, ep: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
@@ -37,8 +37,6 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
         from ..bench.trace import record
 
         record(model.engine, trace)
-    print(f"[kern] serving {loop.model_name} (context {loop.context}) on {where} (chat page at /, API at /v1)",
-          file=sys.stderr)
     return loop
 
 
@@ -47,7 +45,7 @@ def main(args) -> int:
     from ..serve.server import serve_forever
 
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, f"http://{args.host}:{args.port}", args.tp, args.ep)
+                        args.memory, args.trace, args.tp, args.ep)
     try:
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
     except KernError as exc:
@@ -55,6 +53,6 @@ def main(args) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
         print("[kern] stopped", file=sys.stderr)
-    except SystemExit as exc:  # uvicorn exits when it cannot bind (it has said why); SIGTERM exits 0
+    except SystemExit as exc:  # SIGTERM exits 0 (a socket that cannot bind is a KernError, before the load)
         return exc.code if isinstance(exc.code, int) else 1
     return 0

@@ -14,11 +14,14 @@ HELP = "judge a candidate manifest against a reference, span by span"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--reference", required=True, metavar="A")
-    p.add_argument("--candidate", required=True, metavar="B")
-    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR")
+    p.add_argument("--reference", required=True, metavar="A",
+                   help="the manifest taken as right (manifest.json or a folder holding one)")
+    p.add_argument("--candidate", required=True, metavar="B",
+                   help="the manifest judged (a manifest, a folder, or kern cut's stages folder)")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR",
+                   help="the checkpoint both run (default: the embedded model)")
     p.add_argument("--seed", type=non_negative, default=0, help="workload seed, a whole number >= 0")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the verdict as JSON on stdout")
     p.add_argument("--seqs", type=positive, default=None, help="sequences in the workload (default 6)")
     p.add_argument("--decode-steps", type=non_negative, default=None,
                    help="decode steps per sequence (default 10; 0 judges prefill only)")

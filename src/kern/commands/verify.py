@@ -20,7 +20,7 @@ def main(args: argparse.Namespace) -> int:
 
     results = []
     for path in args.paths:
-        r = verify_path(path)
+        r = verify_path(path, files=True)
         if r.verified is not None:
             v = r.verified
             res = {"path": path, "ok": True, "programs": len(v.manifest.programs), "calls": v.ncalls,

@@ -46,6 +46,8 @@ def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, 
     seqs_max = max([ragged.groups_max] + [d.groups_max for d in protocol.fixed(1)])
     if max_seqs is not None and max_seqs > seqs_max:
         raise BoundsError(f"max_seqs {max_seqs} is above the manifest's bound of {seqs_max} sequences a step")
+    if context is not None and context < 2:
+        raise BoundsError(f"context must be at least 2 positions (a prompt token and a generated one), got {context}")
     want = min(context or bound, bound)
     held = held_tokens(lambda n: fits(n + scratch_tokens), page_tokens, want)
     note = None

@@ -8,10 +8,16 @@ from dataclasses import dataclass
 from ..runtime.errors import BoundsError
 
 
+# Temperatures below this act as greedy (docs/serve.md): the device divides in float32, where 1/T
+# of a subnormal T (1e-40) is inf; at 1e-6 only tokens within ~2e-5 nats of the best could still
+# be drawn, below a float32 logit's own resolution.
+GREEDY_BELOW = 1e-6
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 64
-    temperature: float = 0.0  # 0 = greedy (the device's argmax tokens; no logits copied unless logprobs)
+    temperature: float = 0.0  # 0 or below GREEDY_BELOW: greedy (the device's argmax; no logits unless logprobs)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
@@ -26,7 +32,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def penalized(self) -> bool:

@@ -17,11 +17,27 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+# Penalized logits stay within +-LIMIT: an infinite logit (or a huge one over a tiny repetition
+# penalty) would otherwise make inf - inf = NaN in the softmax; tokens at the limit tie. Divided
+# by a temperature >= GREEDY_BELOW it still fits a float64.
+LIMIT = 1e300
+# The floor of a reported logprob: JSON has no -inf (OpenAI reports -9999 for the impossible).
+LOGPROB_FLOOR = -9999.0
+
+
 def penalize(logits: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[int]],
              outs: Seq[list[int]]) -> np.ndarray:
     """Repetition penalty over prompt and output tokens (divide positive logits, multiply
-    negative ones); frequency (per occurrence) and presence (once) penalties over the output."""
-    z = logits.astype(np.float64)
+    negative ones); frequency (per occurrence) and presence (once) penalties over the output.
+    A NaN logit never wins (as on the device): it counts as -inf."""
+    z = np.nan_to_num(logits.astype(np.float64), nan=-np.inf, posinf=LIMIT)
+    with np.errstate(over="ignore"):  # a tiny repetition penalty: the clip below takes the inf
+        _penalize_rows(z, params, prompts, outs)
+    return np.clip(z, -np.inf, LIMIT, out=z)
+
+
+def _penalize_rows(z: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[int]],
+                   outs: Seq[list[int]]) -> None:
     for i, (p, prompt, out) in enumerate(zip(params, prompts, outs)):
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.asarray(prompt + out, np.int64))
@@ -30,7 +46,6 @@ def penalize(logits: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[
         if out and (p.frequency_penalty or p.presence_penalty):
             counts = np.bincount(np.asarray(out, np.int64), minlength=z.shape[1])[:z.shape[1]]
             z[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
-    return z
 
 
 # Tokens a sampled row sorts at first; the whole vocabulary only when its draw or its kept set
@@ -55,7 +70,9 @@ def _draw(scaled: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> in
     u = rng.random()
     if p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0:
         cum = np.cumsum(np.exp(scaled - scaled.max()))
-        return int(min(np.searchsorted(cum, u * cum[-1], side="right"), vocab - 1))
+        # normalized, the last sum is exactly 1 > u: the first sum past u ends a token of mass > 0
+        # (u * cum[-1] may round up to cum[-1] and land past the last token that has any)
+        return int(np.searchsorted(cum / cum[-1], u, side="right"))
     lse = scaled.max() + np.log(np.exp(scaled - scaled.max()).sum())
     m = min(vocab, max(CANDIDATES, p.top_k))
     while True:
@@ -86,7 +103,8 @@ def logprobs_of(logits: np.ndarray, tokens: Seq[int], params: Seq[SamplingParams
         if p.logprobs is None:
             out.append(None)
             continue
-        lp = log_softmax(logits[i].astype(np.float64))
+        lp = np.fmax(log_softmax(np.nan_to_num(logits[i].astype(np.float64), nan=-np.inf, posinf=LIMIT)),
+                        LOGPROB_FLOOR)
         top = np.argsort(-lp, kind="stable")[:p.logprobs]
         out.append(TokenLogprob(int(t), float(lp[t]), tuple((int(k), float(lp[k])) for k in top)))
     return out

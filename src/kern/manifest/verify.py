@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,28 @@ def check(m: Manifest, base_dir: Path = Path("."), broken: Broken = Broken(),
     return Report(Verified(m, ctx.consts, ctx.params, base_dir, _token=_TOKEN), [])
 
 
-def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Path(".")) -> Report:
+def local_pins(m: Manifest, base_dir: Path) -> list[Problem]:
+    """Each module file beside the manifest whose bytes no longer hash to its pin (the runtime
+    would refuse it at load). Remote modules are checked when fetched; a file not there is the
+    load's to report (a manifest may be verified before its kernels are copied beside it)."""
+    out = []
+    for name, mod in m.modules.items():
+        src = mod.source
+        if src.startswith("hf:") or "://" in src or src.startswith("/") or ".." in src.split("/"):
+            continue  # remote, or a path the modules check refuses
+        path = base_dir / src
+        if not path.is_file():
+            continue
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != mod.sha256:
+            out.append(Problem(f"modules.{name}.sha256", f"the file {src} hashes to {got}, not the pinned "
+                               f"{mod.sha256}: rebuild it, or pin what it is"))
+    return out
+
+
+def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Path("."), *,
+                files: bool = False) -> Report:
+    """`files`: also check the pins of module files in base_dir (local_pins)."""
     # Parsing makes tens of thousands of acyclic objects (JSON values, typed models); the cycle
     # collector would walk them again and again for nothing (a third of the time on a
     # 64-layer manifest), so it pauses for the duration.
@@ -73,13 +95,19 @@ def verify_text(text: str | bytes, where: str = "manifest", base_dir: Path = Pat
     gc.disable()
     try:
         p = parse_all(text, where)
-        return Report(None, p.problems) if p.manifest is None else check(p.manifest, base_dir, p.broken, p.problems)
+        if p.manifest is None:
+            return Report(None, p.problems)
+        r = check(p.manifest, base_dir, p.broken, p.problems)
+        pins = local_pins(p.manifest, base_dir) if files else []
+        return Report(None, r.problems + pins) if pins else r
     finally:
         if paused:
             gc.enable()
 
 
-def verify_path(path: str | Path) -> Report:
+def verify_path(path: str | Path, *, files: bool = False) -> Report:
+    """`files`: also check the pins of the module files beside it (kern verify does; a load
+    checks each module's bytes as it fetches them, and kern kernels lists every mismatch)."""
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
@@ -90,7 +118,7 @@ def verify_path(path: str | Path) -> Report:
         data = p.read_bytes()
     except OSError as exc:
         return Report(None, [Problem(str(p), f"cannot read: {exc.strerror or exc}")])
-    return verify_text(data, str(p), p.parent)
+    return verify_text(data, str(p), p.parent, files=files)
 
 
 def load_verified(path: str | Path) -> Verified:

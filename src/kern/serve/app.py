@@ -8,11 +8,13 @@ import itertools
 import time
 import uuid
 from contextlib import asynccontextmanager
+from functools import partial
 from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from . import replies
 from .driver import Driver
@@ -25,6 +27,10 @@ _STATUS_WORDS = {404: "no such route", 405: "method not allowed on this route"}
 
 def _error(e: RequestError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+
+def _parse(raw: bytes, **kw):
+    return parse(parse_body(raw), **kw)
 
 
 def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab: int,
@@ -43,6 +49,7 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
 
     app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     counter = itertools.count()
+    created = int(time.time())  # /v1/models: when this server started serving the model
     page = files(__package__).joinpath("page", "index.html").read_text()
     decode_cache: dict[int, str] = {}
 
@@ -76,8 +83,14 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
                                    status=401, code="invalid_api_key")
             if driver.failure is not None:
                 raise RequestError(driver.failure, status=503, kind="server_error", code="engine_failed")
-            job = parse(parse_body(await request.body()), chat=chat, tokenizer=tokenizer, vocab=vocab,
-                        context=context, model_name=model_name)
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone before its body arrived: nothing to answer
+                raise ClientGone from None
+            # parsing and tokenizing a long prompt takes a while: off the event loop, which keeps
+            # answering /health and streaming the other requests meanwhile
+            job = await asyncio.get_running_loop().run_in_executor(None, partial(
+                _parse, raw, chat=chat, tokenizer=tokenizer, vocab=vocab, context=context, model_name=model_name))
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(counter)}-{uuid.uuid4().hex[:12]}"
             flight = Flight(driver, metrics, job, rid, arrival)
             await flight.start(request.receive)
@@ -108,7 +121,7 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
     async def models(request: Request):
         if not _authorized(request):
             return _error(RequestError("missing or wrong API key", status=401, code="invalid_api_key"))
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "kern",
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "kern",
                                             "max_model_len": context}]}
 
     @app.get("/health")

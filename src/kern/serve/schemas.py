@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, replace
 
 from ..generation.params import SamplingParams
@@ -45,6 +46,21 @@ class Job:
         return self.params if seed is None or i == 0 else replace(self.params, seed=seed + i)
 
 
+class HugeInt:
+    """A JSON integer of more digits than Python converts (sys.get_int_max_str_digits): refused
+    by the field that holds it, not as unparsable JSON."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+
+def _int_or_huge(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return HugeInt(text)
+
+
 def _kind(v) -> str:
     if v is None:
         return "null"
@@ -52,8 +68,10 @@ def _kind(v) -> str:
         return "a boolean"
     if isinstance(v, int):
         return "an integer"
+    if isinstance(v, HugeInt):
+        return f"an integer of {v.digits} digits"
     if isinstance(v, float):
-        return "a number"
+        return "a number" if math.isfinite(v) else str(v).replace("inf", "Infinity").replace("nan", "NaN")
     if isinstance(v, str):
         return "a string"
     if isinstance(v, list):
@@ -116,12 +134,41 @@ INERT = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "parallel_t
 
 def parse_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=_int_or_huge)
+    except RecursionError:
+        raise RequestError("the request body nests arrays or objects too deeply", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError):
         raise RequestError("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {_kind(body)}", code="invalid_json")
+    _no_lone_surrogates(body)
     return body
+
+
+def _no_lone_surrogates(body: dict) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"), which no tokenizer (nor UTF-8) takes: refuse
+    it naming where it is. Iterative: the body may nest as deep as the parser allowed."""
+    todo: list[tuple[str | None, object]] = [(None, body)]
+    while todo:
+        where, v = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                _text(k, where, "a field name in ")
+                todo.append((k if where is None else f"{where}.{k}", x))
+        elif isinstance(v, list):
+            todo += [(f"{where}[{i}]", x) for i, x in enumerate(v)]
+        else:
+            _text(v, where)
+
+
+def _text(v, where: str | None, what: str = "") -> None:
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            place = where or "the request body"
+            raise RequestError(f"{what}{place} holds a lone surrogate ({v[e.start]!r} at character {e.start}), "
+                               "which is not text", param=where, code="invalid_text") from None
 
 
 def _fields(body: dict, chat: bool) -> dict:
@@ -135,6 +182,9 @@ def _fields(body: dict, chat: bool) -> dict:
                 continue
             raise RequestError(f"unsupported parameter {name!r}" + (f" (kern accepts only {INERT[name]!r})"
                                if name in INERT else ""), param=name, code="unsupported_parameter")
+        if isinstance(value, HugeInt):
+            raise RequestError(f"{name} is an integer of {value.digits} digits, more than kern reads "
+                               f"({sys.get_int_max_str_digits()})", param=name, code="invalid_value")
         if name == "logprobs":
             ok, words = (lambda v: isinstance(v, bool), "a boolean") if chat else (_is_int, "an integer")
         else:

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,8 +41,20 @@ class LiveServer:
         self.driver.stop()
 
 
-def _setup(make_loop: Callable[[], Loop], host: str, port: int, api_key: str | None, log_level: str):
-    """Start the engine process (it builds the loop), then the app over it."""
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use or a host that is not
+    this machine's is one line at once, and "serving" is said only of a socket that is bound."""
+    try:
+        return socket.create_server((host, port), backlog=2048)
+    except socket.gaierror as exc:
+        raise KernError(f"cannot listen on {host}:{port}: no such host ({exc.strerror})") from None
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise KernError(f"cannot listen on {host}:{port}: {why}") from None
+
+
+def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | None, log_level: str):
+    """Start the engine process (it builds the loop), then the app over it, served on `sock`."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
     driver.start()
@@ -48,6 +62,7 @@ def _setup(make_loop: Callable[[], Loop], host: str, port: int, api_key: str | N
     metrics.observe_stats(driver.stats)
     app = make_app(driver, info.tokenizer, model_name=info.model_name, context=info.context, vocab=info.vocab,
                    api_key=api_key, metrics=metrics)
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     return metrics, driver, uvicorn.Server(config)
@@ -59,8 +74,13 @@ def start(make_loop: Callable[[], Loop], *, host: str = "127.0.0.1", port: int =
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
     under `if __name__ == "__main__":`."""
-    metrics, driver, server = _setup(make_loop, host, port, api_key, log_level)
-    thread = threading.Thread(target=server.run, name="kern-http", daemon=True)
+    sock = listen(host, port)
+    try:
+        metrics, driver, server = _setup(make_loop, sock, api_key, log_level)
+    except BaseException:
+        sock.close()
+        raise
+    thread = threading.Thread(target=server.run, args=([sock],), name="kern-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
     while not server.started:
@@ -68,7 +88,7 @@ def start(make_loop: Callable[[], Loop], *, host: str = "127.0.0.1", port: int =
             driver.stop()
             raise KernError(f"the server did not start listening on {host}:{port}")
         time.sleep(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
+    bound = sock.getsockname()[1]
     return LiveServer(f"http://{host}:{bound}", driver, metrics, server, thread)
 
 
@@ -81,8 +101,12 @@ def serve_forever(make_loop: Callable[[], Loop], *, host: str, port: int, api_ke
     gracefully on either, then raises the signal again: SIGTERM's default would end the process
     there, before the engine process is stopped, so SIGTERM exits through the `finally`."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    metrics, driver, server = _setup(make_loop, host, port, api_key, "info")
-    try:
-        server.run()
-    finally:
-        driver.stop()
+    with listen(host, port) as sock:
+        metrics, driver, server = _setup(make_loop, sock, api_key, "info")
+        try:
+            info, where = driver.info, f"http://{host}:{sock.getsockname()[1]}"
+            print(f"[kern] serving {info.model_name} (context {info.context}) on {where} "
+                  "(chat page at /, API at /v1)", file=sys.stderr)
+            server.run([sock])
+        finally:
+            driver.stop()

@@ -175,6 +175,8 @@ def sample(logits, temperature, key, tokens):
             if t > 0:
                 k = np.uint64(int(key[r, 0]) & 0xFFFFFFFF) | (np.uint64(int(key[r, 1]) & 0xFFFFFFFF) << np.uint64(32))
                 h = _mix64(k ^ _mix64(np.arange(row.shape[0], dtype=np.uint64)))
-                u = ((h >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+                # 23 bits, as cuda/argmax.cu (why there): u in [2^-24, 1 - 2^-24], the noise finite
+                u = ((h >> np.uint64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 8388608.0)
                 row = row * (np.float32(1) / t) - np.log(-np.log(u))
-            tokens[r] = np.argmax(row)
+            nan = np.isnan(row)  # NaN never wins, as on the device; a row of only NaN gives -1
+            tokens[r] = -1 if nan.all() else np.argmax(np.where(nan, np.float32(-np.inf), row))

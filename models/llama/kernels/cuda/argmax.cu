@@ -21,7 +21,9 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 
 __device__ __forceinline__ float gumbel(unsigned long long key, int i) {
     const unsigned long long h = mix64(key ^ mix64((unsigned long long)(unsigned)i));
-    const float u = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);  // 24 bits, strictly inside (0, 1)
+    // 23 bits: b + 0.5 is exact in float32 for every b < 2^23, so u lies in [2^-24, 1 - 2^-24] and
+    // g stays finite (with 24 bits the largest b + 0.5 rounds up to 2^24: u = 1, g = +inf).
+    const float u = ((float)(h >> 41) + 0.5f) * (1.0f / 8388608.0f);
     return -logf(-logf(u));
 }
 
