@@ -6,10 +6,10 @@ parallel split (manifests/ep.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path, PurePosixPath
 
+from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import ConfigError
 from kern_models.llama.generator import CPU_KERNELS as DENSE_CPU_KERNELS, GENERATOR as DENSE
@@ -52,14 +52,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
     if ep != 1:
         expert_parallel.check(shape, ep)
-        for rank in range(ep):
-            mr = expert_parallel.shard(m, shape, ep, rank)
-            expert_parallel.add_module(mr, out / "kernels")
-            (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "\n")
-        return out / "rank0.json"
-    path = out / "manifest.json"
-    path.write_text(json.dumps(m, indent=1) + "\n")
-    return path
+    return deployment.write(out, m, ep, lambda rank: expert_parallel.shard(m, shape, ep, rank),
+                            expert_parallel.add_module)
 
 
 class _Generator:

@@ -1,5 +1,5 @@
 // The Qwen3-MoE block on sm_90a (bf16 storage, fp32 math). KERNELS.md beside this file says
-// what each computes; kernels.py holds their launch contracts.
+// what each computes; table.py holds their launch contracts.
 //
 // The router: moe_route (softmax over every expert, the top k with ties to the lowest expert
 // index, the cpu reference's rule, optionally renormalized).
@@ -233,8 +233,10 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
 template <int NB, typename ARow>
 __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB], int N, int K, int n0,
                                           Acc (&acc)[NB][2][2]) {
-    __shared__ __align__(128) bf16 As[MOE_BM * LDS];
-    __shared__ __align__(128) bf16 Bs[NB][MOE_BN * LDS];
+    // two stages: the next k-tile's copies (cp.async, 16 bytes each, zero-filled past the rows
+    // that exist) are in flight while this one is multiplied
+    __shared__ __align__(128) bf16 As[2][MOE_BM * LDS];
+    __shared__ __align__(128) bf16 Bs[2][NB][MOE_BN * LDS];
     const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -243,41 +245,64 @@ __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB]
 #pragma unroll
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
     constexpr int CHUNKS = MOE_BK / 8;  // 16-byte chunks a row of a k-tile
-    for (int k0 = 0; k0 < K; k0 += MOE_BK) {
+    auto load = [&](int stage, int k0) {
         for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
             const int i = c / CHUNKS, q = c % CHUNKS;
             const bf16 *src = a_row(i);
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (src) v = reinterpret_cast<const uint4 *>(src + k0)[q];
-            *reinterpret_cast<uint4 *>(&As[i * LDS + q * 8]) = v;
+            cp_async16_zfill(&As[stage][i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
         }
 #pragma unroll
         for (int b = 0; b < NB; ++b)
             for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
                 const int n = c / CHUNKS, q = c % CHUNKS;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (n0 + n < N) v = reinterpret_cast<const uint4 *>(W[b] + (size_t)(n0 + n) * K + k0)[q];
-                *reinterpret_cast<uint4 *>(&Bs[b][n * LDS + q * 8]) = v;
+                const bool in = n0 + n < N;
+                cp_async16_zfill(&Bs[stage][b][n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
+                                 in ? 16 : 0);
             }
-        __syncthreads();
+        cp_async_commit();
+    };
+    const int tiles = K / MOE_BK;
+    load(0, 0);
+    for (int kt = 0; kt < tiles; ++kt) {
+        const int stage = kt & 1;
+        if (kt + 1 < tiles) {
+            load(stage ^ 1, (kt + 1) * MOE_BK);  // the stage read two k-tiles ago: free since the last barrier
+            cp_async_wait<1>();                   // this k-tile's copies (this thread's) have landed
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // ... and every thread's
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[(wm * 32 + i * 16) * LDS + kk], LDS);
+            for (int i = 0; i < 2; ++i)
+                wmma::load_matrix_sync(fa[i], &As[stage][(wm * 32 + i * 16) * LDS + kk], LDS);
 #pragma unroll
             for (int b = 0; b < NB; ++b)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     // B (k x n) column-major is W's rows as stored: element (k, n) at Bs[n * LDS + k]
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &Bs[b][(wn * 32 + j * 16) * LDS + kk], LDS);
+                    wmma::load_matrix_sync(fb, &Bs[stage][b][(wn * 32 + j * 16) * LDS + kk], LDS);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
-        __syncthreads();
+        __syncthreads();  // every warp is done with this stage before it is loaded again
     }
+}
+
+// Tile blockIdx.y of `tiles` (moe_sort's): its expert (less `first`) and sorted positions
+// [s0, s1); false when there is no such tile or another rank holds its expert.
+struct Tile {
+    int e, s0, s1;
+};
+__device__ __forceinline__ bool tile_of_block(const int *__restrict__ tiles, int first, int count, Tile &t) {
+    const int i = blockIdx.y;
+    if (i >= tiles[0]) return false;
+    t = {tiles[1 + 3 * i] - first, tiles[2 + 3 * i], tiles[3 + 3 * i]};
+    return t.e >= 0 && t.e < count;
 }
 
 // The warp's accumulators into a shared [MOE_BM, LDC] float tile.
@@ -299,12 +324,10 @@ moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, co
                   const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                   int count) {
     __shared__ __align__(128) float Cs[MOE_BM * LDC];
-    const int t = blockIdx.y;
-    if (t >= tiles[0]) return;
-    const int e = tiles[1 + 3 * t] - first, s0 = tiles[2 + 3 * t], s1 = tiles[3 + 3 * t];
-    if (e < 0 || e >= count) return;
-    const int n0 = blockIdx.x * MOE_BN;
-    const bf16 *We = W + (size_t)e * 2 * inter * hidden;
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *We = W + (size_t)t.e * 2 * inter * hidden;
     const bf16 *const Ws[2] = {We, We + (size_t)inter * hidden};
     auto a_row = [&](int i) -> const bf16 * {
         return s0 + i < s1 ? x + (size_t)(sorted[s0 + i] / top_k) * hidden : nullptr;
@@ -333,12 +356,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, const bf16 *__restrict__ W,
                float *__restrict__ y, int hidden, int inter, int first, int count) {
     __shared__ __align__(128) float Cs[MOE_BM * LDC];
-    const int t = blockIdx.y;
-    if (t >= tiles[0]) return;
-    const int e = tiles[1 + 3 * t] - first, s0 = tiles[2 + 3 * t], s1 = tiles[3 + 3 * t];
-    if (e < 0 || e >= count) return;
-    const int n0 = blockIdx.x * MOE_BN;
-    const bf16 *const Ws[1] = {W + (size_t)e * hidden * inter};
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *const Ws[1] = {W + (size_t)t.e * hidden * inter};
     auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
     Acc acc[1][2][2];
     tile_gemm<1>(a_row, Ws, hidden, inter, n0, acc);
