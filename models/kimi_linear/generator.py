@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path, PurePosixPath
 
+from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import ConfigError
+from kern_models.common.generator import FamilyGenerator
 
 from .config import ARCHITECTURES, shape_of
 from .manifests import cpu as manifest_cpu
@@ -29,30 +30,19 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     for name, (file, src) in manifest_cpu.MODULES.items():
         shutil.copyfile(src, out / "kernels" / file)
         m["modules"][name]["sha256"] = sha256_of(out / "kernels" / file)
-    path = out / "manifest.json"
-    path.write_text(json.dumps(m, indent=1) + "\n")
-    return path
+    return deployment.write(out, m)
 
 
-class _Generator:
-    """What the engine finds through the kern.generators entry point."""
-
+class _Generator(FamilyGenerator):
     name = "kimi_linear"
     architectures = ARCHITECTURES
-
-    def accepts(self, config: dict) -> bool:
-        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
-
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, **limits)
+    generate = staticmethod(generate)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
-        """A module this generator writes, rebuilt from its source (kern kernels --rebuild)."""
-        name = PurePosixPath(source).name
-        if target == "cpu":
-            return next((src.read_bytes() for file, src in manifest_cpu.MODULES.values() if file == name), None)
-        return None
+        """This family's own module rebuilt from its source (kern kernels --rebuild); the llama
+        and Qwen3-MoE modules it ships are theirs to rebuild."""
+        file, src = manifest_cpu.MODULES[manifest_cpu.MODULE]
+        return src.read_bytes() if target == "cpu" and PurePosixPath(source).name == file else None
 
 
 GENERATOR = _Generator()

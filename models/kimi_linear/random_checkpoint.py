@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from kern_models.common.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import seeded, word_tokenizer
 
 _TOKENS = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
 SHAPES = {
@@ -54,16 +54,11 @@ def shape_config(name: str, layers: int | None = None, **overrides) -> dict:
 def model_of(name: str, *, seed: int = 0, device: str = "cpu", layers: int | None = None,
              max_positions: int = 4096, **overrides):
     """The seeded random transformers KimiLinearForCausalLM (bf16) of shape `name`, sharpened."""
-    import torch
     import transformers
 
     cfg = transformers.KimiLinearConfig(**shape_config(name, layers, **overrides),
                                         max_position_embeddings=max_positions)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = transformers.KimiLinearForCausalLM(cfg)
-        sharpen(model)
-        return model.to(torch.bfloat16)
+    return seeded(transformers.KimiLinearForCausalLM, cfg, seed=seed, device=device, sharpen=sharpen)
 
 
 def sharpen(model) -> None:

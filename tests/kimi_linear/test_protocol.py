@@ -1,5 +1,6 @@
-"""The serving protocol of the hybrid: which per-sequence state the `slot` role carries, and the
-one line a manifest gets when that is ambiguous."""
+"""The hybrid in the engine's tools: which per-sequence state the `slot` role carries (and the
+one line a manifest gets when that is ambiguous), the host loop's refusal until it fills that
+role, kern kernels' rebuild of each module by the family that owns it."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_the_host_loop_refuses_the_hybrid_until_it_fills_the_slot_role(kimi_dep,
         Model(kimi_dep / "manifest.json", kimi_ckpt)
     assert str(e.value) == (f"{kimi_dep / 'manifest.json'}: kern's host loop does not step models with a "
                             "per-sequence state ('kda') yet; kern test and kern bench do")
+
+
+def test_kern_kernels_rebuilds_each_module_with_the_family_that_owns_it(kimi_dep, capsys):
+    from kern.cli import main
+
+    assert main(["kernels", str(kimi_dep), "--rebuild"]) == 0
+    out = capsys.readouterr().out
+    for family in ("llama", "qwen3_moe", "kimi_linear"):
+        assert f"rebuild ({family}): reproduced" in out, out
+    assert out.strip().endswith("3 of 3 modules reproduce their pinned sha256")

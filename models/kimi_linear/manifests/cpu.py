@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
-from kern_models.llama.manifests.cpu import ops_cpu as llama_ops
+from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, stepping_program
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
 from ..config import KDA, KimiShape
@@ -181,16 +181,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
             calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
                                                          v(s.eps)]})
             calls += _mlp(s, p, l)
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
-                                                     v(s.eps)]})
-        last = p + "h"
-        if not decode:
-            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
-            last = p + "last"
-        calls.append({"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]})
-        calls.append({"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]})
-        programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
-                          else {"groups": "seqs", "rows": "tokens"}}
+        programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     all_ops = {**llama_ops(), **moe_ops(), **ops()}
     return {
