@@ -55,3 +55,20 @@ def test_kern_kernels_rebuilds_each_module_with_the_family_that_owns_it(kimi_dep
     for family in ("llama", "qwen3_moe", "kimi_linear"):
         assert f"rebuild ({family}): reproduced" in out, out
     assert out.strip().endswith("3 of 3 modules reproduce their pinned sha256")
+
+
+@pytest.mark.parametrize("slot", [-1, 10 ** 6])
+def test_a_slot_outside_the_state_is_refused_before_launch(kimi_model, slot):
+    import numpy as np
+
+    from kern.runtime.errors import BoundsError
+
+    e = kimi_model.engine
+    st = e.protocol.for_rows(1, 1)
+    n = e.slots["kda"]
+    inputs = {st.inputs["token"]: np.array([3], np.int32), st.inputs["position"]: np.array([0], np.int32),
+              st.inputs["slot"]: np.array([slot], np.int32)}
+    with pytest.raises(BoundsError) as err:
+        e.run(st.program, st.vars_for(1, 1, reach=1), inputs)
+    assert str(err.value) == (f"program 'decode': input 'd_slot' (slot) holds slots [{slot}, {slot}], state 'kda' "
+                              f"has {n}; refused before launch")
