@@ -116,7 +116,7 @@ def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws():
     import numpy as np
 
     from kern.generation.loop import draw_key
-    from kern_models.llama.cpu.kernels import sample
+    from kern_models.llama.kernels.cpu.kernels import sample
 
     draws, rows, vocab, best = 100_000, 10_000, 2048, 5
     logits = np.zeros((rows, vocab), np.float32)
@@ -148,7 +148,7 @@ def test_nan_never_wins_the_sample_op_as_on_the_device():
     alone would pick the first NaN), ties go to the lowest index, a row of only NaN gives -1."""
     import numpy as np
 
-    from kern_models.llama.cpu.kernels import sample
+    from kern_models.llama.kernels.cpu.kernels import sample
 
     nan, inf = np.nan, np.inf
     rows = [([nan, 1, 5, nan], 2), ([1, nan, 1, 0], 0), ([-inf, nan, -inf, -inf], 0), ([nan] * 4, -1)]
