@@ -4,7 +4,8 @@ published checkpoints have them), at a real model's shape or a tiny one for CI.
 Random weights route nearly uniformly (router logits of std ~0.02 over 128 experts make every
 top-k a near-tie), so a reference and a candidate would disagree on experts over noise of
 the last bit; `sharpen` scales the router (and the LM head, and the q/k norms) so routing and
-next tokens are decisive, as a trained model's are. Needs torch and transformers (test and
+next tokens are decisive, as a trained model's are, and the experts' outputs so a wrong expert
+shows. Needs torch and transformers (test and
 benchmark dependencies, never the runtime's)."""
 
 from __future__ import annotations
