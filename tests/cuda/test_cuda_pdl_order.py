@@ -1,5 +1,5 @@
 """The launch order that programmatic dependent launch (PDL) relies on, checked on the CPU in
-the generator's sm_90a manifests (models/llama/kernels/cuda/common.cuh says why it must hold).
+the generator's sm_90a manifests (models/common/cuda/common.cuh says why it must hold).
 
 Two kernels let the next one launch at entry instead of after their wait: attention_decode and
 gemv_residual. A kernel launched behind one of them may start while the kernels before it

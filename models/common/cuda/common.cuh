@@ -1,5 +1,5 @@
-// Shared helpers for the llama-family kernels (sm_90a, bf16 storage, fp32 math), one section
-// each: tile constants, conversions, warp and block reductions, page addressing, programmatic
+// Shared helpers for every family's kernels (sm_90a, bf16 storage, fp32 math), one section
+// each: conversions, warp and block reductions, page addressing, programmatic
 // dependent launch, cp.async, tensor-core fragments. Every kernel source includes this header
 // and takes these helpers from here only.
 // Reductions use a fixed tree (warp xor-shuffle, then warps in index order), so the same
@@ -8,13 +8,9 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-// ---- tile constants ----------------------------------------------------------------------
-// Defined by table.py (TILES), passed as -D by build.py: the manifest's grids are computed
-// from the same numbers, so a grid and its kernel's tile cannot disagree.
-#if !defined(GEMV_COLS) || !defined(GEMV_WARPS) || !defined(PF_BM) || !defined(PF_THREADS) || \
-    !defined(DEC_THREADS)
-#error "build with kern_models.common.cubins: the tile constants come from the family's table.py"
-#endif
+// Tile constants are not here: a family's come from its kernel table (TILES), passed as -D
+// defines by kern_models.common.cubins, so a manifest's grid and its kernel's tile are the same
+// number; each header or kernel that uses one refuses a build without it.
 
 typedef __nv_bfloat16 bf16;
 

@@ -9,10 +9,10 @@ import hashlib
 import sys
 from pathlib import Path
 
-from ..judge.diff import diff
 from ..drive.engine_io import EngineIO
-from ..manifest.verify import load_verified
+from ..judge.diff import diff
 from ..manifest.protocol import derive
+from ..manifest.verify import load_verified
 from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
 from . import scenario
 from .attribution import measure

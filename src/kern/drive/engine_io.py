@@ -12,9 +12,9 @@ from math import prod
 import numpy as np
 
 from ..manifest.expr import evaluate
+from ..runtime.device import Program
 from ..runtime.dtypes import NP
 from ..runtime.engine import Engine
-from ..runtime.device import Program
 from ..runtime.lower import LoweredLaunch, StateRef, View
 from .script import Bounds
 

@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..drive.engine_io import EngineIO
+from ..drive.script import Script
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
 from . import blas, forked
 from .diff import Diff
-from ..drive.engine_io import EngineIO
 from .precision import Precision
 from .record import Live, Recording, StepOut
 from .replay import SpanRun, free_run, replay
-from ..drive.script import Script
 
 
 @dataclass

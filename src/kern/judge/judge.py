@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drive import script
+from ..drive.engine_io import EngineIO
 from ..errors import KernError
 from ..manifest.protocol import derive
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from ..drive import script
 from . import blas, corpus, forked, precision
 from . import candidate as candidate_mod
 from .diff import diff
-from ..drive.engine_io import EngineIO
 from .facts import end_to_end, span_facts
 from .record import Live, Recording, StepOut, record
 from .replay import SpanRun, free_run, replay

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..drive import script
+from ..drive.engine_io import EngineIO
 from ..manifest.verify import load_verified
 from ..runtime.engine import Engine
 from ..runtime.pipeline import Pipeline
-from ..drive import script
-from ..drive.engine_io import EngineIO
 from .facts import end_to_end
 from .judge import JudgeError, Options, Report, limits
 from .record import StepOut, stepper_for

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..drive.engine_io import EngineIO
 from ..manifest.verify import Verified
 from ..runtime.lower import LoweredLaunch, Scalar
 from . import compare
-from ..drive.engine_io import EngineIO
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .diff import Diff, Span
 from ..drive.engine_io import EngineIO
-from .tape import Tape
 from ..drive.script import ScriptStep, Script, feed
+from .diff import Diff, Span
+from .tape import Tape
 
 
 @dataclass

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..drive.engine_io import EngineIO, poison
+from ..drive.script import ScriptStep, Script, feed
 from . import compare
 from .compare import Err
 from .diff import Diff
-from ..drive.engine_io import EngineIO, poison
 from .precision import Precision, run_rounded
 from .record import Live, Recording, StepOut, outputs, stepper_for
 from .tape import TapeReader
-from ..drive.script import ScriptStep, Script, feed
 
 
 @dataclass

@@ -13,6 +13,10 @@
 // Grid (rows, n_kv_heads, n_splits), block DEC_THREADS (128, from table.py).
 #include "common.cuh"
 
+#if !defined(DEC_THREADS)
+#error "DEC_THREADS comes from the family's TILES (kern_models.common.cubins passes it as -D)"
+#endif
+
 #define ATTN_WARPS 4
 #define ATTN_MAX_G 8
 static_assert(DEC_THREADS == 32 * ATTN_WARPS && DEC_THREADS == 128, "the decode tiles are laid out for 4 warps");

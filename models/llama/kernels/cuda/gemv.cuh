@@ -25,6 +25,10 @@
 #pragma once
 #include "rope.cuh"
 
+#if !defined(GEMV_COLS) || !defined(GEMV_WARPS)
+#error "GEMV_COLS and GEMV_WARPS come from the family's TILES (kern_models.common.cubins passes them as -D)"
+#endif
+
 // GEMV_WARPS (8) and GEMV_COLS (16 output columns a block) come from table.py.
 static_assert(GEMV_COLS == 16, "a block's columns are the 16 W rows of one mma tile");
 #define GEMV_KU 8                    // 16-byte loads per W row per lane per unit

@@ -21,6 +21,10 @@
 // head_dim in {64, 128}; other head_dims write nothing.
 #include "common.cuh"
 
+#if !defined(PF_BM) || !defined(PF_THREADS)
+#error "PF_BM and PF_THREADS come from the family's TILES (kern_models.common.cubins passes them as -D)"
+#endif
+
 // PF_BM (query rows per tile) and PF_THREADS (4 warps x 16 rows) come from table.py.
 static_assert(PF_BM == 64 && PF_THREADS == 128, "a tile is 4 warps of 16 query rows");
 #define PF_SMEM_BYTES (2 * 2 * 64 * 72 * 2)  // 2 stages x {K, V} x BN x (HD + 8) bf16, max over HD
