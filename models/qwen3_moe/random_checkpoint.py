@@ -4,7 +4,8 @@ published checkpoints have them), at a real model's shape or a tiny one for CI.
 Random weights route nearly uniformly (router logits of std ~0.02 over 128 experts make every
 top-k a near-tie), so a reference and a candidate would disagree on experts over noise of
 the last bit; `sharpen` scales the router (and the LM head, and the q/k norms) so routing and
-next tokens are decisive, as a trained model's are. Needs torch and transformers (test and
+next tokens are decisive, as a trained model's are, and the experts' outputs so a wrong expert
+shows. Needs torch and transformers (test and
 benchmark dependencies, never the runtime's)."""
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ SHAPES = {
 }
 ROUTER_SCALE = 20.0  # router logits of std ~0.4 x sqrt(hidden / 64): decisive top-k choices
 HEAD_SCALE = 40.0    # next-token logits with margins far above fp32-vs-fp32 noise
+EXPERT_SCALE = 8.0   # the experts' outputs as large as the residual stream they add to (at the
+                     # initializer's 0.02 they would be a few percent of it: a wrong expert would hide)
 
 
 def model_of(name: str, *, seed: int = 0, device: str = "cpu", layers: int | None = None,
@@ -59,8 +62,11 @@ def sharpen(model) -> None:
         for layer in model.model.layers:
             layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)  # q/k norm weights start at one: make them matter
             layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight.mul_(ROUTER_SCALE)
+            if hasattr(layer.mlp, "gate"):  # drawn here: not every transformers release initialises it
+                layer.mlp.gate.weight.normal_(0.0, model.config.initializer_range * ROUTER_SCALE)
+                for name, p in layer.mlp.experts.named_parameters():
+                    if "down" in name:
+                        p.mul_(EXPERT_SCALE)
 
 
 def make(name: str, folder: str | Path, **kw) -> Path:

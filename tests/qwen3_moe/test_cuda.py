@@ -59,12 +59,20 @@ def test_the_kernel_table_matches_moe_cu():
         assert tuple(p.kind for p in params) == k.c_kinds(), k.entry
 
 
+def test_the_pin_is_of_this_tree_s_sources():
+    """moe.cubin's pin names the digest of its inputs (flags, moe.cu, the shared headers): a
+    change to any of them (common.cuh included) needs `python -m kern_models.common.cubins
+    qwen3_moe OUT --record`, or a machine without nvcc cannot generate the sm_90a deployment."""
+    _, pins = CUBINS.read_pins()
+    assert pins["moe.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / "moe.cu"), \
+        "moe.cubin's inputs changed since it was pinned: re-record it"
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_pinned_cubin_is_what_nvcc_builds():
     import hashlib
 
     _, pins = CUBINS.read_pins()
-    assert pins["moe.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / "moe.cu")
     assert hashlib.sha256(CUBINS.rebuild("moe.cubin")).hexdigest() == pins["moe.cubin"].cubin == \
         hashlib.sha256((CUBINS.shipped / "moe.cubin").read_bytes()).hexdigest()
 

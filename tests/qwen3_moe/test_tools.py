@@ -27,8 +27,9 @@ def router_skips_the_best_expert(base, out):
                                                ["moe_route"]))
 
 
-def experts_swapped(base, out, layer: int = 2):
-    """Layer 2's experts 0 and 1 bound to each other's tensors."""
+def experts_swapped(base, out, layer: int = 0):
+    """Layer 0's experts 0 and 1 bound to each other's tensors (the first layer: every later
+    position reads its rows through attention)."""
     def edit(m):
         bind = m["buffers"][f"experts_gate_up.{layer}"]["bind"]
         bind[0:2], bind[2:4] = bind[2:4], bind[0:2]
