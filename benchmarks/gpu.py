@@ -19,7 +19,10 @@ Presets (comma-separated, run in order):
             /tmp/smol beforehand): kern run's first byte and decode tok/s, cold then warm
             (benchmarks/first_token.py), beside benchmarks/decode.py's batch-1 SmolLM2-135M figure, then
             kern test of the sm_90a deployment against the cpu one on those weights
-  serve     kern serve against transformers serve over HTTP (benchmarks/serve_gpu.sh)
+  serve     kern serve (no flags) against a peer over HTTP (benchmarks/serve_gpu.sh; PEER=vllm|transformers|none,
+            SERVE_S its time limit)
+  crossover the gemv decode program against the wide one at each batch both hold (benchmarks/crossover.py;
+            CROSSOVER its arguments)
   toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
             kern kernels --rebuild (benchmarks/toolset_gpu.py), then the gpu tests of tests/bench and tests/cut
   verdict   kern test across devices on the real embedded model (its wheel joined in /tmp/smol
@@ -44,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
-           "toolset", "verdict")
+           "toolset", "verdict", "crossover")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -228,8 +231,12 @@ def main() -> int:
             verdict(r, site, env)
         elif p == "serve":
             emb = installed_env(site, Path("/tmp/kern-cache-serve"))
-            text = r.step("serve", ["bash", str(ROOT / "benchmarks/serve_gpu.sh")], 560, emb)
+            text = r.step("serve", ["bash", str(ROOT / "benchmarks/serve_gpu.sh")], int(os.environ.get("SERVE_S", 560)), emb)
             r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", " {", "["))]
+        elif p == "crossover":
+            text = r.step("crossover", [sys.executable, "benchmarks/crossover.py", *os.environ.get("CROSSOVER", "").split()],
+                          args.timeout)
+            r.summary += [ln for ln in text.splitlines() if ln.startswith("{")]
     (out / "summary.txt").write_text("\n".join(r.summary) + "\n")
     print("\n".join(r.summary))
     return 0

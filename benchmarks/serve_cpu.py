@@ -55,7 +55,7 @@ class FakeLoop:
     def has_work(self):
         return bool(self.waiting or self.running)
 
-    def step(self):
+    def step(self, emit=None):
         from kern.generation.outputs import Delta
 
         while self.waiting and len(self.running) < self.max_seqs:

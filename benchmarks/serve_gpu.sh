@@ -1,25 +1,41 @@
-# One device call: kern serve against transformers serve on the same HTTP workload
-# (benchmarks/serve.py: 256 streamed chat requests, 512-token prompts sharing a 256-token system
-# prompt, 128 output tokens, concurrency 32 then 128), on a seeded random Llama-3.2-1B-shaped
-# checkpoint made here. Logs and one JSON summary land under $OUT; the summary is also printed.
+# One device call: kern serve, started with no flags, against a peer server on the same HTTP
+# workload (benchmarks/serve.py: streamed chat requests, 512-token prompts sharing a 256-token system
+# prompt, 128 output tokens, greedy) at each concurrency of $CONC, one stream alone (128-token
+# prompt, 512 out) and long prompts ($LONG_PROMPT tokens at concurrency 8), on a seeded random
+# Llama-3.2-1B-shaped checkpoint made here. The servers run one after the other, each alone on
+# the GPU. Logs and JSON lines land under $OUT; the summary is also printed.
+#
+#   PEER=vllm|transformers|none (default transformers). vLLM 0.26 comes as wheel parts copied
+#   to /tmp/vw by earlier calls (joined and installed here, in the background while kern runs).
+#
 # benchmarks/gpu.py runs it with the carried wheels installed and kern installed from this tree:
 #
 #   run(command="python3 benchmarks/gpu.py --preset serve", carry=[".whl"], timeout_s=600)
 : "${OUT:?run through benchmarks/gpu.py --preset serve (it sets OUT, PYTHONPATH and KERN_CACHE)}"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 CKPT=/tmp/serve-ckpt
-WORK="--requests ${REQUESTS:-256} --prompt 512 --shared 256 --output 128 --concurrency ${CONC:-32,128}"
+CONC=${CONC:-1,8,32,128,256}
+PEER=${PEER:-transformers}
+LONG_PROMPT=${LONG_PROMPT:-8192}
+WORK="--prompt 512 --shared 256 --output 128"
 
-timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda')" \
+if [ "$PEER" = vllm ]; then  # join and install vLLM's wheels while kern runs (CPU only)
+  ( cat /tmp/vw/p_* > /tmp/vw.tar && mkdir -p /tmp/vwh && tar xf /tmp/vw.tar -C /tmp/vwh \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwh/*.whl \
+    && touch /tmp/vsite.ok ) > $OUT/vllm_install.log 2>&1 &
+fi
+
+# the real Llama-3.2-1B's 131,072 positions (kern serves 32,768 of them, vLLM what --max-model-len says)
+timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda', max_positions=131072)" \
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 benchmarks/serve.py --prepare $CKPT
 
 up() {  # wait for $1/health (at most $2 seconds) while process $3 lives
-  for _ in $(seq 1 $2); do
+  for _ in $(seq 1 $(($2 * 5))); do
     python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
       2> /dev/null && return 0
     kill -0 $3 2> /dev/null || return 1
-    sleep 1
+    sleep 0.2
   done
   return 1
 }
@@ -30,60 +46,67 @@ stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to
   kill -KILL $1 2> /dev/null
 }
 
-# kern: the load builds the cubins and captures every decode graph before it listens.
-python3 -m kern.cli serve $CKPT --target cuda --port 8100 --context 1024 --memory 8G \
-  > $OUT/kern_serve.log 2>&1 &
+measure() {  # $1 label, $2 url: the lone stream, the curve, the long prompts (JSON lines in $OUT/$1.jsonl)
+  local conc=${CONC//,/ }
+  [ "${LONE:-1}" = 1 ] && timeout ${LONE_S:-60} python3 benchmarks/serve.py --url $2 --label $1 --requests 4 --warmup 1 \
+    --prompt 128 --shared 0 --output 512 --concurrency 1 >> $OUT/$1_lone.jsonl 2>> $OUT/$1_bench.log
+  for c in $conc; do
+    n=$((c * 2)); [ $n -lt 32 ] && n=32; [ $n -lt 256 ] && [ $c -ge 32 ] && n=256
+    timeout ${CURVE_S:-90} python3 benchmarks/serve.py --url $2 --label $1 --requests $n $WORK --concurrency $c \
+      >> $OUT/$1.jsonl 2>> $OUT/$1_bench.log
+  done
+  [ "$LONG_PROMPT" -gt 0 ] && timeout ${LONG_S:-90} python3 benchmarks/serve.py --url $2 --label $1 --requests 32 \
+    --warmup 2 --prompt $LONG_PROMPT --shared 0 --output 128 --concurrency 8 >> $OUT/$1_long.jsonl 2>> $OUT/$1_bench.log
+}
+
+# kern: no flags. The load builds the cubins and captures every decode graph before it listens.
+T0=$(date +%s.%N)
+python3 -m kern.cli serve $CKPT --port 8100 > $OUT/kern_serve.log 2>&1 &
 KERN=$!
 if up http://127.0.0.1:8100 ${KERN_UP_S:-130} $KERN; then
-  timeout ${KERN_BENCH_S:-110} python3 benchmarks/serve.py --url http://127.0.0.1:8100 --label kern $WORK \
-    > $OUT/kern.jsonl 2> $OUT/kern_bench.log
+  echo "{\"label\": \"kern\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
+    | tee $OUT/kern_startup.json
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader > $OUT/kern_memory.txt
+  measure kern http://127.0.0.1:8100
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8100/metrics').read().decode())" \
     > $OUT/kern_metrics.txt
 else
   echo "kern serve did not come up"; tr '\r' '\n' < $OUT/kern_serve.log | tail -15
 fi
 stop $KERN
+tr '\r' '\n' < $OUT/kern_serve.log | grep -v "capturing decode graphs" | tail -8
 
-# transformers serve: /v1/models fails unless the hub cache folder exists (LESSONS.md, Serving).
-mkdir -p ~/.cache/huggingface/hub
-HF_HUB_OFFLINE=1 transformers serve --continuous-batching --cb-use-cuda-graph $CKPT --port 8101 \
-  > $OUT/transformers_serve.log 2>&1 &
-HF=$!
-if up http://127.0.0.1:8101 ${HF_UP_S:-80} $HF; then
-  timeout ${HF_BENCH_S:-110} python3 benchmarks/serve.py --url http://127.0.0.1:8101 --model $CKPT --label transformers \
-    $WORK > $OUT/transformers.jsonl 2> $OUT/transformers_bench.log
-else
-  echo "transformers serve did not come up"; tail -15 $OUT/transformers_serve.log
+if [ "$PEER" = vllm ]; then
+  for _ in $(seq 1 120); do [ -f /tmp/vsite.ok ] && break; sleep 1; done
+  T0=$(date +%s.%N)
+  PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 \
+    --max-model-len $((LONG_PROMPT + 256)) > $OUT/vllm_serve.log 2>&1 &
+  PID=$!
+  if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
+    echo "{\"label\": \"vllm\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
+      | tee $OUT/vllm_startup.json
+    measure vllm http://127.0.0.1:8102
+  else
+    echo "vllm did not come up"; tail -15 $OUT/vllm_serve.log
+  fi
+  stop $PID
+elif [ "$PEER" = transformers ]; then
+  # transformers serve: /v1/models fails unless the hub cache folder exists (LESSONS.md, Serving).
+  mkdir -p ~/.cache/huggingface/hub
+  HF_HUB_OFFLINE=1 transformers serve --continuous-batching --cb-use-cuda-graph $CKPT --port 8101 \
+    > $OUT/transformers_serve.log 2>&1 &
+  PID=$!
+  if up http://127.0.0.1:8101 ${HF_UP_S:-80} $PID; then
+    CONC=32,128 LONG_PROMPT=0 LONE=0 measure transformers http://127.0.0.1:8101
+  else
+    echo "transformers serve did not come up"; tail -15 $OUT/transformers_serve.log
+  fi
+  stop $PID
 fi
-stop $HF
 
-# The API process's own cost a token on this host's CPU: the real server over a fake engine
-# (benchmarks/serve_cpu.py), 128 streams at 4 ms steps (32,000 tok/s asked) and 32 at 2 ms (16,000).
-# SERVE_CPU=0 skips it (a call short of time).
-if [ "${SERVE_CPU:-1}" = 1 ]; then
-  for a in "128 4" "32 2"; do set -- $a
-    timeout ${CPU_BENCH_S:-45} python3 benchmarks/serve_cpu.py --concurrency $1 --step-ms $2 >> $OUT/serve_cpu.jsonl \
-      2>> $OUT/serve_cpu.log
-  done
-  cat $OUT/serve_cpu.jsonl
-fi
+# STEPS=1: where the served steps' time goes, offline (benchmarks/serve_steps.py), run-ahead 1 against the default
+[ "${STEPS:-0}" = 1 ] && timeout ${STEPS_S:-120} python3 benchmarks/serve_steps.py $CKPT --run-ahead 1,8 > $OUT/steps.jsonl 2>&1
 
-python3 - "$OUT" <<'EOF' | tee $OUT/summary.json
-import json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-rows = []
-for label in ("kern", "transformers"):
-    p = out / f"{label}.jsonl"
-    if not p.is_file() or not p.read_text().strip():
-        rows.append({"label": label, "error": f"no result (see {label}_*.log)"})
-        continue
-    for r in map(json.loads, p.read_text().splitlines()):
-        rows.append({"label": label, "concurrency": r["concurrency"], "completed": r["completed"],
-                     "failed": r["failed"], "req_s": r["request_throughput"], "out_tok_s": r["output_throughput"],
-                     "ttft_ms": r["ttft_ms"], "tpot_ms": r["tpot_ms"], "itl_ms": r["itl_ms"],
-                     "client_cpu": r.get("client_cpu"),
-                     **({"failures": r["failures"]} if r["failed"] else {})})
-print(json.dumps({"gpu": (out / "gpu.txt").read_text().strip(), "rows": rows}).replace('}, {"label"', '},\n {"label"'))
-EOF
+python3 benchmarks/serve_summary.py $OUT | tee $OUT/summary.json
+# what comes back is at most 8 files: the logs travel as one archive
+tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt *.jsonl *_startup.json 2>/dev/null) && (cd $OUT && rm -f *.log *.txt *.jsonl *_startup.json)

@@ -38,8 +38,13 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         shutil.copyfile(CPU_KERNELS, dst)
         m["modules"]["kernels"]["sha256"] = sha256_of(dst)
     elif target in ("cuda", ARCH, MEGA):
-        build = manifest_mega.build if target == MEGA else manifest_cuda.build
-        m = build(shape, model, context=context, **limits)
+        if target == MEGA:
+            m = manifest_mega.build(shape, model, context=context, **limits)
+        else:
+            # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
+            # measured on one GPU (benchmarks/crossover.py), not for a rank's share of a larger model
+            split = {"seqs": manifest_cuda.DECODE_SEQS} if tp != 1 else {}
+            m = manifest_cuda.build(shape, model, context=context, **{**split, **limits})
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]

@@ -19,7 +19,6 @@ from .generation.loop import Loop
 from .generation.outputs import Delta
 from .generation.params import SamplingParams
 from .manifest import load_verified
-from .runtime.engine import DEFAULT_STATE_BUDGET
 from .runtime.stepping import open_engine
 from .errors import KernError
 from .runtime.errors import BoundsError
@@ -55,7 +54,7 @@ RUN_AHEAD = 8
 
 
 class Model:
-    def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int = DEFAULT_STATE_BUDGET,
+    def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int | None = None,
                  run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
                  host_bytes: int = 0, device=None):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
@@ -63,7 +62,9 @@ class Model:
         as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
         nothing). `context`: positions a sequence may reach (default: the manifest's bound,
         clipped to what the state budget holds for one sequence). `max_seqs`: sequences
-        running at once (default: the decode program's bound)."""
+        running at once (default: what the state budget holds, up to the programs' bound).
+        `state_budget`: bytes of state memory (None: 90% of a GPU less what the weights take,
+        512 MiB on the cpu; Engine's auto_budget)."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -80,9 +81,12 @@ class Model:
         if run_ahead < 1:
             raise BoundsError(f"run_ahead must be at least 1, got {run_ahead}")
         limits = limits_for(self.protocol, self.paging.fits, self.paging.page_tokens, context, max_seqs, run_ahead,
-                            scratch_tokens=self.paging.page_tokens)
+                            scratch_tokens=self.paging.page_tokens, capacity=self.paging.capacity())
         if limits.note:
             print(f"[kern] {limits.note}", file=sys.stderr)
+        note = getattr(self.engine, "memory_note", "state memory")  # a split deployment's ranks: their own
+        print(f"[kern] {note}: {self.paging.capacity():,} tokens, up to {limits.max_seqs} sequences of up to "
+              f"{limits.context:,} positions", file=sys.stderr)
         self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
                          self.verified.manifest.model)
         self.context = self.loop.context
@@ -236,4 +240,4 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
         raise KernError(f"{ckpt}: not a folder")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
-                 state_budget=memory or DEFAULT_STATE_BUDGET, **model_kw)
+                 state_budget=memory, **model_kw)

@@ -148,15 +148,16 @@ def test_generate_runs_ahead_by_default_and_gives_the_same_tokens(model):
     model.paging.pool.check()
 
 
-def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(model):
-    """40 sequences (more than the decode program's 32) step one row each through the prefill
-    program (ragged rows, cuBLASLt projections, gemv_f32 logits in passes of 32 rows): the same
-    tokens as each row through the decode program alone, logits within bf16 GEMM noise."""
+@pytest.mark.parametrize("path", ["wide", "ragged"])
+def test_a_decode_batch_beyond_the_graph_steps_as_rows_alone(model, path):
+    """40 sequences (past the gemv decode program's bound) step one row each through the wide
+    decode program (a graph of cuBLASLt GEMMs, the path a server's large batches take) or the
+    ragged prefill program (cuBLASLt projections, gemv_f32 logits in passes of 32 rows): the
+    same tokens as each row through the decode program alone, logits within bf16 GEMM noise."""
     eng, n = model.engine, 40
-    st = model.protocol.for_rows(n, 1)
-    assert st.program == "prefill"
+    st = model.protocol.for_rows(n, 1 if path == "wide" else None)
+    assert st.ragged == (path == "ragged") and st.groups_max >= n
     (table,) = st.page_tables
-    one = model.protocol.for_rows(1, 1)
     pages = raw(model).take(n)
     rng = np.random.default_rng(4)
     ids = rng.integers(0, model.verified.constants["vocab"], n).astype(np.int32)
@@ -164,9 +165,10 @@ def test_a_decode_batch_beyond_the_graph_steps_through_prefill_as_rows_alone(mod
     pt = np.zeros((n, eng.shapes[table.buffer][1]), np.int32)
     pt[:, 0] = pages
     try:
-        env = eng.run(st.program, st.vars_for(n, n, reach=1), {
-            st.inputs["token"]: ids, st.inputs["position"]: pos,
-            st.inputs["cu_seqlens"]: np.arange(n + 1, dtype=np.int32), table.buffer: pt})
+        inputs = {st.inputs["token"]: ids, st.inputs["position"]: pos, table.buffer: pt}
+        if "cu_seqlens" in st.inputs:
+            inputs[st.inputs["cu_seqlens"]] = np.arange(n + 1, dtype=np.int32)
+        env = eng.run(st.program, st.vars_for(n, n, reach=1), inputs)
         batch_tok, batch_logits = eng.read(st.outputs["tokens"], env), eng.read(st.outputs["logits"], env)
         alone_tok, alone_logits = [], []
         for i in range(n):

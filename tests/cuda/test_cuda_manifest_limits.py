@@ -23,11 +23,11 @@ def sm90(tmp_path_factory):
 
 
 def test_large_decode_batches_step_through_the_wide_decode_program(sm90):
-    """Up to 32 sequences a step take the gemv decode program; 33 to 256 the wide one (GEMMs,
-    one row a sequence), not the ragged prefill program."""
+    """Up to 8 sequences a step take the gemv decode program (past that the GEMMs are faster);
+    9 to 256 the wide one (GEMMs, one row a sequence), not the ragged prefill program."""
     proto = derive(sm90)
-    assert proto.for_rows(32, 1).program == "decode"
-    assert proto.for_rows(33, 1).program == "decode_wide"
+    assert proto.for_rows(8, 1).program == "decode"
+    assert proto.for_rows(9, 1).program == "decode_wide"
     st = proto.for_rows(256, 1)
     assert st.program == "decode_wide" and st.vars_for(256, 256, reach=64)["wide_seqs"] == 256
     assert proto.for_rows(256, None).program == "prefill"

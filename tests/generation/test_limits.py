@@ -25,6 +25,13 @@ def test_the_context_is_the_bound_or_what_memory_holds(held, asked, want):
         assert lim.note.startswith(f"context clipped to {want} positions") and "--memory" in lim.note
 
 
+@pytest.mark.parametrize("capacity,want", [(None, 32), (1 << 20, 32), (4096, 8), (100, 1)])
+def test_sequences_follow_the_budget_up_to_the_bound(capacity, want):
+    """A sequence is counted at SEQ_TOKENS (512) tokens of the budget: no more sequences than it
+    holds, none past the programs' bound, and one at least."""
+    assert limits_for(_protocol(4096), lambda n: True, 16, None, None, 1, capacity=capacity).max_seqs == want
+
+
 def test_the_scratch_page_counts_against_memory():
     assert limits_for(_protocol(4096), lambda n: n <= 1024, 16, None, None, 1, scratch_tokens=16).context == 1008
 

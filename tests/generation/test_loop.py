@@ -87,6 +87,66 @@ def test_batched_decode_gives_each_sequence_its_tokens_alone(tiny_llama, alone):
         assert got[f"b{i}"][-1].finish_reason == "length" and got[f"b{i}"][-1].completion_tokens == 12
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["as is", "padded like graphs"])
+def test_a_decoding_batch_runs_ahead_streaming_each_step_and_gives_each_sequence_its_tokens_alone(tiny_llama, alone,
+                                                                                                   padded):
+    """With nobody waiting, the scheduler runs the decoding batch 4 steps a host wait (each
+    step's token fed back on the device): every step's Deltas reach `emit` one step at a time,
+    a row that ends inside a run keeps only its tokens, and the pool holds nothing after. Where
+    graphs exist (forced here) the batch pads to a run-ahead size with scratch rows."""
+    from dataclasses import replace
+
+    from kern.generation.runner import ahead_buckets, buckets
+
+    loop = make_loop(tiny_llama)
+    loop.limits = replace(loop.limits, run_ahead=4)
+    if padded:
+        r = loop.runner
+        r.graphs, r.sizes = True, buckets(r.decode_max, 2)
+        r.ahead_sizes = ahead_buckets(r.sizes, fine=4)  # 6 rows run ahead padded to 8
+    prompts = _prompts(6)
+    short = SamplingParams(max_tokens=6, ignore_eos=True)  # ends inside its second run
+    for i, p in enumerate(prompts):
+        loop.add(f"r{i}", p, short if i == 5 else GREEDY)
+    got: dict[str, list] = {}
+    runs = []
+
+    def emit(batch):  # one step of a run, as it lands
+        assert len({d.request_id for d in batch}) == len(batch) and all(len(d.token_ids) == 1 for d in batch)
+        runs[-1] += 1
+        for d in batch:
+            got.setdefault(d.request_id, []).append(d)
+
+    while loop.has_work():
+        runs.append(0)
+        for d in loop.step(emit):
+            got.setdefault(d.request_id, []).append(d)
+    assert 4 in runs  # steps that ran ahead handed over four batches each
+    for i in range(5):
+        assert _tokens(got[f"r{i}"]) == alone[i], i
+    assert _tokens(got["r5"]) == alone[5][:6] and got["r5"][-1].finish_reason == "length"
+    loop.paging.pool.check()
+    assert len(loop.paging.pool.leases) == 1  # the scratch page's
+
+
+@pytest.mark.parametrize("left", [5, 6, 7, 8])
+def test_a_run_ahead_never_steps_a_row_past_the_context(tiny_llama, left):
+    """A request that ends at the context's last position, beside one with tokens to spare: the
+    batch steps one at a time near that end (a run would step the first past the context's
+    bound, which the programs refuse), and both get every token. Some of the lengths put a run's
+    start 1 to 3 positions before the end."""
+    from dataclasses import replace
+
+    loop = make_loop(tiny_llama)
+    loop.limits = replace(loop.limits, run_ahead=4)
+    ctx = loop.context
+    loop.add("edge", [5] * (ctx - left), SamplingParams(max_tokens=left, ignore_eos=True))
+    loop.add("free", [6] * 20, SamplingParams(max_tokens=40, ignore_eos=True))
+    got = _run(loop, {})
+    assert len(_tokens(got["edge"])) == left and len(_tokens(got["free"])) == 40
+    loop.paging.pool.check()
+
+
 def test_a_preempted_request_resumes_from_its_checkpoint_with_the_same_tokens(tiny_llama, alone):
     loop = make_loop(tiny_llama)
     prompts = _prompts(6)
@@ -111,8 +171,8 @@ def test_when_the_budget_cannot_grow_them_the_youngest_are_preempted_and_resume_
     prompts = _prompts(16, seed=4, lo=2, hi=30)
     params = SamplingParams(max_tokens=300, ignore_eos=True)
     preempted = []
-    real = loop.preempt
-    loop.preempt = lambda rid: (preempted.append(rid), real(rid))
+    real = loop.scheduler.preempt
+    loop.scheduler.preempt = lambda s: (preempted.append(s.id), real(s))
     got = _run(loop, {0: [(f"g{i}", p, params) for i, p in enumerate(prompts)]})
     assert preempted  # the pool said so
     alone = make_loop(tiny_llama, headroom=None)

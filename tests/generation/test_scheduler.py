@@ -56,3 +56,14 @@ def test_admissions_fill_up_to_max_seqs():
 
 def test_the_youngest_running_request_is_the_one_preempted():
     assert victim([Running("old", 1), Running("mid", 5), Running("new", 1)]) == "new"
+
+
+def test_captured_sizes_step_by_8_to_64_and_run_ahead_sizes_thin_out_past_32():
+    """Decode graphs for every size a server's batch pads to; graphs of several steps (each
+    costs the start-up several captures) for the sizes up to 32, then the powers of two."""
+    from kern.generation.runner import ahead_buckets, buckets
+
+    sizes = buckets(256, 8)
+    assert sizes == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, *range(80, 257, 16)]
+    assert ahead_buckets(sizes) == [1, 2, 4, 8, 16, 24, 32, 64, 128, 256]
+    assert buckets(12, 8) == [1, 2, 4, 8, 12] and ahead_buckets(buckets(12, 8)) == [1, 2, 4, 8, 12]

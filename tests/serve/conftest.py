@@ -56,7 +56,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(checkpoint) -> LiveServer:
-    running = start(partial(engines.model_loop, checkpoint, CONTEXT, 16), api_key=API_KEY)
+    running = start(partial(engines.model_loop, checkpoint, CONTEXT, 16), api_key=API_KEY, aliases=(str(checkpoint),))
     yield running
     running.close()
 

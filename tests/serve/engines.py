@@ -47,7 +47,7 @@ class BrokenLoop:
     def has_work(self):
         return bool(self.queued)
 
-    def step(self):
+    def step(self, emit=None):
         raise RuntimeError("device lost")
 
     def stats(self):
@@ -57,7 +57,7 @@ class BrokenLoop:
 class DyingLoop(BrokenLoop):
     """Its first step ends the engine process, the way a segfault or the OOM killer would."""
 
-    def step(self):
+    def step(self, emit=None):
         os._exit(3)
 
 
@@ -100,7 +100,7 @@ class CountingLoop:
     def has_work(self):
         return bool(self.running)
 
-    def step(self):
+    def step(self, emit=None):
         from kern.generation.outputs import Delta
 
         self.steps += 1

@@ -57,7 +57,7 @@ def test_an_abort_is_taken_before_the_next_step_and_its_request_sends_nothing_mo
 
 def test_a_failed_step_refuses_every_open_request_and_every_later_one():
     class Failing(CountingLoop):
-        def step(self):
+        def step(self, emit=None):
             raise RuntimeError("device lost")
 
     first, second = serve([[add("a", 2), add("b", 2)], [add("c", 2)], [wire.Stop()]], Failing())

@@ -21,6 +21,13 @@ def test_models_lists_the_served_model(client, model_name):
     assert 1_700_000_000 < m.created <= time.time()  # when the server started serving it, not 0
 
 
+def test_the_model_answers_to_the_path_it_was_started_with(client, checkpoint):
+    """vLLM's convention: the model id is the model argument as given (`kern serve PATH`)."""
+    r = client.chat.completions.create(model=str(checkpoint), messages=[{"role": "user", "content": "w10"}],
+                                       max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
 def test_non_streaming_chat_returns_one_body_with_usage(client, model_name, server):
     out = client.chat.completions.create(model=model_name, messages=chat(words(5)), max_tokens=6, **GREEDY)
     (c,) = out.choices

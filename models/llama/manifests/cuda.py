@@ -23,6 +23,9 @@ ARGMAX_CHUNKS = 128
 # each weight once for up to 32 rows (more go in passes that re-read it). Larger batches (a
 # server's, up to PREFILL_SEQS) step through the prefill program: ragged rows, one row each.
 DECODE_SEQS = 32
+# The gemv decode program's default bound: past it the wide program's GEMMs are faster than
+# the gemv kernels (benchmarks/crossover.py; the crossover's figures: docs/perf-history.md).
+GEMV_SEQS = 8
 PREFILL_SEQS = 256
 # The wide decode program steps 33 to WIDE_SEQS sequences, one row each, as a CUDA graph of
 # cuBLASLt GEMMs: each weight is read once a step however many rows there are (the gemv
@@ -173,7 +176,7 @@ def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
         raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
 
 
-def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, prefill_seqs: int = PREFILL_SEQS,
+def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, prefill_seqs: int = PREFILL_SEQS,
           context: int | None = None, decode_split: int = DECODE_SPLIT) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
     program's (ragged rows, so also the path for decode batches larger than seqs).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from functools import partial
 
 from .args import loop_options, model_arguments, port
@@ -23,6 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
 
 
+# Decode steps a host wait for a served batch: every batch size's graph of that many steps is
+# captured at start-up (at 8 start-up took too long: docs/perf.md); at 4 the host's part of a
+# step is still paid once in four, and each step's tokens stream as they land.
+SERVE_RUN_AHEAD = 4
+
+
 def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1, ep: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
@@ -32,7 +39,12 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
     model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, memory=memory, progress=True, tp=tp, ep=ep)
     loop = model.loop
-    loop.warm_up(progress=True)
+    model.run_ahead = min(model.run_ahead, SERVE_RUN_AHEAD)
+    t0 = time.monotonic()
+    if loop.warm_up(progress=True):
+        mem = model.engine.device.memory()
+        free = f"; {mem[0] / 2**30:.1f} GiB of the device left free" if mem else ""
+        print(f"[kern] decode graphs captured in {time.monotonic() - t0:.1f} s{free}", file=sys.stderr)
     if trace:  # after the warm-up: only served steps
         from ..bench.trace import record
 
@@ -47,7 +59,9 @@ def main(args) -> int:
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
                         args.memory, args.trace, args.tp, args.ep)
     try:
-        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key)
+        # the model id a request gives: the served name, or the path exactly as given here
+        serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
+                      aliases=(args.model,) if args.model else ())
     except KernError as exc:
         print(f"kern serve: {exc}", file=sys.stderr)
         return 1

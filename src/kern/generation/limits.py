@@ -12,6 +12,10 @@ from ..runtime.errors import BoundsError
 # budget as it grows, and when the budget has none the youngest request is preempted. The
 # worst case (prompt + max_tokens) would let one long max_tokens hold memory it rarely uses.
 HEADROOM = 256
+# Sequences at once follow the state budget: as many as it holds at SEQ_TOKENS tokens each (a
+# typical chat turn), up to the programs' bound. More would only capture graphs for batches the
+# pool never admits.
+SEQ_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +42,10 @@ def held_tokens(fits, page_tokens: int, hi: int) -> int:
 
 
 def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, max_seqs: int | None,
-               run_ahead: int, scratch_tokens: int = 0) -> Limits:
+               run_ahead: int, scratch_tokens: int = 0, capacity: int | None = None) -> Limits:
     """`fits(tokens)`: whether the pool holds a lease that large when empty; `scratch_tokens`
-    are held for good by the loop (padding rows' page)."""
+    are held for good by the loop (padding rows' page); `capacity`: tokens the whole budget
+    holds (None: no bound on sequences from it)."""
     bound = protocol.max_positions or 1 << 20
     ragged = protocol.for_rows(1, None)
     seqs_max = max([ragged.groups_max] + [d.groups_max for d in protocol.fixed(1)])
@@ -59,4 +64,6 @@ def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, 
         note = (f"context clipped to {held} positions: the state budget holds that many tokens of one "
                 f"sequence (raise --memory for the {want} asked)")
         want = held
-    return Limits(want, max_seqs or seqs_max, ragged.rows_max, run_ahead, note=note)
+    if max_seqs is None:
+        max_seqs = seqs_max if capacity is None else max(1, min(seqs_max, capacity // SEQ_TOKENS))
+    return Limits(want, max_seqs, ragged.rows_max, run_ahead, note=note)

@@ -1,7 +1,12 @@
 """The host loop: requests in, Deltas out, one step() at a time.
 
-    step = schedule (admit by pool lease, pick rows) -> run the programs -> postprocess
-           (sample, append, stop, stream text, checkpoint finished leases)
+    step = schedule (the Scheduler: admit by pool lease, pick rows, preempt, choose the run-ahead)
+           -> run the programs -> postprocess (sample, append, stop, stream text, checkpoint
+           finished leases)
+
+A batch of decode rows runs several steps with one host wait when the scheduler says so, each
+step's tokens handed to `emit` as they land: the host's part of a step (schedule, inputs,
+launch) is paid once a run and its postprocess overlaps the device's next steps.
 
 Single-threaded: the server drives it from its engine process (serve/engine_process.py)."""
 
@@ -10,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +28,7 @@ from .outputs import Delta, LoopStats, TokenLogprob
 from .params import SamplingParams
 from .runner import Feed, Runner
 from .sampling import logprobs_of, sample
-from .scheduler import Row, Running, admissions, schedule, victim
+from .scheduler import Plan, Scheduler
 from .sequence import Sequence
 
 if TYPE_CHECKING:
@@ -40,18 +46,32 @@ class Loop:
         self.protocol = engine.protocol
         self.state = paging.state
         self.eos = eos
-        self.limits = limits
         self.context = limits.context
         self.model_name = model_name
         self.runner = Runner(engine, self.protocol, self._scratch(), limits.max_seqs)
         self._token_domain = engine.domain(self.runner.ragged.inputs["token"])
         self._warm: set[tuple[int, int, int]] = set()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.scheduler = Scheduler(paging, limits, self.runner.decode_groups, self.runner.mixed_groups,
+                                   self.protocol.max_chunk, self.runner.decode_max)
         self._ids: set[str] = set()
         self._aborted: list[Delta] = []
-        self._steps = self._prompt_tokens = self._cached_tokens = 0
-        self._hold = False
+        self._steps = 0
+
+    @property
+    def limits(self) -> Limits:
+        return self.scheduler.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:  # the scheduler reads them: one copy
+        self.scheduler.limits = limits
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
 
     @property
     def tokenizer(self):
@@ -76,25 +96,29 @@ class Loop:
 
     def warm_up(self, sizes: list[int] | None = None, reach: int | None = None, progress: bool = True) -> int:
         """Run each decode batch size (default: every captured size) at each reach bucket up
-        to `reach` (default: the context) once on the scratch page, and the run-ahead graph of
-        one sequence, so that requests replay graphs and never capture one. A no-op where the
-        device captures none. Returns the steps run."""
+        to `reach` (default: the context) once on the scratch page, one step and a run-ahead,
+        so that requests replay graphs and never capture one. A no-op where the device
+        captures none. Returns the steps run."""
         if not self.runner.graphs:
             return 0
         reaches = self.runner.reach_buckets(reach or self.context)
         k = self.limits.run_ahead
-        todo = [(n, r, 1) for n in (sizes or self.runner.sizes) for r in reaches]
-        todo += [(1, r, k) for r in reaches if k > 1 and r >= k and (sizes is None or 1 in sizes)]
+        ahead = set(self.runner.ahead_sizes)
+        todo = [(n, r, steps) for n in (sizes or self.runner.sizes) for r in reaches
+                for steps in ([1, k] if k > 1 and r >= k and n in ahead else [1])]
         todo = [t for t in todo if t not in self._warm]
         if progress and todo:
             from tqdm import tqdm
 
             todo = tqdm(todo, desc="[kern] capturing decode graphs", unit="graph", file=sys.stderr)
+        feed = self.runner.scratch_feed
         for n, r, steps in todo:
+            # one row reaches r (the graph's reach bucket), the rest stay at position 0: the
+            # same graph, without the device attending over r positions n times
             if steps == 1:
-                self.runner.run([self.runner.scratch_feed(r - 1)] * n, logits=False)
+                self.runner.run([feed(r - 1)] + [feed(0)] * (n - 1), logits=False)
             else:
-                self.runner.run_ahead(self.runner.scratch_feed(r - steps), steps)
+                self.runner.run_ahead([feed(r - steps, steps)] + [feed(0, steps)] * (n - 1), steps)
             self._warm.add((n, r, steps))
         return len(todo)
 
@@ -111,14 +135,15 @@ class Loop:
         if len(prompt_ids) + 1 > self.context:
             raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
                               f"context of {self.context} positions (the prompt plus one generated token)")
-        max_tokens = min(params.max_tokens, self.context - len(prompt_ids))
-        if not self.paging.fits(len(prompt_ids) + max_tokens):
-            raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + max_tokens} tokens never fit the state "
-                              "budget: raise --memory or shorten the request")
+        # held once from here: the request's params with max_tokens clipped to the context
+        params = replace(params, max_tokens=min(params.max_tokens, self.context - len(prompt_ids)))
+        if not self.paging.fits(len(prompt_ids) + params.max_tokens):
+            raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
+                              "state budget: raise --memory or shorten the request")
         seed = params.seed if params.seed is not None else _seed_of(request_id)
-        self.waiting.append(Sequence(request_id, list(prompt_ids), params, max_tokens,
-                                     TextStream(self.tokenizer, params.stop),
-                                     np.random.Generator(np.random.PCG64(seed)), seed))
+        self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params,
+                                               TextStream(self.tokenizer, params.stop),
+                                               np.random.Generator(np.random.PCG64(seed)), seed))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -130,50 +155,41 @@ class Loop:
                 return
 
     def preempt(self, request_id: str) -> None:
-        """Give a running request's memory back, keeping its tokens so far as a prefix
-        checkpoint; it waits at the head of the queue and resumes from that checkpoint."""
+        """Give a running request's memory back (Scheduler.preempt); it resumes from its
+        checkpoint."""
         s = next((s for s in self.running if s.id == request_id), None)
-        if s is None:
-            return
-        self.paging.pool.checkpoint(s.lease)
-        s.lease, s.written = None, 0
-        self.running.remove(s)
-        self.waiting.appendleft(s)
+        if s is not None:
+            self.scheduler.preempt(s)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._aborted)
 
     def stats(self) -> LoopStats:
         u = self.paging.pool.usage()[self.state]
-        return LoopStats(len(self.waiting), len(self.running), self._steps, self._prompt_tokens,
-                         self._cached_tokens, u["held"], u["mapped"])
+        sch = self.scheduler
+        return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
+                         u["held"], u["mapped"])
 
     # ---- the step ------------------------------------------------------------------------
-    def step(self) -> list[Delta]:
+    def step(self, emit: Callable[[list[Delta]], None] | None = None) -> list[Delta]:
+        """One step (or one run-ahead of several): the Deltas it made. With `emit`, a run-ahead
+        hands each of its steps' Deltas to emit as they land instead (the rest come back)."""
         deltas, self._aborted = self._aborted, []
-        self._admit()
-        if not self.running:
+        plan = self.scheduler.next(self._host_draws)
+        if not plan.rows:
             return deltas
-        self._steps += 1
-        alone = self._alone()
-        if alone is not None and self.paging.try_grow(alone.lease, self.limits.run_ahead):
-            return deltas + self._run_ahead(alone)
-        rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget,
-                        self.protocol.max_chunk, self.runner.decode_groups, self.runner.mixed_groups)
-        rows = self._grow(rows)
-        by_id = {s.id: s for s in self.running}
+        self._steps += plan.ahead
+        if plan.ahead > 1:
+            return deltas + self._run_ahead(plan, emit)
         seqs, feeds = [], []
-        for r in rows:
-            s = by_id[r.id]
-            part = s.span(s.written, r.tokens)
+        for s, n in plan.rows:
+            part = s.span(s.written, n)
             self.paging.extend(s.lease, part)
-            s.written += r.tokens
+            s.written += n
             t = s.params.temperature if s.pending == 0 and not self._host_draws(s) and not s.params.greedy else 0.0
-            feeds.append(Feed(part, s.written - r.tokens, s.lease.page_table(self.state), t,
+            feeds.append(Feed(part, s.written - n, s.lease.page_table(self.state), t,
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
-        if not feeds:
-            return deltas
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
         need_logits = any(self._host_draws(seqs[i]) for i in emitting)
         tokens, logits = self.runner.run(feeds, need_logits)
@@ -185,61 +201,48 @@ class Loop:
         logprobs); otherwise the device's token is the row's token."""
         return not s.params.device_samples if self.runner.samples else s.params.needs_logits
 
-    def _grow(self, rows: list[Row]) -> list[Row]:
-        """Bind the pages this step's rows write, before anything is recorded; where the budget
-        has none, preempt the youngest running request (it resumes from its checkpoint) until
-        it does. The rows of the requests still running."""
-        by_id = {s.id: s for s in self.running}
-        for r in rows:
-            s = by_id[r.id]
-            while s in self.running and not self.paging.try_grow(s.lease, r.tokens):
-                self.preempt(victim([Running(x.id, x.pending) for x in self.running]))
-                self._hold = True  # admit nothing more until a request ends: no preemption ping-pong
-        alive = {s.id for s in self.running}
-        return [r for r in rows if r.id in alive]
+    def _run_ahead(self, plan: Plan, emit: Callable[[list[Delta]], None] | None) -> list[Delta]:
+        """plan.ahead decode steps of every row, one host wait: each step's tokens are appended
+        (and streamed through `emit`) as they land; a row that ends mid-run keeps its tokens up
+        to its end and the rest of its run is thrown away."""
+        k = plan.ahead
+        seqs = [s for s, _ in plan.rows]
+        feeds, keys = [], [[] for _ in range(k - 1)]
+        for s in seqs:
+            self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)  # pages bound by the scheduler
+            t = 0.0 if s.params.greedy else s.params.temperature
+            feeds.append(Feed([s.out[-1]], s.written, s.lease.page_table(self.state), t,
+                              draw_key(s.seed, len(s.out)) if t else 0))
+            for j in range(1, k):
+                keys[j - 1].append(draw_key(s.seed, len(s.out) + j) if t else 0)
+        made: list[list[int]] = [[] for _ in seqs]
+        held: list[Delta] = []
 
-    def _admit(self) -> None:
-        if self._hold and self.running:
-            return
-        for _ in range(admissions(len(self.waiting), len(self.running), self.limits.max_seqs)):
-            s = self.waiting[0]
-            grant = self.paging.try_lease(s.tokens, self._promise(s))
-            if grant is None:
-                return  # the pool says wait: the head keeps its place
-            self.waiting.popleft()
-            s.lease, s.written = grant.lease, grant.cached
-            if not s.admitted:
-                s.admitted, s.cached = True, grant.cached
-                self._prompt_tokens += len(s.prompt)
-                self._cached_tokens += grant.cached
-            self.running.append(s)
+        def each(j: int, tokens: np.ndarray) -> None:
+            out = []
+            for i, s in enumerate(seqs):
+                if s.finish is not None:
+                    continue
+                t = int(tokens[i])
+                made[i].append(t)
+                _, text, finish = self._append(s, [t], [])
+                if finish:
+                    text += s.text.flush()
+                    s.finish = finish  # its lease is handed back once the run is over
+                out.append(self._delta(s, [t], text, []))
+            if emit is not None:
+                emit(out)
+            else:
+                held.extend(out)
 
-    def _promise(self, s: Sequence) -> int:
-        """Tokens a lease is promised at admission: all it may reach, or its tokens so far and
-        the headroom."""
-        worst = len(s.prompt) + s.max_tokens
-        h = self.limits.headroom
-        return worst if h is None else min(worst, len(s.tokens) + h)
-
-    def _alone(self) -> Sequence | None:
-        """The one greedy decoding sequence, when nothing else runs or waits: it runs ahead
-        (whole runs only, one graph per reach: the tail goes step by step)."""
-        if self.limits.run_ahead < 2 or len(self.running) != 1 or self.waiting:
-            return None
-        s = self.running[0]
-        decoding = s.out and s.pending == 1 and s.params.greedy and not s.params.needs_logits
-        return s if decoding and s.max_tokens - len(s.out) >= self.limits.run_ahead else None
-
-    def _run_ahead(self, s: Sequence) -> list[Delta]:
-        k = self.limits.run_ahead
-        self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)
-        made = self.runner.run_ahead(Feed([s.out[-1]], s.written, s.lease.page_table(self.state)), k)
-        s.written += 1
-        used, text, finish = self._append(s, made, [])
-        written = made[:used - 1]  # the state of every kept token but the last is on the device
-        self.paging.extend(s.lease, written, ahead=k - 1 - len(written))  # the rest goes back
-        s.written += len(written)
-        return [self._close(s, made[:used], text, [], finish)]
+        self.runner.run_ahead(feeds, k, keys if any(f.temperature for f in feeds) else None, each)
+        for s, new in zip(seqs, made):
+            written = new[:-1]  # the state of every kept token but the last is on the device
+            self.paging.extend(s.lease, written, ahead=k - 1 - len(written))  # the rest goes back
+            s.written += 1 + len(written)
+            if s.finish is not None:
+                self._end(s, s.finish)
+        return held
 
     # ---- postprocess ---------------------------------------------------------------------
     def _postprocess(self, seqs: list[Sequence], tokens: np.ndarray, logits: np.ndarray | None) -> list[Delta]:
@@ -284,17 +287,13 @@ class Loop:
 
     def _end(self, s: Sequence, finish: str) -> None:
         s.finish = finish
-        self._hold = False
         if s.lease is not None:
             if finish == "abort":
                 self.paging.pool.free(s.lease)
             else:  # its pages stay as a cached prefix until evicted
                 self.paging.pool.checkpoint(s.lease)
             s.lease = None
-        if s in self.running:
-            self.running.remove(s)
-        elif s in self.waiting:
-            self.waiting.remove(s)
+        self.scheduler.remove(s)
         self._ids.discard(s.id)
 
     @staticmethod

@@ -4,6 +4,7 @@ through the ragged program, where a decode row is a one-token chunk."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,14 +28,22 @@ class Feed:
 
 
 def buckets(limit: int, narrow: int | None = None) -> list[int]:
-    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to `narrow`
-    (the small-batch decode program's bound; None: `limit`), steps of 16 past it (a wide
-    program's graphs: larger, so fewer of them), and `limit` itself."""
+    """The decode batch sizes captured as graphs: 1, 2, 4, 8, then steps of 8 up to 64 (the
+    batches a server runs most; a padded row costs a GEMM's share there) and steps of 16 past it
+    (fewer graphs), and `limit` itself. `narrow` (the small-batch decode program's bound; None:
+    `limit`) is always a size: the largest batch that program steps."""
     narrow = limit if narrow is None else min(narrow, limit)
-    out = [b for b in (1, 2, 4, 8) if b < narrow]
-    out += list(range(16, narrow, 8))
-    out += list(range(narrow, limit, 16)) if narrow < limit else []
-    return out + [limit]
+    out = [1, 2, 4, 8]
+    out += [b for b in range(16, min(limit, 64), 8)] + list(range(64, limit, 16))
+    return sorted({b for b in out if b < limit} | {narrow, limit})
+
+
+def ahead_buckets(sizes: list[int], fine: int = 32) -> list[int]:
+    """The batch sizes whose run-ahead graphs are captured: every size up to `fine`, then the
+    powers of two and the largest (a batch between runs ahead padded to the next: a padded
+    row costs less than the host's part of the steps it saves, and every size's graph of
+    several steps would double the start-up's captures)."""
+    return [b for b in sizes if b <= fine or b & (b - 1) == 0 or b == sizes[-1]]
 
 
 def bucket(n: int, sizes: list[int]) -> int:
@@ -54,17 +63,20 @@ class Runner:
         top = self.decoders[-1].groups_max
         self.decode_max = min(decode_max or top, top)
         self.sizes = buckets(self.decode_max, self.decode.groups_max)
+        self.ahead_sizes = ahead_buckets(self.sizes) if self.graphs else self.sizes
         self.mixed_groups = self.ragged.groups_max
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
         self.scratch = scratch_page  # padding rows write here, a page no sequence reads
-        self._scratch_width = min(engine.shapes[d.page_tables[0].buffer][1] for d in self.decoders)
+        self._page_tokens = max(protocol.paged_states.values())
         # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
 
-    def scratch_feed(self, position: int) -> Feed:
-        """A row whose every page is the scratch page: it reads and writes nothing of anyone's."""
-        return Feed([0], position, [self.scratch] * self._scratch_width)
+    def scratch_feed(self, position: int, steps: int = 1) -> Feed:
+        """A row whose every page is the scratch page, for `steps` steps from `position`: it
+        reads and writes nothing of anyone's. Its table holds the pages those steps reach and
+        no more (a long context's full width would cost the host a list of thousands a row)."""
+        return Feed([0], position, [self.scratch] * -(-(position + steps) // self._page_tokens))
 
     def reach_buckets(self, reach: int) -> list[int]:
         """The decode program's reach buckets up to the one holding `reach` positions."""
@@ -107,12 +119,9 @@ class Runner:
                 out[idx] = l[:len(idx)]
         return tokens, out
 
-    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        if st is not self.ragged and self.graphs:  # pad to a captured size: one graph per bucket
-            pad = bucket(len(feeds), self.sizes) - len(feeds)
-            feeds = feeds + [self.scratch_feed(0)] * pad
+    def _inputs(self, st: Stepper, feeds: list[Feed]) -> dict[str, np.ndarray]:
+        """The step's input arrays, by buffer."""
         n = len(feeds)
-        rows = sum(len(f.tokens) for f in feeds)
         inputs = {st.inputs["token"]: np.array([t for f in feeds for t in f.tokens], np.int32),
                   st.inputs["position"]: np.array([f.start + j for f in feeds for j in range(len(f.tokens))],
                                                   np.int32)}
@@ -126,29 +135,53 @@ class Runner:
         if "temperature" in st.inputs:
             inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds], np.float32)
         if "rng" in st.inputs:  # each key as two i32, low word first
-            inputs[st.inputs["rng"]] = np.array([f.key for f in feeds], "<u8").view("<i4").reshape(n, 2)
+            inputs[st.inputs["rng"]] = _keys([f.key for f in feeds])
+        return inputs
+
+    def _pad(self, st: Stepper, feeds: list[Feed], steps: int = 1) -> list[Feed]:
+        """Padded to a captured size (one graph per bucket) with rows on the scratch page."""
+        if st is self.ragged or not self.graphs:
+            return feeds
+        sizes = self.sizes if steps == 1 else self.ahead_sizes
+        return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), sizes) - len(feeds))
+
+    def _run(self, st: Stepper, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        feeds = self._pad(st, feeds)
+        n = len(feeds)
+        rows = sum(len(f.tokens) for f in feeds)
         reach = max(f.start + len(f.tokens) for f in feeds)
-        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
+        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), self._inputs(st, feeds))
         tokens = self.engine.read(st.outputs["tokens"], env)
         out = self.engine.read(st.outputs["logits"], env) if logits else None
         return tokens, out
 
-    def run_ahead(self, feed: Feed, k: int) -> list[int]:
-        """k greedy decode steps of one sequence, one host wait (the token fed back on the
-        device): the k tokens."""
-        st = self.decode
-        (tok,), pos = feed.tokens, feed.start
-        inputs = {st.inputs["token"]: np.array([tok], np.int32), st.inputs["position"]: np.array([pos], np.int32)}
-        for pt in st.page_tables:
-            table = np.zeros((1, self.engine.shapes[pt.buffer][1]), np.int32)
-            table[0, :len(feed.pages)] = feed.pages
-            inputs[pt.buffer] = table
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
-        for role, a in (("temperature", np.zeros(1, np.float32)), ("rng", np.zeros((1, 2), np.int32))):
-            if role in st.inputs:  # greedy: the argmax fed back on the device
-                inputs[st.inputs[role]] = a
-        outs = self.engine.run_steps(st.program, st.vars_for(1, 1, reach=pos + k), inputs,
-                                     [{st.inputs["position"]: np.array([pos + j], np.int32)} for j in range(1, k)],
-                                     feedback={st.outputs["tokens"]: st.inputs["token"]}, collect=[])
-        return [int(o[st.outputs["tokens"]][0]) for o in outs]
+    def run_ahead(self, feeds: list[Feed], k: int, keys: list[list[int]] | None = None,
+                  each: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """k decode steps of these one-row feeds with one host wait, each step's token fed back
+        on the device (the decode program that holds them, padded as a step is): each step's
+        tokens, a row a feed. `keys[j - 1]`: step j's draw keys, a row a feed (where rows draw at
+        a temperature). `each(j, tokens)`: step j's tokens as soon as they are on the host,
+        while the later steps run."""
+        n = len(feeds)
+        top = bucket(n, self.ahead_sizes) if self.graphs else n
+        st = next(d for d in self.decoders if d.groups_max >= top)
+        padded = self._pad(st, feeds, k)
+        inputs = self._inputs(st, padded)
+        pos = inputs[st.inputs["position"]]
+        later = []
+        for j in range(1, k):
+            step = {st.inputs["position"]: pos + j}
+            if "rng" in st.inputs:  # always among the varying inputs: one graph whether rows draw or not
+                step[st.inputs["rng"]] = _keys((keys[j - 1] if keys else [0] * n) + [0] * (len(padded) - n))
+            later.append(step)
+        reach = max(f.start for f in padded) + k
+        tok = st.outputs["tokens"]
+        outs = self.engine.run_steps(st.program, st.vars_for(len(padded), len(padded), reach=reach), inputs, later,
+                                     feedback={tok: st.inputs["token"]}, collect=[],
+                                     each=None if each is None else lambda j, o: each(j, o[tok][:n]))
+        return [o[tok][:n] for o in outs]
+
+
+def _keys(keys: list[int]) -> np.ndarray:
+    """64-bit draw keys as the rng input holds them: two i32 a row, low word first."""
+    return np.array(keys, "<u8").view("<i4").reshape(len(keys), 2)

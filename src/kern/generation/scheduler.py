@@ -1,10 +1,15 @@
-"""The scheduler: which waiting requests to try to admit, and which rows each running
-sequence gets this step. Pure functions over small views, tested without a device."""
+"""The scheduler: which waiting requests to admit, which rows each running sequence gets this
+step, whom to preempt, and how many decode steps a batch runs with one host wait. The choices
+are pure functions over small views, tested without a device; Scheduler applies them to the
+loop's sequences and the pool."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from .sequence import Sequence as SequenceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +55,117 @@ def victim(running: Sequence[Running]) -> str:
     """The request to preempt when the budget cannot grow the running ones: the youngest
     (admitted last), whose checkpoint is smallest and whose wait is fairest."""
     return running[-1].id
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """This step: each sequence with the tokens it is fed, and how many decode steps the rows
+    run with one host wait (ahead > 1: every row is a decode row, its token fed back on the
+    device, each step's tokens streamed as they land)."""
+
+    rows: list[tuple[SequenceState, int]]
+    ahead: int = 1
+
+
+class Scheduler:
+    """The waiting and running sequences and every choice about them: admission (in arrival
+    order, by pool lease), this step's rows under the token budget, preemption where the budget
+    cannot grow them, and how far a batch of decode rows runs ahead."""
+
+    def __init__(self, paging, limits, decode_groups: int, mixed_groups: int, chunk_max: int, ahead_rows: int):
+        """`ahead_rows`: the most rows one run-ahead takes (one decode program's graphs; 0: the
+        device runs no steps without the host)."""
+        self.paging, self.limits = paging, limits
+        self.decode_groups, self.mixed_groups, self.chunk_max = decode_groups, mixed_groups, chunk_max
+        self.ahead_rows = ahead_rows
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
+        self.hold = False  # admit nothing until a request ends: no preemption ping-pong
+        self.prompt_tokens = self.cached_tokens = 0
+
+    def next(self, host_draws: Callable[[SequenceState], bool]) -> Plan:
+        """Admit what fits, then plan the step. `host_draws(s)`: whether the host reads s's
+        logits (then it cannot run ahead: its token is drawn on the host)."""
+        self.admit()
+        if not self.running:
+            return Plan([])
+        k = self._ahead(host_draws)
+        if k > 1:
+            return Plan([(s, 1) for s in self.running], k)
+        rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget, self.chunk_max,
+                        self.decode_groups, self.mixed_groups)
+        by_id = {s.id: s for s in self.running}
+        return Plan(self._grow([(by_id[r.id], r.tokens) for r in rows]))
+
+    def admit(self) -> None:
+        if self.hold and self.running:
+            return
+        for _ in range(admissions(len(self.waiting), len(self.running), self.limits.max_seqs)):
+            s = self.waiting[0]
+            grant = self.paging.try_lease(s.tokens, self._promise(s))
+            if grant is None:
+                return  # the pool says wait: the head keeps its place
+            self.waiting.popleft()
+            s.lease, s.written = grant.lease, grant.cached
+            if not s.admitted:
+                s.admitted, s.cached = True, grant.cached
+                self.prompt_tokens += len(s.prompt)
+                self.cached_tokens += grant.cached
+            self.running.append(s)
+
+    def preempt(self, s: SequenceState) -> None:
+        """Give a running sequence's memory back, keeping its tokens so far as a prefix
+        checkpoint; it waits at the head of the queue and resumes from that checkpoint."""
+        self.paging.pool.checkpoint(s.lease)
+        s.lease, s.written = None, 0
+        self.running.remove(s)
+        self.waiting.appendleft(s)
+
+    def remove(self, s: SequenceState) -> None:
+        """A sequence that ended (its lease already handed back): admission may resume."""
+        self.hold = False
+        if s in self.running:
+            self.running.remove(s)
+        elif s in self.waiting:
+            self.waiting.remove(s)
+
+    def _promise(self, s: SequenceState) -> int:
+        """Tokens a lease is promised at admission: all it may reach, or its tokens so far and
+        the headroom."""
+        worst = len(s.prompt) + s.max_tokens
+        h = self.limits.headroom
+        return worst if h is None else min(worst, len(s.tokens) + h)
+
+    def _grow(self, rows: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int]]:
+        """Bind the pages this step's rows write, before anything is recorded; where the budget
+        has none, preempt the youngest running sequence (it resumes from its checkpoint) until
+        it does. The rows of the sequences still running."""
+        pt, state = self.paging.page_tokens, self.paging.state
+        for s, n in rows:
+            if s.lease is None or s.written + n <= len(s.lease.page_table(state)) * pt:
+                continue  # preempted, or its pages are bound already (a decode row needs one in pt steps)
+            while s in self.running and not self.paging.try_grow(s.lease, n):
+                by_id = {x.id: x for x in self.running}
+                self.preempt(by_id[victim([Running(x.id, x.pending) for x in self.running])])
+                self.hold = True
+        return [(s, n) for s, n in rows if s in self.running]
+
+    def _ahead(self, host_draws: Callable[[SequenceState], bool]) -> int:
+        """Decode steps the running batch takes with one host wait: the run-ahead limit where
+        every running sequence decodes with its token drawn on the device, they fit one decode
+        program, nobody waits who could be admitted at the next step, some row has that many
+        tokens left (a row that ends sooner wastes the rest of its run), no row would step past
+        the context, and the budget binds the pages; else 1."""
+        k = self.limits.run_ahead
+        run = self.running
+        if k < 2 or len(run) > self.ahead_rows:
+            return 1
+        if self.waiting and not self.hold and len(run) < self.limits.max_seqs:
+            return 1
+        if not all(s.out and s.pending == 1 and not host_draws(s) for s in run):
+            return 1
+        if max(s.max_tokens - len(s.out) for s in run) < k:
+            return 1
+        if any(s.written + k > self.limits.context for s in run):
+            return 1  # a run may not step a row past the context, even where the row ends first
+        return k if all(self.paging.try_grow(s.lease, k) for s in run) else 1

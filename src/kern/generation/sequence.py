@@ -15,8 +15,7 @@ from .params import SamplingParams
 class Sequence:
     id: str
     prompt: list[int]
-    params: SamplingParams
-    max_tokens: int  # params.max_tokens clipped to the context
+    params: SamplingParams  # max_tokens clipped to the context by Loop.add
     text: TextStream
     rng: np.random.Generator
     seed: int  # the request's seed (its own or one derived from its id): keys the device's draws
@@ -39,11 +38,10 @@ class Sequence:
         return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
 
     @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
+
+    @property
     def pending(self) -> int:
         """Tokens to feed before the next token comes out (1 when decoding)."""
         return len(self.prompt) + len(self.out) - self.written
-
-    @property
-    def reserve(self) -> int:
-        """Tokens the lease must hold at worst: everything fed until max_tokens."""
-        return len(self.prompt) + self.max_tokens

@@ -34,7 +34,7 @@ class Program(Protocol):
 
     def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list[Storage],
                   feedback: list[tuple[Storage, Storage, int]],
-                  collect: list[tuple[Storage, int]]) -> list[list[np.ndarray]]:
+                  collect: list[tuple[Storage, int]], each=None) -> list[list[np.ndarray]]:
         """Run the program 1 + len(later) times back to back (Engine.run_steps); the host waits once.
 
         Args:
@@ -45,6 +45,8 @@ class Program(Protocol):
             feedback: (output, input, nbytes): after every step, the output's first nbytes are
                 copied into the input, on the device (the next step's token).
             collect: (output, nbytes): what to copy back after every step.
+            each: None, or called as each(j, step j's collected arrays) as soon as they are on
+                the host, before the later steps are done where the device runs ahead of it.
 
         Returns:
             For each step, the first nbytes of each `collect` output as a uint8 array, in order.
@@ -161,3 +163,7 @@ class Device(Protocol):
 
     def synchronize(self) -> None:
         """Wait until everything the device was asked to do is done."""
+
+    def memory(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the device's own memory, or None where the device shares the
+        host's (a state budget is then the caller's to choose)."""

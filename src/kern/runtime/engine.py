@@ -28,7 +28,12 @@ from .safetensors import WeightFiles
 from .dtypes import NP
 from .weights import bind_all
 
-DEFAULT_STATE_BUDGET = 512 << 20
+DEFAULT_STATE_BUDGET = 512 << 20  # where the device shares the host's memory (cpu)
+# Where the device has its own memory, the state budget defaults to this share of it, less what
+# the weights and buffers took and GRAPH_RESERVE for the captured graphs and libraries that come
+# after the pool (vLLM's default share is the same 90%).
+DEVICE_SHARE = 0.9
+GRAPH_RESERVE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,37 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
                           f"({nbytes / 2**30:.1f} GiB)") from None
 
 
+def auto_budget(device: Device, asked: int | None) -> tuple[int, str]:
+    """The state budget in bytes and a line saying where it came from: `asked`, else
+    DEVICE_SHARE of the device's memory less what is in use (weights, buffers, other processes)
+    and GRAPH_RESERVE; a device without memory of its own gets DEFAULT_STATE_BUDGET."""
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    if asked is not None:
+        return asked, f"state memory {gib(asked)} (asked)"
+    mem = device.memory()
+    if mem is None:
+        return DEFAULT_STATE_BUDGET, f"state memory {DEFAULT_STATE_BUDGET >> 20} MiB (the default; --memory sets it)"
+    free, total = mem
+    used = total - free
+    budget = int(DEVICE_SHARE * total) - used - GRAPH_RESERVE
+    if budget < DEFAULT_STATE_BUDGET:
+        raise DeviceError(f"the device has {gib(free)} free of {gib(total)}: too little for a state budget past "
+                          f"{gib(used)} in use and {gib(GRAPH_RESERVE)} for graphs (--memory sets one)")
+    return budget, (f"state memory {gib(budget)}: {DEVICE_SHARE:.0%} of the device's {gib(total)}, less "
+                    f"{gib(used)} in use (weights, buffers) and {gib(GRAPH_RESERVE)} for graphs (--memory sets it)")
+
+
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
                  own_paging: bool = True):
         """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
         chunks its plans map, `host_bytes` of host tier) and the engine owns `paging`, the pool
         bound to its states. Else each state is what the budget holds, fully backed.
-        own_paging False: the pool is planned (`pool`) but bound to nothing yet; a split's
-        RankedEngine binds rank 0's to itself, so its plans run on every rank's states."""
+        `state_budget` None: the device's share (auto_budget), decided once the weights and
+        buffers are placed; `memory_note` says what was taken. own_paging False: the pool is
+        planned (`pool`) but bound to nothing yet; a split's RankedEngine binds rank 0's to
+        itself, so its plans run on every rank's states."""
         if not isinstance(v, Verified):
             raise TypeError("Engine takes a Verified manifest (kern.manifest.load_verified)")
         self.v = v
@@ -97,8 +124,6 @@ class Engine:
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
-        pool = self._plan_pool(state_budget, host_bytes) if paged else None
-        self._alloc_states(state_budget, state_sizes(pool) if pool else {}, pool.layout.chunk_bytes if pool else None)
         self.buffers = {}
         weights_needed = {n: (b, self.shapes[n]) for n, b in self.m.buffers.items() if b.kind == "weight"}
         host_weights = {}
@@ -116,6 +141,10 @@ class Engine:
                                      b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
+        self.state_budget, self.memory_note = auto_budget(self.device, state_budget)
+        pool = self._plan_pool(self.state_budget, host_bytes) if paged else None
+        self._alloc_states(self.state_budget, state_sizes(pool) if pool else {},
+                           pool.layout.chunk_bytes if pool else None)
         fill_pointers(pointer_tables(self.m, self.shapes),
                       lambda e: self.device.address(self.buffers[e] if e in self.buffers else self.states[e]),
                       lambda n, table: self.device.write(self.buffers[n], table))
@@ -243,14 +272,17 @@ class Engine:
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
-                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+                  collect: list[str], each: Callable[[int, dict[str, np.ndarray]], None] | None = None
+                  ) -> list[dict[str, np.ndarray]]:
         """Run `program` 1 + len(steps) times back to back, as a decode loop does: the first time
         with `inputs`; step j >= 1 with `steps[j - 1]` (the inputs that change, each step the
         same ones: positions) and every `feedback` input (output -> input) set on the device
         from the output of step j - 1 (the token). Returns each step's `collect` outputs (the
         feedback outputs always among them). Everything is checked before anything launches.
-        The host waits once: on CUDA the whole run is one graph launch; the cpu loops."""
-        return self.run_checked_steps(self.checked_steps(program, vars, inputs, steps, feedback, collect))
+        The host waits once: on CUDA the whole run is one graph launch; the cpu loops.
+        `each(j, outputs)`: called with step j's outputs as soon as they are on the host, while
+        the later steps still run (a server streams each step's tokens as they come)."""
+        return self.run_checked_steps(self.checked_steps(program, vars, inputs, steps, feedback, collect), each)
 
     def checked_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                       steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
@@ -284,7 +316,8 @@ class Engine:
         later = [{buf: self.check_input(program, buf, st[buf], env) for buf in varying} for st in steps]
         return CheckedSteps(Checked(program, env, first), later, varying, dict(feedback), collect)
 
-    def run_checked_steps(self, plan: "CheckedSteps") -> list[dict[str, np.ndarray]]:
+    def run_checked_steps(self, plan: "CheckedSteps",
+                          each: Callable[[int, dict[str, np.ndarray]], None] | None = None) -> list[dict[str, np.ndarray]]:
         program, env, first = plan.first.program, plan.first.env, plan.first.inputs
         later, varying, feedback, collect = plan.later, plan.varying, plan.feedback, plan.collect
         for buf, arr in first.items():
@@ -293,12 +326,16 @@ class Engine:
             for j in range(1 + len(later)):
                 see(program, env, {**first, **later[j - 1]} if j else first)
         shapes = {c: self.shape(c, env) for c in collect}
+
+        def typed(step: list[np.ndarray]) -> dict[str, np.ndarray]:
+            return {c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
+
         raw = self.programs[program].run_steps(
             env, [[st[b] for b in varying] for st in later], [self.buffers[b] for b in varying],
             [(self.buffers[s], self.buffers[d], self._step_bytes(d, env)) for s, d in feedback.items()],
-            [(self.buffers[c], self._step_bytes(c, env)) for c in collect])
-        outs = [{c: r.view(NP[self.m.buffers[c].dtype]).reshape(shapes[c]).copy() for c, r in zip(collect, step)}
-                for step in raw]
+            [(self.buffers[c], self._step_bytes(c, env)) for c in collect],
+            None if each is None else lambda j, step: each(j, typed(step)))
+        outs = [typed(step) for step in raw]
         # what the device holds now, in the inputs' mirrors: the last step's inputs and fed values
         for buf in varying:
             self.device.write(self.buffers[buf], later[-1][buf])

@@ -2,7 +2,9 @@
 page tables, and the pool's plans run on the device's state memory.
 
 The kernels address page p of a paged state at byte p * page_bytes, so chunks hold whole
-pages: chunk_bytes is the smallest multiple of every unit size that is at least 2 MiB."""
+pages: chunk_bytes is the smallest multiple of every unit size that is at least 2 MiB, or at
+least 1/TARGET_CHUNKS of the budget (up to 64 MiB) where the budget is large: a device-sized
+budget in 2 MiB chunks would be ~60,000 chunks to create at start-up and keep books on."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from ..pool.plans import Plan
 from ..errors import KernError
 
 MIN_CHUNK = 2 << 20
+MAX_CHUNK = 64 << 20
+TARGET_CHUNKS = 2048
 
 
 class States(Protocol):
@@ -40,9 +44,10 @@ class Busy(OutOfMemory):
     """The state budget cannot hold a request now: live requests hold the memory."""
 
 
-def declarations(v: Verified, page_tokens: int, granularity: int = 1) -> tuple[list[StateDecl], int]:
+def declarations(v: Verified, page_tokens: int, granularity: int = 1,
+                 min_chunk: int = MIN_CHUNK) -> tuple[list[StateDecl], int]:
     """The pool's state declarations and a chunk size: a multiple of every page and slot size
-    and of the device's mapping granularity, at least 2 MiB."""
+    and of the device's mapping granularity, at least `min_chunk`."""
     decls, unit = [], granularity
     for name, st in v.manifest.states.items():
         if st.bytes_per_token is not None:
@@ -55,12 +60,13 @@ def declarations(v: Verified, page_tokens: int, granularity: int = 1) -> tuple[l
             unit = lcm(unit, size)
         else:
             decls.append(StateDecl(name, "fixed", evaluate(st.bytes, v.constants)))
-    return decls, unit * -(-MIN_CHUNK // unit)
+    return decls, unit * -(-min_chunk // unit)
 
 
 def plan_pool(v: Verified, page_tokens: int, budget_bytes: int, granularity: int = 1, host_bytes: int = 0) -> Pool:
     """The pool for a manifest's states under a device budget (pure: nothing is allocated)."""
-    decls, chunk = declarations(v, page_tokens, granularity)
+    decls, chunk = declarations(v, page_tokens, granularity,
+                                min(MAX_CHUNK, max(MIN_CHUNK, budget_bytes // TARGET_CHUNKS)))
     budget = max(budget_bytes // chunk, 1) * chunk
     return Pool(budget, decls, page_tokens, chunk_bytes=chunk, host_bytes=host_bytes)
 
@@ -106,6 +112,12 @@ class Paging:
         for f in plan.from_host:
             k = self.kinds[f.state]
             self.engine.write_state(f.state, lay.offset(k, f.unit), self._host[f.host:f.host + k.unit_bytes])
+
+    def capacity(self) -> int:
+        """Tokens of the paged state the whole budget holds (every dynamic chunk its pages)."""
+        lay = self.pool.layout
+        k = self.kinds[self.state]
+        return lay.dynamic * k.per_chunk * self.page_tokens
 
     def fits(self, reserve: int) -> bool:
         """Whether a lease of `reserve` tokens fits the budget with nothing else in it."""

@@ -124,8 +124,10 @@ class RankedEngine:
     """N ranks' engines behind the Engine's face (what the host loop, the API and the benches use)."""
 
     def __init__(self, verified: list[Verified], weights: str | Path | None, *,
-                 state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
                  ordinals: list[int] | None = None):
+        # every rank's pool has the same layout: one budget for all, not each device's own share
+        state_budget = DEFAULT_STATE_BUDGET if state_budget is None else state_budget
         if host_bytes:
             raise RankError("the host tier holds one rank's pages: a split deployment runs without it (host_bytes 0)")
         n = len(verified)
@@ -153,9 +155,9 @@ class RankedEngine:
 
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
-                  collect: list[str]) -> list[dict[str, np.ndarray]]:
+                  collect: list[str], each=None) -> list[dict[str, np.ndarray]]:
         plan = self.ranks[0].checked_steps(program, vars, inputs, steps, feedback, collect)
-        return self.workers.each(lambda r: self.ranks[r].run_checked_steps(plan))[0]
+        return self.workers.each(lambda r: self.ranks[r].run_checked_steps(plan, each if r == 0 else None))[0]
 
     def runs_steps_natively(self, program: str) -> bool:
         return self.ranks[0].runs_steps_natively(program)

@@ -53,7 +53,8 @@ class StepEngine(Protocol):
 
 
 def open_engine(v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                state_budget: int = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0) -> StepEngine:
+                state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False,
+                host_bytes: int = 0) -> StepEngine:
     """The engine of the verified deployment `v`. A split deployment (a topology of more than
     one rank, docs/tensor-parallel.md) opens every rank (its sibling rank manifests verified
     once each, `v` not again) and refuses a host tier; `device` is for one-device deployments."""

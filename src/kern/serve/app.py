@@ -34,9 +34,10 @@ def _parse(raw: bytes, **kw):
 
 
 def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab: int,
-             api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+             api_key: str | None = None, metrics: Metrics | None = None, aliases: tuple[str, ...] = ()) -> FastAPI:
     """The app over a started Driver, which it reads on its event loop while it serves.
-    `vocab`: token ids a prompt may hold."""
+    `vocab`: token ids a prompt may hold. `aliases`: other names a request may give the model
+    (the path as the server was started with it: vLLM's convention for the model id)."""
     metrics = metrics or Metrics()
 
     @asynccontextmanager
@@ -90,7 +91,8 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
             # parsing and tokenizing a long prompt takes a while: off the event loop, which keeps
             # answering /health and streaming the other requests meanwhile
             job = await asyncio.get_running_loop().run_in_executor(None, partial(
-                _parse, raw, chat=chat, tokenizer=tokenizer, vocab=vocab, context=context, model_name=model_name))
+                _parse, raw, chat=chat, tokenizer=tokenizer, vocab=vocab, context=context, model_name=model_name,
+                aliases=aliases))
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(counter)}-{uuid.uuid4().hex[:12]}"
             flight = Flight(driver, metrics, job, rid, arrival)
             await flight.start(request.receive)

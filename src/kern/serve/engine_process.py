@@ -105,13 +105,23 @@ class Serving:
                 self._accepted.append(item.request_id)
 
     def step(self) -> list[tuple]:
+        """One step of the loop: its Deltas, packed. A run-ahead's steps before the last go up
+        as they land, each its own Step message (a stream's tokens reach its client one by one)."""
         try:
-            deltas = self.loop.step()
+            deltas = self.loop.step(self._emit)
         except Exception as e:  # noqa: BLE001 - the engine is broken: tell every open request, refuse new ones
             self.failure = f"the engine failed: {e}"
             self._refused += [(rid, self.failure, True) for rid in sorted(self.open)]
             self.open.clear()
             return []
+        return self._pack(deltas)
+
+    def _emit(self, deltas: list) -> None:
+        self.up.send(wire.Step(self._accepted, self._refused, self._pack(deltas), wire.pack_stats(self.loop.stats()),
+                               self.failure))
+        self._accepted, self._refused = [], []
+
+    def _pack(self, deltas: list) -> list[tuple]:
         out = []
         for d in deltas:
             if d.request_id in self.open:

@@ -259,14 +259,16 @@ def _prompt_ids(f: dict, chat: bool, tokenizer, vocab: int) -> list[int]:
     return list(prompt)
 
 
-def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_name: str) -> Job:
-    """A checked Job from a request body, or RequestError naming the first field at fault."""
+def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_name: str,
+          aliases: tuple[str, ...] = ()) -> Job:
+    """A checked Job from a request body, or RequestError naming the first field at fault.
+    `aliases`: other names the model answers to (the path the server was started with)."""
     required = "messages" if chat else "prompt"
     for name in ("model", required):
         if body.get(name) is None:
             raise RequestError(f"missing required field {name!r}", param=name, code="missing_field")
     f = _fields(body, chat)
-    if f["model"] != model_name:
+    if f["model"] != model_name and f["model"] not in aliases:
         raise RequestError(f"the model {f['model']!r} does not exist; this server serves {model_name!r}",
                            param="model", code="model_not_found", status=404)
     n = f.get("n", 1)

@@ -53,7 +53,8 @@ def listen(host: str, port: int) -> socket.socket:
         raise KernError(f"cannot listen on {host}:{port}: {why}") from None
 
 
-def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | None, log_level: str):
+def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | None, log_level: str,
+           aliases: tuple[str, ...] = ()):
     """Start the engine process (it builds the loop), then the app over it, served on `sock`."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
@@ -61,7 +62,7 @@ def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | No
     info = driver.info
     metrics.observe_stats(driver.stats)
     app = make_app(driver, info.tokenizer, model_name=info.model_name, context=info.context, vocab=info.vocab,
-                   api_key=api_key, metrics=metrics)
+                   api_key=api_key, metrics=metrics, aliases=aliases)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
@@ -69,14 +70,14 @@ def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | No
 
 
 def start(make_loop: Callable[[], Loop], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-          log_level: str = "warning", timeout: float = 30.0) -> LiveServer:
+          log_level: str = "warning", timeout: float = 30.0, aliases: tuple[str, ...] = ()) -> LiveServer:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
     under `if __name__ == "__main__":`."""
     sock = listen(host, port)
     try:
-        metrics, driver, server = _setup(make_loop, sock, api_key, log_level)
+        metrics, driver, server = _setup(make_loop, sock, api_key, log_level, aliases)
     except BaseException:
         sock.close()
         raise
@@ -96,13 +97,14 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def serve_forever(make_loop: Callable[[], Loop], *, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(make_loop: Callable[[], Loop], *, host: str, port: int, api_key: str | None,
+                  aliases: tuple[str, ...] = ()) -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM). uvicorn shuts down
     gracefully on either, then raises the signal again: SIGTERM's default would end the process
     there, before the engine process is stopped, so SIGTERM exits through the `finally`."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with listen(host, port) as sock:
-        metrics, driver, server = _setup(make_loop, sock, api_key, "info")
+        metrics, driver, server = _setup(make_loop, sock, api_key, "info", aliases)
         try:
             info, where = driver.info, f"http://{host}:{sock.getsockname()[1]}"
             print(f"[kern] serving {info.model_name} (context {info.context}) on {where} "

@@ -59,6 +59,9 @@ class CpuDevice:
     def synchronize(self) -> None:
         pass
 
+    def memory(self) -> None:
+        return None  # the host's memory: the engine keeps its default budget
+
 
 class CpuProgram:
     """A lowered program on the cpu: each launch a function and argument getters."""
@@ -125,7 +128,7 @@ class CpuProgram:
 
     def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list[np.ndarray],
                   feedback: list[tuple[np.ndarray, np.ndarray, int]],
-                  collect: list[tuple[np.ndarray, int]]) -> list[list[np.ndarray]]:
+                  collect: list[tuple[np.ndarray, int]], each=None) -> list[list[np.ndarray]]:
         """The steps one after another, as Program.run_steps says (host memory is the device's)."""
         out = []
         for j in range(1 + len(later)):
@@ -136,4 +139,6 @@ class CpuProgram:
             for src, dst, n in feedback:
                 dst.view(np.uint8)[:n] = src.view(np.uint8)[:n]
             out.append([c.view(np.uint8)[:n].copy() for c, n in collect])
+            if each is not None:
+                each(j, out[-1])
         return out

@@ -17,7 +17,7 @@ from ...dtypes import NP
 from ...errors import DeviceError
 from ...lower import LoweredLaunch, StateRef, View
 from . import memory
-from .driver import call
+from .driver import call, drv
 from .errors import CudaUnavailable
 from .graphs import Graph, capture
 from .cooperative import check_coresident
@@ -148,6 +148,10 @@ class CudaDevice:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def memory(self) -> tuple[int, int]:
+        free, total = call("cuMemGetInfo", where="device memory")
+        return int(free), int(total)
+
 
 class MappedState:
     """A state in a virtual-address range (cuMemAddressReserve) whose chunks are mapped
@@ -189,6 +193,9 @@ class CudaProgram:
                 if isinstance(a, View) and isinstance(buffers[a.buffer], memory.StagedBuffer):
                     self._views.setdefault(a.buffer, []).append(a)
         self._uploads: dict[tuple, list] = {}
+        self._mark_buf: memory.DeviceBuffer | None = None
+        self._old_marks: list[memory.DeviceBuffer] = []
+        self._progress: memory.PinnedHost | None = None  # made by the first run_steps
 
     def _upload(self, env: dict[str, int]) -> None:
         """Copy up, from their mirrors, the staged inputs this program reads: as many bytes as
@@ -261,13 +268,20 @@ class CudaProgram:
         self.dev.stream.synchronize()
 
     def run_steps(self, env: dict[str, int], later: list[list[np.ndarray]], varying: list, feedback: list,
-                  collect: list) -> list[list[np.ndarray]]:
+                  collect: list, each=None) -> list[list[np.ndarray]]:
         """1 + len(later) steps of this program in one go (Engine.run_steps): step j >= 1 first
         copies its own values of the `varying` inputs up from pinned slots, each step ends with
-        the feedback copies (output -> input, on the device) and its `collect` outputs copied
-        down into pinned slots. A graph program captures all of it once per (bucket, steps) and
-        replays it with one launch; the host waits once, at the end."""
+        the feedback copies (output -> input, on the device), its `collect` outputs copied down
+        into pinned slots and then its number into a pinned progress word (copies on one stream
+        land in order: the word at j + 1 says step j's outputs are on the host). A graph program
+        captures all of it once per (bucket, steps) and replays it with one launch; the host
+        waits once, at the end, or with `each` watches the word and hands over each step's
+        outputs as they land."""
         k = 1 + len(later)
+        marks = self._marks(k)
+        if self._progress is None:
+            self._progress = memory.PinnedHost(4, "step progress")
+        progress = self._progress.array.view(np.int32)
         sizes = [a.nbytes for a in later[0]] if later else []
         for j, arrays in enumerate(later, start=1):
             for v, a in zip(varying, arrays):
@@ -292,6 +306,7 @@ class CudaProgram:
                 for c, n in collect:
                     if n:
                         call("cuMemcpyDtoHAsync", self._slot(("out", c.ptr), j, c.nbytes).ptr, c.ptr, n, s.handle)
+                call("cuMemcpyDtoHAsync", self._progress.ptr, marks.ptr + 4 * j, 4, s.handle)
 
         key = tuple(sorted(env.items()))
         items = self._cache.get(key)
@@ -303,11 +318,45 @@ class CudaProgram:
             g = self._graphs.get(gkey)
             if g is None:
                 g = self._graphs[gkey] = capture(s, record, label=f"{key!r} x{k}")
+        progress[0] = 0
+        if self.graph:
             g.replay(s)
         else:
             record()
+        if each is None:
+            s.synchronize()
+        outs = []
+        for j in range(k):
+            if each is not None:
+                self._await(progress, j)
+            outs.append([self._slot(("out", c.ptr), j, c.nbytes).array[:n].copy() for c, n in collect])
+            if each is not None:
+                each(j, outs[-1])
         s.synchronize()
-        return [[self._slot(("out", c.ptr), j, c.nbytes).array[:n].copy() for c, n in collect] for j in range(k)]
+        return outs
+
+    def _await(self, progress: np.ndarray, j: int) -> None:
+        """Spin until step j's mark lands (a step is ~1 ms: waking from a sleep costs more than
+        it saves); a stream that stopped short of it (a failed launch) is left to synchronize,
+        which raises its error."""
+        n = 0
+        while progress[0] <= j:
+            n += 1
+            if n % 4096 == 0 and drv().cuStreamQuery(self.dev.stream.handle)[0] != \
+                    drv().CUresult.CUDA_ERROR_NOT_READY:
+                if progress[0] <= j:
+                    self.dev.stream.synchronize()
+                return
+
+    def _marks(self, k: int) -> memory.DeviceBuffer:
+        """Device int32s 1..k (what each step copies into the progress word), made before any
+        capture and kept: captured graphs hold their address."""
+        if self._mark_buf is None or self._mark_buf.nbytes < 4 * k:
+            if self._mark_buf is not None:
+                self._old_marks.append(self._mark_buf)  # graphs captured earlier still read it
+            self._mark_buf = memory.alloc(4 * max(k, 16), "step marks")
+            memory.copy_to_device(self._mark_buf.ptr, np.arange(1, max(k, 16) + 1, dtype=np.int32))
+        return self._mark_buf
 
     def _slot(self, tag: tuple, j: int, nbytes: int) -> memory.PinnedHost:
         """Pinned host slot j of `tag` (an input's per-step values, an output's per-step copy),
