@@ -1,7 +1,6 @@
 """The Qwen3-MoE CUDA kernels (sm_90a): moe.cu, one cubin, pinned in cubins.sha256 and shipped
-in cubins/ (kern_models.common.cubins builds and pins it, with the tile defines of table.py,
-the dense family's among them: common.cuh asks for them); table.py types every kernel,
-KERNELS.md says what each computes."""
+in cubins/ (kern_models.common.cubins builds and pins it, with the tile defines of table.py);
+table.py types every kernel, KERNELS.md says what each computes."""
 
 from __future__ import annotations
 
@@ -9,6 +8,6 @@ from pathlib import Path
 
 from kern_models.common.cubins import Cubins
 
-from .table import ARCH, DEFINES
+from .table import ARCH, TILES
 
-CUBINS = Cubins(Path(__file__).resolve().parent, ARCH, DEFINES)
+CUBINS = Cubins(Path(__file__).resolve().parent, ARCH, TILES)

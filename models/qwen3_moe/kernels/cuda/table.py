@@ -5,7 +5,7 @@ done, so the llama chain's early triggers around them stay safe."""
 
 from __future__ import annotations
 
-from kern_models.llama.kernels.cuda.table import ARCH, TILES as DENSE_TILES, Kernel, Op, _buf, _ints
+from kern_models.llama.kernels.cuda.table import ARCH, Kernel, Op, _buf, _ints
 
 MODULE = "moe"
 # Tile constants the grids below and moe.cu share (passed to nvcc as -D, as the llama table's).
@@ -15,7 +15,6 @@ TILES = {
     "MOE_BK": 32,    # grouped GEMM: the reduction's step (K % MOE_BK == 0)
     "MOE_COLS": 8,   # gather gemv: output columns a block (a warp a column)
 }
-DEFINES = {**DENSE_TILES, **TILES}  # common.cuh refuses a build without the dense tiles
 MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
 MAX_TOP_K = 32      # moe_route: one lane a choice
 GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
@@ -70,4 +69,4 @@ def ops() -> dict:
     return {name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}
 
 
-__all__ = ["ARCH", "DEFINES", "KERNELS", "MODULE", "TILES", "ops"]
+__all__ = ["ARCH", "KERNELS", "MODULE", "TILES", "ops"]
