@@ -68,6 +68,19 @@ def model_of(name: str, *, seed: int = 0, device: str = "cpu", max_positions: in
     return model
 
 
+def seeded(cls, cfg, *, seed: int, device: str, sharpen=None):
+    """`cls(cfg)` under a fixed seed on `device`, sharpened (random weights make near-ties
+    everywhere: a family's `sharpen` makes its choices decisive), in bf16."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = cls(cfg)
+        if sharpen is not None:
+            sharpen(model)
+        return model.to(torch.bfloat16)
+
+
 def word_tokenizer(vocab_size: int):
     """A tokenizer.json for a random checkpoint, so that it can be run on text (kern run,
     Model.generate): token i is the word `w{i}`, words are split on whitespace."""

@@ -101,13 +101,15 @@ def _rope(cfg: dict) -> tuple[float, dict]:
     return theta, extra
 
 
-def shape_of(cfg: dict) -> Shape:
+def shape_of(cfg: dict, architectures: tuple[str, ...] = ARCHITECTURES) -> Shape:
+    """The dense shape of a config of one of `architectures` (another family, such as
+    qwen3_moe, reads its attention, norms and embeddings through this too)."""
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list):
         raise ConfigError(f"config.json architectures must be a list, got {archs!r}")
-    arch = next((a for a in archs if a in ARCHITECTURES), None)
+    arch = next((a for a in archs if a in architectures), None)
     if arch is None:
-        raise ConfigError(f"config.json architectures {archs}: this generator builds {', '.join(ARCHITECTURES)}")
+        raise ConfigError(f"config.json architectures {archs}: this generator builds {', '.join(architectures)}")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                            "vocab_size") if cfg.get(k) is None]
     if missing:
@@ -139,6 +141,6 @@ def shape_of(cfg: dict) -> Shape:
         theta=theta,
         max_pos=_count(cfg, "max_position_embeddings", 4096),
         tied=bool(cfg.get("tie_word_embeddings", False)),
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch.startswith("Qwen3"),  # Qwen3 and Qwen3-MoE norm each head's q and k
         **extra,
     )

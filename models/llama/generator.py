@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path, PurePosixPath
 
+from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 
 from .config import ARCHITECTURES, ConfigError, shape_of
@@ -27,6 +27,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support)."""
     shape = shape_of(config)
+    if limits.pop("ep", 1) != 1:
+        raise ConfigError(f"ep: {shape.arch} has no experts to split (expert parallel is for mixtures of experts)")
     model = model or config.get("_name_or_path") or shape.arch
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
@@ -51,14 +53,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                           "decode as one kernel)")
     if tp != 1:
         tensor_parallel.check(shape, tp)
-        for rank in range(tp):
-            mr = tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl)
-            tensor_parallel.add_module(mr, out / "kernels")
-            (out / f"rank{rank}.json").write_text(json.dumps(mr, indent=1) + "\n")
-        return out / "rank0.json"
-    path = out / "manifest.json"
-    path.write_text(json.dumps(m, indent=1) + "\n")
-    return path
+    return deployment.write(out, m, tp, lambda rank: tensor_parallel.shard(m, shape, tp, rank, pdl=tp_pdl),
+                            tensor_parallel.add_module)
 
 
 class _Generator:

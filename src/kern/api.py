@@ -74,6 +74,10 @@ class Model:
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
                             f"{len(self.protocol.paged_states)}")
+        if self.protocol.slot_state is not None:
+            # the loop fills no `slot` role yet: every sequence would run on slot 0's state
+            raise KernError(f"{manifest}: kern's host loop does not step models with a per-sequence state "
+                            f"({self.protocol.slot_state!r}) yet; kern test and kern bench do")
         self.state, self.page_tokens = self.paging.state, self.paging.page_tokens
         if run_ahead is None:
             native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)
@@ -219,15 +223,17 @@ class _Acc:
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
-         progress: bool = True, tp: int = 1, **model_kw) -> Model:
+         progress: bool = True, tp: int = 1, ep: int = 1, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); or a deployment folder's manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
     to what the memory holds);
     `max_seqs`: sequences running at once; `memory`: the state budget in bytes (each rank's).
     `tp`: tensor-parallel ranks, the model split over that many devices (docs/tensor-parallel.md);
-    a deployment generated for it, or the rank manifest given with manifest=."""
-    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp)):
+    a deployment generated for it, or the rank manifest given with manifest=. `ep`: expert-
+    parallel ranks, a mixture of experts' experts split over that many devices
+    (docs/expert-parallel.md), likewise."""
+    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp), ("ep", ep)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -236,6 +242,6 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
-    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp)
+    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
                  state_budget=memory, **model_kw)

@@ -125,10 +125,12 @@ def test_cooperative_launch(gpu):
 
 
 def test_virtual_pool_maps_moves_and_unmaps_chunks(gpu):
-    from kern.runtime.devices.cuda.vmm import VirtualPool, granularity
+    from kern.runtime.devices.cuda.vmm import PhysicalChunks, VirtualPool, granularity
     g = granularity(gpu.device)
     assert g > 0
-    pool = VirtualPool(gpu.device, chunk_bytes=g, n_slots=4, n_chunks=3)
+    chunks = PhysicalChunks(gpu.device, g, 3)
+    pool = VirtualPool(gpu.device, n_slots=4, chunks=chunks)
+    other = VirtualPool(gpu.device, n_slots=2, chunks=chunks)  # another state's range over the same chunks
     try:
         pool.apply(map=[(0, 0), (1, 1), (2, 3)])
         rng = np.random.default_rng(3)
@@ -150,8 +152,16 @@ def test_virtual_pool_maps_moves_and_unmaps_chunks(gpu):
             pool.apply(map=[(0, 1)])
         with pytest.raises(ValueError, match="slot 0 is not mapped"):
             pool.apply(unmap=[0])
+        # a chunk moves to the other range, bytes and all (a remap from pages to slots, no copy)
+        with pytest.raises(ValueError, match="chunk already mapped"):
+            other.apply(map=[(0, 1)])
+        pool.apply(unmap=[2])
+        other.apply(map=[(0, 1)])
+        assert np.array_equal(memory.copy_to_host(np.empty(g, np.uint8), other.address(1)), a)
     finally:
         pool.release()
+        other.release()
+        chunks.release()
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 384, 512), (64, 1000, 2048), (200, 2048, 576)])

@@ -18,17 +18,18 @@ def _sha(p: Path) -> str:
 
 
 def variant(base: Path, out: Path, edit: Callable[[dict], None] | None = None,
-            patch: tuple[list[tuple[str, str]], list[str]] | None = None, module: str = "planted") -> Path:
+            patch: tuple[list[tuple[str, str]], list[str]] | None = None, module: str = "planted",
+            of: str = "kernels") -> Path:
     """Copy the deployment folder `base` (holding manifest.json) to `out` and mutate it.
 
-    patch = ([(old, new), ...] text replacements of the kernels module, [ops to point at it])."""
+    patch = ([(old, new), ...] text replacements of the module named `of`, [ops to point at it])."""
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(base, out)
     m = json.loads((out / "manifest.json").read_text())
     if patch is not None:
         reps, ops = patch
-        src = (out / m["modules"]["kernels"]["source"]).read_text()
+        src = (out / m["modules"][of]["source"]).read_text()
         for old, new in reps:
             assert src.count(old) >= 1, f"planted patch does not apply: {old!r}"
             src = src.replace(old, new)

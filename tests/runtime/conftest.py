@@ -15,6 +15,10 @@ from kern.api import Model, deployment_for  # noqa: E402
 
 
 def tiny_checkpoint(folder: Path, arch: str, seed: int = 0) -> Path:
+    if arch == "qwen3_moe":  # the second family: 8 experts, top 2, a dense layer between sparse ones
+        from kern_models.qwen3_moe.random_checkpoint import make
+
+        return make("tiny", folder, seed=seed, max_positions=512)
     torch.manual_seed(seed)
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=128, vocab_size=256, max_position_embeddings=512)
@@ -36,7 +40,7 @@ def tiny_checkpoint(folder: Path, arch: str, seed: int = 0) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen3"])
+@pytest.fixture(scope="session", params=["llama", "qwen3", "qwen3_moe"])
 def tiny(request, tmp_path_factory) -> tuple[Path, Path]:
     """(checkpoint folder, manifest path) of a tiny random model."""
     ckpt = tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)

@@ -12,6 +12,7 @@ import pytest
 from kern.manifest import load_verified
 from kern.manifest.expr import evaluate
 from kern.runtime.devices.cuda import device as cuda_device
+from kern.runtime.errors import DeviceError
 from kern.runtime.devices.cuda.launch import Kernel, PackedLaunch
 from kern.runtime.devices.cuda.params import parse_kinds
 from kern.runtime.lower import lower_program
@@ -125,28 +126,39 @@ def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
     assert attn[0].args[5] == bufs["p_attn"].ptr and attn[0].args[6:8] == (130, 3)
 
 
-def test_pooled_states_live_in_a_virtual_range_the_plans_map(monkeypatch):
-    """The cuda device gives a pooled state a VirtualPool of the pool's chunk size and hands it
-    each plan's unmaps and maps (checked here against a stand-in for the driver's VMM)."""
+def test_pooled_states_live_in_virtual_ranges_over_one_set_of_chunks(monkeypatch):
+    """The cuda device gives each pooled state a VirtualPool of the pool's chunk size, all of
+    them over one PhysicalChunks (the budget once, not once a state), and hands each plan's
+    unmaps and maps to the state's range (checked against stand-ins for the driver's VMM)."""
     from kern.runtime.devices.cuda import vmm
 
     calls = []
 
+    class FakeChunks:
+        def __init__(self, device, chunk_bytes, n_chunks):
+            calls.append(("chunks", chunk_bytes, n_chunks))
+            self.chunk_bytes, self.n_chunks = chunk_bytes, n_chunks
+
     class FakePool:
-        def __init__(self, device, chunk_bytes, n_slots, n_chunks):
-            calls.append(("new", chunk_bytes, n_slots, n_chunks))
-            self.base = 0x7F0000000000
+        def __init__(self, device, n_slots, chunks):
+            calls.append(("range", n_slots, id(chunks)))
+            self.base = 0x7F0000000000 + len(calls)
 
         def apply(self, unmap=(), map=()):
-            calls.append(("apply", list(unmap), list(map)))
+            calls.append(("apply", self.base, list(unmap), list(map)))
 
+    monkeypatch.setattr(vmm, "PhysicalChunks", FakeChunks)
     monkeypatch.setattr(vmm, "VirtualPool", FakePool)
     dev = object.__new__(cuda_device.CudaDevice)
     dev.dev = None
-    state = dev.alloc_state(6 << 21, chunk_bytes=2 << 21)
-    assert state.ptr == 0x7F0000000000
-    dev.remap(state, [1], [(0, 2), (3, 1)])
-    assert calls == [("new", 2 << 21, 3, 3), ("apply", [1], [(0, 2), (3, 1)])]
+    pages, slots = dev.alloc_state(6 << 21, chunk_bytes=2 << 21), dev.alloc_state(6 << 21, chunk_bytes=2 << 21)
+    shared = id(dev.physical)
+    assert calls == [("chunks", 2 << 21, 3), ("range", 3, shared), ("range", 3, shared)]
+    dev.remap(pages, [1], [])
+    dev.remap(slots, [], [(1, 0)])
+    assert calls[3:] == [("apply", pages.ptr, [1], []), ("apply", slots.ptr, [], [(1, 0)])]
+    with pytest.raises(DeviceError, match="this device's states share 3 chunks of 4194304 bytes"):
+        dev.alloc_state(8 << 21, chunk_bytes=2 << 21)
 
 
 def test_cuda_buffers_start_zeroed(monkeypatch):

@@ -45,6 +45,24 @@ def ops_cpu() -> dict:
     return {name: op(*params, name=name) for name, params in table.items()}
 
 
+def head_calls(p: str, decode: bool, eps: float) -> list[dict]:
+    """After the last layer: the final norm (adding the last MLP's output into the residual),
+    each sequence's last row (prefill), the LM head and sampling."""
+    calls = [{"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"), v(eps)]}]
+    last = p + "h"
+    if not decode:
+        calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
+        last = p + "last"
+    return calls + [{"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
+                    {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]}]
+
+
+def stepping_program(calls: list[dict], decode: bool) -> dict:
+    """decode steps one row a sequence (its reach bucketed), prefill ragged rows."""
+    return {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
+            else {"groups": "seqs", "rows": "tokens"}}
+
+
 def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
     context = context_of(s, context)
     pages = {"ceil_div": ["context", "page_tokens"]}
@@ -113,16 +131,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             calls.append({"op": "linear", "args": [b(p + "h"), b(f"gate_up_w.{l}"), b(p + "gate_up")]})
             calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act")]})
             calls.append({"op": "linear", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "mlp_out")]})
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
-                                                     v(s.eps)]})
-        last = p + "h"
-        if not decode:
-            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
-            last = p + "last"
-        calls.append({"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]})
-        calls.append({"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]})
-        programs[prog] = {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
-                          else {"groups": "seqs", "rows": "tokens"}}
+        programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
 
     ops = ops_cpu()
     if not s.qk_norm:

@@ -226,18 +226,24 @@ def _pushed(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks:
                    "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32", "K: i32"],
         "impl": {"launches": [{"module": "allreduce", "entry": "gemv_push", "grid": [{"ceil_div": ["N", 16]}],
                                "block": [256], **flag}]}})
-    ops.setdefault("all_reduce_add_local", {
-        "params": ["recv: in buffer<f32>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
-                   "epoch: inout buffer<u32>", "res: inout buffer<bf16>", "rank: i32", "ranks: i32", "offset: i32",
-                   "n: i32"],
-        "impl": {"launches": [{"module": "allreduce", "entry": "all_reduce_add_local", "grid": ["ar_blocks"],
-                               "block": [AR_THREADS], **flag}]}})
+    ops.setdefault("all_reduce_add_local", add_local_op(pdl))
     offset = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
     scalars = [{"value": rank}, {"value": ranks}, {"value": offset}]
     return [{"op": "gemv_push", "args": [x, w, {"buf": part}, {"buf": part + "_peers"}, *scalars, *dims]},
             {"op": "all_reduce_add_local", "args": [{"buf": part}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"},
                                                     {"buf": "ar_epoch"}, res, *scalars,
                                                     {"value": {"mul": [rows, "hidden"]}}]}]
+
+
+def add_local_op(pdl: bool) -> dict:
+    """all_reduce_add_local: the barrier, then every rank's pushed slot (of `recv`, filled by a
+    pushing kernel: gemv_push here, another family's expert projections) summed in rank order from
+    local memory into res."""
+    return {"params": ["recv: in buffer<f32>", "flag_peers: in buffer<u64>", "flags: inout buffer<u32>",
+                       "epoch: inout buffer<u32>", "res: inout buffer<bf16>", "rank: i32", "ranks: i32",
+                       "offset: i32", "n: i32"],
+            "impl": {"launches": [{"module": "allreduce", "entry": "all_reduce_add_local", "grid": ["ar_blocks"],
+                                   "block": [AR_THREADS], **({"pdl": True} if pdl else {})}]}}
 
 
 def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,

@@ -1,6 +1,7 @@
 """--isolate: each distinct call (same op, view shapes and dtypes, scalar values) timed alone.
 
-The program is walked call by call from the scenario's real context; before each distinct
+The program is walked call by call from the scenario's real context (its states as the whole
+run found them: a recurrent state is not idempotent, a KV cache is); before each distinct
 call's first occurrence, the buffers it touches and the used prefix of the states are
 snapshotted. A gate compares the walk's outputs (poisoned first) with the whole program's,
 byte for byte: a walk that does not reproduce the program times something else, and the
@@ -42,10 +43,18 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
             samples: int, tick: Callable[[], None] = lambda: None,
             more: Callable[[int], None] = lambda n: None) -> dict:
     program = stepper.program
+    slots = vars.get(stepper.groups_var, stepper.groups_max) if stepper.groups_var else stepper.groups_max
     io = EngineIO(engine)
+    # the walk starts from the states the whole run started from: a recurrence's slot, unlike
+    # a KV cache's pages, is not the same after a step runs twice
+    written = {a.state for l in io.launches(program, 0, len(engine.m.programs[program].calls)) for a in l.args
+               if isinstance(a, StateRef)}
+    before = {s: io.read_state(s, io.state_prefix(s, pages, slots)) for s in sorted(written)}
     env = engine.run(program, vars, inputs)
     engine.device.synchronize()
     whole = _outputs(engine, stepper, env)
+    for s, x in before.items():
+        io.write_state(s, x)
     calls = engine.m.programs[program].calls
     for buf in stepper.outputs.values():  # what the walk does not write again must show
         io.write(buf, poison(engine.m.buffers[buf].dtype, io.extent(buf, env)))
@@ -59,7 +68,7 @@ def isolate(timer, engine: Engine, stepper, vars: dict[str, int], inputs: dict[s
                     if isinstance(a, View) and engine.m.buffers[a.buffer].kind != "weight"}
             sts = {a.state for l in ls for a in l.args if isinstance(a, StateRef)}
             snaps[ci] = ({b: io.read(b, io.extent(b, env, ls)) for b in sorted(bufs)},
-                         {s: io.read_state(s, io.state_prefix(s, pages)) for s in sorted(sts)})
+                         {s: io.read_state(s, io.state_prefix(s, pages, slots)) for s in sorted(sts)})
         reps.setdefault(key, []).append(ci)
         io.run_calls(program, ci, ci + 1, env)
     walked = _outputs(engine, stepper, env)

@@ -87,4 +87,7 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                         "what the weights take, on the cpu 512M)")
     p.add_argument("--tp", type=positive, default=1,
                    help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
+    p.add_argument("--ep", type=positive, default=1,
+                   help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
+                        "a rank (default 1)")
 

@@ -106,9 +106,12 @@ class EngineIO:
         """Write host (this side's dtype) at an element offset."""
         self.e.device.write(self.e.buffers[buf], np.ascontiguousarray(host), offset)
 
-    def state_prefix(self, state: str, pages: int) -> int:
+    def state_prefix(self, state: str, pages: int, slots: int) -> int:
+        """Bytes of a state a workload of `pages` pages and `slots` sequences (slots [0, slots)) touches."""
         if state in self.e.pages:
             return pages * self.e.page_bytes(state)
+        if self.e.m.states[state].bytes_per_seq is not None:
+            return slots * self.e.state_bytes[state]
         return self.e.state_bytes[state]
 
     def read_state(self, state: str, nbytes: int) -> np.ndarray:

@@ -42,7 +42,7 @@ def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl:
         eng = Engine(v_b, weights)
         io = EngineIO(eng)
         o.seconds["load_b"] = time.perf_counter() - t
-        start = {s: io.read_state(s, io.state_prefix(s, wl.pages_used)).copy() for s in prec.carried
+        start = {s: io.read_state(s, io.state_prefix(s, wl.pages_used, len(wl.seqs))).copy() for s in prec.carried
                  if s in eng.states}
         o.out, o.seconds["free_b"] = free_run(io, wl)
         o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)

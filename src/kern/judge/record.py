@@ -99,7 +99,7 @@ class Recorder:
     def _snap(self, state: str) -> int:
         tape = self.rec.tapes.get(state)
         if tape is None:
-            tape = self.rec.tapes[state] = Tape(self.io.state_prefix(state, self.wl.pages_used))
+            tape = self.rec.tapes[state] = Tape(self.io.state_prefix(state, self.wl.pages_used, len(self.wl.seqs)))
             self.sink(("tape", state, tape.nbytes))
         elif state in self.carried:  # replays carry it from its first version: never read again
             return tape.version

@@ -80,6 +80,7 @@ class Protocol:
     once: tuple[str, ...]
     paged_states: dict[str, int]  # paged state -> tokens per page
     max_positions: int | None = None  # positions a sequence may reach: the position inputs' domain
+    slot_state: str | None = None  # the per-sequence state whose slots the `slot` role carries
 
     def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
         """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
@@ -147,7 +148,12 @@ def derive(v: Verified) -> Protocol:
             inputs=inputs, outputs=outputs, page_tables=tuple(tables),
             reach_var=reach, reach_max=env_max[reach] if reach else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
+    per_seq = [n for n, st in m.states.items() if st.bytes_per_seq is not None]
+    if len(per_seq) > 1 and any("slot" in s.inputs for s in steppers):
+        # a lease holds one slot of each per-sequence state, not necessarily at one index
+        raise ProtocolError(f"the slot role carries one slot, the manifest declares {len(per_seq)} per-sequence "
+                            f"states ({', '.join(per_seq)}): declare them as one")
     bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
-    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None)
+    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, per_seq[0] if per_seq else None)

@@ -172,6 +172,7 @@ class Engine:
         (pages of a paged state, slots of a per-sequence state), fully backed."""
         self.states = {}
         self.pages: dict[str, int] = {}
+        self.slots: dict[str, int] = {}  # per-sequence state -> the slots its memory holds
         self.state_bytes: dict[str, int] = {}
         paged = self.protocol.paged_states
         for name, st in self.m.states.items():
@@ -183,6 +184,7 @@ class Engine:
             elif st.bytes_per_seq is not None:
                 per = evaluate(st.bytes_per_seq, self.consts)
                 size = sizes.get(name, max(budget // per, 1) * per)
+                self.slots[name] = size // per
                 self.state_bytes[name] = per
             else:
                 size = evaluate(st.bytes, self.consts)
@@ -222,6 +224,10 @@ class Engine:
         if arr.shape != shape:
             raise BoundsError(f"program {program!r}: input {buffer!r}{f' ({b.fill})' if b.fill else ''} has shape "
                               f"{list(arr.shape)}, the step needs {list(shape)}")
+        slots = self.slots.get(self.protocol.slot_state) if b.fill == "slot" else None
+        if slots is not None and arr.size and not 0 <= int(arr.min()) <= int(arr.max()) < slots:
+            raise BoundsError(f"program {program!r}: input {buffer!r} (slot) holds slots [{int(arr.min())}, "
+                              f"{int(arr.max())}], state {self.protocol.slot_state!r} has {slots}; refused before launch")
         d = b.domain
         if d is not None and arr.size:
             lo_v, hi_v = int(arr.min()), int(arr.max())

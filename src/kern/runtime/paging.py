@@ -97,11 +97,13 @@ class Paging:
         page bytes."""
         lay = self.pool.layout
         first = lay.first_dynamic
-        for state in dict.fromkeys([u.state for u in plan.unmaps] + [m.state for m in plan.maps]):
-            if state not in self.kinds:
-                continue  # a fixed state: its memory is its own, for good
-            self.engine.remap_state(state, unmap=[u.vchunk for u in plan.unmaps if u.state == state],
-                                    map=[(m.chunk - first, m.vchunk) for m in plan.maps if m.state == state])
+        # every state's unmaps before any map: the states share one set of physical chunks, and
+        # a chunk moving from one state's range to another's must leave before it arrives
+        for state in dict.fromkeys(u.state for u in plan.unmaps if u.state in self.kinds):
+            self.engine.remap_state(state, unmap=[u.vchunk for u in plan.unmaps if u.state == state], map=[])
+        for state in dict.fromkeys(m.state for m in plan.maps if m.state in self.kinds):  # fixed states: their own
+            self.engine.remap_state(state, unmap=[], map=[(m.chunk - first, m.vchunk) for m in plan.maps
+                                                          if m.state == state])
         for t in plan.to_host:
             k = self.kinds[t.state]
             self._host[t.host:t.host + k.unit_bytes] = self.engine.read_state(t.state, lay.offset(k, t.unit),

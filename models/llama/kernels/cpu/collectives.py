@@ -51,3 +51,31 @@ def all_gather(parts, flag_peers, flags, epoch, y, rank, ranks, rows, width):
     out = y.reshape(-1)[:rows * ranks * width].reshape(rows, ranks, width)
     for p in range(ranks):
         out[:, p, :] = _at(parts[p], np.float32, rows * width).reshape(rows, width)
+
+
+def dispatch_rows(parts, flag_peers, flags, epoch, x, ids, recv, rank, ranks, per_rank):
+    """The all-to-all that sends rows to the ranks that own them (expert parallel's dispatch):
+    row t is sent from its home rank (t % ranks) to every rank owning one of its ids[t]
+    (id // per_rank), into row t of that rank's exported buffer (recv, here)."""
+    rows, width = x.shape
+    for t in range(rank, rows, ranks):
+        for p in sorted({int(i) // per_rank for i in ids[t]}):
+            dst = recv if p == rank else _at(parts[p], np.float32, rows * width).reshape(rows, width)
+            dst[t] = x[t]
+    _barrier(parts, flag_peers, flags, epoch, rank, ranks)
+
+
+def combine_rows(parts, flag_peers, flags, epoch, y, ids, weights, out, rank, ranks, per_rank):
+    """The all-to-all that brings the owners' results back (expert parallel's combine): each
+    rank writes y[t, j] for the ids it owns into every rank's exported [rows, k, width] buffer,
+    then every rank sums its row t over j with weights[t, j], in j order (the single device's
+    order: the same bits)."""
+    rows, k, width = y.shape
+    t, j = np.nonzero(ids // per_rank == rank)
+    for p in range(ranks):
+        _at(parts[p], np.float32, rows * k * width).reshape(rows, k, width)[t, j] = y[t, j]
+    _barrier(parts, flag_peers, flags, epoch, rank, ranks)
+    got = _at(parts[rank], np.float32, rows * k * width).reshape(rows, k, width)
+    out[:] = 0
+    for i in range(k):
+        out += weights[:, i:i + 1] * got[:, i]

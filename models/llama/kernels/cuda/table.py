@@ -145,8 +145,9 @@ class Op:
     entries: tuple[str, ...]
     params: tuple[str, ...] | None = None
 
-    def to_manifest(self) -> dict:
-        kernels = [BY_ENTRY[e] for e in self.entries]
+    def to_manifest(self, by_entry: dict[str, Kernel] | None = None) -> dict:
+        """by_entry: where the entries are looked up (another family's table; default this one's)."""
+        kernels = [(by_entry or BY_ENTRY)[e] for e in self.entries]
         params = self.params or kernels[0].params
         launches = []
         for k in kernels:

@@ -83,13 +83,21 @@ class CudaDevice:
         return granularity(self.dev)
 
     def alloc_state(self, nbytes: int, chunk_bytes: int | None = None):
-        """A state's memory: with chunk_bytes, a virtual range of that many-byte chunks whose
-        physical chunks the pool's plans map (remap); else one plain allocation."""
+        """A state's memory: with chunk_bytes, a virtual range of that many-byte chunks into
+        which the pool's plans map chunks of the device's one set of physical chunks (made with
+        the first such state: every pooled state's range spans the same dynamic chunks, and
+        all of them together hold the budget once); else one plain allocation."""
         if chunk_bytes:
-            from .vmm import VirtualPool
+            from .vmm import PhysicalChunks, VirtualPool
 
             n = nbytes // chunk_bytes
-            return MappedState(VirtualPool(self.dev, chunk_bytes, n_slots=n, n_chunks=n))
+            shared = getattr(self, "physical", None)
+            if shared is None:
+                shared = self.physical = PhysicalChunks(self.dev, chunk_bytes, n)
+            elif (shared.chunk_bytes, shared.n_chunks) != (chunk_bytes, n):
+                raise DeviceError(f"a pooled state of {n} chunks of {chunk_bytes} bytes: this device's states share "
+                                  f"{shared.n_chunks} chunks of {shared.chunk_bytes} bytes")
+            return MappedState(VirtualPool(self.dev, n_slots=n, chunks=shared))
         buf = memory.alloc(nbytes, "state")
         memory.memset(buf.ptr, 0, nbytes)
         return buf

@@ -1,9 +1,12 @@
-"""A virtual-address pool: one reserved address range cut into slots of `chunk_bytes`, and a
-set of physical chunks (cuMemCreate) that can be mapped into any free slot.
+"""Virtual-address pools: one set of physical chunks (cuMemCreate), `PhysicalChunks`, and any
+number of reserved address ranges cut into slots of the chunk size, `VirtualPool`, each mapping
+chunks of that one set. Every pooled state has its own range and all share the chunks: the
+state budget is one number, and moving memory from pages to slots is a remap, not a copy.
 
 The pool package decides (pure) and hands over remap plans; this executes them:
 `apply(unmap=[slot, ...], map=[(chunk, slot), ...])` unmaps first, then maps, then sets access
-once per run of adjacent slots (setting access is the slow call, so it is batched).
+once per run of adjacent slots (setting access is the slow call, so it is batched). A chunk is
+mapped in at most one place at a time, whichever range holds it.
 """
 
 from __future__ import annotations
@@ -41,26 +44,42 @@ def _runs(slots: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-class VirtualPool:
-    """`n_slots` virtual slots and `n_chunks` physical chunks of `chunk_bytes` each."""
+class PhysicalChunks:
+    """`n_chunks` physical chunks of `chunk_bytes`, and where each is mapped (range, slot)."""
 
-    def __init__(self, device: GpuContext, chunk_bytes: int, n_slots: int, n_chunks: int):
+    def __init__(self, device: GpuContext, chunk_bytes: int, n_chunks: int):
         g = granularity(device)
         if chunk_bytes <= 0 or chunk_bytes % g:
-            raise ValueError(f"VirtualPool: chunk_bytes {chunk_bytes} must be a positive "
+            raise ValueError(f"PhysicalChunks: chunk_bytes {chunk_bytes} must be a positive "
                              f"multiple of the allocation granularity {g}")
-        if n_slots < 1 or n_chunks < 0:
-            raise ValueError(f"VirtualPool: need n_slots >= 1 and n_chunks >= 0, got "
-                             f"{n_slots}, {n_chunks}")
-        self.device, self.chunk_bytes = device, chunk_bytes
-        self.n_slots, self.n_chunks = n_slots, n_chunks
-        size = chunk_bytes * n_slots
-        self.base = int(call("cuMemAddressReserve", size, g, 0, 0,
-                             where=f"VirtualPool reserve {size} bytes"))
+        if n_chunks < 0:
+            raise ValueError(f"PhysicalChunks: need n_chunks >= 0, got {n_chunks}")
+        self.device, self.chunk_bytes, self.n_chunks = device, chunk_bytes, n_chunks
         prop = _prop(device)
-        self._chunks = [call("cuMemCreate", chunk_bytes, prop, 0, where=f"VirtualPool chunk {i}")
+        self.handles = [call("cuMemCreate", chunk_bytes, prop, 0, where=f"physical chunk {i}")
                         for i in range(n_chunks)]
-        self.slot_of: dict[int, int] = {}  # chunk -> slot
+        self.mapped_at: dict[int, tuple[int, int]] = {}  # chunk -> (range base, slot)
+
+    def release(self) -> None:
+        """Free the chunks (every range mapping them released first)."""
+        if self.mapped_at:
+            raise ValueError(f"PhysicalChunks: {len(self.mapped_at)} chunks are still mapped")
+        for i, h in enumerate(self.handles):
+            call("cuMemRelease", h, where=f"physical chunk {i}")
+        self.handles = []
+
+
+class VirtualPool:
+    """`n_slots` virtual slots of `chunks.chunk_bytes`, into which chunks of `chunks` map."""
+
+    def __init__(self, device: GpuContext, n_slots: int, chunks: PhysicalChunks):
+        if n_slots < 1:
+            raise ValueError(f"VirtualPool: need n_slots >= 1, got {n_slots}")
+        self.device, self.chunks, self.chunk_bytes = device, chunks, chunks.chunk_bytes
+        self.n_slots, self.n_chunks = n_slots, chunks.n_chunks
+        size = self.chunk_bytes * n_slots
+        self.base = int(call("cuMemAddressReserve", size, granularity(device), 0, 0,
+                             where=f"VirtualPool reserve {size} bytes"))
         self.chunk_at: dict[int, int] = {}  # slot -> chunk
 
     def address(self, slot: int) -> int:
@@ -80,17 +99,17 @@ class VirtualPool:
                 raise ValueError(f"VirtualPool: slot {slot} is not mapped")
         for slot in unmap:
             call("cuMemUnmap", self.address(slot), self.chunk_bytes, where=f"VirtualPool slot {slot}")
-            del self.slot_of[self.chunk_at.pop(slot)]
+            del self.chunks.mapped_at[self.chunk_at.pop(slot)]
         for chunk, slot in pairs:
             self._slot_ok(slot)
             if not 0 <= chunk < self.n_chunks:
                 raise ValueError(f"VirtualPool: chunk {chunk} out of range 0..{self.n_chunks - 1}")
-            if slot in self.chunk_at or chunk in self.slot_of:
+            if slot in self.chunk_at or chunk in self.chunks.mapped_at:
                 raise ValueError(f"VirtualPool: cannot map chunk {chunk} at slot {slot}: "
                                  f"{'slot' if slot in self.chunk_at else 'chunk'} already mapped")
-            call("cuMemMap", self.address(slot), self.chunk_bytes, 0, self._chunks[chunk], 0,
+            call("cuMemMap", self.address(slot), self.chunk_bytes, 0, self.chunks.handles[chunk], 0,
                  where=f"VirtualPool chunk {chunk} -> slot {slot}")
-            self.chunk_at[slot], self.slot_of[chunk] = chunk, slot
+            self.chunk_at[slot], self.chunks.mapped_at[chunk] = chunk, (self.base, slot)
         d = drv()
         access = d.CUmemAccessDesc()
         access.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -101,11 +120,9 @@ class VirtualPool:
                  where=f"VirtualPool slots {first}..{first + count - 1}")
 
     def release(self) -> None:
-        """Unmap everything, free the physical chunks and the address range."""
+        """Unmap everything and free the address range (the chunks stay, for their owner)."""
         if self.base is None:
             return
         self.apply(unmap=list(self.chunk_at))
-        for i, h in enumerate(self._chunks):
-            call("cuMemRelease", h, where=f"VirtualPool chunk {i}")
         call("cuMemAddressFree", self.base, self.chunk_bytes * self.n_slots)
-        self._chunks, self.base = [], None
+        self.base = None

@@ -1,0 +1,106 @@
+"""Seeded random-weight Kimi-Linear checkpoints in the published layout (the original
+KimiLinearForCausalLM tensor names: block_sparse_moe.experts.{e}.w1/w2/w3, q/k/v_conv1d, the
+dense layers' mlp.*), at the real model's shape or a tiny one for CI.
+
+Random weights make near-ties everywhere; `sharpen` makes routing, norms and next tokens
+decisive, as a trained model's are: the router scaled and given a score bias that matters, the
+norm weights spread around one, the LM head scaled. Needs torch and transformers (test and
+benchmark dependencies, never the runtime's)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from kern_models.common.random_checkpoint import seeded, word_tokenizer
+
+_TOKENS = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
+SHAPES = {
+    # Kimi-Linear-48B-A3B (27 layers, MLA at 4, 8, .., 24 and 27 counted from 1; `layers` cuts the depth)
+    "kimi-linear-48b-a3b": dict(
+        hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=27,
+        num_attention_heads=32, num_key_value_heads=32, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+        qk_nope_head_dim=128, v_head_dim=128, num_local_experts=256, num_experts_per_tok=8, n_shared_experts=1,
+        routed_scaling_factor=2.446, linear_head_dim=128, linear_num_heads=32, vocab_size=163840,
+        tie_word_embeddings=False, rms_norm_eps=1e-5,
+        layer_types=["full_attention" if l in (3, 7, 11, 15, 19, 23, 26) else "linear_attention" for l in range(27)],
+        mlp_layer_types=["dense"] + ["sparse"] * 26),
+    # CI's: every feature (KDA and MLA layers, a dense MLP and MoE layers, grouped routing) in a few ms a step
+    "tiny": dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
+        v_head_dim=16, num_local_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.446, linear_head_dim=16, linear_num_heads=4, vocab_size=256,
+        tie_word_embeddings=False, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+}
+ROUTER_SCALE = 20.0  # decisive top-k choices
+BIAS_STD = 0.05      # the score bias moves some choices (sigmoid scores differ by ~0.1 at the top)
+HEAD_SCALE = 40.0    # next-token logits with margins far above fp32-vs-fp32 noise
+
+
+def shape_config(name: str, layers: int | None = None, **overrides) -> dict:
+    """The transformers KimiLinearConfig arguments of shape `name`, at `layers` depth (the real
+    shape cut keeps its pattern of KDA and MLA layers, cut at the end)."""
+    spec = {**SHAPES[name], **_TOKENS, **overrides}
+    if layers is not None:
+        spec["num_hidden_layers"] = layers
+        spec["layer_types"], spec["mlp_layer_types"] = spec["layer_types"][:layers], spec["mlp_layer_types"][:layers]
+    return spec
+
+
+def model_of(name: str, *, seed: int = 0, device: str = "cpu", layers: int | None = None,
+             max_positions: int = 4096, **overrides):
+    """The seeded random transformers KimiLinearForCausalLM (bf16) of shape `name`, sharpened."""
+    import transformers
+
+    cfg = transformers.KimiLinearConfig(**shape_config(name, layers, **overrides),
+                                        max_position_embeddings=max_positions)
+    return seeded(transformers.KimiLinearForCausalLM, cfg, seed=seed, device=device, sharpen=sharpen)
+
+
+def sharpen(model) -> None:
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+        for layer in model.model.layers:
+            at = layer.self_attn
+            for norm in ("kv_a_layernorm", "q_a_layernorm", "o_norm"):
+                if getattr(at, norm, None) is not None:
+                    getattr(at, norm).weight.uniform_(0.5, 1.5)  # they start at one: make them matter
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight.mul_(ROUTER_SCALE)
+                layer.mlp.gate.e_score_correction_bias.normal_(0, BIAS_STD)
+
+
+def make(name: str, folder: str | Path, **kw) -> Path:
+    """Write the random checkpoint of shape `name` (with its word tokenizer) into folder."""
+    model = model_of(name, **kw)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    _publish_dense_names(folder)
+    word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+_DENSE = re.compile(r"\.block_sparse_moe\.(?=(gate|up|down)_proj\.)")
+
+
+def _publish_dense_names(folder: Path) -> None:
+    """transformers saves every layer's MLP under block_sparse_moe.; the published checkpoint
+    keeps the dense layers' under mlp. (transformers reads both)."""
+    from safetensors.torch import load_file, save_file
+
+    name = lambda k: _DENSE.sub(".mlp.", k)
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(f)
+        if any(name(k) != k for k in tensors):
+            save_file({name(k): t for k, t in tensors.items()}, f, metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {name(k): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2))

@@ -1,0 +1,83 @@
+"""The Qwen3-MoE generator: a Hugging Face config.json in, a deployment folder out.
+
+The dense parts are the llama family's (its manifests, its kernels, its generator's plumbing);
+this family adds the MoE block's kernels and, with ep > 1, one manifest a rank of an expert-
+parallel split (manifests/ep.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path, PurePosixPath
+
+from kern_models.common import deployment
+from kern_models.common.cubins import sha256_of
+from kern_models.common.errors import ConfigError
+from kern_models.llama.generator import CPU_KERNELS as DENSE_CPU_KERNELS, GENERATOR as DENSE
+from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
+from kern_models.llama.kernels.cuda.table import ARCH
+
+from .config import ARCHITECTURES, shape_of
+from .kernels.cuda import CUBINS
+from .manifests import cpu as manifest_cpu, cuda as manifest_cuda, ep as expert_parallel
+
+CPU_MODULES = {"kernels": ("llama_cpu.py", DENSE_CPU_KERNELS),
+               manifest_cpu.MODULE: ("qwen3_moe_cpu.py", Path(__file__).resolve().parent / "kernels" / "cpu" /
+                                     "kernels.py")}
+
+
+def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
+             context: int | None = None, ep: int = 1, **limits) -> Path:
+    """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
+    ep > 1: one manifest a rank of an expert-parallel split (manifests/ep.py), rank0.json ...
+    beside the kernels; the path returned is rank 0's."""
+    shape = shape_of(config)
+    if (tp := limits.pop("tp", 1)) != 1:
+        raise ConfigError(f"tp {tp}: a Qwen3-MoE deployment splits its experts (ep), not its heads (tp)")
+    model = model or config.get("_name_or_path") or shape.dense.arch
+    out = Path(out_dir)
+    (out / "kernels").mkdir(parents=True, exist_ok=True)
+    if target == "cpu":
+        m = manifest_cpu.build(shape, model, context=context, **limits)
+        for name, (file, src) in CPU_MODULES.items():
+            shutil.copyfile(src, out / "kernels" / file)
+            m["modules"][name] = {"source": f"kernels/{file}", "sha256": sha256_of(out / "kernels" / file)}
+    elif target in ("cuda", ARCH):
+        m = manifest_cuda.build(shape, model, context=context, **limits)
+        mine = {f"{n}.cubin" for n in m["modules"]} & {f"{s.stem}.cubin" for s in CUBINS.sources()}
+        digests = {**DENSE_CUBINS.provide(out / "kernels", sorted({f"{n}.cubin" for n in m["modules"]} - mine)),
+                   **CUBINS.provide(out / "kernels", sorted(mine))}
+        for name, mod in m["modules"].items():
+            mod["sha256"] = digests[f"{name}.cubin"]
+    else:
+        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
+    if ep != 1:
+        expert_parallel.check(shape, ep)
+    return deployment.write(out, m, ep, lambda rank: expert_parallel.shard(m, shape, ep, rank),
+                            expert_parallel.add_module)
+
+
+class _Generator:
+    """What the engine finds through the kern.generators entry point."""
+
+    name = "qwen3_moe"
+    architectures = ARCHITECTURES
+
+    def accepts(self, config: dict) -> bool:
+        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
+
+    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
+                 context: int | None = None, **limits) -> Path:
+        return generate(config, out_dir, target=target, model=model, context=context, **limits)
+
+    def rebuild(self, source: str, target: str) -> bytes | None:
+        """A module this generator writes, rebuilt from its source (kern kernels --rebuild); the
+        dense modules are the llama generator's."""
+        name = PurePosixPath(source).name
+        if target == "cpu" and name == CPU_MODULES[manifest_cpu.MODULE][0]:
+            return CPU_MODULES[manifest_cpu.MODULE][1].read_bytes()
+        if target == ARCH and (got := CUBINS.rebuild(name)) is not None:
+            return got
+        return DENSE.rebuild(source, target)
+
+
+GENERATOR = _Generator()

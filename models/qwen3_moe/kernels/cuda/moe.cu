@@ -1,0 +1,406 @@
+// The Qwen3-MoE block on sm_90a (bf16 storage, fp32 math). KERNELS.md beside this file says
+// what each computes; table.py holds their launch contracts.
+//
+// The router: moe_route (softmax over every expert, the top k with ties to the lowest expert
+// index, the cpu reference's rule, optionally renormalized).
+// Narrow decode reads only the chosen experts: moe_gemv_gate_up (one block a (row, choice) and
+// a slice of the expert's width: [gate; up] rows of that expert only, SwiGLU) and
+// moe_gemv_down_residual (each row's choices reduced in choice order, added into the residual).
+// Wide decode and prefill group the (row, choice) pairs by expert: moe_sort (a stable counting
+// sort: each expert's pairs in row order, and tiles of MOE_BM pairs that never cross an
+// expert), moe_group_gate_up / moe_group_down (a grouped GEMM on tensor cores over the
+// tiles, the rows gathered on the fly) and moe_combine (each row's choices weighted and summed
+// in choice order).
+// Every reduction has a fixed order (lanes by xor tree, choices in order), so the same inputs
+// give the same bits; no float atomics.
+#include <mma.h>
+
+#include "common.cuh"
+
+#if !defined(MOE_BM) || !defined(MOE_BN) || !defined(MOE_BK) || !defined(MOE_COLS)
+#error "build with kern_models.common.cubins: the tile constants come from the family's table.py"
+#endif
+
+using namespace nvcuda;
+
+// ---- the router ------------------------------------------------------------------------------
+// One warp a row; experts <= MOE_MAX_EXPERTS, top_k <= 32. Grid (rows), block 32.
+#define MOE_MAX_EXPERTS 1024
+
+extern "C" __global__ void __launch_bounds__(32)
+moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__restrict__ weights, int rows,
+          int experts, int top_k, int norm_topk) {
+    __shared__ float p[MOE_MAX_EXPERTS];
+    const int r = blockIdx.x, lane = threadIdx.x;
+    if (r >= rows) return;
+    const float *l = logits + (size_t)r * experts;
+    float m = -INFINITY;
+    for (int e = lane; e < experts; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float s = 0.f;
+    for (int e = lane; e < experts; e += 32) {
+        p[e] = expf(l[e] - m);
+        s += p[e];
+    }
+    s = warp_sum(s);
+    for (int e = lane; e < experts; e += 32) p[e] = p[e] / s;
+    __syncwarp();
+    float mine = 0.f, total = 0.f;  // lane j keeps the j-th choice's probability
+    int mine_id = 0;
+    for (int j = 0; j < top_k; ++j) {
+        float best = -1.f;
+        int at = experts;
+        for (int e = lane; e < experts; e += 32)
+            if (p[e] > best) { best = p[e]; at = e; }  // ascending e: a tie keeps the lower index
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+            if (ob > best || (ob == best && oa < at)) { best = ob; at = oa; }
+        }
+        if (lane == j) { mine = best; mine_id = at; }
+        total += best;  // every lane holds the same best: the sum in choice order
+        __syncwarp();
+        if (lane == 0) p[at] = -2.f;  // taken
+        __syncwarp();
+    }
+    if (lane < top_k) {
+        ids[(size_t)r * top_k + lane] = mine_id;
+        weights[(size_t)r * top_k + lane] = norm_topk ? mine / total : mine;
+    }
+}
+
+// ---- narrow decode: only the chosen experts' rows are read --------------------------------------
+// A warp a column; a block MOE_COLS columns (32 * MOE_COLS threads). Batch-1 decode is a stream
+// of weight rows, so each warp issues the loads of every row it needs (gate and up; or every
+// choice's down row) before any reduction: the lane partials first, the xor trees after.
+
+// This lane's part of the dot product of bf16 rows x and w over K (K % 8 == 0): 16-byte chunks
+// lane, lane + 32, ...; warp_sum of it is the dot product (the same tree on every device run).
+__device__ __forceinline__ float lane_dot(const bf16 *__restrict__ x, const bf16 *__restrict__ w, int K) {
+    const uint4 *x8 = reinterpret_cast<const uint4 *>(x), *w8 = reinterpret_cast<const uint4 *>(w);
+    float acc = 0.f;
+#pragma unroll 4
+    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
+        float a[8], b[8];
+        unpack8(x8[i], a);
+        unpack8(w8[i], b);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc = fmaf(a[t], b[t], acc);
+    }
+    return acc;
+}
+
+// SwiGLU as the dense path and transformers in bf16 round it: silu of the bf16 gate, rounded,
+// times the bf16 up, rounded.
+__device__ __forceinline__ bf16 swiglu(float gate, float up) {
+    const float g = rbf(gate);
+    return to_bf(rbf(g / (1.f + expf(-g))) * rbf(up));
+}
+
+// act[r, j, c] = swiglu(x[r] . gate_e[c], x[r] . up_e[c]), e = ids[r, j] - first, for the
+// experts first .. first + count - 1 this buffer holds ([gate_e; up_e] = W[e * 2 inter ..]).
+// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k).
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
+moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const bf16 *__restrict__ W,
+                 bf16 *__restrict__ act, int rows, int top_k, int inter, int hidden, int first, int count) {
+    const int pair = blockIdx.y, r = pair / top_k, c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || c >= inter) return;
+    const int e = ids[pair] - first;
+    if (e < 0 || e >= count) return;
+    const bf16 *xr = x + (size_t)r * hidden;
+    const bf16 *We = W + (size_t)e * 2 * inter * hidden;
+    const float g = lane_dot(xr, We + (size_t)c * hidden, hidden);
+    const float u = lane_dot(xr, We + (size_t)(inter + c) * hidden, hidden);
+    const float gs = warp_sum(g), us = warp_sum(u);
+    if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(gs, us);
+}
+
+// sum over j (in order) of weights[r, j] * rbf(act[r, j] . down_e[n]), e = ids[r, j] - first,
+// over the choices whose expert is held here (first .. first + count - 1): this warp's output n
+// of row r. The choices go in groups of 8, each group's loads in flight together.
+__device__ __forceinline__ float down_sum(const bf16 *__restrict__ act, const int *__restrict__ ids,
+                                          const float *__restrict__ weights, const bf16 *__restrict__ W, int r,
+                                          int n, int top_k, int hidden, int inter, int first, int count) {
+    float acc = 0.f;
+    for (int j0 = 0; j0 < top_k; j0 += 8) {
+        float part[8];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            part[jj] = e < 0 || e >= count ? 0.f
+                                           : lane_dot(act + (size_t)pair * inter, W + ((size_t)e * hidden + n) * inter,
+                                                      inter);
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            const float d = warp_sum(part[jj]);
+            if (e >= 0 && e < count) acc = fmaf(weights[pair], rbf(d), acc);
+        }
+    }
+    return acc;
+}
+
+// res[r, n] += down_sum over every choice: the down projections of a row's choices, the
+// weighted combine and the residual add. Grid (ceil_div(hidden, MOE_COLS), rows).
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
+moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids,
+                       const float *__restrict__ weights, const bf16 *__restrict__ W, bf16 *res, int rows,
+                       int top_k, int hidden, int inter) {
+    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || n >= hidden) return;
+    const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, 0, 1 << 30);
+    if ((threadIdx.x & 31) == 0) res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + acc);
+}
+
+// Expert parallel (one rank of an `ep` split holds experts first .. first + count - 1): down_sum
+// over the choices held here (f32), pushed into slot `rank` of every rank's recv buffer
+// ([2 halves][ranks][rows][hidden]: recv here, parts[p] on rank p, at `offset`); the dense
+// family's all_reduce_add_local then crosses the barrier and adds the ranks' slots, in rank
+// order, into the residual (manifests/ep.py). Grid as moe_gemv_down_residual.
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
+moe_gemv_down_push(const bf16 *__restrict__ act, const int *__restrict__ ids, const float *__restrict__ weights,
+                   const bf16 *__restrict__ W, float *recv, const unsigned long long *__restrict__ parts, int rows,
+                   int top_k, int hidden, int inter, int first, int count, int rank, int ranks, int offset) {
+    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (r >= rows || n >= hidden) return;
+    const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, first, count);
+    if ((threadIdx.x & 31) == 0) {
+        const size_t at = (size_t)offset + ((size_t)rank * rows + r) * hidden + n;
+        for (int p = 0; p < ranks; ++p) (p == rank ? recv : reinterpret_cast<float *>(parts[p]))[at] = acc;
+    }
+}
+
+// ---- wide decode and prefill: pairs grouped by expert ------------------------------------------
+// A stable counting sort of the n_pairs = rows * top_k pairs (pair = r * top_k + j) by expert:
+// sorted[s] = the pair at sorted position s (each expert's pairs in pair order), pos[pair] =
+// its position; tiles = [n_tiles, then (expert, start, end) a tile], tiles of at most MOE_BM
+// positions of one expert. One block of 1024 threads; ids staged through shared memory.
+#define MOE_SORT_CHUNK 4096
+
+extern "C" __global__ void __launch_bounds__(1024)
+moe_sort(const int *__restrict__ ids, int *__restrict__ sorted, int *__restrict__ pos, int *__restrict__ tiles,
+         int n_pairs, int experts) {
+    __shared__ int count[MOE_MAX_EXPERTS + 1];
+    __shared__ int chunk[MOE_SORT_CHUNK];
+    for (int e = threadIdx.x; e <= experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&count[ids[i]], 1);  // integer: exact
+    __syncthreads();
+    if (threadIdx.x == 0) {  // exclusive scan (count[e] becomes expert e's first position) and the tiles
+        int at = 0, n_tiles = 0;
+        for (int e = 0; e < experts; ++e) {
+            const int c = count[e];
+            count[e] = at;
+            for (int s = at; s < at + c; s += MOE_BM) {
+                tiles[1 + 3 * n_tiles] = e;
+                tiles[2 + 3 * n_tiles] = s;
+                tiles[3 + 3 * n_tiles] = min(s + MOE_BM, at + c);
+                ++n_tiles;
+            }
+            at += c;
+        }
+        tiles[0] = n_tiles;
+    }
+    __syncthreads();
+    for (int base = 0; base < n_pairs; base += MOE_SORT_CHUNK) {
+        const int n = min(MOE_SORT_CHUNK, n_pairs - base);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = ids[base + i];
+        __syncthreads();
+        for (int e = threadIdx.x; e < experts; e += blockDim.x) {  // expert e's pairs, in pair order
+            int at = count[e];
+            for (int i = 0; i < n; ++i)
+                if (chunk[i] == e) {
+                    sorted[at] = base + i;
+                    pos[base + i] = at;
+                    ++at;
+                }
+            count[e] = at;
+        }
+        __syncthreads();
+    }
+}
+
+// One MOE_BM x MOE_BN output tile of a grouped GEMM on tensor cores (wmma 16x16x16, fp32
+// accumulate): C[i, n] = A[i] . W[n] over K (K % MOE_BK == 0, rows of A and W 16-byte
+// aligned), rows i of A given by a_row(i) (nullptr: a zero row), W [N, K]. 4 warps in 2 x 2,
+// each 32 x 32 (2 x 2 fragments). NB weight matrices share the A tile (the gate and up halves).
+constexpr int LDS = MOE_BK + 8;  // bf16 row pitch in shared memory (a multiple of 8, off the banks)
+constexpr int LDC = MOE_BN + 4;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+
+template <int NB, typename ARow>
+__device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB], int N, int K, int n0,
+                                          Acc (&acc)[NB][2][2]) {
+    // two stages: the next k-tile's copies (cp.async, 16 bytes each, zero-filled past the rows
+    // that exist) are in flight while this one is multiplied
+    __shared__ __align__(128) bf16 As[2][MOE_BM * LDS];
+    __shared__ __align__(128) bf16 Bs[2][NB][MOE_BN * LDS];
+    const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
+    constexpr int CHUNKS = MOE_BK / 8;  // 16-byte chunks a row of a k-tile
+    auto load = [&](int stage, int k0) {
+        for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
+            const int i = c / CHUNKS, q = c % CHUNKS;
+            const bf16 *src = a_row(i);
+            cp_async16_zfill(&As[stage][i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+            for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
+                const int n = c / CHUNKS, q = c % CHUNKS;
+                const bool in = n0 + n < N;
+                cp_async16_zfill(&Bs[stage][b][n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
+                                 in ? 16 : 0);
+            }
+        cp_async_commit();
+    };
+    const int tiles = K / MOE_BK;
+    load(0, 0);
+    for (int kt = 0; kt < tiles; ++kt) {
+        const int stage = kt & 1;
+        if (kt + 1 < tiles) {
+            load(stage ^ 1, (kt + 1) * MOE_BK);  // the stage read two k-tiles ago: free since the last barrier
+            cp_async_wait<1>();                   // this k-tile's copies (this thread's) have landed
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // ... and every thread's
+#pragma unroll
+        for (int kk = 0; kk < MOE_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                wmma::load_matrix_sync(fa[i], &As[stage][(wm * 32 + i * 16) * LDS + kk], LDS);
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    // B (k x n) column-major is W's rows as stored: element (k, n) at Bs[n * LDS + k]
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+                    wmma::load_matrix_sync(fb, &Bs[stage][b][(wn * 32 + j * 16) * LDS + kk], LDS);
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
+                }
+        }
+        __syncthreads();  // every warp is done with this stage before it is loaded again
+    }
+}
+
+// Tile blockIdx.y of `tiles` (moe_sort's): its expert (less `first`) and sorted positions
+// [s0, s1); false when there is no such tile or another rank holds its expert.
+struct Tile {
+    int e, s0, s1;
+};
+__device__ __forceinline__ bool tile_of_block(const int *__restrict__ tiles, int first, int count, Tile &t) {
+    const int i = blockIdx.y;
+    if (i >= tiles[0]) return false;
+    t = {tiles[1 + 3 * i] - first, tiles[2 + 3 * i], tiles[3 + 3 * i]};
+    return t.e >= 0 && t.e < count;
+}
+
+// The warp's accumulators into a shared [MOE_BM, LDC] float tile.
+__device__ __forceinline__ void store_tile(float *Cs, Acc (&acc)[2][2]) {
+    const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&Cs[(wm * 32 + i * 16) * LDC + wn * 32 + j * 16], acc[i][j], LDC,
+                                    wmma::mem_row_major);
+}
+
+// act[s, c] = swiglu(x[row of sorted[s]] . gate_e[c], ... . up_e[c]) for the sorted positions s
+// of tile blockIdx.y (expert e - first held here; a tile of another rank's expert is skipped).
+// Grid (ceil_div(inter, MOE_BN), max_tiles), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const int *__restrict__ tiles,
+                  const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
+                  int count) {
+    __shared__ __align__(128) float Cs[MOE_BM * LDC];
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *We = W + (size_t)t.e * 2 * inter * hidden;
+    const bf16 *const Ws[2] = {We, We + (size_t)inter * hidden};
+    auto a_row = [&](int i) -> const bf16 * {
+        return s0 + i < s1 ? x + (size_t)(sorted[s0 + i] / top_k) * hidden : nullptr;
+    };
+    Acc acc[2][2][2];
+    tile_gemm<2>(a_row, Ws, inter, hidden, n0, acc);
+    // gate and up fragments share one element layout: SwiGLU element by element
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int q = 0; q < acc[0][i][j].num_elements; ++q)
+                acc[0][i][j].x[q] = to_f(swiglu(acc[0][i][j].x[q], acc[1][i][j].x[q]));
+    store_tile(Cs, acc[0]);
+    __syncthreads();
+    for (int c = threadIdx.x; c < MOE_BM * MOE_BN; c += blockDim.x) {
+        const int i = c / MOE_BN, n = c % MOE_BN;
+        if (s0 + i < s1 && n0 + n < inter) act[(size_t)(s0 + i) * inter + n0 + n] = to_bf(Cs[i * LDC + n]);
+    }
+}
+
+// y[s, n] = act[s] . down_e[n] (f32) for the sorted positions of tile blockIdx.y. Grid
+// (ceil_div(hidden, MOE_BN), max_tiles), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, const bf16 *__restrict__ W,
+               float *__restrict__ y, int hidden, int inter, int first, int count) {
+    __shared__ __align__(128) float Cs[MOE_BM * LDC];
+    Tile t;
+    if (!tile_of_block(tiles, first, count, t)) return;
+    const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    const bf16 *const Ws[1] = {W + (size_t)t.e * hidden * inter};
+    auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
+    Acc acc[1][2][2];
+    tile_gemm<1>(a_row, Ws, hidden, inter, n0, acc);
+    store_tile(Cs, acc[0]);
+    __syncthreads();
+    for (int c = threadIdx.x; c < MOE_BM * MOE_BN; c += blockDim.x) {
+        const int i = c / MOE_BN, n = c % MOE_BN;
+        if (s0 + i < s1 && n0 + n < hidden) y[(size_t)(s0 + i) * hidden + n0 + n] = Cs[i * LDC + n];
+    }
+}
+
+// out[r, n] = sum over j (in order) of weights[r, j] * rbf(y[pos[r * top_k + j], n]) over the
+// choices whose expert is held here (ids[r, j] - first in [0, count)): the weighted combine of
+// each row's choices. Grid (rows, ceil_div(hidden, 256)), block 256.
+__device__ __forceinline__ void combine(const float *__restrict__ y, const int *__restrict__ pos,
+                                        const int *__restrict__ ids, const float *__restrict__ weights,
+                                        bf16 *__restrict__ out, int rows, int top_k, int hidden, int first,
+                                        int count) {
+    const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
+    if (r >= rows || n >= hidden) return;
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+        const int pair = r * top_k + j;
+        if (ids && (ids[pair] - first < 0 || ids[pair] - first >= count)) continue;
+        acc = fmaf(weights[pair], rbf(y[(size_t)pos[pair] * hidden + n]), acc);
+    }
+    out[(size_t)r * hidden + n] = to_bf(acc);
+}
+
+// Every choice (one device).
+extern "C" __global__ void __launch_bounds__(256)
+moe_combine(const float *__restrict__ y, const int *__restrict__ pos, const float *__restrict__ weights,
+            bf16 *__restrict__ out, int rows, int top_k, int hidden) {
+    combine(y, pos, nullptr, weights, out, rows, top_k, hidden, 0, 0);
+}
+
+// The choices this rank holds (expert parallel: the other ranks' parts are summed in by an
+// all-reduce after it).
+extern "C" __global__ void __launch_bounds__(256)
+moe_combine_part(const float *__restrict__ y, const int *__restrict__ pos, const int *__restrict__ ids,
+                 const float *__restrict__ weights, bf16 *__restrict__ out, int rows, int top_k, int hidden,
+                 int first, int count) {
+    combine(y, pos, ids, weights, out, rows, top_k, hidden, first, count);
+}

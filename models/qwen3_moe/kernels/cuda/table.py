@@ -1,0 +1,72 @@
+"""The Qwen3-MoE CUDA kernels (moe.cu), one typed table in the llama family's form
+(kern_models.llama.kernels.cuda.table: Kernel, Op): module, entry, parameters, grid, block. The MoE
+kernels launch without programmatic dependent launch: the kernel after one starts when it is
+done, so the llama chain's early triggers around them stay safe."""
+
+from __future__ import annotations
+
+from kern_models.llama.kernels.cuda.table import ARCH, Kernel, Op, _buf, _ints
+
+MODULE = "moe"
+# Tile constants the grids below and moe.cu share (passed to nvcc as -D, as the llama table's).
+TILES = {
+    "MOE_BM": 64,    # grouped GEMM: sorted (row, choice) pairs a tile (a tile never crosses an expert)
+    "MOE_BN": 64,    # grouped GEMM: output columns a tile
+    "MOE_BK": 32,    # grouped GEMM: the reduction's step (K % MOE_BK == 0)
+    "MOE_COLS": 8,   # gather gemv: output columns a block (a warp a column)
+}
+MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
+MAX_TOP_K = 32      # moe_route: one lane a choice
+GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
+GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
+
+KERNELS: tuple[Kernel, ...] = (
+    Kernel(MODULE, "moe_route", (_buf("logits", "f32"), _buf("ids", "i32", "out"), _buf("weights", "f32", "out"),
+                                 *_ints("rows", "experts", "top_k", "norm_topk")), ("rows",), (32,)),
+    Kernel(MODULE, "moe_gemv_gate_up", (_buf("x"), _buf("ids", "i32"), _buf("W"), _buf("act", direction="out"),
+                                        *_ints("rows", "top_k", "inter", "hidden", "first", "count")),
+           ({"ceil_div": ["inter", TILES["MOE_COLS"]]}, {"mul": ["rows", "top_k"]}), GEMV_BLOCK),
+    Kernel(MODULE, "moe_gemv_down_residual", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
+                                              _buf("res", direction="inout"),
+                                              *_ints("rows", "top_k", "hidden", "inter")),
+           ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
+    Kernel(MODULE, "moe_gemv_down_push", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
+                                          _buf("recv", "f32", "out"), _buf("parts", "u64"),
+                                          *_ints("rows", "top_k", "hidden", "inter", "first", "count", "rank", "ranks",
+                                                 "offset")),
+           ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
+    Kernel(MODULE, "moe_sort", (_buf("ids", "i32"), _buf("sorted", "i32", "out"), _buf("pos", "i32", "out"),
+                                _buf("tiles", "i32", "out"), *_ints("n_pairs", "experts")), (1,), (1024,)),
+    Kernel(MODULE, "moe_group_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
+                                         _buf("act", direction="out"),
+                                         *_ints("top_k", "inter", "hidden", "first", "count")),
+           ({"ceil_div": ["inter", TILES["MOE_BN"]]}, "max_tiles"), GROUP_BLOCK),
+    Kernel(MODULE, "moe_group_down", (_buf("act"), _buf("tiles", "i32"), _buf("W"), _buf("y", "f32", "out"),
+                                      *_ints("hidden", "inter", "first", "count")),
+           ({"ceil_div": ["hidden", TILES["MOE_BN"]]}, "max_tiles"), GROUP_BLOCK),
+    Kernel(MODULE, "moe_combine", (_buf("y", "f32"), _buf("pos", "i32"), _buf("weights", "f32"),
+                                   _buf("out", direction="out"), *_ints("rows", "top_k", "hidden")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    Kernel(MODULE, "moe_combine_part", (_buf("y", "f32"), _buf("pos", "i32"), _buf("ids", "i32"),
+                                        _buf("weights", "f32"), _buf("out", direction="out"),
+                                        *_ints("rows", "top_k", "hidden", "first", "count")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+)
+BY_ENTRY = {k.entry: k for k in KERNELS}
+_TILED = ("max_tiles: i32",)  # a parameter only the grouped GEMMs' grid reads
+OPS = {
+    "moe_route": Op(("moe_route",)), "moe_gemv_gate_up": Op(("moe_gemv_gate_up",)),
+    "moe_gemv_down_residual": Op(("moe_gemv_down_residual",)), "moe_sort": Op(("moe_sort",)),
+    "moe_group_gate_up": Op(("moe_group_gate_up",), (*BY_ENTRY["moe_group_gate_up"].params, *_TILED)),
+    "moe_group_down": Op(("moe_group_down",), (*BY_ENTRY["moe_group_down"].params, *_TILED)),
+    "moe_combine": Op(("moe_combine",)), "moe_gemv_down_push": Op(("moe_gemv_down_push",)),
+    "moe_combine_part": Op(("moe_combine_part",)),
+}
+
+
+def ops() -> dict:
+    """Every MoE op the generator may emit, as manifest JSON."""
+    return {name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}
+
+
+__all__ = ["ARCH", "KERNELS", "MODULE", "TILES", "ops"]

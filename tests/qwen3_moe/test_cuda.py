@@ -1,0 +1,140 @@
+"""The Qwen3-MoE sm_90a deployment: on any machine, the manifest at the published shape verifies
+and its programs take the kernels they should (narrow decode gathers the chosen experts, wide
+decode and prefill group by expert), and the kernel table matches moe.cu; on an H100/H200
+(`gpu`), kern test judges it against the cpu reference and it PASSes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from kern_models.qwen3_moe.kernels.cuda import CUBINS, table
+from kern_models.qwen3_moe.random_checkpoint import SHAPES
+from tests.cuda.cuda_kernel_docs import in_sources
+
+PUBLISHED = {"architectures": ["Qwen3MoeForCausalLM"], **SHAPES["qwen3-30b-a3b"], "num_hidden_layers": 3,
+             "mlp_only_layers": [1], "max_position_embeddings": 4096}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> dict:
+    from kern_models.qwen3_moe.generator import generate
+
+    path = generate(PUBLISHED, tmp_path_factory.mktemp("sm90a"), target="cuda")
+    return json.loads(path.read_text()) | {"_path": str(path)}
+
+
+def test_the_published_shape_verifies(published, capsys):
+    from kern.cli import main
+
+    assert main(["verify", published["_path"]]) == 0
+    assert ": ok, 4 programs, " in capsys.readouterr().out
+
+
+def _ops(m: dict, program: str) -> list[str]:
+    return [c["op"] for c in m["programs"][program]["calls"]]
+
+
+def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_expert(published):
+    decode = _ops(published, "decode")
+    assert decode.count("moe_gemv_gate_up") == decode.count("moe_gemv_down_residual") == 2  # layers 0 and 2
+    assert "moe_sort" not in decode and decode.count("norm_gemv_swiglu") == 1  # layer 1 stays dense
+    for prog in ("prefill", "decode_wide"):
+        ops = _ops(published, prog)
+        assert [ops.count(o) for o in ("moe_sort", "moe_group_gate_up", "moe_group_down", "moe_combine")] == [2] * 4
+    assert {k: published["constants"][k] for k in ("experts", "top_k", "moe_inter")} == \
+        {"experts": 128, "top_k": 8, "moe_inter": 768}
+
+
+def test_the_kernel_table_matches_moe_cu():
+    srcs = in_sources(CUBINS.folder)
+    assert sorted(srcs) == sorted(k.entry for k in table.KERNELS)
+    for k in table.KERNELS:
+        module, params = srcs[k.entry]
+        assert module == k.module
+        assert [p.name for p in params] == [p.split(":")[0] for p in k.params], k.entry
+        assert tuple(p.kind for p in params) == k.c_kinds(), k.entry
+
+
+def test_the_pin_is_of_this_tree_s_sources():
+    """moe.cubin's pin names the digest of its inputs (flags, moe.cu, the shared headers): a
+    change to any of them (common.cuh included) needs `python -m kern_models.common.cubins
+    qwen3_moe OUT --record`, or a machine without nvcc cannot generate the sm_90a deployment."""
+    _, pins = CUBINS.read_pins()
+    assert pins["moe.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / "moe.cu"), \
+        "moe.cubin's inputs changed since it was pinned: re-record it"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_pinned_cubin_is_what_nvcc_builds():
+    import hashlib
+
+    _, pins = CUBINS.read_pins()
+    assert hashlib.sha256(CUBINS.rebuild("moe.cubin")).hexdigest() == pins["moe.cubin"].cubin == \
+        hashlib.sha256((CUBINS.shipped / "moe.cubin").read_bytes()).hexdigest()
+
+
+@pytest.mark.gpu
+def test_sm90a_passes_kern_test_against_the_cpu_reference(tmp_path):
+    from kern.judge.judge import Options, judge
+    from kern_models.qwen3_moe.generator import generate
+    from kern_models.qwen3_moe.random_checkpoint import make
+
+    ckpt = make("small", tmp_path / "ckpt", max_positions=1024)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    a = generate(cfg, tmp_path / "cpu", target="cpu", context=512).parent
+    b = generate(cfg, tmp_path / "sm90a", target="cuda", context=512).parent
+    r = judge(a, b, ckpt, Options(seed=0, seqs=3, decode_steps=4, max_prompt=96))
+    print("\n".join(r.lines + [r.verdict.line]))
+    assert r.verdict.status == "PASS", r.verdict.line
+
+
+def test_the_expert_parallel_sm90a_ranks_verify_and_combine_by_all_reduce(tmp_path, capsys):
+    from kern.cli import main
+    from kern_models.qwen3_moe.generator import generate
+
+    generate(PUBLISHED, tmp_path, target="cuda", ep=2)
+    assert main(["verify", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")]) == 0
+    for r in (0, 1):
+        m = json.loads((tmp_path / f"rank{r}.json").read_text())
+        firsts = {c["args"][8]["value"] for c in m["programs"]["decode"]["calls"] if c["op"] == "moe_gemv_gate_up"}
+        assert firsts == {64 * r} and m["constants"]["local_experts"] == 64
+        assert _ops(m, "decode").count("all_reduce_add_local") == _ops(m, "decode_wide").count("all_reduce") == 2
+        assert _ops(m, "prefill").count("all_reduce_nccl") == 2  # 2048 rows of bf16: past the peer kernel's 2 MiB
+        assert "allreduce" in m["modules"] and m["topology"]["groups"] == {"ep": [[0, 1]]}
+
+
+@pytest.mark.gpu
+def test_ep2_on_two_gpus_gives_the_one_gpu_logits(tmp_path):
+    from kern.api import Model
+    from kern.runtime.devices.cuda.driver import call, open_device
+    from kern_models.qwen3_moe.generator import generate
+    from kern_models.qwen3_moe.random_checkpoint import make
+    from kern.drive.parity import compare, teacher_forced
+
+    open_device(0)
+    if call("cuDeviceGetCount") < 2:
+        pytest.skip("expert parallelism across GPUs needs two")
+    ckpt = make("small", tmp_path / "ckpt", max_positions=1024)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    one = Model(generate(cfg, tmp_path / "ep1", target="cuda", context=512), ckpt, state_budget=256 << 20)
+    two = Model(generate(cfg, tmp_path / "ep2", target="cuda", context=512, ep=2), ckpt, state_budget=256 << 20)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, 512, 48)]
+    c = compare(teacher_forced(one, ids), teacher_forced(two, ids))
+    assert c["mean_kl"] < 1e-4 and c["agree_decisive"] == 1.0, c
+    assert one.generate(ids[:20], max_tokens=8).tokens == two.generate(ids[:20], max_tokens=8).tokens
+
+
+def test_the_moe_kernels_keep_the_dense_chain_s_pdl_order(published):
+    """The MoE kernels launch without the PDL attribute (they start when the kernel before them
+    is done); the dense kernels around them keep the order common.cuh asks for."""
+    from tests.cuda.test_cuda_pdl_order import _violations
+
+    for name, prog in published["programs"].items():
+        seq = [(la["entry"], bool(la.get("pdl"))) for c in prog["calls"]
+               for la in published["ops"][c["op"]]["impl"]["launches"]]
+        assert not any(pdl for entry, pdl in seq if entry.startswith("moe_")), name
+        assert _violations(seq) == [], name
