@@ -70,10 +70,12 @@ def make_sparse(m: dict, s: MoeShape, dtype: str, block: Callable[[str, int, dic
 
 
 def prune(m: dict) -> None:
-    """Drop the ops, workspace buffers and constants no call needs any more (the dense MLP's,
-    where every layer is sparse): the verifier refuses what is declared and unused."""
+    """Drop the ops, modules, workspace buffers and constants no call needs any more (the dense
+    MLP's, where every layer is sparse): the verifier refuses what is declared and unused."""
     used_ops = {c["op"] for p in m["programs"].values() for c in p["calls"]}
     m["ops"] = {n: op for n, op in m["ops"].items() if n in used_ops}
+    used_modules = {ln["module"] for op in m["ops"].values() for ln in op["impl"]["launches"] if "module" in ln}
+    m["modules"] = {n: mod for n, mod in m["modules"].items() if n in used_modules}
     passed = {a["buf"] for p in m["programs"].values() for c in p["calls"] for a in c["args"] if "buf" in a}
     passed |= {b["of"] for b in m["buffers"].values() if "of" in b}
     m["buffers"] = {n: b for n, b in m["buffers"].items() if n in passed}
