@@ -3,6 +3,8 @@ random llama (its cpu deployment and a checkpoint) for the tools' tests (kern te
 
 from __future__ import annotations
 
+import importlib
+import json
 from functools import cache
 from pathlib import Path
 
@@ -54,3 +56,15 @@ def tiny_ckpt(tmp_path_factory) -> Path:
         model.lm_head.weight.mul_(40.0)
     model.to(torch.bfloat16).save_pretrained(folder)
     return folder
+
+
+def tiny_family(family: str, model: str, tmp_path_factory) -> tuple[Path, dict, Path]:
+    """A family's tiny seeded random checkpoint (its random_checkpoint's "tiny" shape), its
+    config and its cpu deployment: what each new family's tests start from."""
+    make = importlib.import_module(f"kern_models.{family}.random_checkpoint").make
+    generate = importlib.import_module(f"kern_models.{family}.generator").generate
+    ckpt = make("tiny", tmp_path_factory.mktemp(family) / "ckpt", max_positions=512)
+    config = json.loads((ckpt / "config.json").read_text())
+    dep = tmp_path_factory.mktemp(f"{family}_dep")
+    generate(config, dep, target="cpu", model=model, tokens=64, seqs=4, context=256)
+    return ckpt, config, dep

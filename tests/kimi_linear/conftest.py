@@ -4,35 +4,35 @@ head sharpened: kern_models.kimi_linear.random_checkpoint) and its cpu deploymen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import tiny_family
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="session")
-def kimi_ckpt(tmp_path_factory) -> Path:
-    from kern_models.kimi_linear.random_checkpoint import make
-
-    return make("tiny", tmp_path_factory.mktemp("kimi") / "ckpt", max_positions=512)
+def kimi_family(tmp_path_factory) -> tuple[Path, dict, Path]:
+    return tiny_family("kimi_linear", "tiny-kimi", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def kimi_config(kimi_ckpt) -> dict:
-    return json.loads((kimi_ckpt / "config.json").read_text())
+def kimi_ckpt(kimi_family) -> Path:
+    return kimi_family[0]
 
 
 @pytest.fixture(scope="session")
-def kimi_dep(kimi_config, tmp_path_factory) -> Path:
+def kimi_config(kimi_family) -> dict:
+    return kimi_family[1]
+
+
+@pytest.fixture(scope="session")
+def kimi_dep(kimi_family) -> Path:
     """The cpu deployment folder (manifest.json + kernels/)."""
-    from kern_models.kimi_linear.generator import generate
-
-    out = tmp_path_factory.mktemp("kimi_dep")
-    generate(kimi_config, out, target="cpu", model="tiny-kimi", tokens=64, seqs=4, context=256)
-    return out
+    return kimi_family[2]
 
 
 class Stepped:

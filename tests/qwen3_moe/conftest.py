@@ -4,35 +4,35 @@ cpu deployments: one device, and expert parallel over 2 ranks."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import tiny_family
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="session")
-def moe_ckpt(tmp_path_factory) -> Path:
-    from kern_models.qwen3_moe.random_checkpoint import make
-
-    return make("tiny", tmp_path_factory.mktemp("moe") / "ckpt", max_positions=512)
+def moe_family(tmp_path_factory) -> tuple[Path, dict, Path]:
+    return tiny_family("qwen3_moe", "tiny-moe", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def moe_config(moe_ckpt) -> dict:
-    return json.loads((moe_ckpt / "config.json").read_text())
+def moe_ckpt(moe_family) -> Path:
+    return moe_family[0]
 
 
 @pytest.fixture(scope="session")
-def moe_dep(moe_config, tmp_path_factory) -> Path:
+def moe_config(moe_family) -> dict:
+    return moe_family[1]
+
+
+@pytest.fixture(scope="session")
+def moe_dep(moe_family) -> Path:
     """The cpu deployment folder (manifest.json + kernels/)."""
-    from kern_models.qwen3_moe.generator import generate
-
-    out = tmp_path_factory.mktemp("moe_dep")
-    generate(moe_config, out, target="cpu", model="tiny-moe", tokens=64, seqs=4, context=256)
-    return out
+    return moe_family[2]
 
 
 @pytest.fixture(scope="session")
