@@ -165,20 +165,23 @@ class _Program:
                                               v(s.scaling), v(int(s.norm_topk)), v(s.groups), v(s.topk_groups)]}
         shared = [self.lin("h", f"shared_gate_up.{l}", "shared_gu", {"mul": [2, "shared_inter"]}, "hidden"),
                   {"op": "silu_mul", "args": [b(p + "shared_gu"), b(p + "shared_act"), v(R), v("shared_inter")]}]
-        if self.kind == "decode":  # the shared expert into mlp_out, the chosen experts' rows added onto it
+        shared.append(self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"))
+        self.ws("shared_out", [R, "hidden"])
+        add = {"op": "add", "args": [b(p + "mlp_out"), b(p + "shared_out"), v(R), v("hidden")]}
+        if self.kind == "decode":  # the chosen experts' rows only, their weighted sum added onto zeros
             act = self.ws("moe_act", [R, "top_k", "moe_inter"])
-            return [logits, route, *shared, self.lin("shared_act", f"shared_down.{l}", "mlp_out", "hidden",
-                                                     "shared_inter"),
+            return [logits, route,
                     {"op": "moe_gemv_gate_up", "args": [b(p + "h"), ids, gate_up, act, v(R), v("top_k"),
                                                         v("moe_inter"), v("hidden"), v(0), v("local_experts")]},
+                    {"op": "zero", "args": [b(p + "mlp_out"), v(R), v("hidden")]},
                     {"op": "moe_gemv_down_residual", "args": [act, ids, w, down, b(p + "mlp_out"), v(R), v("top_k"),
-                                                              v("hidden"), v("moe_inter")]}]
+                                                              v("hidden"), v("moe_inter")]},
+                    *shared, add]
         pairs = {"mul": [R, "top_k"]}
         tiles = {"add": [{"ceil_div": [pairs, moe_table.TILES["MOE_BM"]]}, "experts"]}
         sorted_, pos = self.ws("moe_sorted", [pairs], "i32"), self.ws("moe_pos", [pairs], "i32")
         tile_buf = self.ws("moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
         act, y = self.ws("moe_act", [pairs, "moe_inter"]), self.ws("moe_y", [pairs, "hidden"], "f32")
-        self.ws("shared_out", [R, "hidden"])
         return [
             logits, route,
             {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, v(pairs), v("experts")]},
@@ -187,8 +190,7 @@ class _Program:
             {"op": "moe_group_down", "args": [act, tile_buf, down, y, v("hidden"), v("moe_inter"), v(0),
                                               v("local_experts"), v(tiles)]},
             {"op": "moe_combine", "args": [y, pos, w, b(p + "mlp_out"), v(R), v("top_k"), v("hidden")]},
-            *shared, self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"),
-            {"op": "add", "args": [b(p + "mlp_out"), b(p + "shared_out"), v(R), v("hidden")]},
+            *shared, add,
         ]
 
     def calls(self) -> list[dict]:

@@ -78,3 +78,12 @@ extern "C" __global__ void add(bf16 *__restrict__ x, const bf16 *__restrict__ y,
     const size_t i = (size_t)r * hidden + c;
     x[i] = to_bf(to_f(x[i]) + to_f(y[i]));
 }
+
+// x = 0: where the gathered experts' down projection adds its weighted sum (narrow decode), so
+// that the routed experts' output lands alone in the buffer the reference's combine writes.
+// Grid (rows, ceil(hidden / 256)), block 256.
+extern "C" __global__ void zero(bf16 *__restrict__ x, int rows, int hidden) {
+    const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (r >= rows || c >= hidden) return;
+    x[(size_t)r * hidden + c] = to_bf(0.f);
+}

@@ -74,6 +74,8 @@ KERNELS: tuple[Kernel, ...] = (
                                    *_ints("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
     Kernel("route", "add", (_buf("x", direction="inout"), _buf("y"), *_ints("rows", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    Kernel("route", "zero", (_buf("x", direction="out"), *_ints("rows", "hidden")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
@@ -96,7 +98,7 @@ def _attention(attend: str) -> Op:
 
 OPS = {
     **{e: Op((e,)) for e in ("kda_conv", "kda_conv_decode", "kda_gate", "kda_chunked", "kda_step", "kda_out_norm",
-                             "mla_append", "mla_append_decode", "kimi_route", "add")},
+                             "mla_append", "mla_append_decode", "kimi_route", "add", "zero")},
     "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),
 }
 
