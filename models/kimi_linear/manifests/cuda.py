@@ -17,6 +17,7 @@ from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
 from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
+from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
 from ..config import KDA, KimiShape
 from ..kernels.cuda import table
@@ -50,12 +51,7 @@ def check_shape(s: KimiShape) -> None:
         if s.experts > t.MAX_EXPERTS or s.groups > t.MAX_GROUPS:
             problems.append(f"{s.experts} experts in {s.groups} groups: kimi_route takes at most {t.MAX_EXPERTS} "
                             f"experts in at most {t.MAX_GROUPS} groups")
-        if s.top_k > moe_table.MAX_TOP_K:
-            problems.append(f"num_experts_per_tok {s.top_k}: at most {moe_table.MAX_TOP_K}")
-        bk = moe_table.TILES["MOE_BK"]
-        for name, n in (("hidden_size", s.hidden), ("moe_intermediate_size", s.moe_inter)):
-            if n % bk:
-                problems.append(f"{name} {n}: the grouped expert GEMMs need a multiple of {bk}")
+        problems += expert_problems(s.hidden, s.moe_inter, s.top_k)
     if s.hidden % 8 or s.inter % 8:
         problems.append(f"hidden_size {s.hidden}, intermediate_size {s.inter}: the dense kernels need multiples of 8")
     if problems:
