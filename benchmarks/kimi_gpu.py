@@ -37,18 +37,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu import Run, install, models_env  # noqa: E402
 
-CKPT = r"""
+# Each step's script starts with this: a traceback where it hangs, timed progress, results a line each.
+PREAMBLE = r"""
 import faulthandler, json, sys, time
 faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
-import numpy as np, torch
-from pathlib import Path
-from kern_models.kimi_linear.random_checkpoint import make, model_of, _publish_dense_names
-from kern_models.common.random_checkpoint import word_tokenizer
 T0 = time.perf_counter()
 def say(*a):
     print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
 def emit(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+CKPT = PREAMBLE + r"""
+import numpy as np, torch
+from pathlib import Path
+from kern_models.kimi_linear.random_checkpoint import model_of, _publish_dense_names
+from kern_models.common.random_checkpoint import word_tokenizer
 layers, folder, seqs, length = int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 batches, new, shape, device = [int(b) for b in sys.argv[6].split(",")], int(sys.argv[7]), sys.argv[8], sys.argv[9]
 torch.set_default_dtype(torch.bfloat16)
@@ -92,9 +96,7 @@ np.savez(folder.parent / "kimi-ref.npz", **out)
 print("CKPT OK")
 """
 
-KERN = r"""
-import faulthandler, json, sys, time
-faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
+KERN = PREAMBLE + r"""
 import numpy as np
 from pathlib import Path
 from kern.drive.parity import compare as parity, log_softmax, teacher_forced
@@ -102,11 +104,6 @@ from kern.drive.raw_pages import raw
 from kern.manifest import load_verified
 from kern.runtime.engine import Engine
 from kern_models.kimi_linear.generator import generate
-T0 = time.perf_counter()
-def say(*a):
-    print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
-def emit(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
 ckpt, batches, steps = Path(sys.argv[2]), [int(b) for b in sys.argv[3].split(",")], int(sys.argv[4])
 cfg = json.loads((ckpt / "config.json").read_text())
 man = generate(cfg, ckpt.parent / "deploy", target=sys.argv[5], model="kimi-linear-random", context=1024)
