@@ -90,7 +90,7 @@ def test_the_pinned_cubins_are_what_nvcc_builds():
 
 # ---- on the GPU ---------------------------------------------------------------------------
 
-JUDGE = dict(seed=0, seqs=3, decode_steps=4, max_prompt=60)  # prompts cross kda_chunked's 32-row chunks
+JUDGE = dict(seed=0, seqs=3, decode_steps=4, max_prompt=60)  # prompts cross kda_chunked's 16-row chunks
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,16 @@ from ..kernels.cuda import table
 from .common import constants, state_constants, states, weight_buffers
 
 BF = "bf16"
-KDA_CHUNK = 32     # prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory)
+# Prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory): the
+# reference's, so kern test's prompts cross chunks on both sides (at 32 a planted bug in the
+# carry from chunk to chunk passed on the H200: the workload's prompts of 19, 17 and 3 tokens
+# never reached a second chunk).
+KDA_CHUNK = 16
 DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
+# The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read
+# 128 experts' rows a layer where the grouped GEMMs of decode_wide read each touched expert once
+# (H200, 8 layers of the real shape: batch 16 narrow 8.19 ms a step, batch 64 wide 4.45 ms).
+NARROW_SEQS = 4
 WIDE_SEQS = 256
 PREFILL_SEQS = 256
 ARGMAX_CHUNKS = 128
@@ -241,7 +249,7 @@ class _Program:
             self.buffers[p + "last"] = buf([G, "hidden"], dtype=BF)
 
 
-def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = DECODE_SEQS, prefill_seqs: int = PREFILL_SEQS,
+def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,
           wide_seqs: int = WIDE_SEQS, context: int | None = None) -> dict:
     check_shape(s)
     if seqs > DECODE_SEQS:
