@@ -25,9 +25,7 @@ from .common import constants, state_constants, states, weight_buffers
 
 BF = "bf16"
 # Prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory): the
-# reference's, so kern test's prompts cross chunks on both sides (at 32 a planted bug in the
-# carry from chunk to chunk passed on the H200: the workload's prompts of 19, 17 and 3 tokens
-# never reached a second chunk).
+# reference's, so the same prompts cross chunks on both sides.
 KDA_CHUNK = 16
 DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
 # The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read

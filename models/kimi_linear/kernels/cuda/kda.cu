@@ -81,9 +81,10 @@ extern "C" __global__ void kda_conv_decode(bf16 *__restrict__ mix, const bf16 *_
 
 // ---- the decay gate -----------------------------------------------------------------------
 // g = -exp(A_log[head]) * softplus(f + dt_bias) (softplus(x) = x above 20), in place. exp and
-// log in double, each rounded to f32 where the reference rounds: the gate's output is f32 on
-// both sides, so kern test holds it to a floor of a few f32 ulps (expf's and logf's own
-// errors went past it). Grid (rows, ceil(heads * dim / 256)), block 256.
+// log in double, each rounded to f32 where the reference rounds (its numpy does the same): the
+// gate's output is f32 on both sides, so kern test holds it to a floor of a few f32 ulps, which
+// expf's, logf's and numpy's own f32 errors went past. Grid (rows, ceil(heads * dim / 256)),
+// block 256.
 extern "C" __global__ void kda_gate(float *__restrict__ f, const bf16 *__restrict__ a_log,
                                     const bf16 *__restrict__ dt_bias, int rows, int heads, int dim) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
