@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu import Run, install, models_env  # noqa: E402
+from gpu import Run, family_args, family_setup  # noqa: E402
 
 # Each step's script starts with this: a traceback where it hangs, timed progress, results a line each.
 PREAMBLE = r"""
@@ -52,7 +51,7 @@ CKPT = PREAMBLE + r"""
 import numpy as np, torch
 from pathlib import Path
 from kern_models.kimi_linear.random_checkpoint import model_of, _publish_dense_names
-from kern_models.common.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import reference_logits, word_tokenizer
 layers, folder, seqs, length = int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 batches, new, shape, device = [int(b) for b in sys.argv[6].split(",")], int(sys.argv[7]), sys.argv[8], sys.argv[9]
 torch.set_default_dtype(torch.bfloat16)
@@ -64,13 +63,8 @@ _publish_dense_names(folder)
 word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
 say("saved", round(sum(f.stat().st_size for f in folder.iterdir()) / 1e9, 1), "GB")
 emit(params_b=round(n / 1e9, 2))
-ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (seqs, length))
-model.config._attn_implementation = "eager"
-out = {"ids": ids}
+model.config._attn_implementation = "eager"  # the peer as measured: transformers eager
 with torch.no_grad():
-    x = torch.tensor(ids, device=device)
-    out["bf16"] = torch.cat([model(x[i:i + 1]).logits[0].float().cpu() for i in range(seqs)]).numpy()
-    say("bf16 logits")
     prompts = torch.tensor(np.random.default_rng(1).integers(0, model.config.vocab_size, (max(batches), 32)),
                            device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -89,9 +83,8 @@ with torch.no_grad():
         except Exception as e:  # noqa: BLE001 - say what failed and go on to the parity logits
             emit(hf_decode={"batch": b, "error": f"{type(e).__name__}: {e}"[:300]})
         say("transformers decode, batch", b)
-    model.float()
-    out["fp32"] = torch.cat([model(x[i:i + 1]).logits[0].float().cpu() for i in range(seqs)]).numpy()
-    say("fp32 logits")
+out = reference_logits(model, np.random.default_rng(0).integers(0, model.config.vocab_size, (seqs, length)))
+say("bf16 and fp32 logits")
 np.savez(folder.parent / "kimi-ref.npz", **out)
 print("CKPT OK")
 """
@@ -222,13 +215,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8, help="decoder layers of the 27 (MLA at 4 and 8 of the first 8)")
     ap.add_argument("--steps", default="tests,ckpt,kern")
-    ap.add_argument("--shape", default="kimi-linear-48b-a3b", help="a shape of kern_models.kimi_linear.random_checkpoint")
-    ap.add_argument("--device", default="cuda", help="where the checkpoint is made")
-    ap.add_argument("--target", default="cuda", help="the deployment's (a dry run on a laptop: --shape tiny "
-                                                     "--device cpu --target cpu --steps ckpt,kern --layers 4)")
-    ap.add_argument("--batch", default="1,16,64")
-    ap.add_argument("--seqs", type=int, default=3, help="parity: random sequences")
-    ap.add_argument("--length", type=int, default=64, help="parity: tokens a sequence")
+    family_args(ap, "kimi-linear-48b-a3b", "kimi_linear",
+                "--shape tiny --device cpu --target cpu --steps ckpt,kern --layers 4", seqs=3, length=64)
     ap.add_argument("--decode-steps", type=int, default=24)
     ap.add_argument("--hf-new", type=int, default=8, help="transformers: new tokens a timed run")
     ap.add_argument("--tests-timeout", type=int, default=150)
@@ -236,27 +224,12 @@ def main() -> int:
     ap.add_argument("--kern-timeout", type=int, default=100)
     args = ap.parse_args()
     steps = args.steps.split(",")
-    out = Path(os.environ.get("OUT", "/tmp/out"))
-    out.mkdir(parents=True, exist_ok=True)
-    shared = Path("/tmp/site")
-    env = (models_env(shared, ROOT / "models", Path("/tmp/kern-cache-kimi")) if shared.is_dir()
-           else install(Path("/tmp/site-kimi")))
-    work = Path(os.environ.get("KIMI_WORK", "/tmp/kimi"))
-    ckpt = work / "ckpt"
-    ckpt.mkdir(parents=True, exist_ok=True)
+    out, env, ckpt, head = family_setup("kimi", args.layers)
     r = Run(out, env)
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        gpu = f"none ({exc})"
-    s: dict = {"gpu": gpu, "layers": args.layers, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "decode": [], "hf_decode": [], "notes": []}
+    s: dict = {**head, "decode": [], "hf_decode": [], "notes": []}
 
     def report() -> None:
-        s["notes"] = [*s["notes"], *[n for n in r.summary if n not in s["notes"]]]
-        (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
-        (out / "summary.txt").write_text(table(s) + "\n")
+        r.report(s, table)
 
     tests, t0 = None, time.monotonic()
     if "tests" in steps:  # beside the checkpoint's making (disk and host bound): the tiny model's GPU tests
