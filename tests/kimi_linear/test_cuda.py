@@ -38,6 +38,24 @@ def test_the_published_shape_verifies(published, capsys):
     assert published["states"]["kv"] == {"bytes_per_token": 4096}
 
 
+@pytest.mark.parametrize("override, named", [
+    ({"linear_head_dim": 256}, "linear head_dim 256"),
+    ({"linear_conv_kernel_dim": 16}, "short_conv_kernel_size 16"),
+    ({"kv_lora_rank": 1024}, "kv_lora_rank 1024"),
+    ({"qk_nope_head_dim": 512}, "qk_nope_head_dim 512"),
+    ({"num_local_experts": 1024}, "1024 experts"),
+    ({"num_experts_per_tok": 40, "num_local_experts": 64}, "num_experts_per_tok 40"),
+    ({"moe_intermediate_size": 1000}, "moe_intermediate_size 1000"),
+])
+def test_a_shape_past_the_kernels_is_refused_naming_what(override, named, tmp_path):
+    from kern_models.common.errors import ConfigError
+    from kern_models.kimi_linear.generator import generate
+
+    with pytest.raises(ConfigError, match="cannot build the sm_90a Kimi-Linear manifest") as e:
+        generate(PUBLISHED | override, tmp_path, target="cuda", context=4096)
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
 def _ops(m: dict, program: str) -> list[str]:
     return [c["op"] for c in m["programs"][program]["calls"]]
 
