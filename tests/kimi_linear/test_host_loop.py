@@ -15,10 +15,13 @@ from kern.generation.params import SamplingParams
 
 
 def greedy(stepped, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens after `ids`, the model stepped by hand: one prefill, then one row a step."""
+    """n greedy tokens after `ids`, the model stepped by hand: prefill in chunks of the prefill
+    program's most rows, then one row a step."""
     rp = raw(stepped)
     pages = rp.take(-(-(len(ids) + n) // stepped.page_tokens))
-    tok, _ = rp.step_rows(ids, 0, pages, ragged=True)
+    rows = stepped.protocol.max_chunk
+    for at in range(0, len(ids), rows):
+        tok, _ = rp.step_rows(ids[at:at + rows], at, pages, ragged=True)
     out = [tok]
     for i in range(n - 1):
         tok, _ = rp.step_rows([tok], len(ids) + i, pages)
