@@ -166,10 +166,12 @@ class Loop:
         return bool(self.waiting or self.running or self._aborted)
 
     def stats(self) -> LoopStats:
-        u = self.paging.pool.usage()[self.state]
-        sch = self.scheduler
+        use = self.paging.pool.usage()
+        u, sch = use[self.state], self.scheduler
+        states = tuple((k.name, "page" if k.paged else "slot", use[k.name]["held"], use[k.name]["mapped"],
+                        use[k.name]["mapped"] // k.per_chunk) for k in self.paging.pool.layout.kinds)
         return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
-                         u["held"], u["mapped"])
+                         u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"])
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, emit: Callable[[list[Delta]], None] | None = None) -> list[Delta]:
