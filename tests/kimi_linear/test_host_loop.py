@@ -146,3 +146,14 @@ def test_several_per_sequence_states_are_leased_together(kimi_dep, kimi_ckpt, ki
     got = serve(model, reqs)
     for rid, (ids, p) in reqs.items():
         assert got[rid][0] == greedy(kimi_model, ids, 6), rid
+
+
+def test_kern_run_generates_on_the_hybrid(kimi_dep, kimi_ckpt, kimi_model, capsys):
+    from kern.cli import main
+    from kern.tokenizer import Tokenizer
+
+    tok = Tokenizer(kimi_ckpt)
+    assert main(["run", str(kimi_ckpt), "--manifest", str(kimi_dep / "manifest.json"), "--prompt", "w5 w6 w7 w8",
+                 "--max-tokens", "8"]) == 0
+    ref = greedy(kimi_model, tok.encode("w5 w6 w7 w8"), 8)
+    assert capsys.readouterr().out.strip() == tok.decode(ref).strip()
