@@ -197,9 +197,9 @@ class Loop:
         need_logits = any(self._host_draws(seqs[i]) for i in emitting)
         tokens, logits = self.runner.run(feeds, need_logits)
         for s in seqs:
-            if s.snapshot and s.written == s.snapshot:
+            if s.snapshots and s.written == s.snapshots[0]:
                 self.paging.snapshot(s.lease)
-                s.snapshot = 0
+                s.snapshots.pop(0)
         return deltas + self._postprocess([seqs[i] for i in emitting], tokens[emitting],
                                           None if logits is None else logits[emitting])
 

@@ -52,8 +52,9 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
 
 
 def _upto_snapshot(s: SequenceState, n: int) -> int:
-    """A chunk of n tokens cut to end where s takes its snapshot, if it would pass it."""
-    return s.snapshot - s.written if s.written < s.snapshot < s.written + n else n
+    """A chunk of n tokens cut to end where s takes its next snapshot, if it would pass it."""
+    at = s.snapshots[0] if s.snapshots else 0
+    return at - s.written if s.written < at < s.written + n else n
 
 
 def victim(running: Sequence[Running]) -> str:
@@ -113,25 +114,29 @@ class Scheduler:
                 return  # the pool says wait: the head keeps its place
             self.waiting.popleft()
             s.lease, s.written = grant.lease, grant.cached
-            s.snapshot = self._snapshot_at(s, grant.cached)
+            s.snapshots = self._snapshots(s, grant.cached)
             if not s.admitted:
                 s.admitted, s.cached = True, grant.cached
                 self.prompt_tokens += len(s.prompt)
                 self.cached_tokens += grant.cached
             self.running.append(s)
 
-    def _snapshot_at(self, s: SequenceState, cached: int) -> int:
-        """Where s's prefill takes a snapshot of its per-sequence state (0: nowhere). A
-        recurrence resumes only from a checkpoint of exactly its length, so a prompt that
-        shares more with the cache than a whole checkpoint gives (the system prompt of an
-        earlier request, which went on past it) snapshots where the sharing ends: the next
-        prompt that shares it starts there. At least a page: shorter prefixes are cheaper to
-        recompute than a slot is to copy and hold. Paged states alone need none (a prefix of
-        any length is usable)."""
+    def _snapshots(self, s: SequenceState, cached: int) -> list[int]:
+        """The lengths at which s's prefill snapshots its per-sequence state. A recurrence
+        resumes only from a checkpoint of exactly its length, so:
+        - a prompt that shares more with the cache than a whole checkpoint gives (the system
+          prompt of an earlier request, which went on past it) snapshots where the sharing
+          ends: the next prompt that shares it starts there;
+        - where decode runs ahead, the prompt's end: a request that stops inside a run is not
+          cached at its end (its slot ran past it), and its next turn starts from here.
+        None shorter than a page (cheaper to recompute than a slot is to copy and hold); none
+        for paged states alone (a prefix of any length is usable)."""
         if not self.recurrent:
-            return 0
-        at = self.paging.pool.shared(s.tokens)
-        return at if at > cached and at >= self.paging.page_tokens else 0
+            return []
+        at = {self.paging.pool.shared(s.tokens)}
+        if self.limits.run_ahead > 1 and not s.out:
+            at.add(len(s.prompt))
+        return sorted(n for n in at if n > cached and n >= self.paging.page_tokens)
 
     def preempt(self, s: SequenceState) -> None:
         """Give a running sequence's memory back, keeping its tokens so far as a prefix
