@@ -106,9 +106,11 @@ kern)
   for _ in $(seq 1 120); do [ -f /tmp/vsite.ok ] && break; sleep 1; done
   [ -f /tmp/vsite.ok ] || { echo "vLLM's wheels are not installed"; tail -5 /tmp/vllm_install.log; exit 1; }
   date +%s.%N > /tmp/vllm.t0
-  PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 setsid nohup python3 -m vllm.entrypoints.openai.api_server --model $CKPT \
-    --port 8102 --max-model-len 2048 --gpu-memory-utilization 0.5 > /tmp/vllm_serve.log 2>&1 < /dev/null &
-  echo $! > /tmp/vllm.pid
+  # from /tmp: the next call replaces this working tree, and a server whose working directory
+  # is gone dies at its first Path.resolve (transformers' import does one)
+  ( cd /tmp && PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 setsid nohup python3 -m vllm.entrypoints.openai.api_server \
+    --model $CKPT --port 8102 --max-model-len 2048 --gpu-memory-utilization 0.5 > /tmp/vllm_serve.log 2>&1 \
+    < /dev/null & echo $! > /tmp/vllm.pid )
   ;;
 vllm)
   PID=$(cat /tmp/vllm.pid)
