@@ -22,6 +22,17 @@
 # the weights and ~35 GB of KV cache, ~17x what concurrency 128 needs; it starts only on that much
 # free memory).
 #
+# As run on 2026-12-01 (docs/perf-history.md), the tree copied to .dev/moe and each call fired as
+# soon as the last returned:
+#   1. carry [.dev/moe, .whl, vp7]: `mkdir -p /tmp/vw && cp vp7/* /tmp/vw/ && cp -r .dev/moe /tmp/moetree
+#      && cp -r .whl /tmp/moetree/.whl && cd /tmp/moetree && (PHASE=bg setsid nohup bash
+#      benchmarks/moe_serve_gpu.sh > /tmp/bg.out 2>&1 < /dev/null &)`
+#   2-7. carry [vpN]: `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/` (the last also starts PHASE=wheels
+#      from /tmp/moetree the same way)
+#   8. carry [.dev/moe, .whl]: the wheels into /tmp/site, `cp -r .whl .dev/moe/ && cd .dev/moe &&
+#      pip install --no-deps --no-build-isolation -e .`, PYTHONPATH=/tmp/site, then PHASE=kern
+#   9. carry [.dev/moe]: `cd .dev/moe && PHASE=vllm bash benchmarks/moe_serve_gpu.sh`
+#
 # A dry run on a laptop: SHAPE=tiny DEVICE=cpu TARGET=cpu LAYERS=3 BATCH=1,2 VOCAB=256 REQUESTS=8 DECODE_OUT=16
 # KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern.
 : "${OUT:?set OUT (the device tool sets it)}"
@@ -43,21 +54,7 @@ pack() { python3 benchmarks/moe_serve_summary.py $R | tee $R/moe_serve_summary.t
          tar czf $OUT/$PHASE.tgz -C $R .; }
 MOE="python3 benchmarks/moe_gpu.py --layers $LAYERS --shape $SHAPE --device $DEVICE --target $TARGET --batch $BATCH"
 
-up() {  # wait for $1/health (at most $2 seconds) while process $3 lives
-  for _ in $(seq 1 $(($2 * 5))); do
-    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
-      2> /dev/null && return 0
-    kill -0 $3 2> /dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
-
-stop() {  # SIGTERM, then wait for the server to go
-  kill -TERM $1 2> /dev/null
-  for _ in $(seq 1 30); do kill -0 $1 2> /dev/null || return 0; sleep 1; done
-  kill -KILL $1 2> /dev/null
-}
+. benchmarks/servers.sh  # up, stop, served
 
 measure() {  # $1 label, $2 url: decode at 1/16/64 streams, then serving at 32 and 128 (JSON lines)
   for c in 1 16 64; do
@@ -93,13 +90,7 @@ kern)
   T0=$(date +%s.%N)
   python3 -m kern.cli serve $CKPT --port 8100 ${KERN_FLAGS:-} > $R/kern_serve.log 2>&1 &
   KERN=$!
-  if up http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN; then
-    echo "{\"label\": \"kern\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
-      | tee $R/kern_startup.json
-    measure kern http://127.0.0.1:8100
-  else
-    echo "kern serve did not come up"; tr '\r' '\n' < $R/kern_serve.log | tail -15
-  fi
+  served kern http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN $T0 $R $R/kern_serve.log
   stop $KERN
   pack
   [ "${VLLM:-1}" = 1 ] || exit 0
@@ -114,13 +105,7 @@ kern)
   ;;
 vllm)
   PID=$(cat /tmp/vllm.pid)
-  if up http://127.0.0.1:8102 ${VLLM_UP_S:-400} $PID; then
-    echo "{\"label\": \"vllm\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $(cat /tmp/vllm.t0), 1))")}" \
-      | tee $R/vllm_startup.json
-    measure vllm http://127.0.0.1:8102
-  else
-    echo "vllm did not come up"; tail -15 /tmp/vllm_serve.log
-  fi
+  served vllm http://127.0.0.1:8102 ${VLLM_UP_S:-400} $PID $(cat /tmp/vllm.t0) $R /tmp/vllm_serve.log
   stop $PID
   cp /tmp/vllm_serve.log $R/
   pack
