@@ -19,6 +19,9 @@ Steps, each a process of its own with its own timeout (faulthandler says where a
         own bf16; then greedy decode tok/s at each --batch (benchmarks/decode.py's run_kern:
         32-token prompts, 128 new tokens, run-ahead 8; batch 64 steps the wide decode program),
         with the bytes a batch-1 token reads and the fraction of the 4.8 TB/s read ceiling.
+  bench `kern bench` of the EP=1 deployment on the checkpoint at --bench-rows decode rows (context
+        160): where a step's time goes, op by op (moe_route, moe_experts, moe_combine, attention,
+        the linears), into $OUT/bench.log and $OUT/bench.json (`--steps ckpt,bench` for it alone).
 $OUT/summary.json (every figure) and $OUT/summary.txt (a short table) are rewritten after each
 step, so whatever the outer cap kills, what ran is reported; each step's log is $OUT/<step>.log.
 Disk: 24 layers are 15.6B parameters, 31 GB of bf16 (the device has 64 GB).
@@ -154,6 +157,23 @@ for batch in batches:
 print("KERN OK")
 """
 
+BENCH = r"""
+import json, sys
+from pathlib import Path
+from kern.bench.report import table
+from kern.bench.run import bench
+from kern.bench.workload import parse
+from kern_models.qwen3_moe.generator import generate
+ckpt, target, rows, out = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+cfg = json.loads((ckpt / "config.json").read_text())
+man = generate(cfg, ckpt.parent / f"deploy-{target}-ep1", target=target, model="qwen3-moe-random", context=1024)
+wl = parse(f"samples = 5\n[[sweep]]\ngroups = [1]\nrows = [{rows}]\ncontext = [160]\n", "moe.toml")
+doc = bench(man, ckpt, wl, progress=False)
+(out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+print("\n".join(table(doc)))
+print("BENCH OK")
+"""
+
 
 def _gpus() -> int:
     try:
@@ -200,6 +220,8 @@ def main() -> int:
     ap.add_argument("--ckpt-timeout", type=int, default=270)
     ap.add_argument("--kern-timeout", type=int, default=270)
     ap.add_argument("--ep-timeout", type=int, default=270)
+    ap.add_argument("--bench-rows", default="1,16,64", help="bench: decode rows of each scenario")
+    ap.add_argument("--bench-timeout", type=int, default=200)
     args = ap.parse_args()
     steps = args.steps.split(",")
     out = Path(os.environ.get("OUT", "/tmp/out"))
@@ -257,6 +279,12 @@ def main() -> int:
                     s["parity" + tag] = got["parity"]
         if "KERN OK" not in text:
             s["notes"].append(f"{step} did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
+        report()
+    if ok and "bench" in steps:
+        text = r.step("bench", [sys.executable, "-c", BENCH, str(ckpt), args.target, args.bench_rows, str(out)],
+                      args.bench_timeout)
+        if "BENCH OK" not in text:
+            s["notes"].append("bench did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
         report()
     print(table(s))
     return 0
