@@ -169,7 +169,8 @@ class Loop:
         use = self.paging.pool.usage()
         u, sch = use[self.state], self.scheduler
         states = tuple((k.name, "page" if k.paged else "slot", use[k.name]["held"], use[k.name]["mapped"],
-                        use[k.name]["mapped"] // k.per_chunk) for k in self.paging.pool.layout.kinds)
+                        use[k.name]["mapped"] // k.per_chunk, use[k.name]["cached"])
+                       for k in self.paging.pool.layout.kinds)
         return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
                          u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"])
 

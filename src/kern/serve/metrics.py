@@ -62,6 +62,9 @@ class Metrics:
         # every state's pages or slots, and the one budget of chunks they are drawn from
         self.units_held = Gauge("kern_pool_units_held", "Pages or slots of a state in use (leased or cached)",
                                 ["state", "unit"], registry=r)
+        self.units_cached = Gauge("kern_pool_units_cached", "Pages or slots of a state held only by cached "
+                                  "prefixes (held less cached: what running sequences lease)", ["state", "unit"],
+                                  registry=r)
         self.units_mapped = Gauge("kern_pool_units_mapped", "Pages or slots of a state its mapped chunks hold",
                                   ["state", "unit"], registry=r)
         self.chunks = Gauge("kern_pool_chunks", "Chunks of the one state budget mapped to each state "
@@ -77,8 +80,9 @@ class Metrics:
         self.pages_used.set(s.pool_pages_used)
         self.pages_total.set(s.pool_pages_total)
         self.pool_use.set(s.pool_pages_used / s.pool_pages_total if s.pool_pages_total else 0.0)
-        for state, unit, held, mapped, chunks in s.pool_states:
+        for state, unit, held, mapped, chunks, cached in s.pool_states:
             self.units_held.labels(state, unit).set(held)
+            self.units_cached.labels(state, unit).set(cached)
             self.units_mapped.labels(state, unit).set(mapped)
             self.chunks.labels(state).set(chunks)
         if s.pool_states:
