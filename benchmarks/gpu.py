@@ -117,6 +117,13 @@ def family_setup(name: str, layers: int) -> tuple[Path, dict, Path, dict]:
     return out, env, ckpt, {"gpu": gpu, "layers": layers, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
 
 
+def verdict_line(p: dict) -> str:
+    """A family's parity verdict (kern_models.common.random_checkpoint.judge) as the summary says it."""
+    if not p.get("judgeable", True):
+        return "NOT JUDGED (transformers' bf16 and fp32 disagree on too many next tokens)"
+    return "within transformers' bf16 spread" if p["within_spread"] else "FAIL: beyond transformers' bf16 spread"
+
+
 DEPLOYMENTS = """
 from kern.deployments import default_model, deployment_for
 ckpt = default_model(progress=False)

@@ -7,6 +7,7 @@ torch and transformers (test and benchmark dependencies, never the runtime's).""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 SHAPES = {
@@ -81,6 +82,16 @@ def seeded(cls, cfg, *, seed: int, device: str, sharpen=None):
         return model.to(torch.bfloat16)
 
 
+def for_width(factor: float, base: int, width: int) -> float:
+    """A sharpening factor chosen at a tiny shape's width `base`, carried to `width`: what it
+    scales (a projection of unit-scale inputs, whose outputs grow as sqrt(width)) is as large at
+    `width` as at `base`, and it is exactly `factor` at `base` (the CI shapes' weights unchanged,
+    bit for bit). Scaled by the tiny shapes' factors at a real model's width, the router's logits
+    saturate and the next-token logits are ~40 wide: transformers' own bf16 and fp32 part on most
+    next tokens, and no parity can be judged against that spread."""
+    return factor * math.sqrt(base / width)
+
+
 def word_tokenizer(vocab_size: int):
     """A tokenizer.json for a random checkpoint, so that it can be run on text (kern run,
     Model.generate): token i is the word `w{i}`, words are split on whitespace."""
@@ -107,3 +118,15 @@ def reference_logits(model, ids) -> dict:
         model.float()
         out["fp32"] = run()
     return out
+
+
+def judge(spread: dict, ours: dict) -> dict:
+    """kern's logits (`ours`, kern.drive.parity.compare against transformers fp32) judged by
+    transformers' own bf16-vs-fp32 `spread`: within it where the mean KL is at most twice the
+    spread's and the argmax agreement at most 2 points below. Judgeable only where transformers'
+    bf16 follows its fp32 (at least 90% of decisive next tokens): against a chaotic random model's
+    spread any candidate would pass."""
+    judgeable = spread["agree_decisive"] >= 0.9
+    ok = (judgeable and ours["mean_kl"] <= 2 * spread["mean_kl"] + 1e-4
+          and ours["agree_decisive"] >= spread["agree_decisive"] - 0.02)
+    return {"judgeable": bool(judgeable), "within_spread": bool(ok)}

@@ -10,10 +10,9 @@ benchmark dependencies, never the runtime's)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-from kern_models.common.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import for_width, word_tokenizer
 
 SHAPES = {
     # Qwen3-30B-A3B (num_hidden_layers 48 in the published config; `layers` picks the depth)
@@ -66,8 +65,8 @@ def sharpen(model) -> None:
     import torch
 
     cfg = model.config
-    router = ROUTER_SCALE * math.sqrt(64 / cfg.hidden_size)  # exactly the scales at the tiny shape's width
-    expert = EXPERT_SCALE * math.sqrt(32 / cfg.moe_intermediate_size)
+    router = for_width(ROUTER_SCALE, 64, cfg.hidden_size)  # exactly the scales at the tiny shape's width
+    expert = for_width(EXPERT_SCALE, 32, cfg.moe_intermediate_size)
     with torch.no_grad():
         model.lm_head.weight.mul_(HEAD_SCALE)
         for layer in model.model.layers:
