@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -120,7 +121,13 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--up-s", type=float, default=120, help="kern serve's start-up, at most")
     ap.add_argument("--bench-s", type=float, default=60, help="each serve.py run, at most")
+    ap.add_argument("--deadline-s", type=int, default=0, help="stop everything (the server too) after this long")
     args = ap.parse_args()
+    if args.deadline_s:  # a caller's timeout kills this process only: stop the server first
+        def late(*_):
+            raise TimeoutError(f"past the {args.deadline_s} s deadline")
+        signal.signal(signal.SIGALRM, late)
+        signal.alarm(args.deadline_s)
     target = ["--target", args.target] if args.target else []
     vocab = json.loads((args.ckpt / "config.json").read_text())["vocab_size"]
     subprocess.run([sys.executable, str(ROOT / "benchmarks/serve.py"), "--prepare", str(args.ckpt)], check=True)

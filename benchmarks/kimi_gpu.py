@@ -223,6 +223,8 @@ def table(s: dict) -> str:
             out.append(f"{k:38s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  max {v['max_kl']:.2e}  argmax "
                        f"agree {v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
         out.append(f"parity: {verdict_line(p)}")
+    if "parity_error" in s:
+        out.append(f"parity failed: {s['parity_error']}")
     for d in s.get("decode", []):
         out.append(f"kern decode batch {d['batch']:3d} ({d['program']}): {d['tok_s']:9.1f} tok/s  {d['step_ms']:.3f} "
                    f"ms/step  prefill {d['prefill_ms']} ms  seq 0 as at the first batch: {d['seq0_same_as_first_batch']}")
@@ -318,7 +320,8 @@ def main() -> int:
     if ok and "serve" in steps:
         flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)
         text = r.step("serve", [sys.executable, str(ROOT / "benchmarks/hybrid_serve.py"), str(ckpt), "--log",
-                                str(out / "kern_serve.log"), *flags], args.serve_timeout)
+                                str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
+                      args.serve_timeout)
         s["serve"] = []
         for ln in text.splitlines():
             if ln.startswith("RESULT "):
