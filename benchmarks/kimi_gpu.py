@@ -272,10 +272,22 @@ def main() -> int:
     steps = args.steps.replace("kern", "parity,decode").split(",")
     out, env, ckpt, head = family_setup("kimi", args.layers)
     r = Run(out, env)
-    s: dict = {**head, "decode": [], "hf_decode": [], "notes": []}
+    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "notes": []}
 
     def report() -> None:
         r.report(s, table)
+
+    def collect(text: str, listed: str, label: str, done: str) -> bool:
+        """A step's RESULT lines into the summary (those keyed `listed` appended to that list), a
+        note where it did not print `done`; whether it did."""
+        for ln in text.splitlines():
+            if ln.startswith("RESULT "):
+                got = json.loads(ln.removeprefix("RESULT "))
+                s[listed].append(got[listed]) if listed in got else s.update(got)
+        if done not in text:
+            s["notes"].append(f"{label} did not finish: " + " | ".join(text.strip().splitlines()[-6:]))
+        report()
+        return done in text
 
     tests, t0 = None, time.monotonic()
     if "tests" in steps:  # beside the checkpoint's making (disk and host bound): the tiny model's GPU tests
@@ -288,14 +300,7 @@ def main() -> int:
         text = r.step("ckpt", [sys.executable, "-c", CKPT, str(args.ckpt_timeout), str(args.layers), str(ckpt),
                                str(args.seqs), str(args.length), args.batch, str(args.hf_new), args.shape,
                                args.device], args.ckpt_timeout)
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                got = json.loads(ln.removeprefix("RESULT "))
-                s["hf_decode"].append(got["hf_decode"]) if "hf_decode" in got else s.update(got)
-        ok = "CKPT OK" in text
-        if not ok:
-            s["notes"].append("ckpt failed: " + " | ".join(text.strip().splitlines()[-4:]))
-        report()
+        ok = collect(text, "hf_decode", "ckpt", "CKPT OK")
     if tests is not None:
         try:
             tests.wait(timeout=max(1, args.tests_timeout - (time.monotonic() - t0)))
@@ -310,26 +315,13 @@ def main() -> int:
     if ok and parts:
         text = r.step("kern", [sys.executable, "-c", KERN, str(args.kern_timeout), str(ckpt), args.batch,
                                str(args.decode_steps), args.target, ",".join(parts)], args.kern_timeout)
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                got = json.loads(ln.removeprefix("RESULT "))
-                s["decode"].append(got["decode"]) if "decode" in got else s.update(got)
-        if "KERN OK" not in text:
-            s["notes"].append("kern did not finish: " + " | ".join(text.strip().splitlines()[-6:]))
-        report()
+        collect(text, "decode", "kern", "KERN OK")
     if ok and "serve" in steps:
         flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)
         text = r.step("serve", [sys.executable, str(ROOT / "benchmarks/hybrid_serve.py"), str(ckpt), "--log",
                                 str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
                       args.serve_timeout)
-        s["serve"] = []
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                got = json.loads(ln.removeprefix("RESULT "))
-                s["serve"].append(got["serve"]) if "serve" in got else s.update(got)
-        if "SERVE OK" not in text:
-            s["notes"].append("serve did not finish: " + " | ".join(text.strip().splitlines()[-6:]))
-        report()
+        collect(text, "serve", "serve", "SERVE OK")
     if not ok:
         s["notes"].append(f"no checkpoint in {ckpt}: parity, decode and serve not run")
         report()
