@@ -142,3 +142,17 @@ def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_pr
     preempt = None if sc["preempt"] is None else ("target", sc["at"] + sc["preempt"])
     got = _drive(model.loop, arrivals, preempt)["target"]
     assert got == want
+
+
+def test_an_expert_gives_a_row_the_same_bits_whatever_else_is_routed_to_it():
+    """qwen3_moe's experts: a row's output alone and among rows routed to the same expert."""
+    from kern_models.qwen3_moe.kernels.cpu import kernels as moe
+
+    hidden, inter, count, rows = 64, 96, 2, 12
+    x, gate_up, down = _rows(4, rows, hidden), _rows(5, count * 2 * inter, hidden), _rows(6, count * hidden, inter)
+    ids = np.zeros((rows, 1), np.int64)  # every row to expert 0
+    y = np.empty((rows, 1, hidden), np.float32)
+    moe.experts(x, ids, gate_up, down, y, 0, count)
+    one = np.empty((1, 1, hidden), np.float32)
+    moe.experts(x[5:6], ids[5:6], gate_up, down, one, 0, count)
+    assert one[0, 0].tobytes() == y[5, 0].tobytes()
