@@ -21,15 +21,18 @@ from pathlib import Path
 import numpy as np
 
 
-def run(loop, arrivals: dict[int, list]) -> dict[str, list]:
+def run(loop, first: list, then: list) -> dict[str, list]:
+    """Each request's Deltas: `first` added at once, `then` after the first step (their prompts
+    prefill beside the first ones' decode rows)."""
+    for r in first:
+        loop.add(*r)
     out: dict[str, list] = {}
-    step = 0
-    while loop.has_work() or any(s >= step for s in arrivals):
-        for rid, ids, params in arrivals.get(step, []):
-            loop.add(rid, ids, params)
+    while loop.has_work() or then:
         for d in loop.step():
             out.setdefault(d.request_id, []).append(d)
-        step += 1
+        for r in then:
+            loop.add(*r)
+        then = []
     return out
 
 
@@ -70,19 +73,18 @@ def main() -> None:
     base = loop.limits
     for mode, params in (("logprobs", SamplingParams(max_tokens=args.new, ignore_eos=True, logprobs=1)),
                          ("device_argmax", SamplingParams(max_tokens=args.new, ignore_eos=True))):
-        def once(arrivals, budget=None, cache=False):
+        def once(first, then=(), budget=None, cache=False):
             if not cache:
                 loop.paging.pool.clear()
             loop.limits = base if budget is None else replace(base, budget=budget)
-            return run(loop, arrivals)["r"]
+            return run(loop, list(first), list(then))["r"]
 
-        alone = once({0: [("r", prompt, params)]})
-        res = {"again_cached": once({0: [("r", prompt, params)]}, cache=True),
-               "chunks_of_16": once({0: [("r", prompt, params)]}, budget=16)}
-        for n in beside:  # the others arrive first and at every step of its prefill: mixed steps
-            arr = {s: [(f"o{i}", p, params) for i, p in enumerate(others[:n]) if i % 4 == s] for s in range(4)}
-            arr.setdefault(1, []).append(("r", prompt, params))
-            res[f"beside_{n}"] = once(arr)
+        me = [("r", prompt, params)]
+        alone = once(me)
+        res = {"again_cached": once(me, cache=True), "chunks_of_16": once(me, budget=16)}
+        for n in beside:  # half the others first, it and the other half a step later: mixed steps
+            rest = [(f"o{i}", p, params) for i, p in enumerate(others[:n])]
+            res[f"beside_{n}"] = once(rest[:n // 2], me + rest[n // 2:])
         out[mode] = {k: compare(alone, v) for k, v in res.items()}
     print(json.dumps(out))
 
