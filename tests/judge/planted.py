@@ -83,10 +83,10 @@ def kv_off_by_one(base: Path, out: Path) -> Path:
 def gqa_mapping(base: Path, out: Path) -> Path:
     """Query head h reads kv head h % kv_heads instead of h // (heads / kv_heads)."""
     return variant(base, out, patch=([
-        ("qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)",
-         "qg = q.reshape(len(pos_rows), g, kv_heads, head_dim).transpose(2, 0, 1, 3)"),
-        ("out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)",
-         "out[:] = o.transpose(1, 2, 0, 3).reshape(len(pos_rows), heads * head_dim)")],
+        ("qg = q[r].reshape(kv_heads, heads // kv_heads, head_dim)",
+         "qg = q[r].reshape(heads // kv_heads, kv_heads, head_dim).transpose(1, 0, 2)"),
+        ("out[r] = np.matmul(s, v[:, :n]).reshape(heads * head_dim)",
+         "out[r] = np.matmul(s, v[:, :n]).transpose(1, 0, 2).reshape(heads * head_dim)")],
         ["attention", "attention_decode"]))
 
 
