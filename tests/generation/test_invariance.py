@@ -58,8 +58,7 @@ def test_attention_gives_a_prompt_row_the_bits_of_the_same_row_decoded():
 
 # ---- the whole loop, on the embedded model -----------------------------------------------------
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "List three prime numbers and say why they are prime."]
+QUESTIONS = ["What is the capital of France?", "List three prime numbers and say why they are prime."]
 PARAMS = [SamplingParams(max_tokens=6),  # greedy: the device's argmax
           SamplingParams(max_tokens=6, temperature=0.9, seed=7),  # drawn on the device, keyed by seed
           SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=3, logprobs=2),  # drawn on the host
@@ -122,7 +121,7 @@ def scenarios(draw):
             "preempt": draw(st.one_of(st.none(), st.integers(1, 8))), "run_ahead": draw(st.sampled_from([1, 4]))}
 
 
-@settings(max_examples=14, deadline=None, derandomize=True,
+@settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(sc=scenarios())
 def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_preemption(smol, sc):
