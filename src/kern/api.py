@@ -72,12 +72,7 @@ class Model:
                                   host_bytes=host_bytes)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
-            raise KernError(f"{manifest}: kern steps manifests with exactly one paged state, this one has "
-                            f"{len(self.protocol.paged_states)}")
-        if self.protocol.slot_state is not None:
-            # the loop fills no `slot` role yet: every sequence would run on slot 0's state
-            raise KernError(f"{manifest}: kern's host loop does not step models with a per-sequence state "
-                            f"({self.protocol.slot_state!r}) yet; kern test and kern bench do")
+            raise KernError(f"{manifest}: kern steps manifests with at least one paged state, this one has none")
         self.state, self.page_tokens = self.paging.state, self.paging.page_tokens
         if run_ahead is None:
             native = self.engine.runs_steps_natively(self.protocol.for_rows(1, 1).program)

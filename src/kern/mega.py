@@ -163,5 +163,9 @@ class MegaModel:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, 1], np.int32)
         for pt in st.page_tables:
             inputs[pt.buffer] = table[:, :prod(self.engine.shapes[pt.buffer][1:])]
+        for si in st.slots:  # sequence `seq` holds slot `seq` of every per-sequence state
+            inputs[si.buffer] = np.array([seq], np.int32)
+        if "seq_len" in st.inputs:
+            inputs[st.inputs["seq_len"]] = np.array([pos + 1], np.int32)
         env = self.engine.run(st.program, st.vars_for(1, 1, reach=pos + 1), inputs)
         return self.engine.read(st.outputs["logits"], env)[0].copy()

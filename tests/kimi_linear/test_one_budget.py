@@ -86,3 +86,47 @@ def test_the_real_model_s_units_tile_a_chunk_of_a_few_tens_of_mib():
         page, slot = c["kv_token_bytes"] * PAGE_TOKENS, c["kda_slot_bytes"]
         assert slot >= raw_slot and page >= 7 * 576 * elem * PAGE_TOKENS
         assert lcm(page, slot, 2 << 20) == slot <= 1.03 * raw_slot  # one slot a chunk, 3% padding at most
+
+
+def test_the_host_loop_serves_a_mix_at_one_budget_that_no_fixed_split_holds(kimi_config, kimi_ckpt, kimi_model,
+                                                                              tmp_path, monkeypatch):
+    """kern.api.Model on a budget of five chunks (chunks of 64 KiB here: 16 pages or 2 slots):
+    seven short requests at once need four chunks of slots, then three long ones at once need
+    three chunks of pages. A fixed split holds one phase or the other; the one budget, remapping
+    chunks between the states as the load turns, serves both with the same tokens as the model
+    stepped alone."""
+    from kern.api import Model
+    from kern.generation.params import SamplingParams
+    from kern_models.kimi_linear.generator import generate
+    from tests.kimi_linear.test_host_loop import greedy, prompt, serve
+
+    import kern.runtime.paging as paging_mod
+
+    monkeypatch.setattr(paging_mod, "MIN_CHUNK", 64 << 10)
+    dep = generate(kimi_config, tmp_path / "dep", target="cpu", model="tiny-kimi", tokens=64, seqs=8, context=256)
+    model = Model(dep, kimi_ckpt, state_budget=5 * (64 << 10), max_seqs=8)
+    pool = model.loop.paging.pool
+    kv, kda = pool.layout.kinds
+    assert (pool.layout.dynamic, kv.per_chunk, kda.per_chunk) == (5, 16, 2)
+    peak = {"running": 0, "kv": 0, "kda": 0}
+
+    def watch(loop):
+        use = pool.usage()
+        peak["running"] = max(peak["running"], len(loop.running))
+        for k in ("kv", "kda"):
+            peak[k] = max(peak[k], use[k]["mapped"])
+
+    for phase, (n, length, new) in enumerate([(7, 4, 2), (3, 190, 8)]):
+        peak.update(running=0, kv=0, kda=0)
+        reqs = {f"{phase}.{i}": (prompt(30 * phase + i, length), SamplingParams(max_tokens=new)) for i in range(n)}
+        got = serve(model, reqs, watch)
+        assert peak["running"] == n  # all of them at once
+        for rid in list(reqs)[:2]:
+            assert got[rid][0] == greedy(kimi_model, reqs[rid][0], new), rid
+        if phase == 0:
+            assert peak["kda"] == 4 * kda.per_chunk  # 7 slots and the scratch row's: four chunks of slots
+        else:
+            assert peak["kv"] >= 3 * kv.per_chunk  # 3 x 13 pages and the scratch row's: three chunks of pages
+    # a fixed split: phase one leaves at most one chunk for pages, phase two needs three
+    assert 4 + 3 > pool.layout.dynamic
+    pool.check()

@@ -12,6 +12,7 @@ API = {
     "__init__": "(self, budget_bytes: 'int', states: 'Sequence[StateDecl]', page_tokens: 'int', *, "
     "chunk_bytes: 'int' = 2097152, host_bytes: 'int' = 0, split: 'Mapping[str, int] | None' = None) -> 'None'",
     "match": "(self, prompt: 'Sequence[int]') -> 'Match'",
+    "shared": "(self, prompt: 'Sequence[int]') -> 'int'",
     "lease": "(self, prompt: 'Sequence[int]', reserve: 'int', *, cache: 'bool' = True) -> 'Granted | Remap | Refusal'",
     "fork": "(self, parent: 'Lease', reserve: 'int') -> 'Granted | Remap | Refusal'",
     "extend": "(self, lease: 'Lease', tokens: 'Sequence[int]', ahead: 'int' = 0) -> 'Remap | Refusal | None'",

@@ -115,3 +115,15 @@ class CountingLoop:
 
     def stats(self):
         return LoopStats(0, len(self.running), self.steps, 0, 0, 0, 1)
+
+
+def deployment_loop(manifest, checkpoint, max_seqs: int | None = None):
+    """The loop of a generated deployment (manifest.json) over a checkpoint."""
+    import kern
+
+    return kern.load(checkpoint, manifest=manifest, max_seqs=max_seqs, progress=False).loop
+
+
+def leased_units(loop) -> dict[str, int]:
+    """Each paged and per-sequence state's units held by leases, not by cached prefixes."""
+    return {name: u["held"] - u["cached"] for name, u in loop.paging.pool.usage().items() if name != "chunks"}

@@ -47,8 +47,10 @@ class RawPages:
             row = np.zeros((1, m.engine.shapes[pt.buffer][1]), np.int32)
             row[0, :len(pages)] = pages
             inputs[pt.buffer] = row
-        if "slot" in st.inputs:
-            inputs[st.inputs["slot"]] = np.array([self._leases[tuple(pages)].slot(m.protocol.slot_state)], np.int32)
+        for si in st.slots:
+            inputs[si.buffer] = np.array([self._leases[tuple(pages)].slot(si.state)], np.int32)
+        if "seq_len" in st.inputs:
+            inputs[st.inputs["seq_len"]] = np.array([start + len(ids)], np.int32)
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.array([0, len(ids)], np.int32)
         env = m.engine.run(st.program, st.vars_for(1, len(ids), reach=start + len(ids)), inputs)

@@ -159,6 +159,8 @@ def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str,
     }
     for role, buf in st.inputs.items():
         ins[buf] = roles[role]
+    for si in st.slots:  # kern test's sequence i runs on slot i of every per-sequence state
+        ins[si.buffer] = roles["slot"]
     for pt in st.page_tables:
         table = np.zeros((groups, widths[pt.buffer]), np.int32)
         for g, c in enumerate(step.chunks):

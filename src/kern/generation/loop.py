@@ -26,7 +26,7 @@ from .detok import TextStream
 from .limits import Limits
 from .outputs import Delta, LoopStats, TokenLogprob
 from .params import SamplingParams
-from .runner import Feed, Runner
+from .runner import Feed, Runner, Units
 from .sampling import logprobs_of, sample
 from .scheduler import Plan, Scheduler
 from .sequence import Sequence
@@ -87,12 +87,13 @@ class Loop:
     def tokenizer(self, tok) -> None:
         self._tokenizer, self._loaded = tok, True
 
-    def _scratch(self) -> int:
-        """A page that padding rows of a captured decode batch write to; no sequence reads it."""
+    def _scratch(self):
+        """A page of each paged state and a slot of each per-sequence state that padding rows
+        of a captured decode batch write to; no sequence reads them."""
         lease = self.paging.lease([], self.paging.page_tokens, cache=False).lease
         self.paging.extend(lease, [0] * self.paging.page_tokens)
         self._scratch_lease = lease
-        return lease.page_table(self.state)[0]
+        return lease
 
     def warm_up(self, sizes: list[int] | None = None, reach: int | None = None, progress: bool = True) -> int:
         """Run each decode batch size (default: every captured size) at each reach bucket up
@@ -164,10 +165,12 @@ class Loop:
         return bool(self.waiting or self.running or self._aborted)
 
     def stats(self) -> LoopStats:
-        u = self.paging.pool.usage()[self.state]
-        sch = self.scheduler
+        use = self.paging.pool.usage()
+        u, sch = use[self.state], self.scheduler
+        states = tuple((k.name, "page" if k.paged else "slot", use[k.name]["held"], use[k.name]["mapped"],
+                        use[k.name]["mapped"] // k.per_chunk) for k in self.paging.pool.layout.kinds)
         return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
-                         u["held"], u["mapped"])
+                         u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"])
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, emit: Callable[[list[Delta]], None] | None = None) -> list[Delta]:
@@ -186,12 +189,16 @@ class Loop:
             self.paging.extend(s.lease, part)
             s.written += n
             t = s.params.temperature if s.pending == 0 and not self._host_draws(s) and not s.params.greedy else 0.0
-            feeds.append(Feed(part, s.written - n, s.lease.page_table(self.state), t,
+            feeds.append(Feed(part, s.written - n, Units.of(s.lease), t,
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
         need_logits = any(self._host_draws(seqs[i]) for i in emitting)
         tokens, logits = self.runner.run(feeds, need_logits)
+        for s in seqs:
+            if s.snapshots and s.written == s.snapshots[0]:
+                self.paging.snapshot(s.lease)
+                s.snapshots.pop(0)
         return deltas + self._postprocess([seqs[i] for i in emitting], tokens[emitting],
                                           None if logits is None else logits[emitting])
 
@@ -210,7 +217,7 @@ class Loop:
         for s in seqs:
             self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)  # pages bound by the scheduler
             t = 0.0 if s.params.greedy else s.params.temperature
-            feeds.append(Feed([s.out[-1]], s.written, s.lease.page_table(self.state), t,
+            feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t,
                               draw_key(s.seed, len(s.out)) if t else 0))
             for j in range(1, k):
                 keys[j - 1].append(draw_key(s.seed, len(s.out) + j) if t else 0)
@@ -240,7 +247,9 @@ class Loop:
             self.paging.extend(s.lease, written, ahead=k - 1 - len(written))  # the rest goes back
             s.written += 1 + len(written)
             if s.finish is not None:
-                self._end(s, s.finish)
+                # a row that ended mid-run had its slots stepped past its last kept token: a
+                # recurrence cannot be rewound as pages are cut, so such a lease is not cached
+                self._end(s, s.finish, cache=not (self.scheduler.recurrent and len(new) < k))
         return held
 
     # ---- postprocess ---------------------------------------------------------------------
@@ -285,10 +294,10 @@ class Loop:
             self._end(s, finish)
         return self._delta(s, new, text, lps)
 
-    def _end(self, s: Sequence, finish: str) -> None:
+    def _end(self, s: Sequence, finish: str, cache: bool = True) -> None:
         s.finish = finish
         if s.lease is not None:
-            if finish == "abort":
+            if finish == "abort" or not cache:
                 self.paging.pool.free(s.lease)
             else:  # its pages stay as a cached prefix until evicted
                 self.paging.pool.checkpoint(s.lease)

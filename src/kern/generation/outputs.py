@@ -35,3 +35,8 @@ class LoopStats:
     cached_tokens: int
     pool_pages_used: int
     pool_pages_total: int
+    # every paged and per-sequence state: (state, "page" or "slot", units held, units mapped,
+    # chunks mapped); they draw on one budget of `pool_chunks` chunks, `pool_chunks_free` unmapped
+    pool_states: tuple[tuple[str, str, int, int, int], ...] = ()
+    pool_chunks: int = 0
+    pool_chunks_free: int = 0

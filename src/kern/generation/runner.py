@@ -22,9 +22,41 @@ class Feed:
 
     tokens: list[int]
     start: int  # position of the first
-    pages: list[int]  # the sequence's page table
+    units: Units  # where the sequence's state lives
     temperature: float = 0.0  # the device draws the next token at this temperature (0: argmax)
     key: int = 0  # the 64-bit key of that draw
+
+
+class Units:
+    """A sequence's page table in each paged state and its slot in each per-sequence state:
+    a lease's (read as the step fills its inputs), or the scratch row's."""
+
+    __slots__ = ("tables", "slots")
+
+    def __init__(self, tables, slots):
+        self.tables = tables  # state -> pages in token order
+        self.slots = slots  # state -> slot
+
+    @classmethod
+    def of(cls, lease) -> "Units":
+        return cls(_TableOf(lease), _SlotOf(lease))
+
+
+class _TableOf:
+    __slots__ = ("lease",)
+
+    def __init__(self, lease):
+        self.lease = lease
+
+    def __getitem__(self, state: str) -> list[int]:
+        return self.lease.page_table(state)
+
+
+class _SlotOf(_TableOf):
+    __slots__ = ()
+
+    def __getitem__(self, state: str) -> int:
+        return self.lease.slot(state)
 
 
 def buckets(limit: int, narrow: int | None = None) -> list[int]:
@@ -51,7 +83,9 @@ def bucket(n: int, sizes: list[int]) -> int:
 
 
 class Runner:
-    def __init__(self, engine: StepEngine, protocol: Protocol, scratch_page: int, decode_max: int | None = None):
+    def __init__(self, engine: StepEngine, protocol: Protocol, scratch, decode_max: int | None = None):
+        """`scratch`: a lease of one page of each paged state and a slot of each per-sequence
+        state that padding rows write, which no sequence reads."""
         self.engine = engine
         self.protocol = protocol
         # one-row-a-sequence programs, fewest sequences first: decode, and a wide decode where
@@ -67,7 +101,7 @@ class Runner:
         self.mixed_groups = self.ragged.groups_max
         # decode rows alone: the decode programs up to their bound, the ragged one past it
         self.decode_groups = max(self.decode_max, self.mixed_groups)
-        self.scratch = scratch_page  # padding rows write here, a page no sequence reads
+        self.scratch = scratch
         self._page_tokens = max(protocol.paged_states.values())
         # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
@@ -76,7 +110,9 @@ class Runner:
         """A row whose every page is the scratch page, for `steps` steps from `position`: it
         reads and writes nothing of anyone's. Its table holds the pages those steps reach and
         no more (a long context's full width would cost the host a list of thousands a row)."""
-        return Feed([0], position, [self.scratch] * -(-(position + steps) // self._page_tokens))
+        pages = -(-(position + steps) // self._page_tokens)
+        tables = {state: self.scratch.page_table(state)[:1] * pages for state in self.protocol.paged_states}
+        return Feed([0], position, Units(tables, Units.of(self.scratch).slots))
 
     def reach_buckets(self, reach: int) -> list[int]:
         """The decode program's reach buckets up to the one holding `reach` positions."""
@@ -144,8 +180,13 @@ class Runner:
         for pt in st.page_tables:
             table = np.zeros((n, self.engine.shapes[pt.buffer][1]), np.int32)
             for i, f in enumerate(feeds):
-                table[i, :len(f.pages)] = f.pages
+                pages = f.units.tables[pt.state]
+                table[i, :len(pages)] = pages
             inputs[pt.buffer] = table
+        for si in st.slots:
+            inputs[si.buffer] = np.array([f.units.slots[si.state] for f in feeds], np.int32)
+        if "seq_len" in st.inputs:  # positions each sequence holds after this step
+            inputs[st.inputs["seq_len"]] = np.array([f.start + len(f.tokens) for f in feeds], np.int32)
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(f.tokens) for f in feeds], dtype=np.int32)
         if "temperature" in st.inputs:
@@ -191,6 +232,8 @@ class Runner:
         later = []
         for j in range(1, k):
             step = {st.inputs["position"]: pos + j}
+            if "seq_len" in st.inputs:
+                step[st.inputs["seq_len"]] = inputs[st.inputs["seq_len"]] + j
             if "rng" in st.inputs:  # always among the varying inputs: one graph whether rows draw or not
                 step[st.inputs["rng"]] = _keys((keys[j - 1] if keys else [0] * n) + [0] * (len(padded) - n))
             later.append(step)
@@ -203,7 +246,8 @@ class Runner:
 
 
 def _buffers(st: Stepper) -> set[str]:
-    return {*st.inputs.values(), *st.outputs.values(), *(pt.buffer for pt in st.page_tables)}
+    return {*st.inputs.values(), *st.outputs.values(), *(pt.buffer for pt in st.page_tables),
+            *(si.buffer for si in st.slots)}
 
 
 def _keys(keys: list[int]) -> np.ndarray:

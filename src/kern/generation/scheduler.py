@@ -51,6 +51,12 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
     return rows
 
 
+def _upto_snapshot(s: SequenceState, n: int) -> int:
+    """A chunk of n tokens cut to end where s takes its next snapshot, if it would pass it."""
+    at = s.snapshots[0] if s.snapshots else 0
+    return at - s.written if s.written < at < s.written + n else n
+
+
 def victim(running: Sequence[Running]) -> str:
     """The request to preempt when the budget cannot grow the running ones: the youngest
     (admitted last), whose checkpoint is smallest and whose wait is fairest."""
@@ -78,6 +84,7 @@ class Scheduler:
         self.paging, self.limits = paging, limits
         self.decode_groups, self.mixed_groups, self.chunk_max = decode_groups, mixed_groups, chunk_max
         self.ahead_rows = ahead_rows
+        self.recurrent = any(not k.paged for k in paging.pool.layout.kinds)  # per-sequence states
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.hold = False  # admit nothing until a request ends: no preemption ping-pong
@@ -95,7 +102,7 @@ class Scheduler:
         rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget, self.chunk_max,
                         self.decode_groups, self.mixed_groups)
         by_id = {s.id: s for s in self.running}
-        return Plan(self._grow([(by_id[r.id], r.tokens) for r in rows]))
+        return Plan(self._grow([(by_id[r.id], _upto_snapshot(by_id[r.id], r.tokens)) for r in rows]))
 
     def admit(self) -> None:
         if self.hold and self.running:
@@ -107,11 +114,29 @@ class Scheduler:
                 return  # the pool says wait: the head keeps its place
             self.waiting.popleft()
             s.lease, s.written = grant.lease, grant.cached
+            s.snapshots = self._snapshots(s, grant.cached)
             if not s.admitted:
                 s.admitted, s.cached = True, grant.cached
                 self.prompt_tokens += len(s.prompt)
                 self.cached_tokens += grant.cached
             self.running.append(s)
+
+    def _snapshots(self, s: SequenceState, cached: int) -> list[int]:
+        """The lengths at which s's prefill snapshots its per-sequence state. A recurrence
+        resumes only from a checkpoint of exactly its length, so:
+        - a prompt that shares more with the cache than a whole checkpoint gives (the system
+          prompt of an earlier request, which went on past it) snapshots where the sharing
+          ends: the next prompt that shares it starts there;
+        - where decode runs ahead, the prompt's end: a request that stops inside a run is not
+          cached at its end (its slot ran past it), and its next turn starts from here.
+        None shorter than a page (cheaper to recompute than a slot is to copy and hold); none
+        for paged states alone (a prefix of any length is usable)."""
+        if not self.recurrent:
+            return []
+        at = {self.paging.pool.shared(s.tokens)}
+        if self.limits.run_ahead > 1 and not s.out:
+            at.add(len(s.prompt))
+        return sorted(n for n in at if n > cached and n >= self.paging.page_tokens)
 
     def preempt(self, s: SequenceState) -> None:
         """Give a running sequence's memory back, keeping its tokens so far as a prefix

@@ -21,6 +21,7 @@ class Sequence:
     written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)
     cached: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted: bool = False
+    snapshots: list[int] = field(default_factory=list)  # prefill chunks end at these lengths, checkpointed there
     finish: str | None = None
 
     @property

@@ -28,6 +28,14 @@ class PageTable:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotInput:
+    """An input of the `slot` role: each sequence's slot of one per-sequence state."""
+
+    buffer: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stepper:
     """One program that steps a batch."""
 
@@ -40,6 +48,7 @@ class Stepper:
     inputs: dict[str, str]  # role -> buffer
     outputs: dict[str, str]  # role -> buffer
     page_tables: tuple[PageTable, ...]
+    slots: tuple[SlotInput, ...] = ()  # the `slot` role's inputs, one per per-sequence state it reads
     reach_var: str | None = None  # the var set to the positions a step reaches (bucketed)
     reach_max: int = 0
 
@@ -80,7 +89,7 @@ class Protocol:
     once: tuple[str, ...]
     paged_states: dict[str, int]  # paged state -> tokens per page
     max_positions: int | None = None  # positions a sequence may reach: the position inputs' domain
-    slot_state: str | None = None  # the per-sequence state whose slots the `slot` role carries
+    slot_buffers: dict[str, str] | None = None  # a `slot` input -> the per-sequence state whose slots it holds
 
     def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
         """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
@@ -116,6 +125,8 @@ def derive(v: Verified) -> Protocol:
     for name, st in m.states.items():
         if st.bytes_per_token is not None:
             paged[name] = 0
+    per_seq = [n for n, st in m.states.items() if st.bytes_per_seq is not None]
+    slot_buffers: dict[str, str] = {}
     for pname, prog in m.programs.items():
         if prog.batch is None:
             continue
@@ -124,10 +135,17 @@ def derive(v: Verified) -> Protocol:
             for a in call.args:
                 if isinstance(a, BufArg) and a.buf not in touched:
                     touched.append(a.buf)
-        inputs, outputs, tables = {}, {}, []
+        inputs, outputs, tables, slots = {}, {}, [], []
         for bname in touched:
             b = m.buffers[bname]
-            if b.fill is not None:
+            if b.fill == "slot":
+                state = _slot_state(bname, b, per_seq)
+                if state in [x.state for x in slots]:
+                    raise ProtocolError(f"program {pname!r} touches two slot inputs of state {state!r}: "
+                                        f"{next(x.buffer for x in slots if x.state == state)!r} and {bname!r}")
+                slots.append(SlotInput(bname, state))
+                slot_buffers[bname] = state
+            elif b.fill is not None:
                 side = inputs if b.fill in INPUT_ROLES else outputs
                 if b.fill in side:
                     raise ProtocolError(f"program {pname!r} touches two buffers of role {b.fill!r}: "
@@ -145,15 +163,22 @@ def derive(v: Verified) -> Protocol:
         steppers.append(Stepper(
             program=pname, groups_var=gvar, groups_max=evaluate(g, env_max), rows=fixed_rows, rows_var=rvar,
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
-            inputs=inputs, outputs=outputs, page_tables=tuple(tables),
+            inputs=inputs, outputs=outputs, page_tables=tuple(tables), slots=tuple(slots),
             reach_var=reach, reach_max=env_max[reach] if reach else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
-    per_seq = [n for n, st in m.states.items() if st.bytes_per_seq is not None]
-    if len(per_seq) > 1 and any("slot" in s.inputs for s in steppers):
-        # a lease holds one slot of each per-sequence state, not necessarily at one index
-        raise ProtocolError(f"the slot role carries one slot, the manifest declares {len(per_seq)} per-sequence "
-                            f"states ({', '.join(per_seq)}): declare them as one")
     bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
-    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, per_seq[0] if per_seq else None)
+    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers)
+
+
+def _slot_state(name: str, b, per_seq: list[str]) -> str:
+    """The per-sequence state a `slot` input indexes: its domain's index_into, or the one
+    per-sequence state. A lease holds one slot of each per-sequence state, not at one index:
+    with several, each slot input names its own."""
+    if b.domain is not None and b.domain.index_into:
+        return b.domain.index_into
+    if len(per_seq) == 1:
+        return per_seq[0]
+    raise ProtocolError(f"buffers.{name}: a slot input must name its per-sequence state (domain.index_into) where "
+                        f"the manifest declares {len(per_seq)} ({', '.join(per_seq) or 'none'})")

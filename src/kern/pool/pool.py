@@ -62,6 +62,11 @@ class Pool:
         per-sequence state too, only a whole checkpoint does (its state holds all its tokens)."""
         return self._index.match(prompt, whole_only=len(self._device.paged) < len(self._device.books))
 
+    def shared(self, prompt: Sequence[int]) -> int:
+        """Tokens of `prompt[:-1]` that cached checkpoints hold, whole or not (pure): where a
+        snapshot of per-sequence state would let the next prompt that shares them start."""
+        return self._index.match(prompt, whole_only=False).tokens
+
     def lease(self, prompt: Sequence[int], reserve: int, *, cache: bool = True) -> Granted | Remap | Refusal:
         """Memory for a request whose worst case is `reserve` tokens (prompt + most new
         tokens), all or nothing. With `cache`, starts from the longest cached prefix; the

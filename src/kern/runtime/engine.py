@@ -224,11 +224,12 @@ class Engine:
         if arr.shape != shape:
             raise BoundsError(f"program {program!r}: input {buffer!r}{f' ({b.fill})' if b.fill else ''} has shape "
                               f"{list(arr.shape)}, the step needs {list(shape)}")
-        slots = self.slots.get(self.protocol.slot_state) if b.fill == "slot" else None
+        slot_state = (self.protocol.slot_buffers or {}).get(buffer)
+        slots = self.slots.get(slot_state) if slot_state is not None else None
         if slots is not None and arr.size and not 0 <= int(arr.min()) <= int(arr.max()) < slots:
             raise BoundsError(f"program {program!r}: input {buffer!r} (slot) holds slots [{int(arr.min())}, "
-                              f"{int(arr.max())}], state {self.protocol.slot_state!r} has {slots}; refused before launch")
-        d = b.domain
+                              f"{int(arr.max())}], state {slot_state!r} has {slots}; refused before launch")
+        d = b.domain if slot_state is None else None
         if d is not None and arr.size:
             lo_v, hi_v = int(arr.min()), int(arr.max())
             if d.range is not None:

@@ -87,7 +87,8 @@ class Paging:
         self.kinds = {k.name: k for k in lay.kinds}
         self.page_tokens = lay.page_tokens
         paged = [k.name for k in lay.kinds if k.paged]
-        self.state = paged[0] if len(paged) == 1 else None  # the one paged state a loop steps
+        # a lease holds as many pages of every paged state: the first one's count them all
+        self.state = paged[0] if paged else None
         self._host = np.zeros(lay.host_chunks * lay.chunk_bytes, np.uint8)
         self.execute(pool.initial_plan)
 
@@ -116,10 +117,13 @@ class Paging:
             self.engine.write_state(f.state, lay.offset(k, f.unit), self._host[f.host:f.host + k.unit_bytes])
 
     def capacity(self) -> int:
-        """Tokens of the paged state the whole budget holds (every dynamic chunk its pages)."""
-        lay = self.pool.layout
-        k = self.kinds[self.state]
-        return lay.dynamic * k.per_chunk * self.page_tokens
+        """Tokens one sequence may hold with the whole budget to itself (its slots and the
+        pages of every paged state)."""
+        lo, hi = 0, self.pool.layout.dynamic * max(k.per_chunk for k in self.kinds.values()) * self.page_tokens
+        while lo < hi:  # the largest count that fits (fits is monotonic)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.fits(mid) else (lo, mid - 1)
+        return lo
 
     def fits(self, reserve: int) -> bool:
         """Whether a lease of `reserve` tokens fits the budget with nothing else in it."""
@@ -155,6 +159,22 @@ class Paging:
                                   f"budget has {r.chunks_in_pool}: raise the budget or shorten the request")
             elif isinstance(r, Wait):
                 raise Busy(f"the state budget cannot hold {reserve} tokens now: {r.why}")
+
+    def snapshot(self, lease) -> bool:
+        """A checkpoint of the lease's tokens so far while the lease runs on: whole pages shared,
+        the page its tokens end inside and every slot copied (pool.fork, then checkpoint).
+        False where the budget has no room for the copies now: a snapshot is worth neither an
+        eviction nor a wait."""
+        while True:
+            r = self.pool.fork(lease, len(lease.tokens))
+            if isinstance(r, Granted):
+                self.execute(r.plan)
+                self.pool.checkpoint(r.lease)
+                return True
+            if not isinstance(r, Remap):
+                return False
+            self.execute(r.plan)
+            self.pool.remapped(r.plan)
 
     def extend(self, lease, tokens: list[int], ahead: int = 0) -> None:
         """Record `tokens` as written, and bind pages for `ahead` more (pool.extend)."""

@@ -59,6 +59,15 @@ class Metrics:
         self.pages_used = Gauge("kern_pool_pages_used", "Pool pages in use (leased or cached)", registry=r)
         self.pages_total = Gauge("kern_pool_pages_total", "Pool pages in all", registry=r)
         self.pool_use = Gauge("kern_pool_use", "Fraction of the pool's pages in use", registry=r)
+        # every state's pages or slots, and the one budget of chunks they are drawn from
+        self.units_held = Gauge("kern_pool_units_held", "Pages or slots of a state in use (leased or cached)",
+                                ["state", "unit"], registry=r)
+        self.units_mapped = Gauge("kern_pool_units_mapped", "Pages or slots of a state its mapped chunks hold",
+                                  ["state", "unit"], registry=r)
+        self.chunks = Gauge("kern_pool_chunks", "Chunks of the one state budget mapped to each state "
+                            "(state=\"unmapped\": to none)", ["state"], registry=r)
+        self.chunks_total = Gauge("kern_pool_chunks_total", "Chunks in the one state budget every paged and "
+                                  "per-sequence state draws on", registry=r)
 
     def observe_stats(self, s: LoopStats) -> None:
         """From a LoopStats (called on the event loop after each step)."""
@@ -68,6 +77,13 @@ class Metrics:
         self.pages_used.set(s.pool_pages_used)
         self.pages_total.set(s.pool_pages_total)
         self.pool_use.set(s.pool_pages_used / s.pool_pages_total if s.pool_pages_total else 0.0)
+        for state, unit, held, mapped, chunks in s.pool_states:
+            self.units_held.labels(state, unit).set(held)
+            self.units_mapped.labels(state, unit).set(mapped)
+            self.chunks.labels(state).set(chunks)
+        if s.pool_states:
+            self.chunks.labels("unmapped").set(s.pool_chunks_free)
+            self.chunks_total.set(s.pool_chunks)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,11 +77,18 @@ def _domain(c: Context, where: str, b) -> Iterator[Problem]:
         if st is None:
             if c.missing("states", d.index_into):
                 yield Problem(f"{where}.domain.index_into", f"no state named {d.index_into!r}")
+        elif b.fill == "slot":  # a slot input names the per-sequence state whose slots it holds
+            if st.bytes_per_seq is None:
+                yield Problem(f"{where}.domain.index_into", f"a slot input indexes a per-sequence state; "
+                              f"{d.index_into!r} has no bytes_per_seq")
         elif st.bytes_per_token is None:
             yield Problem(f"{where}.domain.index_into", f"state {d.index_into!r} is not paged (no bytes_per_token)")
         if d.range is not None:
             yield Problem(f"{where}.domain", "give range or index_into, not both")
-        if d.stride is None:
+        if b.fill == "slot":
+            if d.stride is not None:
+                yield Problem(f"{where}.domain.stride", "a slot input indexes slots, it has no stride")
+        elif d.stride is None:
             yield Problem(f"{where}.domain", "index_into needs stride (tokens per page)")
         else:
             s = c.bounds(d.stride, f"{where}.domain.stride")

@@ -71,8 +71,10 @@ def programs(c: Context) -> Iterator[Problem]:
 
 
 def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
-    """A stepping program touches at most one buffer per serving role."""
-    fill_of = {n: b.fill for n, b in c.m.buffers.items() if b.fill is not None}
+    """A stepping program touches at most one buffer per serving role (a slot input per
+    per-sequence state it names)."""
+    fill_of = {n: b.fill if b.fill != "slot" or b.domain is None or not b.domain.index_into
+               else f"slot of {b.domain.index_into}" for n, b in c.m.buffers.items() if b.fill is not None}
     holder: dict[str, str] = {}
     for ci, touched, *_ in accesses:
         for bname in touched:
