@@ -53,8 +53,8 @@ PANEL_BYTES = 1 << 19
 
 def linear(x, w, y):
     """y = x @ w.T a row at a time: one gemv per row and fixed panel of w's rows, so each
-    output's dot product is the same call whatever the number of rows (a gemm over the rows
-    would be ~1.5x faster on a prompt chunk and change with it)."""
+    output's dot product is the same call whatever the number of rows (one gemm over the rows
+    is faster on a prompt chunk, docs/perf.md, and its bits change with them)."""
     n, k = w.shape
     step = max(1, PANEL_BYTES // (4 * k))
     for lo in range(0, n, step):
