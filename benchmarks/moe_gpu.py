@@ -19,6 +19,9 @@ Steps, each a process of its own with its own timeout (faulthandler says where a
         own bf16; then greedy decode tok/s at each --batch (benchmarks/decode.py's run_kern:
         32-token prompts, 128 new tokens, run-ahead 8; batch 64 steps the wide decode program),
         with the bytes a batch-1 token reads and the fraction of the 4.8 TB/s read ceiling.
+  bench `kern bench` of the EP=1 deployment on the checkpoint at --bench-rows decode rows (context
+        160): where a step's time goes, op by op (moe_route, moe_experts, moe_combine, attention,
+        the linears), into $OUT/bench.log and $OUT/bench.json (`--steps ckpt,bench` for it alone).
 $OUT/summary.json (every figure) and $OUT/summary.txt (a short table) are rewritten after each
 step, so whatever the outer cap kills, what ran is reported; each step's log is $OUT/<step>.log.
 Disk: 24 layers are 15.6B parameters, 31 GB of bf16 (the device has 64 GB).
@@ -118,11 +121,14 @@ ours = compare(fp32, narrow)
 ends = (np.arange(seqs) + 1) * length - 1
 wide = compare(fp32[ends], np.stack(last))
 hf_last = compare(fp32[ends], bf16[ends])
-ok = ours["mean_kl"] <= 2 * spread["mean_kl"] + 1e-4 and ours["agree_decisive"] >= spread["agree_decisive"] - 0.02
+# the yardstick judges only where transformers' bf16 follows its own fp32: a chaotic random model
+# (bf16 and fp32 on different next tokens) would pass any candidate
+judgeable = spread["agree_decisive"] >= 0.9
+ok = judgeable and ours["mean_kl"] <= 2 * spread["mean_kl"] + 1e-4 and ours["agree_decisive"] >= spread["agree_decisive"] - 0.02
 emit(parity={"transformers_bf16_vs_fp32": spread, "kern_decode_vs_fp32": ours,
              "kern_prefill_last_rows_vs_fp32": wide, "transformers_bf16_last_rows_vs_fp32": hf_last,
-             "within_spread": bool(ok)})
-say("parity", "PASS" if ok else "FAIL")
+             "judgeable": bool(judgeable), "within_spread": bool(ok)})
+say("parity", "PASS" if ok else "FAIL" if judgeable else "NOT JUDGED (transformers' bf16 and fp32 disagree)")
 eng = model.engine
 c = eng.consts if ep == 1 else {**eng.consts, "local_experts": eng.consts["experts"]}
 q_dim, kv_dim = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
@@ -151,6 +157,23 @@ for batch in batches:
 print("KERN OK")
 """
 
+BENCH = r"""
+import json, sys
+from pathlib import Path
+from kern.bench.report import table
+from kern.bench.run import bench
+from kern.bench.workload import parse
+from kern_models.qwen3_moe.generator import generate
+ckpt, target, rows, out = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+cfg = json.loads((ckpt / "config.json").read_text())
+man = generate(cfg, ckpt.parent / f"deploy-{target}-ep1", target=target, model="qwen3-moe-random", context=1024)
+wl = parse(f"samples = 5\n[[sweep]]\ngroups = [1]\nrows = [{rows}]\ncontext = [160]\n", "moe.toml")
+doc = bench(man, ckpt, wl, progress=False)
+(out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+print("\n".join(table(doc)))
+print("BENCH OK")
+"""
+
 
 def _gpus() -> int:
     try:
@@ -170,7 +193,9 @@ def table(s: dict) -> str:
                 v = p[k]
                 out.append(f"{k + tag:38s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  argmax agree "
                            f"{v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
-            out.append(f"parity{tag} within transformers' bf16 spread: {p['within_spread']}")
+            out.append(f"parity{tag} within transformers' bf16 spread: {p['within_spread']}"
+                       + ("" if p.get("judgeable", True) else " (not judgeable: transformers' bf16 "
+                                                               "and fp32 disagree on most next tokens)"))
         for d in s.get("decode" + tag, []):
             extra = (f"  {d['bytes_per_token_gb']} GB/token, {d['fraction_of_read_ceiling']} of the read ceiling"
                      if "bytes_per_token_gb" in d else "")
@@ -195,6 +220,8 @@ def main() -> int:
     ap.add_argument("--ckpt-timeout", type=int, default=270)
     ap.add_argument("--kern-timeout", type=int, default=270)
     ap.add_argument("--ep-timeout", type=int, default=270)
+    ap.add_argument("--bench-rows", default="1,16,64", help="bench: decode rows of each scenario")
+    ap.add_argument("--bench-timeout", type=int, default=200)
     args = ap.parse_args()
     steps = args.steps.split(",")
     out = Path(os.environ.get("OUT", "/tmp/out"))
@@ -252,6 +279,12 @@ def main() -> int:
                     s["parity" + tag] = got["parity"]
         if "KERN OK" not in text:
             s["notes"].append(f"{step} did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
+        report()
+    if ok and "bench" in steps:
+        text = r.step("bench", [sys.executable, "-c", BENCH, str(ckpt), args.target, args.bench_rows, str(out)],
+                      args.bench_timeout)
+        if "BENCH OK" not in text:
+            s["notes"].append("bench did not finish: " + " | ".join(text.strip().splitlines()[-4:]))
         report()
     print(table(s))
     return 0

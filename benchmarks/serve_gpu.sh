@@ -30,21 +30,7 @@ timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; ma
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 benchmarks/serve.py --prepare $CKPT
 
-up() {  # wait for $1/health (at most $2 seconds) while process $3 lives
-  for _ in $(seq 1 $(($2 * 5))); do
-    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
-      2> /dev/null && return 0
-    kill -0 $3 2> /dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
-
-stop() {  # SIGTERM (uvicorn shuts down gracefully), then wait for the server to go
-  kill -TERM $1 2> /dev/null
-  for _ in $(seq 1 20); do kill -0 $1 2> /dev/null || return 0; sleep 1; done
-  kill -KILL $1 2> /dev/null
-}
+. benchmarks/servers.sh  # up, stop, served
 
 measure() {  # $1 label, $2 url: the lone stream, the curve, the long prompts (JSON lines in $OUT/$1.jsonl)
   local conc=${CONC//,/ }
@@ -82,13 +68,7 @@ if [ "$PEER" = vllm ]; then
   PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 \
     --max-model-len $((LONG_PROMPT + 256)) > $OUT/vllm_serve.log 2>&1 &
   PID=$!
-  if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
-    echo "{\"label\": \"vllm\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
-      | tee $OUT/vllm_startup.json
-    measure vllm http://127.0.0.1:8102
-  else
-    echo "vllm did not come up"; tail -15 $OUT/vllm_serve.log
-  fi
+  served vllm http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID $T0 $OUT $OUT/vllm_serve.log
   stop $PID
 elif [ "$PEER" = transformers ]; then
   # transformers serve: /v1/models fails unless the hub cache folder exists (LESSONS.md, Serving).
