@@ -72,23 +72,38 @@ moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__rest
 
 // ---- narrow decode: only the chosen experts' rows are read --------------------------------------
 // A warp a column; a block MOE_COLS columns (32 * MOE_COLS threads). Batch-1 decode is a stream
-// of weight rows, so each warp issues the loads of every row it needs (gate and up; or every
-// choice's down row) before any reduction: the lane partials first, the xor trees after.
+// of weight rows, and a row of the down projection is only 768 long (3 chunks of 16 bytes a
+// lane): so each warp walks the rows it needs (gate and up; or every choice's down row) side by
+// side, one chunk of each row in flight together, and reduces after (the lane partials first,
+// the xor trees last). A warp then waits on memory ceil(K / 256) times, not that many times a row.
 
-// This lane's part of the dot product of bf16 rows x and w over K (K % 8 == 0): 16-byte chunks
-// lane, lane + 32, ...; warp_sum of it is the dot product (the same tree on every device run).
-__device__ __forceinline__ float lane_dot(const bf16 *__restrict__ x, const bf16 *__restrict__ w, int K) {
-    const uint4 *x8 = reinterpret_cast<const uint4 *>(x), *w8 = reinterpret_cast<const uint4 *>(w);
-    float acc = 0.f;
-#pragma unroll 4
-    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
-        float a[8], b[8];
-        unpack8(x8[i], a);
-        unpack8(w8[i], b);
+// Lane partials of N dot products of bf16 rows x[q] . w[q] over K (K % 8 == 0), the rows with
+// on[q] false skipped (their partial stays 0): each partial takes this lane's 16-byte chunks
+// lane, lane + 32, ... in that order, whatever N is, so warp_sum of it is the dot product the
+// one-row loop gave (the same bits on every run).
+template <int N>
+__device__ __forceinline__ void lane_dots(const bf16 *const (&x)[N], const bf16 *const (&w)[N], const bool (&on)[N],
+                                          int K, float (&acc)[N]) {
 #pragma unroll
-        for (int t = 0; t < 8; ++t) acc = fmaf(a[t], b[t], acc);
+    for (int q = 0; q < N; ++q) acc[q] = 0.f;
+    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
+        uint4 xv[N], wv[N];
+#pragma unroll
+        for (int q = 0; q < N; ++q)  // every row's chunk requested before any is used
+            if (on[q]) {
+                xv[q] = reinterpret_cast<const uint4 *>(x[q])[i];
+                wv[q] = reinterpret_cast<const uint4 *>(w[q])[i];
+            }
+#pragma unroll
+        for (int q = 0; q < N; ++q)
+            if (on[q]) {
+                float a[8], b[8];
+                unpack8(xv[q], a);
+                unpack8(wv[q], b);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) acc[q] = fmaf(a[t], b[t], acc[q]);
+            }
     }
-    return acc;
 }
 
 // SwiGLU as the dense path and transformers in bf16 round it: silu of the bf16 gate, rounded,
@@ -110,33 +125,38 @@ moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const 
     if (e < 0 || e >= count) return;
     const bf16 *xr = x + (size_t)r * hidden;
     const bf16 *We = W + (size_t)e * 2 * inter * hidden;
-    const float g = lane_dot(xr, We + (size_t)c * hidden, hidden);
-    const float u = lane_dot(xr, We + (size_t)(inter + c) * hidden, hidden);
-    const float gs = warp_sum(g), us = warp_sum(u);
+    const bf16 *const xs[2] = {xr, xr}, *const ws[2] = {We + (size_t)c * hidden, We + (size_t)(inter + c) * hidden};
+    const bool on[2] = {true, true};
+    float gu[2];
+    lane_dots<2>(xs, ws, on, hidden, gu);
+    const float gs = warp_sum(gu[0]), us = warp_sum(gu[1]);
     if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(gs, us);
 }
 
 // sum over j (in order) of weights[r, j] * rbf(act[r, j] . down_e[n]), e = ids[r, j] - first,
 // over the choices whose expert is held here (first .. first + count - 1): this warp's output n
-// of row r. The choices go in groups of 8, each group's loads in flight together.
+// of row r. The choices go in groups of 8, each group's rows walked side by side (lane_dots).
 __device__ __forceinline__ float down_sum(const bf16 *__restrict__ act, const int *__restrict__ ids,
                                           const float *__restrict__ weights, const bf16 *__restrict__ W, int r,
                                           int n, int top_k, int hidden, int inter, int first, int count) {
     float acc = 0.f;
     for (int j0 = 0; j0 < top_k; j0 += 8) {
-        float part[8];
+        const bf16 *as[8], *ws[8];
+        bool on[8];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
             const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
-            part[jj] = e < 0 || e >= count ? 0.f
-                                           : lane_dot(act + (size_t)pair * inter, W + ((size_t)e * hidden + n) * inter,
-                                                      inter);
+            on[jj] = e >= 0 && e < count;
+            as[jj] = act + (size_t)pair * inter;
+            ws[jj] = W + ((size_t)(on[jj] ? e : 0) * hidden + n) * inter;
         }
+        float part[8];
+        lane_dots<8>(as, ws, on, inter, part);
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
-            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            const int pair = r * top_k + j0 + jj;
             const float d = warp_sum(part[jj]);
-            if (e >= 0 && e < count) acc = fmaf(weights[pair], rbf(d), acc);
+            if (on[jj]) acc = fmaf(weights[pair], rbf(d), acc);
         }
     }
     return acc;
