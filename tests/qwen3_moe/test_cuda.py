@@ -70,6 +70,20 @@ def test_the_kernel_table_matches_moe_cu():
         assert tuple(p.kind for p in params) == k.c_kinds(), k.entry
 
 
+def test_the_narrow_gate_up_holds_every_pair_the_decode_program_can_step():
+    """moe_gemv_gate_up stages a launch's rows * top_k pairs in shared memory (MOE_GEMV_MAX_PAIRS
+    of them) to find each chosen expert's pairs: the most sequences the graph-captured decode
+    program steps, times the most choices moe_route makes, must fit."""
+    import re
+
+    from kern_models.llama.manifests.cuda import DECODE_SEQS
+
+    src = (CUBINS.folder / "moe.cu").read_text()
+    assert int(re.search(r"#define MOE_GEMV_MAX_PAIRS (\d+)", src).group(1)) == table.GEMV_MAX_PAIRS
+    assert int(re.search(r"#define MOE_MAX_EXPERTS (\d+)", src).group(1)) == table.MAX_EXPERTS
+    assert DECODE_SEQS * table.MAX_TOP_K <= table.GEMV_MAX_PAIRS
+
+
 def test_the_pin_is_of_this_tree_s_sources():
     """moe.cubin's pin names the digest of its inputs (flags, moe.cu, the shared headers): a
     change to any of them (common.cuh included) needs `python -m kern_models.common.cubins

@@ -113,24 +113,131 @@ __device__ __forceinline__ bf16 swiglu(float gate, float up) {
     return to_bf(rbf(g / (1.f + expf(-g))) * rbf(up));
 }
 
+// Lane partials acc[w][q] of the dot products x[q] . W[w] of R weight rows with G bf16 rows x
+// over K (K % 8 == 0), the x rows with on[q] false skipped: each weight chunk is read once for
+// every x row (the x rows are few and hot in L1), and each partial takes this lane's chunks
+// lane, lane + 32, ... in order: the bits of lane_dots' one-pair loop.
+template <int R, int G>
+__device__ __forceinline__ void lane_dots_shared(const bf16 *const (&W)[R], const bf16 *const (&x)[G],
+                                                 const bool (&on)[G], int K, float (&acc)[R][G]) {
+#pragma unroll
+    for (int w = 0; w < R; ++w)
+#pragma unroll
+        for (int q = 0; q < G; ++q) acc[w][q] = 0.f;
+#pragma unroll 2
+    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
+        uint4 wv[R], xv[G];
+#pragma unroll
+        for (int w = 0; w < R; ++w) wv[w] = reinterpret_cast<const uint4 *>(W[w])[i];
+#pragma unroll
+        for (int q = 0; q < G; ++q)
+            if (on[q]) xv[q] = reinterpret_cast<const uint4 *>(x[q])[i];
+#pragma unroll
+        for (int w = 0; w < R; ++w) {
+            float b[8];
+            unpack8(wv[w], b);
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                if (on[q]) {
+                    float a[8];
+                    unpack8(xv[q], a);
+#pragma unroll
+                    for (int t = 0; t < 8; ++t) acc[w][q] = fmaf(a[t], b[t], acc[w][q]);
+                }
+        }
+    }
+}
+
+// The pairs (r * top_k + j) of the blockIdx.y-th expert, in ascending expert index, among the
+// experts some pair chose that this buffer holds (ids - first in [0, count)): into list, in
+// pair order (their count into n); returns that expert less first, or -1 past the last one.
+// Every thread of the block calls it (it syncs). n_pairs <= MOE_GEMV_MAX_PAIRS (the manifest
+// checks it: the narrow decode's rows times top_k).
+#define MOE_GEMV_MAX_PAIRS 1024
+__device__ __forceinline__ int expert_pairs(const int *__restrict__ ids, int n_pairs, int first, int count,
+                                            int *list, int &n) {
+    static_assert(MOE_MAX_EXPERTS == 32 * 32, "one bitmap word a lane");
+    __shared__ unsigned used[32];
+    __shared__ int sid[MOE_GEMV_MAX_PAIRS];
+    __shared__ int found[2];
+    n_pairs = min(n_pairs, MOE_GEMV_MAX_PAIRS);
+    if (threadIdx.x < 32) used[threadIdx.x] = 0u;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int e = ids[p] - first;
+        sid[p] = e;
+        if (e >= 0 && e < count && e < MOE_MAX_EXPERTS) atomicOr(&used[e >> 5], 1u << (e & 31));  // integer: exact
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, k = blockIdx.y;
+        unsigned word = used[lane];
+        const int mine = __popc(word);
+        int incl = mine;  // experts chosen in words 0 .. lane
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += t;
+        }
+        int e = -1;
+        if (k >= incl - mine && k < incl) {  // the k-th chosen expert is in this lane's word
+            for (int i = incl - mine; i < k; ++i) word &= word - 1;
+            e = lane * 32 + __ffs(word) - 1;
+        }
+        const unsigned has = __ballot_sync(0xffffffffu, e >= 0);
+        e = has ? __shfl_sync(0xffffffffu, e, __ffs(has) - 1) : -1;
+        int got = 0;
+        for (int base = 0; e >= 0 && base < n_pairs; base += 32) {
+            const bool hit = base + lane < n_pairs && sid[base + lane] == e;
+            const unsigned b = __ballot_sync(0xffffffffu, hit);
+            if (hit) list[got + __popc(b & ((1u << lane) - 1u))] = base + lane;
+            got += __popc(b);
+        }
+        if (lane == 0) found[0] = e, found[1] = got;
+    }
+    __syncthreads();
+    n = found[1];
+    return found[0];
+}
+
 // act[r, j, c] = swiglu(x[r] . gate_e[c], x[r] . up_e[c]), e = ids[r, j] - first, for the
 // experts first .. first + count - 1 this buffer holds ([gate_e; up_e] = W[e * 2 inter ..]).
-// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k).
-extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
+// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k):
+// block y takes the y-th chosen expert (expert_pairs) and every pair that chose it, so an
+// expert's rows are read once however many rows chose it (at 16 rows, 128 pairs choose ~82 of
+// 128 experts); the blocks past the last chosen expert return at once.
+// An expert's pairs a warp carries at once: 3 covers most experts in one pass at 16 and 32 rows
+// (~1.6 and ~2.3 pairs a chosen expert), more go in passes that find the rows in L1 or L2. 61
+// registers, 4 blocks a SM: at batch 1 (768 blocks) 32 warps x 2 KB of weight chunks in flight
+// a SM (unroll 2 x gate, up), against ~35 KB that 4.8 TB/s x ~1 us of latency asks for.
+#define MOE_GEMV_GROUP 3
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS, 4)  // <= 64 registers: 4 blocks a SM
 moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const bf16 *__restrict__ W,
                  bf16 *__restrict__ act, int rows, int top_k, int inter, int hidden, int first, int count) {
-    const int pair = blockIdx.y, r = pair / top_k, c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
-    if (r >= rows || c >= inter) return;
-    const int e = ids[pair] - first;
-    if (e < 0 || e >= count) return;
-    const bf16 *xr = x + (size_t)r * hidden;
+    __shared__ int list[MOE_GEMV_MAX_PAIRS];
+    int n;
+    const int e = expert_pairs(ids, rows * top_k, first, count, list, n);
+    const int c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (e < 0 || c >= inter) return;
     const bf16 *We = W + (size_t)e * 2 * inter * hidden;
-    const bf16 *const xs[2] = {xr, xr}, *const ws[2] = {We + (size_t)c * hidden, We + (size_t)(inter + c) * hidden};
-    const bool on[2] = {true, true};
-    float gu[2];
-    lane_dots<2>(xs, ws, on, hidden, gu);
-    const float gs = warp_sum(gu[0]), us = warp_sum(gu[1]);
-    if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(gs, us);
+    const bf16 *const ws[2] = {We + (size_t)c * hidden, We + (size_t)(inter + c) * hidden};
+    for (int g0 = 0; g0 < n; g0 += MOE_GEMV_GROUP) {
+        const bf16 *xs[MOE_GEMV_GROUP];
+        bool on[MOE_GEMV_GROUP];
+#pragma unroll
+        for (int q = 0; q < MOE_GEMV_GROUP; ++q) {
+            on[q] = g0 + q < n;
+            xs[q] = x + (size_t)(on[q] ? list[g0 + q] / top_k : 0) * hidden;
+        }
+        float gu[2][MOE_GEMV_GROUP];
+        lane_dots_shared<2, MOE_GEMV_GROUP>(ws, xs, on, hidden, gu);
+#pragma unroll
+        for (int q = 0; q < MOE_GEMV_GROUP; ++q)
+            if (on[q]) {  // the same for every lane of the warp
+                const float gs = warp_sum(gu[0][q]), us = warp_sum(gu[1][q]);
+                if ((threadIdx.x & 31) == 0) act[(size_t)list[g0 + q] * inter + c] = swiglu(gs, us);
+            }
+    }
 }
 
 // sum over j (in order) of weights[r, j] * rbf(act[r, j] . down_e[n]), e = ids[r, j] - first,

@@ -17,6 +17,7 @@ TILES = {
 }
 MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
 MAX_TOP_K = 32      # moe_route: one lane a choice
+GEMV_MAX_PAIRS = 1024  # moe.cu's MOE_GEMV_MAX_PAIRS: moe_gemv_gate_up's pairs a launch (rows * top_k)
 GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
 GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
 
