@@ -355,15 +355,32 @@ moe_sort(const int *__restrict__ ids, int *__restrict__ sorted, int *__restrict_
 // each 32 x 32 (2 x 2 fragments). NB weight matrices share the A tile (the gate and up halves).
 constexpr int LDS = MOE_BK + 8;  // bf16 row pitch in shared memory (a multiple of 8, off the banks)
 constexpr int LDC = MOE_BN + 4;
+// k-tiles in shared memory: STAGES - 1 of them in flight while one is multiplied. At 64 decode
+// rows an expert's tile holds ~4 real rows, so a block is a stream of weight rows whose
+// multiply is nothing: with 2 stages each k-tile waited a full memory latency (one 8 KB k-tile
+// of gate and up in flight a block); 3 stages keep two in flight. The stages then hold the
+// output tile (Cs) after the last k-tile, which keeps a block inside 48 KB of static shared
+// memory (gate/up: 46,080 bytes, 4 blocks a SM as before).
+#define MOE_STAGES 3
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+
+template <int NB>
+struct TileSmem {
+    static constexpr int A = MOE_BM * LDS, B = MOE_BN * LDS;  // bf16 elements a stage
+    static constexpr int BYTES = MOE_STAGES * (A + NB * B) * 2;
+    static_assert(BYTES >= MOE_BM * LDC * 4, "the output tile reuses the stages");
+};
+template <int NB>
+__device__ __forceinline__ unsigned char *tile_smem() {
+    __shared__ __align__(128) unsigned char smem[TileSmem<NB>::BYTES];
+    return smem;
+}
 
 template <int NB, typename ARow>
 __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB], int N, int K, int n0,
                                           Acc (&acc)[NB][2][2]) {
-    // two stages: the next k-tile's copies (cp.async, 16 bytes each, zero-filled past the rows
-    // that exist) are in flight while this one is multiplied
-    __shared__ __align__(128) bf16 As[2][MOE_BM * LDS];
-    __shared__ __align__(128) bf16 Bs[2][NB][MOE_BN * LDS];
+    bf16 *const As = reinterpret_cast<bf16 *>(tile_smem<NB>());   // [STAGES][A]
+    bf16 *const Bs = As + MOE_STAGES * TileSmem<NB>::A;             // [STAGES][NB][B]
     const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -372,52 +389,60 @@ __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB]
 #pragma unroll
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
     constexpr int CHUNKS = MOE_BK / 8;  // 16-byte chunks a row of a k-tile
-    auto load = [&](int stage, int k0) {
-        for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
-            const int i = c / CHUNKS, q = c % CHUNKS;
-            const bf16 *src = a_row(i);
-            cp_async16_zfill(&As[stage][i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
-        }
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-            for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
-                const int n = c / CHUNKS, q = c % CHUNKS;
-                const bool in = n0 + n < N;
-                cp_async16_zfill(&Bs[stage][b][n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
-                                 in ? 16 : 0);
+    const int tiles = K / MOE_BK;
+    // k-tile kt's copies (cp.async, 16 bytes each, zero-filled past the rows that exist) into
+    // stage kt % STAGES, one commit group a k-tile; past the last k-tile an empty group, so
+    // that "all but the newest STAGES - 2 groups have landed" always means k-tile kt has
+    auto load = [&](int kt) {
+        if (kt < tiles) {
+            const int stage = kt % MOE_STAGES, k0 = kt * MOE_BK;
+            bf16 *as = As + stage * TileSmem<NB>::A;
+            for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
+                const int i = c / CHUNKS, q = c % CHUNKS;
+                const bf16 *src = a_row(i);
+                cp_async16_zfill(&as[i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
             }
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                bf16 *bs = Bs + (stage * NB + b) * TileSmem<NB>::B;
+                for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
+                    const int n = c / CHUNKS, q = c % CHUNKS;
+                    const bool in = n0 + n < N;
+                    cp_async16_zfill(&bs[n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
+                                     in ? 16 : 0);
+                }
+            }
+        }
         cp_async_commit();
     };
-    const int tiles = K / MOE_BK;
-    load(0, 0);
+#pragma unroll
+    for (int kt = 0; kt < MOE_STAGES - 1; ++kt) load(kt);
     for (int kt = 0; kt < tiles; ++kt) {
-        const int stage = kt & 1;
-        if (kt + 1 < tiles) {
-            load(stage ^ 1, (kt + 1) * MOE_BK);  // the stage read two k-tiles ago: free since the last barrier
-            cp_async_wait<1>();                   // this k-tile's copies (this thread's) have landed
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // ... and every thread's
+        cp_async_wait<MOE_STAGES - 2>();  // this thread's copies of k-tile kt have landed
+        __syncthreads();  // ... and every thread's; and every warp is done with k-tile kt - 1
+        load(kt + MOE_STAGES - 1);  // into the stage k-tile kt - 1 used
+        const int stage = kt % MOE_STAGES;
+        const bf16 *as = As + stage * TileSmem<NB>::A;
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
-                wmma::load_matrix_sync(fa[i], &As[stage][(wm * 32 + i * 16) * LDS + kk], LDS);
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[(wm * 32 + i * 16) * LDS + kk], LDS);
 #pragma unroll
             for (int b = 0; b < NB; ++b)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     // B (k x n) column-major is W's rows as stored: element (k, n) at Bs[n * LDS + k]
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &Bs[stage][b][(wn * 32 + j * 16) * LDS + kk], LDS);
+                    wmma::load_matrix_sync(fb, &Bs[(stage * NB + b) * TileSmem<NB>::B + (wn * 32 + j * 16) * LDS + kk],
+                                           LDS);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
-        __syncthreads();  // every warp is done with this stage before it is loaded again
     }
+    cp_async_wait<0>();  // only empty groups are left; none may land in the stages after this
+    __syncthreads();     // every warp is done with the stages: the caller's Cs may reuse them
 }
 
 // Tile blockIdx.y of `tiles` (moe_sort's): its expert (less `first`) and sorted positions
@@ -450,10 +475,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const int *__restrict__ tiles,
                   const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                   int count) {
-    __shared__ __align__(128) float Cs[MOE_BM * LDC];
     Tile t;
     if (!tile_of_block(tiles, first, count, t)) return;
     const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    float *const Cs = reinterpret_cast<float *>(tile_smem<2>());  // [MOE_BM, LDC], after the GEMM
     const bf16 *We = W + (size_t)t.e * 2 * inter * hidden;
     const bf16 *const Ws[2] = {We, We + (size_t)inter * hidden};
     auto a_row = [&](int i) -> const bf16 * {
@@ -482,10 +507,10 @@ moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, co
 extern "C" __global__ void __launch_bounds__(128)
 moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, const bf16 *__restrict__ W,
                float *__restrict__ y, int hidden, int inter, int first, int count) {
-    __shared__ __align__(128) float Cs[MOE_BM * LDC];
     Tile t;
     if (!tile_of_block(tiles, first, count, t)) return;
     const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    float *const Cs = reinterpret_cast<float *>(tile_smem<1>());  // [MOE_BM, LDC], after the GEMM
     const bf16 *const Ws[1] = {W + (size_t)t.e * hidden * inter};
     auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
     Acc acc[1][2][2];
