@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -85,6 +86,37 @@ def installed_env(site: Path, cache: Path) -> dict:
             "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1", "PATH": f"{target}/bin:{os.environ['PATH']}"}
 
 
+def family_args(ap, shape: str, family: str, dry_run: str, seqs: int, length: int) -> None:
+    """A family's one-call script's --shape, --device and --target (a seeded random checkpoint
+    made where --device says; `dry_run` the flags of a run on a laptop), its decode batches and
+    its parity sequences."""
+    ap.add_argument("--shape", default=shape, help=f"a shape of kern_models.{family}.random_checkpoint")
+    ap.add_argument("--device", default="cuda", help="where the checkpoint is made")
+    ap.add_argument("--target", default="cuda", help=f"the deployment's (a dry run on a laptop: {dry_run})")
+    ap.add_argument("--batch", default="1,16,64")
+    ap.add_argument("--seqs", type=int, default=seqs, help="parity: random sequences")
+    ap.add_argument("--length", type=int, default=length, help="parity: tokens a sequence")
+
+
+def family_setup(name: str, layers: int) -> tuple[Path, dict, Path, dict]:
+    """A family's one-call script's $OUT, environment (the wheels the call installed into
+    /tmp/site, else this tree's .whl), checkpoint folder ($<NAME>_WORK/ckpt, default
+    /tmp/<name>/ckpt) and its summary's head (the GPU, the depth, the time)."""
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    shared = Path("/tmp/site")
+    env = (models_env(shared, ROOT / "models", Path(f"/tmp/kern-cache-{name}")) if shared.is_dir()
+           else install(Path(f"/tmp/site-{name}")))
+    ckpt = Path(os.environ.get(f"{name.upper()}_WORK", f"/tmp/{name}")) / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        gpu = f"none ({exc})"
+    return out, env, ckpt, {"gpu": gpu, "layers": layers, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+
+
 DEPLOYMENTS = """
 from kern.deployments import default_model, deployment_for
 ckpt = default_model(progress=False)
@@ -108,6 +140,13 @@ class Run:
             print(self.summary[-1], flush=True)
         print(f"[{label}: {time.monotonic() - t0:.0f} s]", flush=True)
         return log.read_text()
+
+    def report(self, s: dict, table) -> None:
+        """A one-call script's summary `s` (its notes joined by this run's) into $OUT's
+        summary.json and, as table(s) writes it, summary.txt."""
+        s["notes"] = [*s.get("notes", []), *[n for n in self.summary if n not in s.get("notes", [])]]
+        (self.out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
+        (self.out / "summary.txt").write_text(table(s) + "\n")
 
     def tests(self, k: str | None, timeout: int) -> None:
         cmd = [sys.executable, "-m", "pytest", "tests/cuda", "-m", "gpu", "-q", "-p", "no:cacheprovider"]

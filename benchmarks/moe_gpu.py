@@ -32,15 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu import Run, install, models_env  # noqa: E402
+from gpu import Run, family_args, family_setup  # noqa: E402
 
 READ_TB_S = 4.8  # the H200's HBM3e read bandwidth, the batch-1 ceiling's denominator
 
@@ -50,7 +48,7 @@ faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
 import numpy as np, torch
 from pathlib import Path
 from kern_models.qwen3_moe.random_checkpoint import model_of
-from kern_models.common.random_checkpoint import word_tokenizer
+from kern_models.common.random_checkpoint import reference_logits, word_tokenizer
 T0 = time.perf_counter()
 def say(*a):
     print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
@@ -63,16 +61,8 @@ say(f"model: {layers} layers, {n / 1e9:.2f}B parameters")
 model.save_pretrained(folder)
 word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
 say("saved", sum(f.stat().st_size for f in folder.iterdir()) / 1e9, "GB")
-ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (seqs, length))
-model.config._attn_implementation = "eager"
-out = {"ids": ids}
-with torch.no_grad():
-    x = torch.tensor(ids, device=device)
-    out["bf16"] = torch.cat([model(x[i:i + 1]).logits[0].float().cpu() for i in range(seqs)]).numpy()
-    say("bf16 logits")
-    model.float()
-    out["fp32"] = torch.cat([model(x[i:i + 1]).logits[0].float().cpu() for i in range(seqs)]).numpy()
-    say("fp32 logits")
+out = reference_logits(model, np.random.default_rng(0).integers(0, model.config.vocab_size, (seqs, length)))
+say("bf16 and fp32 logits")
 np.savez(folder.parent / "moe-ref.npz", **out)
 print("CKPT OK", json.dumps({"params_b": round(n / 1e9, 2), "layers": layers}))
 """
@@ -222,13 +212,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=24, help="decoder layers of the 48 (disk: 1.3 GB a layer)")
     ap.add_argument("--steps", default="ckpt,kern,ep")
-    ap.add_argument("--shape", default="qwen3-30b-a3b", help="a shape of kern_models.qwen3_moe.random_checkpoint")
-    ap.add_argument("--device", default="cuda", help="where the checkpoint is made")
-    ap.add_argument("--target", default="cuda", help="the deployment's (a dry run on a laptop: --shape tiny "
-                                                     "--device cpu --target cpu --batch 1,2 --layers 3)")
-    ap.add_argument("--batch", default="1,16,64")
-    ap.add_argument("--seqs", type=int, default=4, help="parity: random sequences")
-    ap.add_argument("--length", type=int, default=96, help="parity: tokens a sequence")
+    family_args(ap, "qwen3-30b-a3b", "qwen3_moe", "--shape tiny --device cpu --target cpu --batch 1,2 --layers 3",
+                seqs=4, length=96)
     ap.add_argument("--ckpt-timeout", type=int, default=270)
     ap.add_argument("--kern-timeout", type=int, default=270)
     ap.add_argument("--ep-timeout", type=int, default=270)
@@ -236,27 +221,12 @@ def main() -> int:
     ap.add_argument("--bench-timeout", type=int, default=200)
     args = ap.parse_args()
     steps = args.steps.split(",")
-    out = Path(os.environ.get("OUT", "/tmp/out"))
-    out.mkdir(parents=True, exist_ok=True)
-    shared = Path("/tmp/site")
-    env = (models_env(shared, ROOT / "models", Path("/tmp/kern-cache-moe")) if (shared / "cuda").is_dir()
-           else install(Path("/tmp/site-moe")))
-    work = Path(os.environ.get("MOE_WORK", "/tmp/moe"))
-    ckpt = work / "ckpt"
-    ckpt.mkdir(parents=True, exist_ok=True)
+    out, env, ckpt, head = family_setup("moe", args.layers)
     r = Run(out, env)
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        gpu = f"none ({exc})"
-    s: dict = {"gpu": gpu, "layers": args.layers, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-               "decode": [], "notes": []}
+    s: dict = {**head, "decode": [], "notes": []}
 
     def report() -> None:
-        s["notes"] = [*s["notes"], *[n for n in r.summary if n not in s["notes"]]]
-        (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
-        (out / "summary.txt").write_text(table(s) + "\n")
+        r.report(s, table)
 
     report()
     ok = True

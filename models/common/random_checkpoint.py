@@ -89,3 +89,21 @@ def word_tokenizer(vocab_size: int):
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tok
+
+
+def reference_logits(model, ids) -> dict:
+    """transformers eager's logits at every position of each row of `ids` (one forward a row),
+    in the model's own dtype (bf16) and again in fp32, which the model is left in: the
+    bf16-vs-fp32 spread the device parity runs judge kern by. {"ids", "bf16", "fp32"}."""
+    import torch
+
+    model.config._attn_implementation = "eager"
+    x = torch.tensor(ids, device=next(model.parameters()).device)
+    out = {"ids": ids}
+    with torch.no_grad():
+        def run():
+            return torch.cat([model(x[i:i + 1]).logits[0].float().cpu() for i in range(len(ids))]).numpy()
+        out["bf16"] = run()
+        model.float()
+        out["fp32"] = run()
+    return out

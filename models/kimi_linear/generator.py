@@ -9,9 +9,13 @@ from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import ConfigError
 from kern_models.common.generator import FamilyGenerator
+from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
+from kern_models.qwen3_moe.kernels.cuda import CUBINS as MOE_CUBINS
 
 from .config import ARCHITECTURES, shape_of
-from .manifests import cpu as manifest_cpu
+from .kernels.cuda import CUBINS
+from .kernels.cuda.table import ARCH
+from .manifests import cpu as manifest_cpu, cuda as manifest_cuda
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
@@ -21,15 +25,24 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     for split in ("tp", "ep"):
         if limits.pop(split, 1) != 1:
             raise ConfigError(f"{split}: this generator builds Kimi-Linear on one device")
-    if target != "cpu":
-        raise ConfigError(f"target {target!r}: this generator builds cpu")
+    if target not in ("cpu", "cuda", ARCH):
+        raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
     model = model or config.get("_name_or_path") or ARCHITECTURES[0]
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
-    m = manifest_cpu.build(shape, model, context=context, **limits)
-    for name, (file, src) in manifest_cpu.MODULES.items():
-        shutil.copyfile(src, out / "kernels" / file)
-        m["modules"][name]["sha256"] = sha256_of(out / "kernels" / file)
+    if target == "cpu":
+        m = manifest_cpu.build(shape, model, context=context, **limits)
+        for name, (file, src) in manifest_cpu.MODULES.items():
+            shutil.copyfile(src, out / "kernels" / file)
+            m["modules"][name]["sha256"] = sha256_of(out / "kernels" / file)
+        return deployment.write(out, m)
+    m = manifest_cuda.build(shape, model, context=context, **limits)
+    digests = {}
+    for cubins in (CUBINS, MOE_CUBINS, DENSE_CUBINS):  # each module from the family whose source makes it
+        names = sorted({f"{n}.cubin" for n in m["modules"]} & {f"{s.stem}.cubin" for s in cubins.sources()} - set(digests))
+        digests |= cubins.provide(out / "kernels", names)
+    for name, mod in m["modules"].items():
+        mod["sha256"] = digests[f"{name}.cubin"]
     return deployment.write(out, m)
 
 
@@ -42,6 +55,8 @@ class _Generator(FamilyGenerator):
         """This family's own module rebuilt from its source (kern kernels --rebuild); the llama
         and Qwen3-MoE modules it ships are theirs to rebuild."""
         file, src = manifest_cpu.MODULES[manifest_cpu.MODULE]
+        if target == ARCH:
+            return CUBINS.rebuild(PurePosixPath(source).name)
         return src.read_bytes() if target == "cpu" and PurePosixPath(source).name == file else None
 
 

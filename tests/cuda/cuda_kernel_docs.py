@@ -49,3 +49,22 @@ def kinds_by_entry() -> dict[str, tuple[str, tuple[str, ...]]]:
     """{entry: (module, (kind, ...))} over the shipped and the test-only kernels."""
     both = {**in_sources(KERNEL_DIR), **in_sources(TEST_KERNEL_DIR)}
     return {e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in both.items()}
+
+
+def table_mismatches(folder: Path, kernels) -> list[str]:
+    """A family's kernel table (Kernel entries) against the .cu sources of its folder: every
+    entry of the sources in the table and back, each in its module, with its parameters'
+    names and kinds in order."""
+    srcs = in_sources(folder)
+    out = [f"{e}: in the sources, not the table" for e in sorted(set(srcs) - {k.entry for k in kernels})]
+    for k in kernels:
+        if k.entry not in srcs:
+            out.append(f"{k.entry}: in the table, not the sources")
+            continue
+        module, params = srcs[k.entry]
+        if module != k.module:
+            out.append(f"{k.entry}: module {k.module} in the table, {module}.cu in the sources")
+        if [(p.name, p.kind) for p in params] != [(p.split(":")[0], c) for p, c in zip(k.params, k.c_kinds())] \
+                or len(params) != len(k.params):
+            out.append(f"{k.entry}: parameters differ from the source's")
+    return out

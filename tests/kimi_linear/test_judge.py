@@ -17,7 +17,7 @@ def _kimi_bug(reps: list[tuple[str, str]], ops: list[str]):
 
 BUGS = {  # name -> (candidate maker, the span its FAIL must name)
     # the decay rate read as A_log itself, its exp forgotten: a gate that forgets too slowly
-    "gate": (_kimi_bug([("f[:] = -(np.exp(a_log).astype(F32)", "f[:] = -(a_log.astype(F32)")], ["kda_gate"]),
+    "gate": (_kimi_bug([("f[:] = -(_exact(np.exp, a_log)", "f[:] = -(a_log.astype(F32)")], ["kda_gate"]),
              "kda_gate -> kda_gate"),
     # the state carried into the next chunk without the chunk's decay
     "carry": (_kimi_bug([("S = S * np.exp(last).transpose(0, 2, 1) + ", "S = S + ")], ["kda_chunked"]),

@@ -32,14 +32,21 @@ def check_shape(s: MoeShape) -> None:
     problems = []
     if s.experts > table.MAX_EXPERTS:
         problems.append(f"num_experts {s.experts}: the router kernels take at most {table.MAX_EXPERTS}")
-    if s.top_k > table.MAX_TOP_K:
-        problems.append(f"num_experts_per_tok {s.top_k}: moe_route takes at most {table.MAX_TOP_K}")
-    bk = table.TILES["MOE_BK"]
-    for name, n in (("hidden_size", s.hidden), ("moe_intermediate_size", s.moe_inter)):
-        if n % bk:
-            problems.append(f"{name} {n}: the grouped GEMMs need a multiple of {bk}")
+    problems += expert_problems(s.hidden, s.moe_inter, s.top_k)
     if problems:
         raise ConfigError("cannot build the sm_90a MoE manifest: " + "; ".join(problems))
+
+
+def expert_problems(hidden: int, moe_inter: int, top_k: int) -> list[str]:
+    """What the expert kernels need of a shape (any family's that runs them)."""
+    problems = []
+    if top_k > table.MAX_TOP_K:
+        problems.append(f"num_experts_per_tok {top_k}: the expert kernels take at most {table.MAX_TOP_K}")
+    bk = table.TILES["MOE_BK"]
+    for name, n in (("hidden_size", hidden), ("moe_intermediate_size", moe_inter)):
+        if n % bk:
+            problems.append(f"{name} {n}: the grouped GEMMs need a multiple of {bk}")
+    return problems
 
 
 def build(s: MoeShape, model: str, **limits) -> dict:

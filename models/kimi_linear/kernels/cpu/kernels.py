@@ -73,13 +73,20 @@ def kda_conv_decode(mix, w, state, slot, pos, layer, layers, heads, dim, conv, s
     kda_conv(mix, w, state, slot, np.arange(len(pos) + 1), pos, layer, layers, heads, dim, conv, slot_bytes)
 
 
+def _exact(fn, x):
+    """fn (np.exp, np.log) of f32 x, correctly rounded to f32: numpy's own f32 versions differ
+    with the machine's SIMD path (a third of exp's results an ulp or more off), and the gate's
+    output is judged at f32 against kernels that round exactly."""
+    return fn(x.astype(np.float64)).astype(F32)
+
+
 def kda_gate(f, a_log, dt_bias, heads):
     """f [rows, heads * dim] (the forget gate's low-rank projection), in place: the log decay
     g = -exp(A_log[head]) * softplus(f + dt_bias), softplus(x) = x above 20."""
     x = f + dt_bias
     with np.errstate(over="ignore"):
-        sp = np.where(x > 20, x, np.log(F32(1) + np.exp(x)))
-    f[:] = -(np.exp(a_log).astype(F32).repeat(f.shape[1] // heads) * sp)
+        sp = np.where(x > 20, x, _exact(np.log, F32(1) + _exact(np.exp, x)))
+    f[:] = -(_exact(np.exp, a_log).repeat(f.shape[1] // heads) * sp)
 
 
 def _l2(x):

@@ -1,0 +1,116 @@
+"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, route.cu), one typed table in the llama
+family's form (kern_models.llama.kernels.cuda.table: Kernel, Op). None launches under
+programmatic dependent launch: each starts when the kernel before it is done.
+
+The op names and their buffer parameters are the cpu manifest's (manifests/cpu.py), so kern
+test pairs each call with the reference's call of the same op over the same buffers and a
+bug in one kernel fails in that kernel's span."""
+
+from __future__ import annotations
+
+from kern_models.llama.kernels.cuda.table import ARCH, Kernel, Op, _buf, _ints
+
+TILES: dict = {}  # no tile defines: every size below is a kernel's own #define or a parameter
+CHUNK_THREADS = 256  # kda_chunked's block; a chunk is at most this many rows (its substitution: a thread a column)
+MAX_DIM = 128        # kda.cu KDA_MAX_DIM
+MAX_CONV = 8         # kda.cu KDA_MAX_CONV
+MAX_EXPERTS = 512    # route.cu ROUTE_MAX_EXPERTS
+MAX_GROUPS = 32      # route.cu ROUTE_MAX_GROUPS
+MAX_LATENT = 576     # mla.cu MLA_MAX_W (kv_lora + rope)
+MAX_LORA = 512       # mla.cu MLA_MAX_LORA
+MAX_NOPE = 256       # mla_absorb's query tile
+MLA_ROWS, MLA_HEADS = 16, 8  # mla.cu MLA_ROWS, MLA_HEADS
+
+_KDA = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
+_STATE = "state: inout state"
+_CONV_GRID = {"ceil_div": [{"mul": [3, "heads", "dim"]}, 128]}
+# kda_chunked's dynamic shared memory (f32): S [dim, dim], six [chunk, dim] tiles, two
+# [chunk, chunk + 1] and beta [chunk]
+_CHUNK_SMEM = {"mul": [4, {"add": [{"mul": ["dim", {"add": ["dim", {"mul": [6, "chunk"]}]}]},
+                                   {"mul": ["chunk", {"add": [{"mul": [2, "chunk"]}, 3]}]}]}]}
+_MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i32", "token_bytes: i32")
+_APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
+           "eps: f32")
+_KV = "kv: inout state"
+
+KERNELS: tuple[Kernel, ...] = (
+    Kernel("kda", "kda_conv", (_buf("mix", direction="inout"), _buf("w"), _STATE, _buf("slot", "i32"),
+                               _buf("cu_seqlens", "i32"), _buf("pos", "i32"), *_ints("n_seqs"), *_KDA),
+           ("n_seqs", _CONV_GRID), (128,)),
+    Kernel("kda", "kda_conv_decode", (_buf("mix", direction="inout"), _buf("w"), _STATE, _buf("slot", "i32"),
+                                      _buf("pos", "i32"), *_ints("rows"), *_KDA), ("rows", _CONV_GRID), (128,)),
+    Kernel("kda", "kda_gate", (_buf("f", "f32", "inout"), _buf("a_log"), _buf("dt_bias"), *_ints("rows", "heads", "dim")),
+           ("rows", {"ceil_div": [{"mul": ["heads", "dim"]}, 256]}), (256,)),
+    Kernel("kda", "kda_chunked", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
+                                  _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o", direction="out"),
+                                  *_ints("n_seqs"), *_KDA, "chunk: i32"), ("n_seqs", "heads"), (CHUNK_THREADS,)),
+    Kernel("kda", "kda_step", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
+                               _buf("pos", "i32"), _buf("o", direction="out"), *_ints("rows"), *_KDA),
+           ("rows", "heads"), (MAX_DIM,)),
+    Kernel("kda", "kda_out_norm", (_buf("o"), _buf("gate"), _buf("w"), _buf("y", direction="out"),
+                                   *_ints("rows", "heads", "dim"), "eps: f32"), ("rows", "heads"), (32,)),
+    Kernel("mla", "mla_append", (_buf("ckv"), _buf("norm_w"), _KV, _buf("page_table", "i32"), _buf("cu_seqlens", "i32"),
+                                 _buf("pos", "i32"), *_ints("pages_per_seq", "rows", "n_seqs"), *_APPEND),
+           ("rows",), (128,)),
+    Kernel("mla", "mla_append_decode", (_buf("ckv"), _buf("norm_w"), _KV, _buf("page_table", "i32"),
+                                        _buf("pos", "i32"), *_ints("pages_per_seq", "rows"), *_APPEND),
+           ("rows",), (128,)),
+    Kernel("mla", "mla_absorb", (_buf("q"), _buf("kv_b"), _buf("q_lat", "f32", "out"),
+                                 *_ints("rows", "heads", "nope", "rope", "v_dim", "kv_lora")),
+           ({"ceil_div": ["rows", MLA_ROWS]}, "heads", {"ceil_div": ["kv_lora", 128]}), (128,)),
+    Kernel("mla", "mla_attend", (_buf("q_lat", "f32"), _buf("q"), "kv: in state", _buf("page_table", "i32"),
+                                 _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o_lat", "f32", "out"),
+                                 *_ints("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA),
+           ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
+    Kernel("mla", "mla_attend_decode", (_buf("q_lat", "f32"), _buf("q"), "kv: in state", _buf("page_table", "i32"),
+                                        _buf("pos", "i32"), _buf("o_lat", "f32", "out"),
+                                        *_ints("pages_per_seq", "rows", "layer", "layers"), *_MLA),
+           ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
+    Kernel("mla", "mla_expand", (_buf("o_lat", "f32"), _buf("kv_b"), _buf("o", direction="out"),
+                                 *_ints("rows", "heads", "nope", "v_dim", "kv_lora")),
+           ({"ceil_div": ["rows", MLA_ROWS]}, "heads"), (256,)),
+    Kernel("route", "kimi_route", (_buf("logits", "f32"), _buf("bias"), _buf("ids", "i32", "out"),
+                                   _buf("weights", "f32", "out"), *_ints("rows", "experts", "top_k"), "scaling: f32",
+                                   *_ints("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
+    Kernel("route", "add", (_buf("x", direction="inout"), _buf("y"), *_ints("rows", "hidden")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    Kernel("route", "zero", (_buf("x", direction="out"), *_ints("rows", "hidden")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+)
+BY_ENTRY = {k.entry: k for k in KERNELS}
+MODULES = tuple(sorted({k.module for k in KERNELS}))
+SHARED_MEM = {"kda_chunked": _CHUNK_SMEM}
+
+_ABSORB, _EXPAND = BY_ENTRY["mla_absorb"].params, BY_ENTRY["mla_expand"].params
+
+
+def _attention(attend: str) -> Op:
+    """MLA attention as three launches: absorb kv_b's key half into the query, attend over the
+    latents, expand through its value half. The op's parameters: the cpu op's buffers in its
+    order, then the two f32 workspaces and the sizes."""
+    a = BY_ENTRY[attend].params
+    table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos"))]
+    ints = [p for p in a if p.endswith("i32")]
+    return Op(("mla_absorb", attend, "mla_expand"), (
+        _buf("q"), "kv: in state", *table, _buf("kv_b"), _buf("o", direction="out"), _buf("q_lat", "f32", "out"),
+        _buf("o_lat", "f32", "out"), *ints, "v_dim: i32"))
+
+
+OPS = {
+    **{e: Op((e,)) for e in ("kda_conv", "kda_conv_decode", "kda_gate", "kda_chunked", "kda_step", "kda_out_norm",
+                             "mla_append", "mla_append_decode", "kimi_route", "add", "zero")},
+    "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),
+}
+
+
+def ops() -> dict:
+    """Every op the generator may emit, as manifest JSON."""
+    out = {name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}
+    for op in out.values():
+        for launch in op["impl"]["launches"]:
+            if launch["entry"] in SHARED_MEM:
+                launch["shared_mem"] = SHARED_MEM[launch["entry"]]
+    return out
+
+
+__all__ = ["ARCH", "KERNELS", "MODULES", "TILES", "ops"]

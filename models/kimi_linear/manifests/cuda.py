@@ -1,0 +1,283 @@
+"""The Kimi-Linear manifest for cuda sm_90a: bf16 activations, the KDA state in f32, the MLA
+cache in bf16; projections through cuBLASLt, norms, SwiGLU, the LM head and sampling the llama
+family's kernels, the experts the Qwen3-MoE family's, KDA, MLA and the router this family's
+(kernels/cuda/KERNELS.md).
+
+The calls mirror the cpu manifest (manifests/cpu.py) one to one where they can: the same op
+names over the same buffers (a projection is `linear`, or `linear_f32` where the cpu's f32
+output feeds a gate, a beta or the router), so kern test pairs every KDA and MLA call with the
+reference's and names the one that deviates. Three programs step batches: `prefill` (ragged
+rows), `decode` (up to DECODE_SEQS sequences, a CUDA graph; the MoE gathers the chosen
+experts' rows) and `decode_wide` (up to WIDE_SEQS, a CUDA graph; the MoE groups rows by expert
+as prefill does)."""
+
+from __future__ import annotations
+
+from kern_models.common.errors import ConfigError
+from kern_models.llama.kernels.cuda import table as dense_table
+from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
+from kern_models.qwen3_moe.kernels.cuda import table as moe_table
+from kern_models.qwen3_moe.manifests.cuda import expert_problems
+
+from ..config import KDA, KimiShape
+from ..kernels.cuda import table
+from .common import constants, state_constants, states, weight_buffers
+
+BF = "bf16"
+# Prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory): the
+# reference's, so the same prompts cross chunks on both sides.
+KDA_CHUNK = 16
+DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
+# The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read
+# 128 experts' rows a layer where the grouped GEMMs of decode_wide read each touched expert once
+# (H200, 8 layers of the real shape: batch 16 narrow 8.19 ms a step, batch 64 wide 4.45 ms).
+NARROW_SEQS = 4
+WIDE_SEQS = 256
+PREFILL_SEQS = 256
+ARGMAX_CHUNKS = 128
+MAX_CONTEXT = 32768
+DENSE_OPS = ("embed", "rms_norm", "add_rms_norm", "gather_last", "silu_mul", "sample", "gemv_logits")
+
+
+def check_shape(s: KimiShape) -> None:
+    """What these kernels support (kernels/cuda/KERNELS.md); every problem at once."""
+    t, problems = table, []
+    if s.kda_layers and (s.kda_dim > t.MAX_DIM or s.kda_dim % 8):
+        problems.append(f"linear head_dim {s.kda_dim}: the KDA kernels take a multiple of 8 up to {t.MAX_DIM}")
+    if s.kda_layers and not 1 <= s.conv <= t.MAX_CONV:
+        problems.append(f"short_conv_kernel_size {s.conv}: kda_conv takes 1 to {t.MAX_CONV}")
+    if s.mla_layers:
+        if s.kv_lora + s.rope > t.MAX_LATENT or (s.kv_lora + s.rope) % 8 or s.kv_lora % 32 or s.kv_lora > t.MAX_LORA:
+            problems.append(f"kv_lora_rank {s.kv_lora} + qk_rope_head_dim {s.rope}: the MLA kernels take a latent "
+                            f"that is a multiple of 32 up to {t.MAX_LORA} and a width that is a multiple of 8 up "
+                            f"to {t.MAX_LATENT}")
+        if s.nope > t.MAX_NOPE:
+            problems.append(f"qk_nope_head_dim {s.nope}: mla_absorb takes at most {t.MAX_NOPE}")
+    if any(s.sparse):
+        if s.experts > t.MAX_EXPERTS or s.groups > t.MAX_GROUPS:
+            problems.append(f"{s.experts} experts in {s.groups} groups: kimi_route takes at most {t.MAX_EXPERTS} "
+                            f"experts in at most {t.MAX_GROUPS} groups")
+        problems += expert_problems(s.hidden, s.moe_inter, s.top_k)
+    if s.hidden % 8 or s.inter % 8:
+        problems.append(f"hidden_size {s.hidden}, intermediate_size {s.inter}: the dense kernels need multiples of 8")
+    if problems:
+        raise ConfigError("cannot build the sm_90a Kimi-Linear manifest: " + "; ".join(problems))
+
+
+def _ops() -> dict:
+    gemm = dense_table.EXTERN_OPS
+    dense = {n: op for n, op in dense_table.ops().items() if n in DENSE_OPS}
+    return {**dense, **moe_table.ops(), **table.ops(), "linear": gemm["gemm"], "linear_f32": gemm["gemm_logits"]}
+
+
+class _Program:
+    """One program's calls: p the buffer prefix, rows the var counting its rows, seqs the one
+    counting its sequences, kind prefill / decode / wide."""
+
+    def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict):
+        self.s, self.p, self.rows, self.seqs, self.kind, self.buffers = s, p, rows, seqs, kind, buffers
+        self.decode = kind != "prefill"
+
+    def ws(self, name: str, shape: list, dtype: str = BF) -> dict:
+        self.buffers.setdefault(self.p + name, buf(shape, "workspace", dtype))
+        return b(self.p + name)
+
+    def lin(self, x: str, w: str, y: str, n, k, f32: bool = False) -> dict:
+        return {"op": "linear_f32" if f32 else "linear", "args": [b(self.p + x), b(w), b(self.p + y), v(self.rows),
+                                                                 v(n), v(k)]}
+
+    def kda(self, l: int) -> list[dict]:
+        s, p, R = self.s, self.p, self.rows
+        geo = [v(s.kda_layers.index(l)), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv"), v("kda_slot_bytes")]
+        kda = {"state": "kda"}
+        for name, width, dtype in (("mix", {"mul": [3, "qkv"]}, BF), ("low", "kda_dim", BF), ("g", "qkv", "f32"),
+                                   ("beta", "kda_heads", "f32"), ("gate", "qkv", BF), ("core", "qkv", BF),
+                                   ("normed", "qkv", BF)):
+            self.ws(name, [R, width], dtype)
+        if self.decode:
+            conv = {"op": "kda_conv_decode", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda, b(p + "slot"),
+                                                      b(p + "pos"), v(R), *geo]}
+            rec = {"op": "kda_step", "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, b(p + "slot"),
+                                              b(p + "pos"), b(p + "core"), v(R), *geo]}
+        else:
+            where = [b(p + "slot"), b(p + "cu_seqlens"), b(p + "pos")]
+            conv = {"op": "kda_conv", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda, *where, v(self.seqs), *geo]}
+            rec = {"op": "kda_chunked", "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, *where, b(p + "core"),
+                                                 v(self.seqs), *geo, v(KDA_CHUNK)]}
+        return [
+            self.lin("h", f"kda_qkv_w.{l}", "mix", {"mul": [3, "qkv"]}, "hidden"), conv,
+            self.lin("h", f"kda_fa_w.{l}", "low", "kda_dim", "hidden"),
+            self.lin("low", f"kda_fb_w.{l}", "g", "qkv", "kda_dim", f32=True),
+            {"op": "kda_gate", "args": [b(p + "g"), b(f"kda_a_log.{l}"), b(f"kda_dt_bias.{l}"), v(R), v("kda_heads"),
+                                        v("kda_dim")]},
+            self.lin("h", f"kda_b_w.{l}", "beta", "kda_heads", "hidden", f32=True), rec,
+            self.lin("h", f"kda_ga_w.{l}", "low", "kda_dim", "hidden"),
+            self.lin("low", f"kda_gb_w.{l}", "gate", "qkv", "kda_dim"),
+            {"op": "kda_out_norm", "args": [b(p + "core"), b(p + "gate"), b(f"kda_o_norm.{l}"), b(p + "normed"), v(R),
+                                            v("kda_heads"), v("kda_dim"), v(s.eps)]},
+            self.lin("normed", f"o_w.{l}", "attn_out", "hidden", "qkv"),
+        ]
+
+    def mla(self, l: int) -> list[dict]:
+        s, p, R = self.s, self.p, self.rows
+        k, kv, pages = s.mla_layers.index(l), {"state": "kv"}, {"ceil_div": ["context", "page_tokens"]}
+        for name, width in (("q", "q_dim"), ("ckv", "latent"), ("attn", {"mul": ["heads", "v_dim"]})):
+            self.ws(name, [R, width])
+        q_lat, o_lat = (self.ws(n, [R, "heads", "kv_lora"], "f32") for n in ("q_lat", "o_lat"))
+        if s.q_lora is None:
+            q = [self.lin("h", f"q_w.{l}", "q", "q_dim", "hidden")]
+        else:
+            self.ws("q_low", [R, "q_lora"])
+            self.ws("q_normed", [R, "q_lora"])
+            q = [self.lin("h", f"q_a_w.{l}", "q_low", "q_lora", "hidden"),
+                 {"op": "rms_norm", "args": [b(p + "q_low"), b(f"q_a_norm.{l}"), b(p + "q_normed"), v(R), v("q_lora"),
+                                             v(s.eps)]},
+                 self.lin("q_normed", f"q_b_w.{l}", "q", "q_dim", "q_lora")]
+        where = [b(p + "page_table")] + ([] if self.decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
+        counts = [v(pages), v(R)] + ([] if self.decode else [v(self.seqs)])
+        geo = [v("kv_lora"), v("rope"), v("page_tokens"), v("kv_token_bytes")]
+        return [
+            *q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"),
+            {"op": "mla_append_decode" if self.decode else "mla_append",
+             "args": [b(p + "ckv"), b(f"kv_a_norm.{l}"), kv, *where, *counts, v(k), v("mla_layers"), *geo, v(s.eps)]},
+            {"op": "mla_attention_decode" if self.decode else "mla_attention",
+             "args": [b(p + "q"), kv, *where, b(f"kv_b_w.{l}"), b(p + "attn"), q_lat, o_lat, *counts, v(k),
+                      v("mla_layers"), v("heads"), v("nope"), v("rope"), v("kv_lora"), v("page_tokens"),
+                      v("kv_token_bytes"), v("v_dim")]},
+            self.lin("attn", f"o_w.{l}", "attn_out", "hidden", {"mul": ["heads", "v_dim"]}),
+        ]
+
+    def mlp(self, l: int) -> list[dict]:
+        s, p, R = self.s, self.p, self.rows
+        if not s.sparse[l]:
+            self.ws("gate_up", [R, {"mul": [2, "inter"]}])
+            self.ws("act", [R, "inter"])
+            return [self.lin("h", f"gate_up_w.{l}", "gate_up", {"mul": [2, "inter"]}, "hidden"),
+                    {"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(R), v("inter")]},
+                    self.lin("act", f"down_w.{l}", "mlp_out", "hidden", "inter")]
+        router, ids, w = self.ws("router", [R, "experts"], "f32"), self.ws("topk_ids", [R, "top_k"], "i32"), \
+            self.ws("topk_w", [R, "top_k"], "f32")
+        self.ws("shared_gu", [R, {"mul": [2, "shared_inter"]}])
+        self.ws("shared_act", [R, "shared_inter"])
+        gate_up, down = b(f"experts_gate_up.{l}"), b(f"experts_down.{l}")
+        logits = {"op": "gemv_logits", "args": [b(p + "h"), b(f"router_w.{l}"), router, v(R), v("experts"),
+                                                v("hidden")]} if self.kind == "decode" else \
+            self.lin("h", f"router_w.{l}", "router", "experts", "hidden", f32=True)
+        route = {"op": "kimi_route", "args": [router, b(f"router_bias.{l}"), ids, w, v(R), v("experts"), v("top_k"),
+                                              v(s.scaling), v(int(s.norm_topk)), v(s.groups), v(s.topk_groups)]}
+        shared = [self.lin("h", f"shared_gate_up.{l}", "shared_gu", {"mul": [2, "shared_inter"]}, "hidden"),
+                  {"op": "silu_mul", "args": [b(p + "shared_gu"), b(p + "shared_act"), v(R), v("shared_inter")]}]
+        shared.append(self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"))
+        self.ws("shared_out", [R, "hidden"])
+        add = {"op": "add", "args": [b(p + "mlp_out"), b(p + "shared_out"), v(R), v("hidden")]}
+        if self.kind == "decode":  # the chosen experts' rows only, their weighted sum added onto zeros
+            act = self.ws("moe_act", [R, "top_k", "moe_inter"])
+            return [logits, route,
+                    {"op": "moe_gemv_gate_up", "args": [b(p + "h"), ids, gate_up, act, v(R), v("top_k"),
+                                                        v("moe_inter"), v("hidden"), v(0), v("local_experts")]},
+                    {"op": "zero", "args": [b(p + "mlp_out"), v(R), v("hidden")]},
+                    {"op": "moe_gemv_down_residual", "args": [act, ids, w, down, b(p + "mlp_out"), v(R), v("top_k"),
+                                                              v("hidden"), v("moe_inter")]},
+                    *shared, add]
+        pairs = {"mul": [R, "top_k"]}
+        tiles = {"add": [{"ceil_div": [pairs, moe_table.TILES["MOE_BM"]]}, "experts"]}
+        sorted_, pos = self.ws("moe_sorted", [pairs], "i32"), self.ws("moe_pos", [pairs], "i32")
+        tile_buf = self.ws("moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
+        act, y = self.ws("moe_act", [pairs, "moe_inter"]), self.ws("moe_y", [pairs, "hidden"], "f32")
+        return [
+            logits, route,
+            {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, v(pairs), v("experts")]},
+            {"op": "moe_group_gate_up", "args": [b(p + "h"), sorted_, tile_buf, gate_up, act, v("top_k"),
+                                                 v("moe_inter"), v("hidden"), v(0), v("local_experts"), v(tiles)]},
+            {"op": "moe_group_down", "args": [act, tile_buf, down, y, v("hidden"), v("moe_inter"), v(0),
+                                              v("local_experts"), v(tiles)]},
+            {"op": "moe_combine", "args": [y, pos, w, b(p + "mlp_out"), v(R), v("top_k"), v("hidden")]},
+            *shared, add,
+        ]
+
+    def calls(self) -> list[dict]:
+        s, p, R, G = self.s, self.p, self.rows, self.seqs
+        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(R), v("hidden")]}]
+        for l in range(s.layers):
+            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(R), v("hidden"), v(s.eps)]}
+                         if l == 0 else
+                         {"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"), b(p + "h"), v(R),
+                                                         v("hidden"), v(s.eps)]})
+            calls += self.kda(l) if s.mixers[l] == KDA else self.mla(l)
+            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
+                                                         v(R), v("hidden"), v(s.eps)]})
+            calls += self.mlp(l)
+        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"), v(R),
+                                                     v("hidden"), v(s.eps)]})
+        last = p + "h"
+        if not self.decode:
+            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v(G),
+                                                        v("hidden")]})
+            last = p + "last"
+        head = {"op": "linear_f32", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]} \
+            if self.kind == "wide" else \
+            {"op": "gemv_logits", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]}
+        sample = {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "argmax_val"),
+                                           b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(G), v(ARGMAX_CHUNKS)]}
+        return calls + [head, sample]
+
+    def io_buffers(self) -> None:
+        s, p, R, G = self.s, self.p, self.rows, self.seqs
+        pages = {"ceil_div": ["context", "page_tokens"]}
+        self.buffers.update({
+            p + "ids": buf([R], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "pos": buf([R], "input", "i32", fill="position",
+                           domain={"range": [0, "reach" if self.decode else "context"]}),
+            p + "x": buf([R, "hidden"], dtype=BF), p + "h": buf([R, "hidden"], dtype=BF),
+            p + "attn_out": buf([R, "hidden"], dtype=BF), p + "mlp_out": buf([R, "hidden"], dtype=BF),
+            p + "logits": buf([G, "vocab"], "output", "f32", fill="logits"),
+            p + "argmax_val": buf([G, ARGMAX_CHUNKS], dtype="f32"),
+            p + "argmax_idx": buf([G, ARGMAX_CHUNKS], dtype="i32"),
+            p + "next": buf([G], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, G),
+        })
+        if s.kda_layers:
+            self.buffers[p + "slot"] = buf([G], "input", "i32", fill="slot")
+        if s.mla_layers:
+            self.buffers[p + "page_table"] = buf([G, pages], "input", "i32",
+                                                 domain={"index_into": "kv", "stride": "page_tokens"})
+        if not self.decode:
+            self.buffers[p + "cu_seqlens"] = buf([{"add": [G, 1]}], "input", "i32", fill="cu_seqlens",
+                                                 domain={"range": [0, {"add": [R, 1]}]})
+            self.buffers[p + "last"] = buf([G, "hidden"], dtype=BF)
+
+
+def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,
+          wide_seqs: int = WIDE_SEQS, context: int | None = None) -> dict:
+    check_shape(s)
+    if seqs > DECODE_SEQS:
+        raise ConfigError(f"seqs {seqs}: the gathered-experts decode program steps at most {DECODE_SEQS} sequences "
+                          f"(larger batches step through decode_wide, up to {WIDE_SEQS})")
+    context = context_of(s, context, MAX_CONTEXT)
+    buffers: dict = weight_buffers(s, BF)
+    programs: dict = {}
+    for prog, p, rows, groups, kind in (("prefill", "p_", "tokens", "prefill_seqs", "prefill"),
+                                        ("decode", "d_", "seqs", "seqs", "decode"),
+                                        ("decode_wide", "w_", "wide_seqs", "wide_seqs", "wide")):
+        pr = _Program(s, p, rows, groups, kind, buffers)
+        pr.io_buffers()
+        programs[prog] = {"calls": pr.calls(), "graph": kind != "prefill",
+                          "batch": {"groups": groups, "rows": 1, "reach": "reach"} if kind != "prefill"
+                          else {"groups": groups, "rows": rows}}
+    used = {c["op"] for prog in programs.values() for c in prog["calls"]}
+    ops = {n: op for n, op in _ops().items() if n in used}
+    modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})
+    sizes = state_constants(s, 2)
+    return {
+        "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": table.ARCH},
+        "constants": {**constants(s), **sizes},
+        "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
+                 "wide_seqs": {"max": wide_seqs}, "context": {"max": context}, "reach": {"max": context}},
+        "buffers": buffers,
+        # Declared by their sizes' values, not the constants' names the cpu manifest uses: the
+        # bf16 cache and the f32 state computed from bf16 inputs differ from the reference's in
+        # every byte, so kern test carries them on each side rather than comparing their bytes.
+        "states": {n: {k: sizes[e] for k, e in st.items()} for n, st in states(s).items()},
+        "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in modules},
+        "ops": ops, "programs": programs,
+    }
