@@ -215,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_COLS, 4)  // <= 64 registe
 moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const bf16 *__restrict__ W,
                  bf16 *__restrict__ act, int rows, int top_k, int inter, int hidden, int first, int count) {
     __shared__ int list[MOE_GEMV_MAX_PAIRS];
+    if ((int)blockIdx.y >= count) return;  // past the held experts (at 32 rows, half the grid): no prologue
     int n;
     const int e = expert_pairs(ids, rows * top_k, first, count, list, n);
     const int c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
