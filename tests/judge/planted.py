@@ -83,10 +83,10 @@ def kv_off_by_one(base: Path, out: Path) -> Path:
 def gqa_mapping(base: Path, out: Path) -> Path:
     """Query head h reads kv head h % kv_heads instead of h // (heads / kv_heads)."""
     return variant(base, out, patch=([
-        ("qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)",
-         "qg = q.reshape(len(pos_rows), g, kv_heads, head_dim).transpose(2, 0, 1, 3)"),
-        ("out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)",
-         "out[:] = o.transpose(1, 2, 0, 3).reshape(len(pos_rows), heads * head_dim)")],
+        ("qg = q[r].reshape(kv_heads, heads // kv_heads, head_dim)",
+         "qg = q[r].reshape(heads // kv_heads, kv_heads, head_dim).transpose(1, 0, 2)"),
+        ("out[r] = np.matmul(s, v[:, :n]).reshape(heads * head_dim)",
+         "out[r] = np.matmul(s, v[:, :n]).transpose(1, 0, 2).reshape(heads * head_dim)")],
         ["attention", "attention_decode"]))
 
 
@@ -168,10 +168,21 @@ def embed_swapped(base: Path, out: Path) -> Path:
 
 def reduction_reordered(base: Path, out: Path) -> Path:
     """Every linear sums its fp32 reduction in two halves: different bits, same numbers."""
-    return variant(base, out, patch=([("def linear(x, w, y):\n    np.matmul(x, w.T, out=y)",
-                                       "def linear(x, w, y):\n    k = x.shape[1] // 2\n"
-                                       "    np.matmul(x[:, :k], w[:, :k].T, out=y)\n"
-                                       "    y += x[:, k:] @ w[:, k:].T")], ["linear"]))
+    return variant(base, out, patch=([("            np.matmul(panel, x[r], out=out[r])",
+                                       "            k = x.shape[1] // 2\n"
+                                       "            np.matmul(panel[:, :k], x[r, :k], out=out[r])\n"
+                                       "            out[r] += panel[:, k:] @ x[r, k:]")], ["linear"]))
+
+
+def batched_linear(base: Path, out: Path) -> Path:
+    """Every linear one gemm over the step's rows (kern's cpu kernels before batch invariance):
+    the same numbers within the floor, but a row's bits change with the rows beside it."""
+    return variant(base, out, patch=([("    n, k = w.shape\n    step = max(1, PANEL_BYTES // (4 * k))\n"
+                                       "    for lo in range(0, n, step):\n"
+                                       "        panel, out = w[lo:lo + step], y[:, lo:lo + step]\n"
+                                       "        for r in range(x.shape[0]):\n"
+                                       "            np.matmul(panel, x[r], out=out[r])",
+                                       "    np.matmul(x, w.T, out=y)")], ["linear"]))
 
 
 def split_norm(base: Path, out: Path, layer: int = 1) -> Path:

@@ -45,6 +45,22 @@ def test_equivalent_candidate_passes(name, kind, smol_a, smollm2, tmp_path):
     assert (r.verdict.status, r.verdict.kind, r.verdict.code) == ("PASS", kind, 0), r.verdict.line
 
 
+def test_a_batch_dependent_candidate_is_named_and_an_invariant_one_is_not(smol_a, smollm2, tmp_path):
+    """kern test runs each sequence of the workload alone on B and compares its bytes with its
+    rows inside the batches: one gemm over the step's rows passes on numbers and is named as
+    batch-dependent; the reference's own kernels (one gemv a row) hold."""
+    cand = planted.batched_linear(smol_a, tmp_path / "batched")
+    r = judge(smol_a, cand, smollm2, SMALL)
+    print("\n".join(r.lines))
+    assert r.verdict.status == "PASS", r.verdict.line
+    broken = [line for line in r.lines if line.startswith("batch invariance (workload): BROKEN by ")]
+    assert broken and str(cand) in broken[0], r.lines
+    assert r.to_json()["batch_invariance"][0]["holds"] is False
+    same = judge(smol_a, planted.embed_swapped(smol_a, tmp_path / "same"), smollm2, SMALL)
+    assert any(line.startswith("batch invariance (workload): B gives each of its 3 sequences") for line in same.lines)
+    assert same.to_json()["batch_invariance"][0]["holds"] is True
+
+
 def test_fused_norm_residual_replacing_two_calls_passes(smol_a, smollm2, tmp_path):
     ref = planted.split_norm(smol_a, tmp_path / "split")
     r = judge(ref, smol_a, smollm2, SMALL)

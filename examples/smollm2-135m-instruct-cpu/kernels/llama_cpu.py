@@ -4,6 +4,15 @@ This file is a kern module: a deployment pins it by sha256 like a cubin, and the
 calls its functions with numpy views of the manifest's buffers (shaped for the current step)
 and plain Python scalars. A paged state arrives as a flat uint8 array of pages; within a
 page the layout is [layer][k=0|v=1][kv_head][token_in_page][head_dim] in f32.
+
+Batch invariance: a row's bits depend on that row (its token, position and its sequence's
+cached k/v) and never on the other rows of the step, their number or its place among them.
+BLAS picks its kernel and blocking by shape (a gemm of 8 rows and a gemv of one round
+differently), so every reduction here runs in a call whose shape is fixed by the weights and
+the row's own context alone: linear is a gemv a row over fixed panels of the weight, attention
+runs each query row over exactly its own positions, norms reduce each row alone. Prefill and
+decode rows go through the same functions, so a token's state and logits are the same in a
+prompt chunk of any size, a decode batch of any size, or recomputed after a cache hit.
 """
 
 import numpy as np
@@ -14,7 +23,7 @@ def embed(ids, table, x):
 
 
 def _norm(x, w, eps, out):
-    var = np.einsum("ij,ij->i", x, x) / x.shape[-1]
+    var = np.add.reduce(x * x, axis=-1) / x.shape[-1]  # each row's own pairwise sum
     np.multiply(x, (1.0 / np.sqrt(var + eps))[:, None].astype(np.float32), out=out)
     out *= w
 
@@ -38,8 +47,20 @@ def head_rms_norm(qkv, qw, kw, heads, kv_heads, head_dim, eps):
         qkv[:, lo:lo + n * head_dim] = out.reshape(t, n * head_dim)
 
 
+# A weight panel a row's gemv reads while it stays in cache for the next row (bytes).
+PANEL_BYTES = 1 << 19
+
+
 def linear(x, w, y):
-    np.matmul(x, w.T, out=y)
+    """y = x @ w.T a row at a time: one gemv per row and fixed panel of w's rows, so each
+    output's dot product is the same call whatever the number of rows (one gemm over the rows
+    is faster on a prompt chunk, docs/perf.md, and its bits change with them)."""
+    n, k = w.shape
+    step = max(1, PANEL_BYTES // (4 * k))
+    for lo in range(0, n, step):
+        panel, out = w[lo:lo + step], y[:, lo:lo + step]
+        for r in range(x.shape[0]):
+            np.matmul(panel, x[r], out=out[r])
 
 
 def rope_table(table, theta, factor, low_freq_factor, high_freq_factor, original_max_pos):
@@ -106,23 +127,24 @@ def kv_append_decode(qkv, kv, page_table, pos, layer, layers, heads, kv_heads, h
 
 
 def _attend(q, pos_rows, pages, phys, layer, heads, kv_heads, head_dim, page_tokens, out):
-    """q [n, heads, d] at positions pos_rows attends causally to its sequence's cached k/v."""
+    """q [n, heads, d] at positions pos_rows, each row over exactly its own positions of its
+    sequence's cached k/v (no mask: a masked tail would change the softmax's summation tree).
+    Each row's calls have shapes set by its position alone, in prefill and decode alike."""
     ctx = int(pos_rows.max()) + 1
     npg = -(-ctx // page_tokens)
     kv = pages[phys[:npg], layer]  # [npg, 2, kvh, P, d]
-    k = kv[:, 0].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)[:, :ctx]
-    v = kv[:, 1].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)[:, :ctx]
-    g = heads // kv_heads
-    qg = q.reshape(len(pos_rows), kv_heads, g, head_dim).transpose(1, 0, 2, 3)  # [kvh, n, g, d]
-    s = np.einsum("hngd,hkd->hngk", qg, k) * np.float32(1.0 / np.sqrt(head_dim))
-    mask = np.arange(ctx)[None, :] > pos_rows[:, None]  # [n, ctx]
-    if mask.any():
-        s = np.where(mask[None, :, None, :], np.float32(-np.inf), s)
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    o = np.einsum("hngk,hkd->hngd", s, v)  # [kvh, n, g, d]
-    out[:] = o.transpose(1, 0, 2, 3).reshape(len(pos_rows), heads * head_dim)
+    k = kv[:, 0].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)
+    v = kv[:, 1].transpose(1, 0, 2, 3).reshape(kv_heads, npg * page_tokens, head_dim)
+    scale = np.float32(1.0 / np.sqrt(head_dim))
+    for r, p in enumerate(pos_rows):
+        n = int(p) + 1
+        qg = q[r].reshape(kv_heads, heads // kv_heads, head_dim)
+        s = np.matmul(qg, k[:, :n].transpose(0, 2, 1))  # [kvh, g, n]
+        s *= scale
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        out[r] = np.matmul(s, v[:, :n]).reshape(heads * head_dim)
 
 
 def attention(qkv, kv, page_table, cu_seqlens, pos, o, layer, layers, heads, kv_heads, head_dim, page_tokens):

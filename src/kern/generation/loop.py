@@ -143,8 +143,7 @@ class Loop:
                               "state budget: raise --memory or shorten the request")
         seed = params.seed if params.seed is not None else _seed_of(request_id)
         self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params,
-                                               TextStream(self.tokenizer, params.stop),
-                                               np.random.Generator(np.random.PCG64(seed)), seed))
+                                               TextStream(self.tokenizer, params.stop), seed))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -261,7 +260,8 @@ class Loop:
             pick = [i for i, s in enumerate(seqs) if self._host_draws(s)]
             sub = logits[pick]
             if any(not seqs[i].params.greedy or seqs[i].params.penalized for i in pick):
-                toks, lp = sample(sub, [seqs[i].params for i in pick], [seqs[i].rng for i in pick],
+                toks, lp = sample(sub, [seqs[i].params for i in pick],
+                                  [HostDraw(draw_key(seqs[i].seed, len(seqs[i].out))) for i in pick],
                                   [seqs[i].prompt for i in pick], [seqs[i].out for i in pick])
             else:
                 toks = [chosen[i] for i in pick]
@@ -317,6 +317,18 @@ def draw_key(seed: int, n: int) -> int:
 
 
 _M64 = (1 << 64) - 1
+
+
+class HostDraw:
+    """The uniform number of a host draw, from the same key as the device's draw of that token:
+    a function of the request's seed and the token's index, never of its slot or its history
+    of steps (preempted, resumed, batched anyhow, the n-th token draws the same number)."""
+
+    def __init__(self, key: int):
+        self.key = key
+
+    def random(self) -> float:
+        return (self.key >> 11) * 2.0 ** -53  # the key's top 53 bits: in [0, 1)
 
 
 def _mix64(z: int) -> int:

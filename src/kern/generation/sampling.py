@@ -1,10 +1,12 @@
 """Sampling on the host, vectorized over the rows of a step that read logits: penalties,
-temperature, top_k, top_p, min_p, then one draw per row from that request's own generator.
+temperature, top_k, top_p, min_p, then one draw per row from a uniform number keyed by that
+request's seed and the token's index (loop.HostDraw).
 (On the device it needs sampling kernels; until then greedy rows take the device's argmax.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 import numpy as np
 
@@ -48,12 +50,18 @@ def _penalize_rows(z: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list
             z[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 
+class Uniform(Protocol):
+    """Where a row's draw comes from: a number in [0, 1) (loop.HostDraw; a numpy Generator)."""
+
+    def random(self) -> float: ...
+
+
 # Tokens a sampled row sorts at first; the whole vocabulary only when its draw or its kept set
 # reaches past them (a full sort of a 128k vocabulary costs milliseconds a row).
 CANDIDATES = 1024
 
 
-def sample(logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[np.random.Generator],
+def sample(logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[Uniform],
            prompts: Seq[list[int]], outs: Seq[list[int]]) -> tuple[list[int], list[TokenLogprob | None]]:
     """One token per row of `logits` [rows, vocab], and its logprob entry when asked."""
     z = penalize(logits, params, prompts, outs)
@@ -62,7 +70,7 @@ def sample(logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[np.random.
     return tokens, logprobs_of(logits, tokens, params)
 
 
-def _draw(scaled: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+def _draw(scaled: np.ndarray, p: SamplingParams, rng: Uniform) -> int:
     """One draw from the tokens that top_k, top_p and min_p keep, best first in a stable order
     (ties by token id): the token a full sort would give, found among the best CANDIDATES.
     With nothing truncated no order matters: one pass over the vocabulary in id order."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..pool import Lease
 from .detok import TextStream
 from .params import SamplingParams
@@ -17,8 +15,7 @@ class Sequence:
     prompt: list[int]
     params: SamplingParams  # max_tokens clipped to the context by Loop.add
     text: TextStream
-    rng: np.random.Generator
-    seed: int  # the request's seed (its own or one derived from its id): keys the device's draws
+    seed: int  # the request's seed (its own or one derived from its id): keys every draw (loop.draw_key)
     out: list[int] = field(default_factory=list)
     lease: Lease | None = None
     written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)

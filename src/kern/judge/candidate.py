@@ -18,7 +18,7 @@ from ..drive.engine_io import EngineIO
 from ..drive.script import Script
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from . import blas, forked
+from . import blas, forked, invariance
 from .diff import Diff
 from .precision import Precision
 from .record import Live, Recording, StepOut
@@ -30,6 +30,7 @@ class Outcome:
     out: list[StepOut] = field(default_factory=list)  # B free, step by step
     runs: list[SpanRun] = field(default_factory=list)  # every span record replayed on B
     wide_out: list[StepOut] = field(default_factory=list)  # B free on the wide workload
+    alone: list[invariance.Invariance] = field(default_factory=list)  # B's sequences alone vs batched
     seconds: dict[str, float] = field(default_factory=dict)
     error: str = ""  # B failed loading or running: a finding, not a crash of kern test
 
@@ -48,6 +49,10 @@ def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl:
         o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)
         if wide is not None:
             o.wide_out, o.seconds["wide_b"] = free_run(io, wide)
+        o.alone = [invariance.check(io, wl, o.out)]
+        if wide is not None:  # the wide decode program's rows against the narrow one's
+            o.alone.append(invariance.check(io, wide, o.wide_out, "wide"))
+        o.seconds["alone_b"] = sum(x.seconds for x in o.alone)
     except Exception as exc:  # the candidate's failure is a finding, not a crash of kern test
         o.error = f"{type(exc).__name__}: {exc}"
     return o

@@ -25,6 +25,7 @@ from . import blas, corpus, forked, precision
 from . import candidate as candidate_mod
 from .diff import diff
 from .facts import end_to_end, span_facts
+from .invariance import Invariance
 from .record import Live, Recording, StepOut, record
 from .replay import SpanRun, free_run, replay
 from .verdict import GROWABLE, EndToEnd, Facts, Verdict, decide
@@ -56,11 +57,13 @@ class Report:
     verdict: Verdict
     facts: Facts | None
     seconds: dict[str, float] = field(default_factory=dict)
+    alone: list[Invariance] = field(default_factory=list)  # B's batch invariance, a workload each
 
     def to_json(self) -> dict:
         f = self.facts
         out: dict = {"verdict": self.verdict.status, "kind": self.verdict.kind, "exit": self.verdict.code,
-                     "line": self.verdict.line, "facts": self.lines, "seconds": self.seconds}
+                     "line": self.verdict.line, "facts": self.lines, "seconds": self.seconds,
+                     "batch_invariance": [x.to_json() for x in self.alone]}
         if f is not None:
             out["spans"] = [{"span": s.label, "ops": s.ops, "replays": s.replays, "identical": s.identical,
                              "deviates": s.deviates, "worst": s.worst, "first_step": s.first_step,
@@ -279,6 +282,8 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     e2e = _e2e(rows, err, opts, lim)
     facts = Facts(facts_spans, e2e, opts.limit, unfed, only_b=only_b)
     _say_e2e(facts, fact)
+    for inv in b.alone:  # a fact, not the verdict: a batch-dependent B can still compute right
+        fact(inv.line(str(candidate)))
     rounds, grown_rows = 0, 0
     # a round runs twice the sequences of the one before: expect twice its time (round 1's
     # end-to-end part: A recorded and run in B's precision, B loaded and run)
@@ -304,7 +309,7 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         _say_e2e(facts, fact)
     secs["total"] = time.perf_counter() - t_all
     fact("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items()))
-    return Report(lines, decide(facts), facts, secs)
+    return Report(lines, decide(facts), facts, secs, b.alone)
 
 
 def limits(io: EngineIO, opts: Options) -> script.Bounds:

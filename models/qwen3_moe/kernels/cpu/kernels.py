@@ -7,9 +7,11 @@ one output a (row, choice)) and `combine` (each row's outputs summed with their 
 choice order). The expert weights are one buffer a layer: the experts' [gate; up] rows stacked
 [experts * 2 * inter, hidden], their down rows [experts * hidden, inter].
 
-The arithmetic of an expert is fixed by its rows alone (the rows routed to it, in row order),
-whatever rank holds it and whatever else the step holds: that is what lets expert parallel
-(split over ranks) give the single device's bits.
+The arithmetic of an expert on a row is fixed by that row alone: a gemv a (row, choice), never
+one gemm over the rows routed to it (a BLAS picks its kernel by the number of rows, so a row's
+bits would change with the step's routing). So a row's bits are the same whatever rank holds
+its experts (expert parallel gives the single device's bits) and whatever else the step holds
+(batch invariance, docs/determinism.md).
 """
 
 import numpy as np
@@ -45,11 +47,9 @@ def experts(x, ids, gate_up, down, y, first, count):
     d_w = down.reshape(count, hidden, inter)
     y[:] = 0
     for e in range(count):
-        r, j = np.nonzero(ids == first + e)  # row order
-        if r.size == 0:
-            continue
-        h = _silu_mul(x[r] @ gu_w[e].T, inter)
-        y[r, j] = h @ d_w[e].T
+        for r, j in zip(*np.nonzero(ids == first + e)):
+            h = _silu_mul((gu_w[e] @ x[r])[None], inter)[0]
+            np.matmul(d_w[e], h, out=y[r, j])
 
 
 def combine(y, weights, out):
