@@ -64,6 +64,22 @@ def test_the_kernel_table_matches_moe_cu():
     assert table_mismatches(CUBINS.folder, table.KERNELS) == []
 
 
+def test_the_narrow_gate_up_holds_every_pair_the_decode_program_can_step():
+    """moe_gemv_gate_up stages a launch's rows * top_k pairs in shared memory (MOE_GEMV_MAX_PAIRS
+    of them) to find each chosen expert's pairs: the most sequences the graph-captured decode
+    program steps (this family's, and Kimi-Linear's that launches it too), times the most choices
+    a router makes, must fit."""
+    import re
+
+    from kern_models.kimi_linear.manifests.cuda import DECODE_SEQS as KIMI_SEQS
+    from kern_models.llama.manifests.cuda import DECODE_SEQS
+
+    src = (CUBINS.folder / "moe.cu").read_text()
+    assert int(re.search(r"#define MOE_GEMV_MAX_PAIRS (\d+)", src).group(1)) == table.GEMV_MAX_PAIRS
+    assert int(re.search(r"#define MOE_MAX_EXPERTS (\d+)", src).group(1)) == table.MAX_EXPERTS
+    assert max(DECODE_SEQS, KIMI_SEQS) * table.MAX_TOP_K <= table.GEMV_MAX_PAIRS
+
+
 def test_the_pin_is_of_this_tree_s_sources():
     """moe.cubin's pin names the digest of its inputs (flags, moe.cu, the shared headers): a
     change to any of them (common.cuh included) needs `python -m kern_models.common.cubins

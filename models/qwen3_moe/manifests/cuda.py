@@ -4,7 +4,8 @@ graphs), each sparse layer's MLP made a MoE block of the kernels of kernels/cuda
 
 Narrow decode (the graph-captured `decode` program, up to 32 rows) reads only the chosen
 experts' weights: the post-attention norm, the router's logits (the dense gemv), route, then
-moe_gemv_gate_up (a block a (row, choice): the chosen expert's [gate; up] rows, SwiGLU) and
+moe_gemv_gate_up (a block a chosen expert: its [gate; up] rows read once for every row that
+chose it, SwiGLU) and
 moe_gemv_down_residual (the chosen experts' down rows, each row's choices weighted and summed
 in choice order, added into the residual stream). Wide decode and prefill group the (row,
 choice) pairs by expert: the router's logits (a cuBLASLt GEMM), route, moe_sort (a stable

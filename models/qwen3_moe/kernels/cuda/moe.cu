@@ -72,23 +72,38 @@ moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__rest
 
 // ---- narrow decode: only the chosen experts' rows are read --------------------------------------
 // A warp a column; a block MOE_COLS columns (32 * MOE_COLS threads). Batch-1 decode is a stream
-// of weight rows, so each warp issues the loads of every row it needs (gate and up; or every
-// choice's down row) before any reduction: the lane partials first, the xor trees after.
+// of weight rows, and a row of the down projection is only 768 long (3 chunks of 16 bytes a
+// lane): so each warp walks the rows it needs (gate and up; or every choice's down row) side by
+// side, one chunk of each row in flight together, and reduces after (the lane partials first,
+// the xor trees last). A warp then waits on memory ceil(K / 256) times, not that many times a row.
 
-// This lane's part of the dot product of bf16 rows x and w over K (K % 8 == 0): 16-byte chunks
-// lane, lane + 32, ...; warp_sum of it is the dot product (the same tree on every device run).
-__device__ __forceinline__ float lane_dot(const bf16 *__restrict__ x, const bf16 *__restrict__ w, int K) {
-    const uint4 *x8 = reinterpret_cast<const uint4 *>(x), *w8 = reinterpret_cast<const uint4 *>(w);
-    float acc = 0.f;
-#pragma unroll 4
-    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
-        float a[8], b[8];
-        unpack8(x8[i], a);
-        unpack8(w8[i], b);
+// Lane partials of N dot products of bf16 rows x[q] . w[q] over K (K % 8 == 0), the rows with
+// on[q] false skipped (their partial stays 0): each partial takes this lane's 16-byte chunks
+// lane, lane + 32, ... in that order, whatever N is, so warp_sum of it is the dot product the
+// one-row loop gave (the same bits on every run).
+template <int N>
+__device__ __forceinline__ void lane_dots(const bf16 *const (&x)[N], const bf16 *const (&w)[N], const bool (&on)[N],
+                                          int K, float (&acc)[N]) {
 #pragma unroll
-        for (int t = 0; t < 8; ++t) acc = fmaf(a[t], b[t], acc);
+    for (int q = 0; q < N; ++q) acc[q] = 0.f;
+    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
+        uint4 xv[N], wv[N];
+#pragma unroll
+        for (int q = 0; q < N; ++q)  // every row's chunk requested before any is used
+            if (on[q]) {
+                xv[q] = reinterpret_cast<const uint4 *>(x[q])[i];
+                wv[q] = reinterpret_cast<const uint4 *>(w[q])[i];
+            }
+#pragma unroll
+        for (int q = 0; q < N; ++q)
+            if (on[q]) {
+                float a[8], b[8];
+                unpack8(xv[q], a);
+                unpack8(wv[q], b);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) acc[q] = fmaf(a[t], b[t], acc[q]);
+            }
     }
-    return acc;
 }
 
 // SwiGLU as the dense path and transformers in bf16 round it: silu of the bf16 gate, rounded,
@@ -98,57 +113,174 @@ __device__ __forceinline__ bf16 swiglu(float gate, float up) {
     return to_bf(rbf(g / (1.f + expf(-g))) * rbf(up));
 }
 
+// Lane partials acc[w][q] of the dot products x[q] . W[w] of R weight rows with G bf16 rows x
+// over K (K % 8 == 0), the x rows with on[q] false skipped: each weight chunk is read once for
+// every x row (the x rows are few and hot in L1), and each partial takes this lane's chunks
+// lane, lane + 32, ... in order: the bits of lane_dots' one-pair loop.
+template <int R, int G>
+__device__ __forceinline__ void lane_dots_shared(const bf16 *const (&W)[R], const bf16 *const (&x)[G],
+                                                 const bool (&on)[G], int K, float (&acc)[R][G]) {
+#pragma unroll
+    for (int w = 0; w < R; ++w)
+#pragma unroll
+        for (int q = 0; q < G; ++q) acc[w][q] = 0.f;
+#pragma unroll 2
+    for (int i = threadIdx.x & 31; i < (K >> 3); i += 32) {
+        uint4 wv[R], xv[G];
+#pragma unroll
+        for (int w = 0; w < R; ++w) wv[w] = reinterpret_cast<const uint4 *>(W[w])[i];
+#pragma unroll
+        for (int q = 0; q < G; ++q)
+            if (on[q]) xv[q] = reinterpret_cast<const uint4 *>(x[q])[i];
+#pragma unroll
+        for (int w = 0; w < R; ++w) {
+            float b[8];
+            unpack8(wv[w], b);
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                if (on[q]) {
+                    float a[8];
+                    unpack8(xv[q], a);
+#pragma unroll
+                    for (int t = 0; t < 8; ++t) acc[w][q] = fmaf(a[t], b[t], acc[w][q]);
+                }
+        }
+    }
+}
+
+// The pairs (r * top_k + j) of the blockIdx.y-th expert, in ascending expert index, among the
+// experts some pair chose that this buffer holds (ids - first in [0, count)): into list, in
+// pair order (their count into n); returns that expert less first, or -1 past the last one.
+// Every thread of the block calls it (it syncs). n_pairs <= MOE_GEMV_MAX_PAIRS (the manifest
+// checks it: the narrow decode's rows times top_k).
+#define MOE_GEMV_MAX_PAIRS 1024
+__device__ __forceinline__ int expert_pairs(const int *__restrict__ ids, int n_pairs, int first, int count,
+                                            int *list, int &n) {
+    static_assert(MOE_MAX_EXPERTS == 32 * 32, "one bitmap word a lane");
+    __shared__ unsigned used[32];
+    __shared__ int sid[MOE_GEMV_MAX_PAIRS];
+    __shared__ int found[2];
+    n_pairs = min(n_pairs, MOE_GEMV_MAX_PAIRS);
+    if (threadIdx.x < 32) used[threadIdx.x] = 0u;
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        const int e = ids[p] - first;
+        sid[p] = e;
+        if (e >= 0 && e < count && e < MOE_MAX_EXPERTS) atomicOr(&used[e >> 5], 1u << (e & 31));  // integer: exact
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, k = blockIdx.y;
+        unsigned word = used[lane];
+        const int mine = __popc(word);
+        int incl = mine;  // experts chosen in words 0 .. lane
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += t;
+        }
+        int e = -1;
+        if (k >= incl - mine && k < incl) {  // the k-th chosen expert is in this lane's word
+            for (int i = incl - mine; i < k; ++i) word &= word - 1;
+            e = lane * 32 + __ffs(word) - 1;
+        }
+        const unsigned has = __ballot_sync(0xffffffffu, e >= 0);
+        e = has ? __shfl_sync(0xffffffffu, e, __ffs(has) - 1) : -1;
+        int got = 0;
+        for (int base = 0; e >= 0 && base < n_pairs; base += 32) {
+            const bool hit = base + lane < n_pairs && sid[base + lane] == e;
+            const unsigned b = __ballot_sync(0xffffffffu, hit);
+            if (hit) list[got + __popc(b & ((1u << lane) - 1u))] = base + lane;
+            got += __popc(b);
+        }
+        if (lane == 0) found[0] = e, found[1] = got;
+    }
+    __syncthreads();
+    n = found[1];
+    return found[0];
+}
+
 // act[r, j, c] = swiglu(x[r] . gate_e[c], x[r] . up_e[c]), e = ids[r, j] - first, for the
 // experts first .. first + count - 1 this buffer holds ([gate_e; up_e] = W[e * 2 inter ..]).
-// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k).
-extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
+// A pair whose expert is not held is skipped. Grid (ceil_div(inter, MOE_COLS), rows * top_k):
+// block y takes the y-th chosen expert (expert_pairs) and every pair that chose it, so an
+// expert's rows are read once however many rows chose it (at 16 rows, 128 pairs choose ~82 of
+// 128 experts); the blocks past the last chosen expert return at once.
+// An expert's pairs a warp carries at once: 3 covers most experts in one pass at 16 and 32 rows
+// (~1.6 and ~2.3 pairs a chosen expert), more go in passes that find the rows in L1 or L2. 61
+// registers, 4 blocks a SM: at batch 1 (768 blocks) 32 warps x 2 KB of weight chunks in flight
+// a SM (unroll 2 x gate, up), against ~35 KB that 4.8 TB/s x ~1 us of latency asks for.
+#define MOE_GEMV_GROUP 3
+extern "C" __global__ void __launch_bounds__(32 * MOE_COLS, 4)  // <= 64 registers: 4 blocks a SM
 moe_gemv_gate_up(const bf16 *__restrict__ x, const int *__restrict__ ids, const bf16 *__restrict__ W,
                  bf16 *__restrict__ act, int rows, int top_k, int inter, int hidden, int first, int count) {
-    const int pair = blockIdx.y, r = pair / top_k, c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
-    if (r >= rows || c >= inter) return;
-    const int e = ids[pair] - first;
-    if (e < 0 || e >= count) return;
-    const bf16 *xr = x + (size_t)r * hidden;
+    __shared__ int list[MOE_GEMV_MAX_PAIRS];
+    if ((int)blockIdx.y >= count) return;  // past the held experts (at 32 rows, half the grid): no prologue
+    int n;
+    const int e = expert_pairs(ids, rows * top_k, first, count, list, n);
+    const int c = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    if (e < 0 || c >= inter) return;
     const bf16 *We = W + (size_t)e * 2 * inter * hidden;
-    const float g = lane_dot(xr, We + (size_t)c * hidden, hidden);
-    const float u = lane_dot(xr, We + (size_t)(inter + c) * hidden, hidden);
-    const float gs = warp_sum(g), us = warp_sum(u);
-    if ((threadIdx.x & 31) == 0) act[(size_t)pair * inter + c] = swiglu(gs, us);
+    const bf16 *const ws[2] = {We + (size_t)c * hidden, We + (size_t)(inter + c) * hidden};
+    for (int g0 = 0; g0 < n; g0 += MOE_GEMV_GROUP) {
+        const bf16 *xs[MOE_GEMV_GROUP];
+        bool on[MOE_GEMV_GROUP];
+#pragma unroll
+        for (int q = 0; q < MOE_GEMV_GROUP; ++q) {
+            on[q] = g0 + q < n;
+            xs[q] = x + (size_t)(on[q] ? list[g0 + q] / top_k : 0) * hidden;
+        }
+        float gu[2][MOE_GEMV_GROUP];
+        lane_dots_shared<2, MOE_GEMV_GROUP>(ws, xs, on, hidden, gu);
+#pragma unroll
+        for (int q = 0; q < MOE_GEMV_GROUP; ++q)
+            if (on[q]) {  // the same for every lane of the warp
+                const float gs = warp_sum(gu[0][q]), us = warp_sum(gu[1][q]);
+                if ((threadIdx.x & 31) == 0) act[(size_t)list[g0 + q] * inter + c] = swiglu(gs, us);
+            }
+    }
 }
 
 // sum over j (in order) of weights[r, j] * rbf(act[r, j] . down_e[n]), e = ids[r, j] - first,
 // over the choices whose expert is held here (first .. first + count - 1): this warp's output n
-// of row r. The choices go in groups of 8, each group's loads in flight together.
+// of row r. The choices go in groups of 8, each group's rows walked side by side (lane_dots).
 __device__ __forceinline__ float down_sum(const bf16 *__restrict__ act, const int *__restrict__ ids,
                                           const float *__restrict__ weights, const bf16 *__restrict__ W, int r,
                                           int n, int top_k, int hidden, int inter, int first, int count) {
     float acc = 0.f;
     for (int j0 = 0; j0 < top_k; j0 += 8) {
-        float part[8];
+        const bf16 *as[8], *ws[8];
+        bool on[8];
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
             const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
-            part[jj] = e < 0 || e >= count ? 0.f
-                                           : lane_dot(act + (size_t)pair * inter, W + ((size_t)e * hidden + n) * inter,
-                                                      inter);
+            on[jj] = e >= 0 && e < count;
+            as[jj] = act + (size_t)pair * inter;
+            ws[jj] = W + ((size_t)(on[jj] ? e : 0) * hidden + n) * inter;
         }
+        float part[8];
+        lane_dots<8>(as, ws, on, inter, part);
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
-            const int pair = r * top_k + j0 + jj, e = j0 + jj < top_k ? ids[pair] - first : -1;
+            const int pair = r * top_k + j0 + jj;
             const float d = warp_sum(part[jj]);
-            if (e >= 0 && e < count) acc = fmaf(weights[pair], rbf(d), acc);
+            if (on[jj]) acc = fmaf(weights[pair], rbf(d), acc);
         }
     }
     return acc;
 }
 
 // res[r, n] += down_sum over every choice: the down projections of a row's choices, the
-// weighted combine and the residual add. Grid (ceil_div(hidden, MOE_COLS), rows).
+// weighted combine and the residual add. Grid (rows, ceil_div(hidden, MOE_COLS)): blocks start
+// in x order, so the blocks in flight together hold every row's same few columns, and the
+// rows that chose one expert read its down rows n .. n + 7 at about the same time: one read
+// from memory, the others from L2 (at 16 rows 128 pairs choose ~82 experts: ~403 MB of down
+// rows a layer are requested, ~258 MB distinct; rows-major order left them ~25 MB apart).
 extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
 moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids,
                        const float *__restrict__ weights, const bf16 *__restrict__ W, bf16 *res, int rows,
                        int top_k, int hidden, int inter) {
-    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    const int r = blockIdx.x, n = blockIdx.y * MOE_COLS + (threadIdx.x >> 5);
     if (r >= rows || n >= hidden) return;
     const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, 0, 1 << 30);
     if ((threadIdx.x & 31) == 0) res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + acc);
@@ -158,12 +290,13 @@ moe_gemv_down_residual(const bf16 *__restrict__ act, const int *__restrict__ ids
 // over the choices held here (f32), pushed into slot `rank` of every rank's recv buffer
 // ([2 halves][ranks][rows][hidden]: recv here, parts[p] on rank p, at `offset`); the dense
 // family's all_reduce_add_local then crosses the barrier and adds the ranks' slots, in rank
-// order, into the residual (manifests/ep.py). Grid as moe_gemv_down_residual.
+// order, into the residual (manifests/ep.py). Grid (rows, ceil_div(hidden, MOE_COLS)), as
+// moe_gemv_down_residual's.
 extern "C" __global__ void __launch_bounds__(32 * MOE_COLS)
 moe_gemv_down_push(const bf16 *__restrict__ act, const int *__restrict__ ids, const float *__restrict__ weights,
                    const bf16 *__restrict__ W, float *recv, const unsigned long long *__restrict__ parts, int rows,
                    int top_k, int hidden, int inter, int first, int count, int rank, int ranks, int offset) {
-    const int r = blockIdx.y, n = blockIdx.x * MOE_COLS + (threadIdx.x >> 5);
+    const int r = blockIdx.x, n = blockIdx.y * MOE_COLS + (threadIdx.x >> 5);
     if (r >= rows || n >= hidden) return;
     const float acc = down_sum(act, ids, weights, W, r, n, top_k, hidden, inter, first, count);
     if ((threadIdx.x & 31) == 0) {
@@ -228,15 +361,32 @@ moe_sort(const int *__restrict__ ids, int *__restrict__ sorted, int *__restrict_
 // each 32 x 32 (2 x 2 fragments). NB weight matrices share the A tile (the gate and up halves).
 constexpr int LDS = MOE_BK + 8;  // bf16 row pitch in shared memory (a multiple of 8, off the banks)
 constexpr int LDC = MOE_BN + 4;
+// k-tiles in shared memory: STAGES - 1 of them in flight while one is multiplied. At 64 decode
+// rows an expert's tile holds ~4 real rows, so a block is a stream of weight rows whose
+// multiply is nothing: with 2 stages each k-tile waited a full memory latency (one 8 KB k-tile
+// of gate and up in flight a block); 3 stages keep two in flight. The stages then hold the
+// output tile (Cs) after the last k-tile, which keeps a block inside 48 KB of static shared
+// memory (gate/up: 46,080 bytes, 4 blocks a SM as before).
+#define MOE_STAGES 3
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+
+template <int NB>
+struct TileSmem {
+    static constexpr int A = MOE_BM * LDS, B = MOE_BN * LDS;  // bf16 elements a stage
+    static constexpr int BYTES = MOE_STAGES * (A + NB * B) * 2;
+    static_assert(BYTES >= MOE_BM * LDC * 4, "the output tile reuses the stages");
+};
+template <int NB>
+__device__ __forceinline__ unsigned char *tile_smem() {
+    __shared__ __align__(128) unsigned char smem[TileSmem<NB>::BYTES];
+    return smem;
+}
 
 template <int NB, typename ARow>
 __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB], int N, int K, int n0,
                                           Acc (&acc)[NB][2][2]) {
-    // two stages: the next k-tile's copies (cp.async, 16 bytes each, zero-filled past the rows
-    // that exist) are in flight while this one is multiplied
-    __shared__ __align__(128) bf16 As[2][MOE_BM * LDS];
-    __shared__ __align__(128) bf16 Bs[2][NB][MOE_BN * LDS];
+    bf16 *const As = reinterpret_cast<bf16 *>(tile_smem<NB>());   // [STAGES][A]
+    bf16 *const Bs = As + MOE_STAGES * TileSmem<NB>::A;             // [STAGES][NB][B]
     const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -245,52 +395,60 @@ __device__ __forceinline__ void tile_gemm(ARow a_row, const bf16 *const (&W)[NB]
 #pragma unroll
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
     constexpr int CHUNKS = MOE_BK / 8;  // 16-byte chunks a row of a k-tile
-    auto load = [&](int stage, int k0) {
-        for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
-            const int i = c / CHUNKS, q = c % CHUNKS;
-            const bf16 *src = a_row(i);
-            cp_async16_zfill(&As[stage][i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
-        }
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-            for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
-                const int n = c / CHUNKS, q = c % CHUNKS;
-                const bool in = n0 + n < N;
-                cp_async16_zfill(&Bs[stage][b][n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
-                                 in ? 16 : 0);
+    const int tiles = K / MOE_BK;
+    // k-tile kt's copies (cp.async, 16 bytes each, zero-filled past the rows that exist) into
+    // stage kt % STAGES, one commit group a k-tile; past the last k-tile an empty group, so
+    // that "all but the newest STAGES - 2 groups have landed" always means k-tile kt has
+    auto load = [&](int kt) {
+        if (kt < tiles) {
+            const int stage = kt % MOE_STAGES, k0 = kt * MOE_BK;
+            bf16 *as = As + stage * TileSmem<NB>::A;
+            for (int c = threadIdx.x; c < MOE_BM * CHUNKS; c += blockDim.x) {
+                const int i = c / CHUNKS, q = c % CHUNKS;
+                const bf16 *src = a_row(i);
+                cp_async16_zfill(&as[i * LDS + q * 8], src ? src + k0 + q * 8 : W[0], src ? 16 : 0);
             }
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                bf16 *bs = Bs + (stage * NB + b) * TileSmem<NB>::B;
+                for (int c = threadIdx.x; c < MOE_BN * CHUNKS; c += blockDim.x) {
+                    const int n = c / CHUNKS, q = c % CHUNKS;
+                    const bool in = n0 + n < N;
+                    cp_async16_zfill(&bs[n * LDS + q * 8], in ? W[b] + (size_t)(n0 + n) * K + k0 + q * 8 : W[b],
+                                     in ? 16 : 0);
+                }
+            }
+        }
         cp_async_commit();
     };
-    const int tiles = K / MOE_BK;
-    load(0, 0);
+#pragma unroll
+    for (int kt = 0; kt < MOE_STAGES - 1; ++kt) load(kt);
     for (int kt = 0; kt < tiles; ++kt) {
-        const int stage = kt & 1;
-        if (kt + 1 < tiles) {
-            load(stage ^ 1, (kt + 1) * MOE_BK);  // the stage read two k-tiles ago: free since the last barrier
-            cp_async_wait<1>();                   // this k-tile's copies (this thread's) have landed
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // ... and every thread's
+        cp_async_wait<MOE_STAGES - 2>();  // this thread's copies of k-tile kt have landed
+        __syncthreads();  // ... and every thread's; and every warp is done with k-tile kt - 1
+        load(kt + MOE_STAGES - 1);  // into the stage k-tile kt - 1 used
+        const int stage = kt % MOE_STAGES;
+        const bf16 *as = As + stage * TileSmem<NB>::A;
 #pragma unroll
         for (int kk = 0; kk < MOE_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
-                wmma::load_matrix_sync(fa[i], &As[stage][(wm * 32 + i * 16) * LDS + kk], LDS);
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &as[(wm * 32 + i * 16) * LDS + kk], LDS);
 #pragma unroll
             for (int b = 0; b < NB; ++b)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     // B (k x n) column-major is W's rows as stored: element (k, n) at Bs[n * LDS + k]
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, &Bs[stage][b][(wn * 32 + j * 16) * LDS + kk], LDS);
+                    wmma::load_matrix_sync(fb, &Bs[(stage * NB + b) * TileSmem<NB>::B + (wn * 32 + j * 16) * LDS + kk],
+                                           LDS);
 #pragma unroll
                     for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
-        __syncthreads();  // every warp is done with this stage before it is loaded again
     }
+    cp_async_wait<0>();  // only empty groups are left; none may land in the stages after this
+    __syncthreads();     // every warp is done with the stages: the caller's Cs may reuse them
 }
 
 // Tile blockIdx.y of `tiles` (moe_sort's): its expert (less `first`) and sorted positions
@@ -323,10 +481,10 @@ extern "C" __global__ void __launch_bounds__(128)
 moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const int *__restrict__ tiles,
                   const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                   int count) {
-    __shared__ __align__(128) float Cs[MOE_BM * LDC];
     Tile t;
     if (!tile_of_block(tiles, first, count, t)) return;
     const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    float *const Cs = reinterpret_cast<float *>(tile_smem<2>());  // [MOE_BM, LDC], after the GEMM
     const bf16 *We = W + (size_t)t.e * 2 * inter * hidden;
     const bf16 *const Ws[2] = {We, We + (size_t)inter * hidden};
     auto a_row = [&](int i) -> const bf16 * {
@@ -355,10 +513,10 @@ moe_group_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, co
 extern "C" __global__ void __launch_bounds__(128)
 moe_group_down(const bf16 *__restrict__ act, const int *__restrict__ tiles, const bf16 *__restrict__ W,
                float *__restrict__ y, int hidden, int inter, int first, int count) {
-    __shared__ __align__(128) float Cs[MOE_BM * LDC];
     Tile t;
     if (!tile_of_block(tiles, first, count, t)) return;
     const int s0 = t.s0, s1 = t.s1, n0 = blockIdx.x * MOE_BN;
+    float *const Cs = reinterpret_cast<float *>(tile_smem<1>());  // [MOE_BM, LDC], after the GEMM
     const bf16 *const Ws[1] = {W + (size_t)t.e * hidden * inter};
     auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
     Acc acc[1][2][2];

@@ -17,6 +17,7 @@ TILES = {
 }
 MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
 MAX_TOP_K = 32      # moe_route: one lane a choice
+GEMV_MAX_PAIRS = 1024  # moe.cu's MOE_GEMV_MAX_PAIRS: moe_gemv_gate_up's pairs a launch (rows * top_k)
 GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
 GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
 
@@ -29,12 +30,12 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel(MODULE, "moe_gemv_down_residual", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
                                               _buf("res", direction="inout"),
                                               *_ints("rows", "top_k", "hidden", "inter")),
-           ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
+           ("rows", {"ceil_div": ["hidden", TILES["MOE_COLS"]]}), GEMV_BLOCK),
     Kernel(MODULE, "moe_gemv_down_push", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
                                           _buf("recv", "f32", "out"), _buf("parts", "u64"),
                                           *_ints("rows", "top_k", "hidden", "inter", "first", "count", "rank", "ranks",
                                                  "offset")),
-           ({"ceil_div": ["hidden", TILES["MOE_COLS"]]}, "rows"), GEMV_BLOCK),
+           ("rows", {"ceil_div": ["hidden", TILES["MOE_COLS"]]}), GEMV_BLOCK),
     Kernel(MODULE, "moe_sort", (_buf("ids", "i32"), _buf("sorted", "i32", "out"), _buf("pos", "i32", "out"),
                                 _buf("tiles", "i32", "out"), *_ints("n_pairs", "experts")), (1,), (1024,)),
     Kernel(MODULE, "moe_group_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
