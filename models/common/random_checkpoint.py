@@ -23,8 +23,8 @@ SHAPES = {
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8192}),
 }
-# Shapes too large for the benches' default sweep (benchmarks/decode.py runs every SHAPES entry):
-# asked for by name (benchmarks/tp.py).
+# Shapes too large for the benches' default sweep (bench/decode.py runs every SHAPES entry):
+# asked for by name (bench/tp.py).
 LARGE = {
     "llama-3.1-8b": dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,

@@ -1,4 +1,4 @@
-"""The peers of benchmarks/decode.py, run on the CPU with a tiny random llama: the hand-written
+"""The peers of bench/decode.py, run on the CPU with a tiny random llama: the hand-written
 static-cache loop (the torch.compile peer, here uncompiled) must generate the same greedy
 tokens as transformers' own cache loop, or its speed would be a number for a different job."""
 
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "decode.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode.py"
 
 
 def _decode_bench():
@@ -39,7 +39,7 @@ def test_static_cache_loop_generates_what_the_eager_loop_does():
 
 
 def test_kern_run_ahead_generates_what_single_steps_do(tmp_path):
-    """benchmarks/decode.py's kern loop with 4 steps a host sync (Engine.run_steps) against one step
+    """bench/decode.py's kern loop with 4 steps a host sync (Engine.run_steps) against one step
     a sync, on the CPU device with a tiny random llama: the same greedy tokens."""
     from kern.api import Model, deployment_for
 

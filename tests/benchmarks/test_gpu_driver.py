@@ -1,5 +1,5 @@
-"""benchmarks/gpu.py, the one device driver, on the CPU: presets are checked before anything is
-installed or run, and its summary is one line per benchmarks/decode.py result."""
+"""bench/gpu.py, the one device driver, on the CPU: presets are checked before anything is
+installed or run, and its summary is one line per bench/decode.py result."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_an_unknown_preset_is_refused_in_one_line_naming_the_presets():

@@ -1,7 +1,7 @@
 """The planted-bug suite on the SmolLM2-135M cpu manifest: every verdict asserted.
 
 A small workload (3 sequences, prompts up to 48 tokens, 2 decode steps) keeps each verdict
-to seconds on two cores; benchmarks/kern_test.py times a full-size one."""
+to seconds on two cores; bench/kern_test.py times a full-size one."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ CONTEXT = 1024
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """A seeded random SmolLM2-135M; the one benchmarks/mega_gpu.py made already when $MEGA_CKPTS has it."""
+    """A seeded random SmolLM2-135M; the one bench/mega_gpu.py made already when $MEGA_CKPTS has it."""
     from kern_models.common.random_checkpoint import make
 
     shared = Path(os.environ.get("MEGA_CKPTS", "/nonexistent")) / "smollm2-135m"

@@ -1,5 +1,5 @@
 """Pool's public API is a contract with its users (runtime/paging.py, api.py, the scheduler,
-benchmarks/pool.py): this table is it. Changing a name, a parameter or a result type fails here
+bench/pool.py): this table is it. Changing a name, a parameter or a result type fails here
 first, so the change is made on purpose and told to them."""
 
 from __future__ import annotations

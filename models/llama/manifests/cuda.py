@@ -24,7 +24,7 @@ ARGMAX_CHUNKS = 128
 # server's, up to PREFILL_SEQS) step through the prefill program: ragged rows, one row each.
 DECODE_SEQS = 32
 # The gemv decode program's default bound: past it the wide program's GEMMs are faster than
-# the gemv kernels (benchmarks/crossover.py; the crossover's figures: docs/perf-history.md).
+# the gemv kernels (bench/crossover.py; the crossover's figures: docs/perf-history.md).
 GEMV_SEQS = 8
 PREFILL_SEQS = 256
 # The wide decode program steps 33 to WIDE_SEQS sequences, one row each, as a CUDA graph of
@@ -192,7 +192,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
           context: int | None = None, decode_split: int = DECODE_SPLIT) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
     program's (ragged rows, so also the path for decode batches larger than seqs).
-    decode_split: context tokens per decode attention block (benchmarks/decode.py --decode-split)."""
+    decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
     check_shape(s, decode_split)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the graph-captured decode program steps at most {DECODE_SEQS} sequences "

@@ -3,7 +3,7 @@
 Pydantic v2 was chosen over msgspec because a malformed manifest must list *every* problem
 at once with its place (pydantic's ValidationError carries all errors with locations;
 msgspec stops at the first), and because it generates the JSON Schema we commit. Its parse
-cost is measured in benchmarks/verify.py.
+cost is measured in bench/verify.py.
 
 Validation is strict: JSON `true` is not the integer 1, `"3"` is not 3, `3.0` is not an
 integer, and `"yes"` is not a bool. Pairs (ranges, ceil_div) are fixed-length lists, because

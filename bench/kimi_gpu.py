@@ -1,0 +1,333 @@
+"""One device call for the Kimi-Linear family on one H200, within a hard cap: the GPU tests of
+tests/kimi_linear (kern test of sm_90a against the cpu reference, the planted kernel bugs), and
+the real Kimi-Linear-48B-A3B shape (hidden 2304, KDA 32 heads of 128, MLA 32 heads with
+kv_lora 512 + rope 64, 256 experts, 8 active, a shared expert, vocabulary 163,840) at reduced
+depth as a seeded random checkpoint: parity against transformers, decode speed beside it.
+
+    python3 bench/kimi_gpu.py [--layers 8] [--steps tests,ckpt,parity,decode,serve] [--batch 1,16,64]
+
+Steps, each a process of its own with its own timeout (the tests run beside ckpt):
+  tests  pytest -m gpu tests/kimi_linear (its log: $OUT/tests.log)
+  ckpt   the checkpoint (kern_models.kimi_linear.random_checkpoint, sharpened) made on the GPU
+         and saved; transformers eager's logits at every position of a few random sequences in
+         bf16 and fp32 (the bf16-vs-fp32 spread is the yardstick); transformers' greedy decode
+         tok/s in bf16 at each --batch (32-token prompts; a run of 1 new token subtracted from
+         one of --hf-new, so prefill is not counted)
+  parity the sm_90a deployment: teacher-forced logits through the decode program (one token a
+         step, the recurrence's one-token step) and each sequence's prefill in one step (the
+         chunked recurrence) against transformers fp32: KL and argmax agreement where the fp32
+         top-1/top-2 margin is decisive, beside transformers' own bf16 (judged only where that
+         spread is judgeable: kern_models.common.random_checkpoint.judge)
+  decode greedy decode tok/s at each --batch (32-token prompts, --decode-steps steps, each step's
+         tokens read back before the next: no run-ahead), stepped below the host loop
+         (kern.drive's pages and the `slot` role filled here); parity and decode share one
+         process (`kern` names both)
+  serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
+         workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
+         and slots from one budget of chunks) before, at the peak and after; then one `kern run`
+$OUT/summary.json and $OUT/summary.txt are rewritten after each step; a step that fails leaves
+the others' results there (parity, decode and serve need a checkpoint: this call's ckpt step's
+or one an earlier call left in /tmp/kimi/ckpt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu import Run, family_args, family_setup, verdict_line  # noqa: E402
+
+# Each step's script starts with this: a traceback where it hangs, timed progress, results a line each.
+PREAMBLE = r"""
+import faulthandler, json, sys, time
+faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
+T0 = time.perf_counter()
+def say(*a):
+    print(f"[{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
+def emit(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+CKPT = PREAMBLE + r"""
+import numpy as np, torch
+from pathlib import Path
+from kern_models.kimi_linear.random_checkpoint import model_of, _publish_dense_names
+from kern_models.common.random_checkpoint import reference_logits, word_tokenizer
+layers, folder, seqs, length = int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+batches, new, shape, device = [int(b) for b in sys.argv[6].split(",")], int(sys.argv[7]), sys.argv[8], sys.argv[9]
+torch.set_default_dtype(torch.bfloat16)
+model = model_of(shape, layers=layers, device=device, max_positions=4096).eval()
+n = sum(p.numel() for p in model.parameters())
+say(f"model: {layers} layers, {n / 1e9:.2f}B parameters")
+model.save_pretrained(folder)
+_publish_dense_names(folder)
+word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
+say("saved", round(sum(f.stat().st_size for f in folder.iterdir()) / 1e9, 1), "GB")
+emit(params_b=round(n / 1e9, 2))
+model.config._attn_implementation = "eager"  # the peer as measured: transformers eager
+with torch.no_grad():
+    prompts = torch.tensor(np.random.default_rng(1).integers(0, model.config.vocab_size, (max(batches), 32)),
+                           device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for b in batches:
+        def gen(k):
+            sync()
+            t0 = time.perf_counter()
+            model.generate(prompts[:b], max_new_tokens=k, min_new_tokens=k, do_sample=False)
+            sync()
+            return time.perf_counter() - t0
+        try:
+            gen(2)  # warm-up
+            t1, tn = gen(1), gen(new)
+            emit(hf_decode={"batch": b, "tok_s": round(b * (new - 1) / (tn - t1), 1),
+                            "step_ms": round((tn - t1) / (new - 1) * 1e3, 2)})
+        except Exception as e:  # noqa: BLE001 - say what failed and go on to the parity logits
+            emit(hf_decode={"batch": b, "error": f"{type(e).__name__}: {e}"[:300]})
+        say("transformers decode, batch", b)
+out = reference_logits(model, np.random.default_rng(0).integers(0, model.config.vocab_size, (seqs, length)))
+say("bf16 and fp32 logits")
+np.savez(folder.parent / "kimi-ref.npz", **out)
+print("CKPT OK")
+"""
+
+KERN = PREAMBLE + r"""
+import numpy as np
+from pathlib import Path
+from kern.drive.parity import compare as parity, log_softmax, teacher_forced
+from kern.drive.raw_pages import raw
+from kern.manifest import load_verified
+from kern.runtime.engine import Engine
+from kern_models.common.random_checkpoint import judge
+from kern_models.kimi_linear.generator import generate
+ckpt, batches, steps = Path(sys.argv[2]), [int(b) for b in sys.argv[3].split(",")], int(sys.argv[4])
+parts = sys.argv[6].split(",")
+cfg = json.loads((ckpt / "config.json").read_text())
+man = generate(cfg, ckpt.parent / "deploy", target=sys.argv[5], model="kimi-linear-random", context=1024)
+
+class Stepped:  # what kern.drive steps: an engine with its pool
+    def __init__(self):
+        self.engine = Engine(load_verified(man), ckpt, paged=True, state_budget=16 << 30)
+        self.paging, self.protocol = self.engine.paging, self.engine.protocol
+        self.page_tokens = self.paging.page_tokens
+
+model = Stepped()
+say("loaded")
+
+def compare(r, g):
+    lp, lq = log_softmax(r), log_softmax(g)
+    return {**parity(r, g), "p99_kl": float(np.quantile((np.exp(lp) * (lp - lq)).sum(-1), 0.99))}
+
+def check_parity():
+    ref = np.load(ckpt.parent / "kimi-ref.npz")
+    ids, fp32, bf16 = ref["ids"], ref["fp32"], ref["bf16"]
+    seqs, length = ids.shape
+    one = np.concatenate([teacher_forced(model, [int(t) for t in ids[s]]) for s in range(seqs)])
+    last = []
+    for s in range(seqs):
+        pages = raw(model).take(-(-length // model.page_tokens))
+        try:
+            last.append(raw(model).step_rows([int(t) for t in ids[s]], 0, pages, ragged=True)[1])
+        finally:
+            raw(model).give(pages)
+    spread, ours = compare(fp32, bf16), compare(fp32, one)
+    ends = (np.arange(seqs) + 1) * length - 1
+    verdict = judge(spread, ours)
+    emit(parity={"transformers_bf16_vs_fp32": spread, "kern_decode_vs_fp32": ours,
+                 "kern_prefill_last_rows_vs_fp32": compare(fp32[ends], np.stack(last)),
+                 "transformers_bf16_last_rows_vs_fp32": compare(fp32[ends], bf16[ends]), **verdict})
+    say("parity", verdict)
+
+if "parity" in parts:
+    try:  # decode's figures come even where parity fails
+        check_parity()
+    except Exception as e:  # noqa: BLE001
+        import traceback; traceback.print_exc()
+        emit(parity_error=f"{type(e).__name__}: {e}"[:300])
+if "decode" not in parts:
+    print("KERN OK")
+    sys.exit(0)
+
+eng, paging, proto = model.engine, model.paging, model.protocol
+prompts = np.random.default_rng(1).integers(0, cfg["vocab_size"], (max(batches), 32)).astype(np.int32)
+
+def tables(st, leases, inputs):
+    for pt in st.page_tables:
+        t = np.zeros((len(leases), eng.shapes[pt.buffer][1]), np.int32)
+        for i, lease in enumerate(leases):
+            row = list(lease.page_table(paging.state))
+            t[i, :len(row)] = row
+        inputs[pt.buffer] = t
+    if "slot" in st.inputs:
+        inputs[st.inputs["slot"]] = np.array([lease.slot(proto.slot_state) for lease in leases], np.int32)
+
+first = None
+for b in batches:
+    n = 32 + steps + 8
+    leases = []
+    for _ in range(b):
+        lease = paging.lease([], n, cache=False).lease
+        paging.extend(lease, [0] * n)
+        leases.append(lease)
+    try:
+        st = proto.for_rows(b, None)
+        inputs = {st.inputs["token"]: prompts[:b].reshape(-1),
+                  st.inputs["position"]: np.tile(np.arange(32, dtype=np.int32), b),
+                  st.inputs["cu_seqlens"]: np.arange(0, 32 * (b + 1), 32, dtype=np.int32)}
+        tables(st, leases, inputs)
+        t0 = time.perf_counter()
+        env = eng.run(st.program, st.vars_for(b, 32 * b), inputs)
+        tok = eng.read(st.outputs["tokens"], env)[:b].copy()
+        prefill_s = time.perf_counter() - t0
+        st = proto.for_rows(b, 1)
+        inputs = {}
+        tables(st, leases, inputs)
+        out, times = [tok.copy()], []
+        for i in range(steps):
+            inputs[st.inputs["token"]] = tok.astype(np.int32)
+            inputs[st.inputs["position"]] = np.full(b, 32 + i, np.int32)
+            t0 = time.perf_counter()
+            env = eng.run(st.program, st.vars_for(b, b, reach=33 + i), inputs)
+            tok = eng.read(st.outputs["tokens"], env)[:b].copy()
+            times.append(time.perf_counter() - t0)
+            out.append(tok.copy())
+        warm = sorted(times[4:])  # the first steps capture the graphs
+        step = float(np.median(warm))
+        seq0 = [int(o[0]) for o in out]
+        first = first or seq0
+        row = {"batch": b, "program": st.program, "tok_s": round(b / step, 1), "step_ms": round(step * 1e3, 3),
+               "prefill_ms": round(prefill_s * 1e3, 1), "seq0_same_as_first_batch": seq0[:16] == first[:16]}
+        emit(decode=row)
+        say("decode", row)
+    finally:
+        for lease in leases:
+            paging.pool.free(lease)
+print("KERN OK")
+"""
+
+
+def table(s: dict) -> str:
+    out = [f"gpu: {s.get('gpu')}  layers: {s.get('layers')}  params: {s.get('params_b')}B  {s.get('date')}",
+           f"tests: {s.get('tests')}"]
+    p = s.get("parity")
+    if p:
+        for k in ("transformers_bf16_vs_fp32", "kern_decode_vs_fp32", "kern_prefill_last_rows_vs_fp32",
+                  "transformers_bf16_last_rows_vs_fp32"):
+            v = p[k]
+            out.append(f"{k:38s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  max {v['max_kl']:.2e}  argmax "
+                       f"agree {v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
+        out.append(f"parity: {verdict_line(p)}")
+    if "parity_error" in s:
+        out.append(f"parity failed: {s['parity_error']}")
+    for d in s.get("decode", []):
+        out.append(f"kern decode batch {d['batch']:3d} ({d['program']}): {d['tok_s']:9.1f} tok/s  {d['step_ms']:.3f} "
+                   f"ms/step  prefill {d['prefill_ms']} ms  seq 0 as at the first batch: {d['seq0_same_as_first_batch']}")
+    for d in s.get("hf_decode", []):
+        out.append(f"transformers bf16 decode batch {d['batch']:3d}: " +
+                   (f"{d['tok_s']:9.1f} tok/s  {d['step_ms']} ms/step" if "tok_s" in d else d["error"]))
+    if "serve_startup_s" in s:
+        out.append(f"kern serve (no flags) up in {s['serve_startup_s']} s")
+    for d in s.get("serve", []):
+        out.append(f"serve c={d.get('concurrency')}: " + (
+            f"{d['output_throughput']} tok/s out, {d['request_throughput']} req/s, {d['completed']}/{d['requests']} "
+            f"done, TTFT p50 {d['ttft_ms']['p50']} ms, TPOT p50 {d['tpot_ms']['p50']} ms" if "error" not in d
+            else d["error"]))
+    st = s.get("streams")
+    if st:
+        held = lambda m: m.get("kern_pool_units_held")  # noqa: E731
+        out += [f"{st['streams']} streams at once: {st['run'].get('completed')} done, idle after: {st['idle_after']}, "
+                f"every state's chunks from one budget: {st['one_budget']}, leases back to the baseline: "
+                f"{st['back_to_baseline']} (leased before {st['leased_before']}, after {st['leased_after']})",
+                f"  units held before {held(st['before'])}, at the peak {held(st['peak'])} "
+                f"({st['peak'].get('kern_running_sequences')} running), after {held(st['after'])}",
+                f"  chunks before {st['before']['kern_pool_chunks']}, at the peak {st['peak'].get('kern_pool_chunks')}, "
+                f"after {st['after']['kern_pool_chunks']} of {st['after']['kern_pool_chunks_total']}"]
+    if "run" in s:
+        out.append(f"kern run: rc {s['run'].get('rc')} in {s['run'].get('wall_s')} s: {s['run'].get('stdout', '')[:120]!r}"
+                   + (f" {s['run'].get('error') or s['run'].get('stderr_tail')}" if s["run"].get("rc") != 0 else ""))
+    return "\n".join(out + s.get("notes", []))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=8, help="decoder layers of the 27 (MLA at 4 and 8 of the first 8)")
+    ap.add_argument("--steps", default="tests,ckpt,parity,decode,serve")
+    family_args(ap, "kimi-linear-48b-a3b", "kimi_linear",
+                "--shape tiny --device cpu --target cpu --steps ckpt,kern --layers 4", seqs=3, length=64)
+    ap.add_argument("--decode-steps", type=int, default=24)
+    ap.add_argument("--hf-new", type=int, default=8, help="transformers: new tokens a timed run")
+    ap.add_argument("--tests-timeout", type=int, default=150)
+    ap.add_argument("--ckpt-timeout", type=int, default=120)
+    ap.add_argument("--kern-timeout", type=int, default=100)
+    ap.add_argument("--serve-timeout", type=int, default=240)
+    ap.add_argument("--serve-flags", default="", help="bench/hybrid_serve.py's own flags (a dry run's lighter "
+                                                      "workload, e.g. '--requests 16 --prompt 48 --shared 16')")
+    args = ap.parse_args()
+    steps = args.steps.replace("kern", "parity,decode").split(",")
+    out, env, ckpt, head = family_setup("kimi", args.layers)
+    r = Run(out, env)
+    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "notes": []}
+
+    def report() -> None:
+        r.report(s, table)
+
+    def collect(text: str, listed: str, label: str, done: str) -> bool:
+        """A step's RESULT lines into the summary (those keyed `listed` appended to that list), a
+        note where it did not print `done`; whether it did."""
+        for ln in text.splitlines():
+            if ln.startswith("RESULT "):
+                got = json.loads(ln.removeprefix("RESULT "))
+                s[listed].append(got[listed]) if listed in got else s.update(got)
+        if done not in text:
+            s["notes"].append(f"{label} did not finish: " + " | ".join(text.strip().splitlines()[-6:]))
+        report()
+        return done in text
+
+    tests, t0 = None, time.monotonic()
+    if "tests" in steps:  # beside the checkpoint's making (disk and host bound): the tiny model's GPU tests
+        log = (out / "tests.log").open("w")
+        tests = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfEs",
+                                  "tests/kimi_linear"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    report()
+    ok = True
+    if "ckpt" in steps:
+        text = r.step("ckpt", [sys.executable, "-c", CKPT, str(args.ckpt_timeout), str(args.layers), str(ckpt),
+                               str(args.seqs), str(args.length), args.batch, str(args.hf_new), args.shape,
+                               args.device], args.ckpt_timeout)
+        ok = collect(text, "hf_decode", "ckpt", "CKPT OK")
+    if tests is not None:
+        try:
+            tests.wait(timeout=max(1, args.tests_timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            tests.kill()
+            s["notes"].append(f"tests: timed out after {args.tests_timeout} s")
+        tail = [ln for ln in (out / "tests.log").read_text().splitlines() if ln.strip()][-1:] or ["(no output)"]
+        s["tests"] = tail[0]
+        report()
+    ok = ok and (ckpt / "config.json").is_file()
+    parts = [p for p in ("parity", "decode") if p in steps]
+    if ok and parts:
+        text = r.step("kern", [sys.executable, "-c", KERN, str(args.kern_timeout), str(ckpt), args.batch,
+                               str(args.decode_steps), args.target, ",".join(parts)], args.kern_timeout)
+        collect(text, "decode", "kern", "KERN OK")
+    if ok and "serve" in steps:
+        flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)
+        text = r.step("serve", [sys.executable, str(ROOT / "bench/hybrid_serve.py"), str(ckpt), "--log",
+                                str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
+                      args.serve_timeout)
+        collect(text, "serve", "serve", "SERVE OK")
+    if not ok:
+        s["notes"].append(f"no checkpoint in {ckpt}: parity, decode and serve not run")
+        report()
+    print(table(s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
