@@ -100,7 +100,7 @@ print("CKPT OK")
 KERN = PREAMBLE + r"""
 import numpy as np
 from pathlib import Path
-from kern.drive.parity import compare as parity, log_softmax, teacher_forced
+from kern.drive.parity import compare, teacher_forced
 from kern.drive.raw_pages import raw
 from kern.manifest import load_verified
 from kern.runtime.engine import Engine
@@ -119,10 +119,6 @@ class Stepped:  # what kern.drive steps: an engine with its pool
 
 model = Stepped()
 say("loaded")
-
-def compare(r, g):
-    lp, lq = log_softmax(r), log_softmax(g)
-    return {**parity(r, g), "p99_kl": float(np.quantile((np.exp(lp) * (lp - lq)).sum(-1), 0.99))}
 
 def check_parity():
     ref = np.load(ckpt.parent / "kimi-ref.npz")

@@ -74,7 +74,7 @@ import numpy as np
 from pathlib import Path
 sys.path.insert(0, sys.argv[4] + "/bench")
 from decode import run_kern
-from kern.drive.parity import compare as parity, log_softmax
+from kern.drive.parity import compare
 from kern.drive.raw_pages import raw
 from kern.api import Model
 from kern_models.common.random_checkpoint import judge
@@ -94,10 +94,6 @@ say("loaded")
 ref = np.load(ckpt.parent / "moe-ref.npz")
 ids, fp32, bf16 = ref["ids"], ref["fp32"], ref["bf16"]
 seqs, length = ids.shape
-
-def compare(r, g):  # kern.drive.parity's comparison, and the per-row KL's 99th percentile
-    lp, lq = log_softmax(r), log_softmax(g)
-    return {**parity(r, g), "p99_kl": float(np.quantile((np.exp(lp) * (lp - lq)).sum(-1), 0.99))}
 
 pages = raw(model).take(-(-length // model.page_tokens))
 narrow, last = [], []
