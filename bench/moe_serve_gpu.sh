@@ -1,16 +1,20 @@
-# Qwen3-MoE on one H200 beside vLLM 0.26 on the same checkpoint, in back-to-back device calls of
-# one warm machine (the checkpoint, the vLLM install and the vLLM server live in /tmp between
-# them). Run from the repository root; every figure and log comes back
+# A mixture-of-experts family on one H200 beside vLLM 0.26 on the same checkpoint, in back-to-back
+# device calls of one warm machine (the checkpoint, the vLLM install and the vLLM server live in
+# /tmp between them). Run from the repository root; every figure and log comes back
 # under $OUT ($PHASE.tgz, and the summaries beside it).
 #
+#   FAMILY=moe  (the default) Qwen3-MoE: bench/moe_gpu.py, the Qwen3-30B-A3B shape at 24 layers
+#   FAMILY=kimi Kimi-Linear: bench/kimi_gpu.py, the Kimi-Linear-48B-A3B shape at 8 layers (its
+#               ckpt step's config.json carries the published fields vLLM's own config reads)
+#
 #   PHASE=bg    (the first call, launched with setsid so it outlives the call while the vLLM wheel
-#               parts are copied in the next ones) bench/moe_gpu.py's ckpt and kern steps:
-#               the seeded random Qwen3-30B-A3B-shaped checkpoint at $LAYERS layers, transformers'
-#               bf16 and fp32 logits, kern's teacher-forced parity and offline decode; logs in /tmp/moe-bg
+#               parts are copied in the next ones) the family script's ckpt and kern steps ($BG_STEPS):
+#               the seeded random checkpoint at $LAYERS layers, transformers'
+#               bf16 and fp32 logits, kern's teacher-forced parity and offline decode; logs in /tmp/$FAMILY-bg
 #   PHASE=wheels  (the call that copies the last part) join and install vLLM's wheels, in the background
 #   PHASE=kern  the bg phase's results into $OUT; the kern step again in a quiet machine (parity,
-#               offline decode at batch 1/16/64); kern serve with no flags over HTTP; then vLLM's
-#               server started (setsid) for the next call
+#               offline decode at batch 1/16/64; KERN_S=0 leaves it out); kern serve with no flags
+#               over HTTP; then vLLM's server started (setsid) for the next call
 #   PHASE=vllm  the same HTTP measurements on vLLM's server, then the summary
 #
 # The HTTP measurements (bench/serve.py), the same on both servers:
@@ -26,33 +30,41 @@
 # soon as the last returned:
 #   1. carry [.dev/moe, .whl, vp7]: `mkdir -p /tmp/vw && cp vp7/* /tmp/vw/ && cp -r .dev/moe /tmp/moetree
 #      && cp -r .whl /tmp/moetree/.whl && cd /tmp/moetree && (PHASE=bg setsid nohup bash
-#      bench/moe_serve_gpu.sh > /tmp/bg.out 2>&1 < /dev/null &)`
+#      bench/moe_serve_gpu.sh > /tmp/bg.out 2>&1 < /dev/null &)` (every call of a FAMILY=kimi run
+#      sets FAMILY=kimi likewise)
 #   2-7. carry [vpN]: `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/` (the last also starts PHASE=wheels
 #      from /tmp/moetree the same way)
 #   8. carry [.dev/moe, .whl]: the wheels into /tmp/site, `cp -r .whl .dev/moe/ && cd .dev/moe &&
 #      pip install --no-deps --no-build-isolation -e .`, PYTHONPATH=/tmp/site, then PHASE=kern
 #   9. carry [.dev/moe]: `cd .dev/moe && PHASE=vllm bash bench/moe_serve_gpu.sh`
 #
+# Kimi-Linear on 2026-12-01 went the same way with FAMILY=kimi (docs/perf-history.md).
+#
 # A dry run on a laptop: SHAPE=tiny DEVICE=cpu TARGET=cpu LAYERS=3 BATCH=1,2 VOCAB=256 REQUESTS=8 DECODE_OUT=16
 # KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern.
 : "${OUT:?set OUT (the device tool sets it)}"
 PHASE=${PHASE:?PHASE=bg|wheels|kern|vllm}
-LAYERS=${LAYERS:-24}
-SHAPE=${SHAPE:-qwen3-30b-a3b}
+FAMILY=${FAMILY:-moe}
+# the family's one-call script, its real model's shape, depth and vocabulary, and its ports (kern's,
+# vLLM's) and files in /tmp, apart from another family's run on the same machine
+case $FAMILY in
+moe) SCRIPT=bench/moe_gpu.py; SHAPE=${SHAPE:-qwen3-30b-a3b}; LAYERS=${LAYERS:-24}; VOCAB=${VOCAB:-151936}; PORT=8100 ;;
+kimi) SCRIPT=bench/kimi_gpu.py; SHAPE=${SHAPE:-kimi-linear-48b-a3b}; LAYERS=${LAYERS:-8}; VOCAB=${VOCAB:-163840}; PORT=8110 ;;
+*) echo "FAMILY=$FAMILY: moe or kimi"; exit 2 ;;
+esac
 DEVICE=${DEVICE:-cuda}
 TARGET=${TARGET:-cuda}
 BATCH=${BATCH:-1,16,64}
-BG=/tmp/moe-bg
-export MOE_WORK=/tmp/moe
-CKPT=$MOE_WORK/ckpt
-VOCAB=${VOCAB:-151936}
+BG=/tmp/$FAMILY-bg
+export ${FAMILY^^}_WORK=/tmp/$FAMILY  # where the family script keeps its checkpoint (bench/gpu.py family_setup)
+CKPT=/tmp/$FAMILY/ckpt
 DECODE="--prompt 32 --shared 0 --output ${DECODE_OUT:-256} --warmup 2 --vocab $VOCAB"
 WORK="--prompt 512 --shared 256 --output 128 --requests ${REQUESTS:-256} --vocab $VOCAB"
-R=/tmp/res-$PHASE  # what the phase writes, packed into $OUT/$PHASE.tgz at its end (8 files come back)
+R=/tmp/res-$FAMILY-$PHASE  # what the phase writes, packed into $OUT/$PHASE.tgz at its end (8 files come back)
 rm -rf $R && mkdir -p $R
 pack() { python3 bench/moe_serve_summary.py $R | tee $R/moe_serve_summary.txt; cp $R/*summary* $OUT/ 2> /dev/null
          tar czf $OUT/$PHASE.tgz -C $R .; }
-MOE="python3 bench/moe_gpu.py --layers $LAYERS --shape $SHAPE --device $DEVICE --target $TARGET --batch $BATCH"
+FAM="python3 $SCRIPT --layers $LAYERS --shape $SHAPE --device $DEVICE --target $TARGET --batch $BATCH"
 
 . bench/servers.sh  # up, stop, served
 
@@ -70,7 +82,7 @@ measure() {  # $1 label, $2 url: decode at 1/16/64 streams, then serving at 32 a
 case $PHASE in
 bg)
   rm -rf $BG && mkdir -p $BG
-  OUT=$BG $MOE --steps ckpt,kern --ckpt-timeout 400 --kern-timeout 300 > $BG/moe_gpu.out 2>&1
+  OUT=$BG $FAM --steps ${BG_STEPS:-ckpt,kern} --ckpt-timeout 400 --kern-timeout 300 > $BG/family_gpu.out 2>&1
   touch $BG/done
   ;;
 wheels)
@@ -82,32 +94,32 @@ kern)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee $R/gpu.txt
   for _ in $(seq 1 ${BG_WAIT_S:-240}); do [ -f $BG/done ] && break; sleep 1; done
   [ -f $BG/done ] || echo "the bg phase has not finished: its logs as they stand"
-  mkdir -p $R/bg && cp $BG/summary.* $BG/*.log $BG/moe_gpu.out $R/bg/ 2> /dev/null; cp $BG/summary.txt $OUT/bg_summary.txt
+  mkdir -p $R/bg && cp $BG/summary.* $BG/*.log $BG/family_gpu.out $R/bg/ 2> /dev/null; cp $BG/summary.txt $OUT/bg_summary.txt
   cat $BG/summary.txt 2> /dev/null
-  [ -f $CKPT/config.json ] || { echo "no checkpoint"; tail -20 $BG/moe_gpu.out $BG/ckpt.log; exit 1; }
-  OUT=$R $MOE --steps kern --kern-timeout ${KERN_S:-200}
+  [ -f $CKPT/config.json ] || { echo "no checkpoint"; tail -20 $BG/family_gpu.out $BG/ckpt.log; exit 1; }
+  [ "${KERN_S:-200}" = 0 ] || OUT=$R $FAM --steps kern --kern-timeout ${KERN_S:-200}
   python3 bench/serve.py --prepare $CKPT
   T0=$(date +%s.%N)
-  python3 -m kern.cli serve $CKPT --port 8100 ${KERN_FLAGS:-} > $R/kern_serve.log 2>&1 &
+  python3 -m kern.cli serve $CKPT --port $PORT ${KERN_FLAGS:-} > $R/kern_serve.log 2>&1 &
   KERN=$!
-  served kern http://127.0.0.1:8100 ${KERN_UP_S:-150} $KERN $T0 $R $R/kern_serve.log
+  served kern http://127.0.0.1:$PORT ${KERN_UP_S:-150} $KERN $T0 $R $R/kern_serve.log
   stop $KERN
   pack
   [ "${VLLM:-1}" = 1 ] || exit 0
   for _ in $(seq 1 120); do [ -f /tmp/vsite.ok ] && break; sleep 1; done
   [ -f /tmp/vsite.ok ] || { echo "vLLM's wheels are not installed"; tail -5 /tmp/vllm_install.log; exit 1; }
-  date +%s.%N > /tmp/vllm.t0
+  date +%s.%N > /tmp/vllm-$FAMILY.t0
   # from /tmp: the next call replaces this working tree, and a server whose working directory
   # is gone dies at its first Path.resolve (transformers' import does one)
   ( cd /tmp && PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 setsid nohup python3 -m vllm.entrypoints.openai.api_server \
-    --model $CKPT --port 8102 --max-model-len 2048 --gpu-memory-utilization 0.5 > /tmp/vllm_serve.log 2>&1 \
-    < /dev/null & echo $! > /tmp/vllm.pid )
+    --model $CKPT --port $((PORT + 2)) --max-model-len 2048 --gpu-memory-utilization 0.5 > /tmp/vllm_serve-$FAMILY.log \
+    2>&1 < /dev/null & echo $! > /tmp/vllm-$FAMILY.pid )
   ;;
 vllm)
-  PID=$(cat /tmp/vllm.pid)
-  served vllm http://127.0.0.1:8102 ${VLLM_UP_S:-400} $PID $(cat /tmp/vllm.t0) $R /tmp/vllm_serve.log
+  PID=$(cat /tmp/vllm-$FAMILY.pid)
+  served vllm http://127.0.0.1:$((PORT + 2)) ${VLLM_UP_S:-400} $PID $(cat /tmp/vllm-$FAMILY.t0) $R /tmp/vllm_serve-$FAMILY.log
   stop $PID
-  cp /tmp/vllm_serve.log $R/
+  cp /tmp/vllm_serve-$FAMILY.log $R/vllm_serve.log
   pack
   ;;
 esac
