@@ -43,16 +43,19 @@
 #   9. carry [.dev/moe]: `cd .dev/moe && PHASE=vllm bash bench/moe_serve_gpu.sh`
 #
 # Kimi-Linear on 2026-12-01 (FAMILY=kimi, every call): kern serve in the bg phase and vLLM started
-# by the wheels phase, so that the GPU never waits on the copies (one call fewer, ~150 s less):
-#   1. carry [.dev/kimi, .whl, vp1]: vp1 into /tmp/vw, the tree into /tmp/kimitree with .whl, the
-#      wheels into /tmp/site, `pip install --no-deps --no-build-isolation -e .` there,
-#      PYTHONPATH=/tmp/site, then `PHASE=bg SERVE_IN_BG=1 BG_STEPS=ckpt,parity,decode,profile`
-#      (setsid, as above)
-#   2-7. carry [vpN]: into /tmp/vw (the last also starts `PHASE=wheels START_VLLM=1` the same way)
-#   8. `cd /tmp/kimitree && PYTHONPATH=/tmp/site FAMILY=kimi SERVE_IN_BG=1 PHASE=vllm bash bench/moe_serve_gpu.sh`
+# by the wheels phase, so that the GPU works while the parts are copied (745 s of device time in
+# all, a cold start and vLLM's 256 s start-up in it):
+#   1. carry [.dev/kimi, .whl, vp7] (vp1 and the tree pass the 64 MiB a call carries): vp7 into
+#      /tmp/vw, the tree into /tmp/kimitree with .whl, the wheels into /tmp/site,
+#      PYTHONPATH=/tmp/site:/tmp/kimitree/src:<a folder whose kern_models links to
+#      /tmp/kimitree/models> (another tree's editable install on the machine cannot shadow it),
+#      then `PHASE=bg SERVE_IN_BG=1 BG_STEPS=ckpt,parity,decode,profile` (setsid, as above)
+#   2-7. carry [vp1] .. [vp6]: into /tmp/vw (the last also starts `PHASE=wheels START_VLLM=1` the same way)
+#   8. wait for /tmp/kimi-bg/done in the call (the machine stays warm), its summary into $OUT
+#   9. `cd /tmp/kimitree && FAMILY=kimi SERVE_IN_BG=1 PHASE=vllm bash bench/moe_serve_gpu.sh` (same PYTHONPATH)
 #
 # A dry run on a laptop: SHAPE=tiny DEVICE=cpu TARGET=cpu LAYERS=3 BATCH=1,2 VOCAB=256 REQUESTS=8 DECODE_OUT=16
-# KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern.
+# KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern (FAMILY=kimi: LAYERS=4 BG_STEPS=ckpt,kern).
 : "${OUT:?set OUT (the device tool sets it)}"
 PHASE=${PHASE:?PHASE=bg|wheels|kern|vllm}
 FAMILY=${FAMILY:-moe}
