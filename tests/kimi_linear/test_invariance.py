@@ -31,7 +31,7 @@ def scenarios(draw):
     return {**draw(llama.scenarios()), "park": draw(st.booleans())}
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(sc=scenarios())
 def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_preemption(kimi, sc):
