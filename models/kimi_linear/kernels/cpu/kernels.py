@@ -136,12 +136,7 @@ def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads
     slot's state (zeros at position 0); the state after its last row written back.
     mix: convolved q | k | v; g [rows, heads * dim] log decay; b [rows, heads] beta's logits;
     o [rows, heads * dim]."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
-    for s in range(len(cu_seqlens) - 1):
-        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if r1 == r0:
-            continue
-        S = np.zeros_like(rec[0]) if pos[r0] == 0 else rec[slot[s]].copy()
+    def chunks(S, r0, r1):
         for c0 in range(r0, r1, chunk):
             rows = slice(c0, min(c0 + chunk, r1))
             q, k, v = (x.transpose(1, 0, 2) for x in _qkv(mix, rows, heads, dim))
@@ -149,7 +144,19 @@ def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads
             beta = (F32(1) / (F32(1) + np.exp(-b[rows]))).T
             out, S = _chunk(S, q, k, v, gh, beta)
             o[rows] = out.transpose(1, 0, 2).reshape(-1, heads * dim)
-        rec[slot[s]] = S
+        return S
+
+    _sequences(chunks, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes)
+
+
+def _sequences(fold, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes):
+    """Each sequence's rows [r0, r1) folded into its slot's recurrent state by fold(S, r0, r1)
+    (which returns the state after them), from zeros at position 0."""
+    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
+    for s in range(len(cu_seqlens) - 1):
+        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        if r1 > r0:
+            rec[slot[s]] = fold(np.zeros_like(rec[0]) if pos[r0] == 0 else rec[slot[s]].copy(), r0, r1)
 
 
 def _step(S, q, k, v, g, b):
@@ -164,35 +171,24 @@ def _step(S, q, k, v, g, b):
     return (q[:, None, :] @ S)[:, 0]
 
 
-def _tokens(S, mix, g, b, rows, o, heads, dim):
-    """Rows (consecutive tokens of one sequence) through _step from S, outputs into o."""
-    q, k, v = _qkv(mix, rows, heads, dim)                            # [n, heads, dim]
-    gh, r0 = g[rows].reshape(-1, heads, dim), rows.start
-    for t in range(len(q)):
-        o[r0 + t] = _step(S, q[t], k[t], v[t], gh[t], b[r0 + t]).reshape(-1)
-
-
 def kda_tokens(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads, dim, conv, slot_bytes):
     """Prefill, the cpu deployment's: each sequence's rows a token at a time through decode's
     step (`_step`), from its slot's state (zeros at position 0), the state written back. The
     same arguments as kda_chunked but the chunk."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
-    for s in range(len(cu_seqlens) - 1):
-        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if r1 == r0:
-            continue
-        S = np.zeros_like(rec[0]) if pos[r0] == 0 else rec[slot[s]].copy()
-        _tokens(S, mix, g, b, slice(r0, r1), o, heads, dim)
-        rec[slot[s]] = S
+    def tokens(S, r0, r1):
+        q, k, v = _qkv(mix, slice(r0, r1), heads, dim)               # [n, heads, dim]
+        gh = g[r0:r1].reshape(-1, heads, dim)
+        for t in range(r1 - r0):
+            o[r0 + t] = _step(S, q[t], k[t], v[t], gh[t], b[r0 + t]).reshape(-1)
+        return S
+
+    _sequences(tokens, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes)
 
 
 def kda_step(mix, g, b, state, slot, pos, o, layer, layers, heads, dim, conv, slot_bytes):
-    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
-    for r in range(len(pos)):
-        S = np.zeros_like(rec[0]) if pos[r] == 0 else rec[slot[r]].copy()
-        _tokens(S, mix, g, b, slice(r, r + 1), o, heads, dim)
-        rec[slot[r]] = S
+    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step:
+    kda_tokens of one-row sequences, so a token's bits are a prompt token's."""
+    kda_tokens(mix, g, b, state, slot, np.arange(len(pos) + 1), pos, o, layer, layers, heads, dim, conv, slot_bytes)
 
 
 def kda_out_norm(o, gate, w, y, heads, eps):
