@@ -30,6 +30,7 @@ def test_the_reference_against_itself_passes(kimi_dep, kimi_ckpt):
     r = judge(kimi_dep, kimi_dep, kimi_ckpt, SMALL)
     print("\n".join(r.lines + [r.verdict.line]))
     assert (r.verdict.status, r.verdict.kind) == ("PASS", "bit-identical"), r.verdict.line
+    assert r.alone and all(x.holds for x in r.alone), [x.line("B") for x in r.alone]  # batch invariance: held
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
