@@ -248,9 +248,9 @@ def _mla_row(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_
     value half. Every call's shape is set by p and the weights alone (no mask, no padding)."""
     lat, kr = _cached(pages, table, layer, p + 1, page_tokens, kv_lora)
     qh = q.reshape(heads, nope + rope)
-    q_lat = (qh[:, None, :nope] @ wb[:, :nope])[:, 0]                # [heads, kv_lora]
+    q_lat = np.einsum("hd,hdc->hc", qh[:, :nope], wb[:, :nope])
     a = _softmax_rows((q_lat @ lat.T + qh[:, nope:] @ kr.T) * F32((nope + rope) ** -0.5))   # [heads, ctx]
-    o[:] = ((a @ lat)[:, None, :] @ wb[:, nope:].transpose(0, 2, 1))[:, 0].reshape(-1)
+    o[:] = np.einsum("hc,hdc->hd", a @ lat, wb[:, nope:]).reshape(-1)
 
 
 def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
