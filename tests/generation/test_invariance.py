@@ -94,11 +94,11 @@ def _drive(loop, arrivals: dict[int, list], preempt: tuple[str, int] | None = No
         for rid, ids, params in arrivals.get(step, []):
             loop.add(rid, ids, params)
         if preempt is not None and step == preempt[1]:
-            seq = next((s for s in loop.running if s.id == preempt[0]), None)
+            written = next((s.written for s in loop.running if s.id == preempt[0]), None)
             loop.preempt(preempt[0])
-            if park and seq is not None:
+            if park and written:
                 pool = loop.paging.pool
-                for c in [c for c in pool.checkpoints() if len(c.tokens) == seq.written and c.on_device]:
+                for c in [c for c in pool.checkpoints() if len(c.tokens) == written and c.on_device]:
                     plan = pool.park(c)
                     assert isinstance(plan, Plan), plan  # the model's host memory holds it
                     loop.paging.execute(plan)

@@ -4,8 +4,8 @@ cpu deployment are a function of the request alone. The property test of the lla
 arrival, cached prefix (a checkpoint carries the KDA slot; a shared head leaves a snapshot),
 token budget (a prompt cut anywhere, a recurrence resumed mid-prompt), preemption with or
 without parking in host memory, run-ahead. Beside it the kernels' own promises: a token's
-recurrence, its MLA attention and its MoE routing are the same bits in a prompt chunk of any
-size and in a decode batch of any size."""
+recurrence and its MLA attention are the same bits in a prompt chunk of any size and in a
+decode batch of any size."""
 
 from __future__ import annotations
 
