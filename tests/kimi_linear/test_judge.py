@@ -21,7 +21,7 @@ BUGS = {  # name -> (candidate maker, the span its FAIL must name)
              "kda_gate -> kda_gate"),
     # the state carried from a prompt's token to the next without its decay (the cpu deployment's
     # prefill runs the recurrence a token at a time, kda_tokens; the bug left decode's step alone)
-    "carry": (_kimi_bug([("S *= _exact(np.exp, g)[:, :, None]", "S *= F32(1)")], ["kda_chunked"]),
+    "carry": (_kimi_bug([("S *= _exact(np.exp, g)[..., None]", "S *= F32(1)")], ["kda_chunked"]),
               "kda_chunked -> kda_chunked"),
 }
 

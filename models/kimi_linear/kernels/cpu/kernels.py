@@ -160,15 +160,16 @@ def _sequences(fold, state, slot, cu_seqlens, pos, layer, layers, heads, dim, co
 
 
 def _step(S, q, k, v, g, b):
-    """One token of one sequence, every head, S [heads, dim, dim] updated in place: its output
-    [heads, dim]. Each reduction is a per-head matmul of fixed shape ([1, dim] @ [dim, dim]) and
-    the rest element-wise (exp and the sigmoid correctly rounded), so the bits depend on the
-    token's values and S alone, never on how many tokens or sequences share the call."""
-    S *= _exact(np.exp, g)[:, :, None]
+    """One token of each of n sequences, every head, S [n, heads, dim, dim] updated in place:
+    the outputs [n, heads, dim]. Each reduction is a matmul a (sequence, head) of one shape
+    ([1, dim] @ [dim, dim]: numpy hands BLAS the stacked items one at a time) and the rest
+    element-wise (exp and the sigmoid correctly rounded), so a token's bits depend on its
+    values and its S alone, never on how many tokens or sequences share the call."""
+    S *= _exact(np.exp, g)[..., None]
     beta = F32(1) / (F32(1) + _exact(np.exp, -b))
-    delta = (v - (k[:, None, :] @ S)[:, 0]) * beta[:, None]
-    S += k[:, :, None] * delta[:, None, :]
-    return (q[:, None, :] @ S)[:, 0]
+    delta = (v - (k[..., None, :] @ S)[..., 0, :]) * beta[..., None]
+    S += k[..., None] * delta[..., None, :]
+    return (q[..., None, :] @ S)[..., 0, :]
 
 
 def kda_tokens(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads, dim, conv, slot_bytes):
@@ -178,17 +179,24 @@ def kda_tokens(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads,
     def tokens(S, r0, r1):
         q, k, v = _qkv(mix, slice(r0, r1), heads, dim)               # [n, heads, dim]
         gh = g[r0:r1].reshape(-1, heads, dim)
-        for t in range(r1 - r0):
-            o[r0 + t] = _step(S, q[t], k[t], v[t], gh[t], b[r0 + t]).reshape(-1)
+        bs = b[r0:r1]
+        for t in range(r1 - r0):  # a token at a time: S[None] is this sequence's state, one of one
+            one = slice(t, t + 1)
+            o[r0 + t] = _step(S[None], q[one], k[one], v[one], gh[one], bs[one]).reshape(-1)
         return S
 
     _sequences(tokens, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes)
 
 
 def kda_step(mix, g, b, state, slot, pos, o, layer, layers, heads, dim, conv, slot_bytes):
-    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step:
-    kda_tokens of one-row sequences, so a token's bits are a prompt token's."""
-    kda_tokens(mix, g, b, state, slot, np.arange(len(pos) + 1), pos, o, layer, layers, heads, dim, conv, slot_bytes)
+    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step
+    (_step, as kda_tokens takes each prompt token through it)."""
+    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
+    S = rec[slot].copy()                                             # [n, heads, dim, dim]
+    S[pos == 0] = 0
+    q, k, v = _qkv(mix, slice(None), heads, dim)                      # [n, heads, dim]
+    o[:] = _step(S, q, k, v, g.reshape(-1, heads, dim), b).reshape(len(pos), -1)
+    rec[slot] = S
 
 
 def kda_out_norm(o, gate, w, y, heads, eps):
