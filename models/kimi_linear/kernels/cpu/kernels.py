@@ -266,8 +266,8 @@ def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, he
     """Prefill: each sequence's rows (q [rows, heads * (nope + rope)]) attend causally to its
     cached rows, o [rows, heads * v_dim]: a row at a time through decode's arithmetic (_mla_row),
     so a prompt token's bits are the same in a chunk of any size and decoded after a cache hit.
-    (Expanding the latents into per-head keys and values, the cheaper form for long prompts,
-    sums in an order set by the chunk.)"""
+    (The form before expanded the latents into per-head keys and values over the chunk's
+    longest context under a causal mask: an order of summation the chunk set.)"""
     pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
     for s in range(len(cu_seqlens) - 1):
