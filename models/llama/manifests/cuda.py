@@ -34,6 +34,17 @@ WIDE_SEQS = 256
 # The longest context the generator offers: the model's own max_position_embeddings, clipped to
 # this (the decode partials and the rope table grow with it; longer is untested).
 MAX_CONTEXT = 32768
+# Query heads a decode attention block serves at most: a kv head's group of G heads is split
+# over G / this many blocks (the fewest that divide G), so a block's serial chain (its scores, P.V
+# and split merge grow with its heads) stays at llama-3.2-1B's G = 4; the bits do not change
+# (cuda/KERNELS.md).
+DECODE_GROUP_HEADS = 4
+
+
+def head_groups(s: Shape) -> int:
+    """The blocks that share one kv head's query heads in decode attention."""
+    g = s.heads // s.kv_heads
+    return next(d for d in range(1, g + 1) if g % d == 0 and g // d <= DECODE_GROUP_HEADS)
 
 
 def _qkv_slices(p: str):
@@ -124,7 +135,8 @@ def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
         calls.append({"op": "attention_decode", "args": [
             q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
             b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
+            v(head_groups(s))]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
         calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
@@ -146,7 +158,7 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
     calls = _gemm_layers(s, p, rows, rows, pages, lambda l: {"op": "attention_decode", "args": [
         q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "sem"),
         b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
-        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}), v(head_groups(s))]})
     calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
                                                 v("hidden")]})
     calls.append(_argmax(p, rows))
@@ -222,7 +234,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = buf([rows, "kv_heads"], "carry", "i32")
+            buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
         if prog == "decode":
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _decode_calls
