@@ -32,8 +32,7 @@ static_assert(DEC_THREADS == 32 * ATTN_WARPS && DEC_THREADS == 128, "the decode 
 // heads, all of head_dim in a thread: no shuffles); one warp per head takes the tile's max,
 // exponentiates and sums (fixed order); then P.V with a thread per (token slice, dim pair) and
 // all G heads in the thread: 256 / head_dim slices, 32 tokens each at most, added in slice
-// order at the end. All threads share one running max per head. A split of several tiles
-// copies the next tile's K rows under the current tile's softmax and P.V, its V rows after.
+// order at the end. All threads share one running max per head.
 #define DEC_TILE_ELEMS 8192                       // DEC_TT * head_dim
 #define DEC_K_BYTES (128 * (64 + 8) * 2)          // largest padded K tile (head_dim 64)
 #define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
@@ -73,11 +72,11 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
     // tile's page numbers are read together with pos (one round trip, not two); the table row
     // has pages_per_seq entries, so indexes past it are not read.
-    int pg[LOADS];  // the page of each of this thread's copies, tile by tile
+    int page0[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
         const int t = t0 + (tid + i * 128) / CH;
-        pg[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
+        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
     }
     const int p_last = pos[r];
     // Splits that hold context: the others leave at once and take no part in the merge.
@@ -94,45 +93,30 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
 #pragma unroll
     for (int g = 0; g < ATTN_MAX_G; ++g) acc[g][0] = acc[g][1] = 0.f;
 
-    // A tile's page numbers, all read before its first copy is issued: the copies' asm orders
-    // every later load after them, so read between copies they would be a round trip each.
-    auto tile_pages = [&](int tb, int nt) {
-#pragma unroll
-        for (int i = 0; i < LOADS; ++i) {
-            const int tt = (tid + i * 128) / CH;
-            pg[i] = tt < nt ? pt_row[(tb + tt) / page_tokens] : 0;
-        }
-    };
-    // Copy a tile's K rows (kv 0) or V rows (kv 1) into shared memory (cp.async, at L2): which =
-    // 0 all rows but the one at p_last, 1 only that one (the previous kernel writes it), 2 all.
-    auto load_rows = [&](int tb, int nt, int which, int kv) {
+    // Copy a tile's K and V rows into shared memory (cp.async, at L2): which = 0 all rows but
+    // the one at p_last, 1 only that one (the previous kernel writes it), 2 all.
+    auto load_tile = [&](int tb, int nt, int which) {
 #pragma unroll
         for (int i = 0; i < LOADS; ++i) {
             const int c = tid + i * 128, tt = c / CH, ch = c % CH;
             const int t = tb + tt;
             if (tt < nt && (which == 2 || (t == p_last) == (which == 1))) {
-                const size_t off = kv_offset(pg[i], layer, 0, h, t % page_tokens,
+                const int page = tb == t0 ? page0[i] : pt_row[t / page_tokens];
+                const size_t off = kv_offset(page, layer, 0, h, t % page_tokens,
                                              n_layers, n_kv_heads, HD, page_tokens) + ch * 16;
-                if (kv == 0) cp_async16(sK + tt * KP + ch * 8, kv_state + off);
-                else cp_async16(sV + tt * HD + ch * 8, kv_state + off + v_shift);
+                cp_async16(sK + tt * KP + ch * 8, kv_state + off);
+                cp_async16(sV + tt * HD + ch * 8, kv_state + off + v_shift);
             }
         }
+        cp_async_commit();
     };
-    const int n0 = min(TT, t1 - t0);
-    load_rows(t0, n0, 0, 0);
-    load_rows(t0, n0, 0, 1);
-    cp_async_commit();
+    load_tile(t0, min(TT, t1 - t0), 0);
     pdl_wait();
-    load_rows(t0, n0, 1, 0);
-    load_rows(t0, n0, 1, 1);
-    cp_async_commit();
+    load_tile(t0, min(TT, t1 - t0), 1);
 
-    // Tiles after the first: the next tile's K rows are copied while this one's softmax and
-    // P.V run (K is free once the scores are taken), its V rows once P.V is done (V and p are
-    // free): the copies wait behind no more than the scores.
     for (int tb = t0; tb < t1; tb += TT) {
-        const int nt = min(TT, t1 - tb), tn = tb + TT, nn = min(TT, t1 - tn);
-        if (nn > 0) tile_pages(tn, nn);  // in flight under this tile's wait and scores
+        const int nt = min(TT, t1 - tb);
+        if (tb != t0) load_tile(tb, nt, 2);
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * LOG2E;
             const bf16 *qh = q + (size_t)r * q_stride + (size_t)hq0 * HD;
@@ -164,10 +148,6 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
             }
         }
         __syncthreads();
-        if (nn > 0) {
-            load_rows(tn, nn, 2, 0);
-            cp_async_commit();
-        }
 
         // Softmax over the tile: one warp per head.
         for (int g = warp; g < G; g += ATTN_WARPS) {
@@ -212,11 +192,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
                 acc[g][1] += pr * v1;
             }
         }
-        __syncthreads();  // the next tile overwrites V and p
-        if (nn > 0) {
-            load_rows(tn, nn, 2, 1);
-            cp_async_commit();
-        }
+        __syncthreads();  // the next tile overwrites K, V and p
     }
 
     // Merge the token slices in order: s_acc[slice][g][HD] (8 KB for every head_dim).
