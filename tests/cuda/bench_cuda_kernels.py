@@ -1,6 +1,7 @@
 """Time the llama kernels on the GPU (not a test; run by hand on the device):
 
     PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
+    PYTHONPATH=src:tests/cuda ncu -k attention_decode --set full python3 tests/cuda/bench_cuda_kernels.py ncu_attention
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
 they include) are built and timed beside the working tree's kernels ("new").
