@@ -34,6 +34,21 @@ WIDE_SEQS = 256
 # The longest context the generator offers: the model's own max_position_embeddings, clipped to
 # this (the decode partials and the rope table grow with it; longer is untested).
 MAX_CONTEXT = 32768
+# Query heads a decode attention block serves at most, by program: a kv head's group of G heads
+# is split over the fewest blocks that leave each a whole number of at most this many. A block
+# is one warp a scheduler walking its heads' scores and P.V in a chain, so fewer heads a block
+# is a shorter chain, until the blocks no longer fit on the GPU at once. The gemv decode program
+# (GEMV_SEQS rows by default) takes one head a block; the wide one (up to WIDE_SEQS) four. Measured
+# on the H200 at Qwen3-30B-A3B's G = 8 (cuda/KERNELS.md): 1 row 34.2 / 22.1 / 15.1 / 11.8 us
+# at 8 / 4 / 2 / 1 heads a block, 64 rows 58.6 / 50.5 / 61.9 / 88.3. The bits do not change.
+DECODE_GROUP_HEADS = 1
+WIDE_GROUP_HEADS = 4
+
+
+def head_groups(s: Shape, heads_a_block: int) -> int:
+    """The blocks that share one kv head's query heads in decode attention."""
+    g = s.heads // s.kv_heads
+    return next(d for d in range(1, g + 1) if g % d == 0 and g // d <= heads_a_block)
 
 
 def _qkv_slices(p: str):
@@ -124,7 +139,8 @@ def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
         calls.append({"op": "attention_decode", "args": [
             q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
             b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
+            v(head_groups(s, DECODE_GROUP_HEADS))]})
         calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
                                                       v("hidden"), v("q_dim")]})
         calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
@@ -146,7 +162,8 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
     calls = _gemm_layers(s, p, rows, rows, pages, lambda l: {"op": "attention_decode", "args": [
         q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "sem"),
         b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
-        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]})
+        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
+        v(head_groups(s, WIDE_GROUP_HEADS))]})
     calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
                                                 v("hidden")]})
     calls.append(_argmax(p, rows))
@@ -222,7 +239,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = buf([rows, "kv_heads"], "carry", "i32")
+            buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
         if prog == "decode":
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _decode_calls

@@ -1,16 +1,19 @@
 // Decode attention over the paged KV state (GQA, causal, fp32 softmax, scale 1/sqrt(head_dim)).
 //
-// One block per (query row r, kv head h, context split z), one query row per sequence
-// (rows = sequences): the block serves the G = n_q_heads / n_kv_heads query heads that share
-// kv head h (query head h*G + g, as transformers' repeat_kv), over context positions
-// [z*split_tokens, min(pos[r]+1, (z+1)*split_tokens)) of sequence r.
+// One block per (query row r, kv head h, head group hg, context split z), one query row per
+// sequence (rows = sequences): the G = n_q_heads / n_kv_heads query heads that share kv head h
+// (query head h*G + g, as transformers' repeat_kv) are served by HG = gridDim.y / n_kv_heads
+// blocks of G / HG heads each (block hg: heads h*G + hg*G/HG + g), over context positions
+// [z*split_tokens, min(pos[r]+1, (z+1)*split_tokens)) of sequence r. Every head's arithmetic
+// is the same whatever HG (its scores, its warp's softmax, its P.V slices, the merge): HG
+// shortens a block's serial chain at large G and does not change a bit.
 // Only the n_used = ceil((pos[r] + 1) / split_tokens) splits that hold context work: with one
 // the block writes o directly; with more, each writes its partial and the last block to arrive
-// (counter sem[r, h], i32, zero between launches, reset by that block) merges them in order
+// (counter sem[r, h*HG + hg], i32, zero between launches, reset by that block) merges them in order
 // z = 0, 1, ...: one launch, the same bits whichever block arrives last.
 // Layout: q [rows, q_stride] (query head hq at column hq*head_dim), o [rows,
 // n_q_heads*head_dim], both bf16. head_dim in {64, 128, 256}; G <= 8.
-// Grid (rows, n_kv_heads, n_splits), block DEC_THREADS (128, from table.py).
+// Grid (rows, n_kv_heads * HG, n_splits), block DEC_THREADS (128, from table.py).
 #include "common.cuh"
 
 #if !defined(DEC_THREADS)
@@ -59,8 +62,9 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
     constexpr int DP = HD / 2;                // P.V: dim pairs, one a thread
     constexpr int TS = 128 / DP;              // P.V: token slices
-    const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
-    const int G = n_q_heads / n_kv_heads;
+    const int HG = gridDim.y / n_kv_heads, h = blockIdx.y / HG, z = blockIdx.z, n_splits = gridDim.z;
+    const int G = n_q_heads / n_kv_heads / HG;         // this block's query heads
+    const int hq0 = h * (G * HG) + blockIdx.y % HG * G;  // the first of them
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
@@ -115,7 +119,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         if (tb != t0) load_tile(tb, nt, 2);
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * LOG2E;
-            const bf16 *qh = q + (size_t)r * q_stride + (size_t)h * G * HD;
+            const bf16 *qh = q + (size_t)r * q_stride + (size_t)hq0 * HD;
             for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(__ldcg(qh + i)) * qscale;
             if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
         }
@@ -200,7 +204,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
     __syncthreads();
     for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = h * G + g;
+        const int g = i / HD, d = i % HD, hq = hq0 + g;
         float A = 0.f;
 #pragma unroll
         for (int sl = 0; sl < TS; ++sl) A += s_acc[(sl * ATTN_MAX_G + g) * HD + d];
@@ -214,13 +218,13 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
     if (n_used == 1) return;
 
-    // The last of the n_used blocks of (r, h) to finish merges them: o[r, hq, :] =
+    // The last of the n_used blocks of (r, h, hg) to finish merges them: o[r, hq, :] =
     // sum_z part_o * 2^(m_z - M) / sum_z l_z * 2^(m_z - M), z = 0, 1, ... in order (the same bits
-    // whichever block is last). sem[r, h] counts arrivals and is reset by the merging block.
+    // whichever block is last). sem[r, h*HG + hg] counts arrivals and is reset by the merging block.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        int *cnt = sem + (size_t)r * n_kv_heads + h;
+        int *cnt = sem + (size_t)r * gridDim.y + blockIdx.y;
         const bool last = atomicAdd(cnt, 1) == n_used - 1;
         if (last) atomicExch(cnt, 0);
         sm.merge = last;
@@ -229,7 +233,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     if (!sm.merge) return;
     __threadfence();
     for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = h * G + g;
+        const int g = i / HD, d = i % HD, hq = hq0 + g;
         const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
         float M = -INFINITY;
         for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, __ldcg(part_ml + (base + zz) * 2));
@@ -258,7 +262,8 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     // returns after this kernel, which finished after the qkv projection.
     pdl_launch_dependents();
     const int r = blockIdx.x;
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+    const int G = n_q_heads / n_kv_heads, HG = gridDim.y / n_kv_heads;
+    if (r >= rows || G > ATTN_MAX_G || HG < 1 || gridDim.y % n_kv_heads || G % HG) return;
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {
