@@ -43,7 +43,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         else:
             # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
             # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
-            split = {"seqs": manifest_cuda.DECODE_SEQS} if tp != 1 else {}
+            # (the split keeps the cuBLASLt programs too: the invariant build is single-device for now)
+            split = {"seqs": manifest_cuda.DECODE_SEQS, "invariant": False} if tp != 1 else {}
             m = manifest_cuda.build(shape, model, context=context, **{**split, **limits})
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():

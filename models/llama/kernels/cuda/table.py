@@ -23,6 +23,7 @@ TILES = {
     "PF_BM": 64,          # prefill_attention: query rows a tile
     "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
     "DEC_THREADS": 128,   # attention_decode: 4 warps
+    "GEMM_TILES": 4,      # gemm: gemv tiles (16 W rows or 8 pairs) a block, beside 64 x rows
 }
 
 class Pdl(Enum):
@@ -63,12 +64,34 @@ EPS = "eps: f32"
 GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
 GEMV_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"]]},)
 PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes pairs of W rows
+# gemm.cu: a block takes GEMM_TILES gemv tiles and 64 rows, 4 warps
+GEMM_BLOCK = (128,)
+GEMM_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
+GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
 HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
 ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
 _APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
 _ROPE = (_buf("table", "f32"),)
 
-KERNELS: tuple[Kernel, ...] = (
+_GEMV_KERNELS: tuple[Kernel, ...] = (
+    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
+                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
+                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
+    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
+                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_rope_append", (
+        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
+        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+               "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
+)
+BY_GEMV = {k.entry: k for k in _GEMV_KERNELS}
+
+KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
     Kernel("embed", "embed", (_buf("ids", "i32"), _buf("W"), _buf("x", direction="out"), *_ints("rows", "hidden")),
            ("rows",), (256,)),
     Kernel("embed", "gather_last", (_buf("x"), _buf("cu_seqlens", "i32"), _buf("y", direction="out"),
@@ -111,20 +134,17 @@ KERNELS: tuple[Kernel, ...] = (
            ("n_q_heads", {"add": [{"ceil_div": ["rows", TILES["PF_BM"]]}, "n_seqs"]}), (TILES["PF_THREADS"],)),
     Kernel("mlp", "silu_mul", (_buf("gate_up"), _buf("h", direction="out"), *_ints("rows", "inter")),
            ("rows", {"ceil_div": ["inter", 8 * 256]}), (256,)),  # 8 elements a thread, any block size
-    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
-                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
-                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
-           GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
-    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
-                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "norm_gemv_rope_append", (
-        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
-        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
-               "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
-           GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
+    # attention_rows: a prompt row's attention in attention_decode's order (one block a row and
+    # kv head, its splits in turn): what makes prefill and decode agree bit for bit.
+    Kernel("attention", "attention_rows", (
+        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
+        _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+                                           "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride")),
+           ("rows", "n_kv_heads"), (TILES["DEC_THREADS"],)),
+    # gemm.cu: the gemv projections' twins for many rows, the same bits for every row.
+    *(Kernel("gemm", e.replace("gemv", "gemm"), BY_GEMV[e].params,
+             GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID, GEMM_BLOCK)
+      for e in ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
                                         _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
                                         *_ints("vocab", "n_rows", "chunks")),
@@ -176,6 +196,9 @@ OPS = {
     "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
     "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
     "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
+    "norm_gemm": Op(("norm_gemm_bf16",)), "norm_gemm_logits": Op(("norm_gemm_f32",)),
+    "gemm_residual": Op(("gemm_residual",)), "norm_gemm_swiglu": Op(("norm_gemm_swiglu",)),
+    "norm_gemm_rope_append": Op(("norm_gemm_rope_append",)), "attention_rows": Op(("attention_rows",)),
     "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).

@@ -1,0 +1,115 @@
+"""The kernels behind sm_90a's batch invariance (docs/determinism.md), on the GPU, bit for bit:
+each gemm twin (gemm.cu: prefill's and the wide decode's projections) gives every row the
+bytes its gemv kernel (the decode program's) gives it, at any number of rows; attention_rows
+(prefill) gives a prompt row the bytes attention_decode gives the same token decoded."""
+
+import numpy as np
+import pytest
+
+import cuda_refs as R
+from test_cuda_gpu_kernels import _paged_state, _table
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-5
+# (rows, N, K): K of less than a unit (256), a partial last unit (576 = 2.25 units), one unit a
+# partial (2048), four (8192); rows past one 64-row block and N past one 64-row tile
+SHAPES = [(1, 64, 200), (5, 960, 576), (70, 1536, 576), (37, 2048, 2048), (130, 200, 8192)]
+
+
+def _both(gpu, gemv: str, gemm: str, rows: int, n_tiles: int, out_of) -> None:
+    """Runs the gemv kernel over `rows` rows and the gemm twin over them, then the gemm twin
+    over single rows: the same bytes everywhere. out_of(run, n, r0) runs a kernel over rows
+    r0 .. r0 + n (at the start of fresh buffers) and returns its outputs, the rows' first."""
+    ref = out_of(lambda *a: gpu.run(gemv, n_tiles, 256, *a), rows, 0)
+    got = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), -(-rows // 64)), 128, *a), rows, 0)
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b), f"{gemm} at {rows} rows != {gemv}"
+    for r in sorted({0, rows // 2, rows - 1}):
+        alone = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), 1), 128, *a), 1, r)
+        assert np.array_equal(alone[0][0], got[0][r]), f"{gemm}: row {r} alone != row {r} of {rows}"
+
+
+@pytest.mark.parametrize("rows,N,K", SHAPES)
+def test_norm_gemm_and_gemm_residual_give_each_row_the_gemv_bytes(gpu, rows, N, K):
+    rng = np.random.default_rng(rows + N + K)
+    res, nw, W = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,)), R.rand_bf16(rng, (N, K), 0.05)
+    x, base = R.rand_bf16(rng, (rows, K), 2.0), R.rand_bf16(rng, (rows, N), 4.0)
+    dnw, dW = gpu.put(nw), gpu.put(W)
+    for gemv, gemm, dtype in (("norm_gemv_bf16", "norm_gemm_bf16", np.uint16),
+                              ("norm_gemv_f32", "norm_gemm_f32", np.uint32)):
+        def out_of(run, n, r0):
+            y = gpu.empty(n * N * 4)
+            run(gpu.put(res[r0:r0 + n]), dnw, dW, y, n, N, K, EPS)
+            return (gpu.get(y, dtype, (n, N)),)
+        _both(gpu, gemv, gemm, rows, -(-N // 16), out_of)
+
+    def residual(run, n, r0):
+        y = gpu.put(base[r0:r0 + n])
+        run(gpu.put(x[r0:r0 + n]), dW, y, n, N, K)
+        return (gpu.get(y, np.uint16, (n, N)),)
+    _both(gpu, "gemv_residual", "gemm_residual", rows, -(-N // 16), residual)
+
+
+@pytest.mark.parametrize("rows,inter,K", [(3, 1536, 576), (100, 104, 2048)])
+def test_norm_gemm_swiglu_gives_each_row_the_gemv_bytes(gpu, rows, inter, K):
+    rng = np.random.default_rng(14)
+    res, nw = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,))
+    dnw, dW = gpu.put(nw), gpu.put(R.rand_bf16(rng, (2 * inter, K), 0.05))
+
+    def out_of(run, n, r0):
+        act = gpu.empty(n * inter * 2)
+        run(gpu.put(res[r0:r0 + n]), dnw, dW, act, n, inter, K, EPS)
+        return (gpu.get(act, np.uint16, (n, inter)),)
+    _both(gpu, "norm_gemv_swiglu", "norm_gemm_swiglu", rows, -(-inter // 8), out_of)
+
+
+@pytest.mark.parametrize("hd,nq,nkv,rows", [(64, 9, 3, 1), (64, 9, 3, 77), (128, 8, 2, 20)])
+def test_norm_gemm_rope_append_gives_each_row_the_gemv_bytes(gpu, hd, nq, nkv, rows):
+    rng = np.random.default_rng(16)
+    n_layers, layer, pt, pps, max_pos, K = 2, 1, 16, 4, 64, 576
+    pos = rng.integers(0, max_pos, rows).astype(np.int32)
+    n_pages = rows * pps + 2
+    page_table = rng.permutation(n_pages)[: rows * pps].astype(np.int32).reshape(rows, pps)
+    N = (nq + 2 * nkv) * hd
+    res, nw, W = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,)), R.rand_bf16(rng, (N, K), 0.05)
+    state = rng.integers(0, 2**16, n_pages * pt * n_layers * 2 * nkv * hd, dtype=np.uint16)
+    dtab, dnw, dW = gpu.put(_table(max_pos, hd)), gpu.put(nw), gpu.put(W)
+
+    def out_of(run, n, r0):  # rows r0 .. r0 + n as sequences of one row each
+        d, ds = gpu.empty(n * N * 2), gpu.put(state)
+        cu = np.arange(n + 1, dtype=np.int32)
+        run(gpu.put(res[r0:r0 + n]), dnw, dW, d, ds, gpu.put(page_table[r0:r0 + n]), gpu.put(cu),
+            gpu.put(pos[r0:r0 + n]), dtab, pps, n, n, layer, n_layers, nq, nkv, hd, pt, N, K, EPS)
+        return gpu.get(d, np.uint16, (n, N)), gpu.get(ds, np.uint16, state.shape)
+    _both(gpu, "norm_gemv_rope_append", "norm_gemm_rope_append", rows, N // 16, out_of)
+
+
+@pytest.mark.parametrize("nq,nkv,hd", [(9, 3, 64), (32, 8, 64), (8, 2, 128), (16, 2, 256)])
+@pytest.mark.parametrize("split_tokens", [128, 64])
+def test_attention_rows_gives_a_prompt_row_the_bytes_of_the_token_decoded(gpu, nq, nkv, hd, split_tokens):
+    """Three prompts packed as prefill rows (cu_seqlens), every position of each, against the
+    same tokens as decode rows (one a sequence, its page-table row, its position): one split,
+    several, a last split of one token."""
+    rng = np.random.default_rng(8)
+    n_layers, layer, pt, pps = 2, 1, 16, 24
+    lens = [5, split_tokens * 2 + 1, 300]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    seq = np.repeat(np.arange(len(lens)), lens)
+    pos = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    rows = len(pos)
+    page_table, state = _paged_state(rng, len(lens), pps, n_layers, nkv, pt, hd)
+    width = (nq + 2 * nkv) * hd
+    dq, dstate = gpu.put(R.rand_bf16(rng, (rows, width), 2.0)), gpu.put(state)
+    pre = gpu.empty(rows * nq * hd * 2)
+    gpu.run("attention_rows", (rows, nkv), 128, dq, dstate, gpu.put(page_table), gpu.put(cu), gpu.put(pos), pre,
+            rows, len(lens), pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
+    n_splits = -(-int(pos.max() + 1) // split_tokens)
+    part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 8)
+    sem, dec = gpu.put(np.zeros(rows * nkv, np.int32)), gpu.empty(rows * nq * hd * 2)
+    gpu.run("attention_decode", (rows, nkv, n_splits), 128, dq, dstate, gpu.put(page_table[seq]), gpu.put(pos),
+            part_o, part_ml, sem, dec, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
+    got, want = gpu.get(pre, np.uint16, (rows, nq * hd)), gpu.get(dec, np.uint16, (rows, nq * hd))
+    differ = np.flatnonzero((got != want).any(axis=1))
+    assert not len(differ), f"{len(differ)} of {rows} rows differ, first at sequence {seq[differ[0]]} " \
+                            f"position {pos[differ[0]]}"
