@@ -239,6 +239,43 @@ def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
         lines.append(f"{f'cublaslt bf16 TN {M}x{N}x{K}':<44} {us:9.2f} us  {2 * M * N * K / us / 1e6:8.1f} TFLOP/s")
 
 
+def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(32, 128, 2048)) -> None:
+    """The batch-invariant projections of a Llama-3.2-1B layer as the programs run them (gemm.cu:
+    the normed qkv and gate/up stand-ins and the residual o and down; split over K up to 256
+    rows, as the wide decode program runs them) beside cuBLASLt's bf16 TN GEMM at the same
+    (M, N, K): a line a projection, then the layer's four summed."""
+    from kern.runtime.devices.cuda.cublaslt import CublasLt
+    lt = CublasLt()
+    eps = 1e-5
+    for M in row_counts:
+        split = M <= 256
+        ours = lib = 0.0
+        for N, K, normed in [(3072, 2048, True), (2048, 2048, False), (16384, 2048, True), (2048, 8192, False)]:
+            x, nw, W = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (K,))), gpu.put(rand_weights(rng, (N, K)))
+            y = gpu.empty(M * N * 4)
+            grid = (-(-N // 64), -(-M // 64), 8 if split else 1)
+            extra = (gpu.empty(grid[0] * grid[1] * 8 * 4160 * 4), gpu.put(np.zeros(grid[0] * grid[1], np.int32))) \
+                if split else ()
+            name = ("norm_gemm_bf16" if normed else "gemm_residual") + ("_split" if split else "")
+            args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
+            us = time_graph(gpu, [gpu.make(name, grid, 128, *args) for _ in range(REPS)])
+            lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2))
+            start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
+            for _ in range(3):
+                lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+            call("cuEventRecord", start, gpu.stream.handle)
+            for _ in range(20):
+                lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+            call("cuEventRecord", stop, gpu.stream.handle)
+            call("cuEventSynchronize", stop)
+            us_lt = call("cuEventElapsedTime", start, stop) * 1000 / 20
+            lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2))
+            ours, lib = ours + us, lib + us_lt
+        lines.append(f"{f'layer projections at {M} rows':<44} gemm {ours:8.1f} us  cublaslt {lib:8.1f} us  "
+                     f"ratio {ours / lib:5.2f}")
+        print(lines[-1], flush=True)
+
+
 def main() -> None:
     import subprocess
     import sys
@@ -269,7 +306,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
-    for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt):
+    for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt,
+              bench_gemm):
         if only and f.__name__ not in only:
             continue
         try:

@@ -1,6 +1,6 @@
 """The kernels behind sm_90a's batch invariance (docs/determinism.md), on the GPU, bit for bit:
-each gemm twin (gemm.cu: prefill's and the wide decode's projections) gives every row the
-bytes its gemv kernel (the decode program's) gives it, at any number of rows; attention_rows
+each gemm twin (gemm.cu: prefill's projections; its split variant: the wide decode's) gives
+every row the bytes its gemv kernel (the decode program's) gives it, at any number of rows; attention_rows
 (prefill) gives a prompt row the bytes attention_decode gives the same token decoded."""
 
 import numpy as np
@@ -18,15 +18,22 @@ SHAPES = [(1, 64, 200), (5, 960, 576), (70, 1536, 576), (37, 2048, 2048), (130, 
 
 
 def _both(gpu, gemv: str, gemm: str, rows: int, n_tiles: int, out_of) -> None:
-    """Runs the gemv kernel over `rows` rows and the gemm twin over them, then the gemm twin
-    over single rows: the same bytes everywhere. out_of(run, n, r0) runs a kernel over rows
-    r0 .. r0 + n (at the start of fresh buffers) and returns its outputs, the rows' first."""
-    ref = out_of(lambda *a: gpu.run(gemv, n_tiles, 256, *a), rows, 0)
-    got = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), -(-rows // 64)), 128, *a), rows, 0)
-    for a, b in zip(ref, got):
+    """Runs the gemv kernel over `rows` rows, the gemm twin and its split variant over them,
+    then the gemm twin over single rows: the same bytes everywhere. out_of(run, n, r0, scratch)
+    runs a kernel over rows r0 .. r0 + n (at the start of fresh buffers; scratch: the split
+    variant's part and sem, after the pointers) and returns its outputs, the rows' first."""
+    ref = out_of(lambda *a: gpu.run(gemv, n_tiles, 256, *a), rows, 0, ())
+    grid = (-(-n_tiles // 4), -(-rows // 64))
+    got = out_of(lambda *a: gpu.run(gemm, grid, 128, *a), rows, 0, ())
+    sem = gpu.put(np.zeros(grid[0] * grid[1], np.int32))
+    split = out_of(lambda *a: gpu.run(gemm + "_split", (*grid, 8), 128, *a), rows, 0,
+                   (gpu.empty(grid[0] * grid[1] * 8 * 4160 * 4), sem))
+    for a, b, c in zip(ref, got, split):
         assert np.array_equal(a, b), f"{gemm} at {rows} rows != {gemv}"
+        assert np.array_equal(a, c), f"{gemm}_split at {rows} rows != {gemv}"
+    assert not gpu.get(sem, np.int32, grid[0] * grid[1]).any(), "the split counters are back at zero"
     for r in sorted({0, rows // 2, rows - 1}):
-        alone = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), 1), 128, *a), 1, r)
+        alone = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), 1), 128, *a), 1, r, ())
         assert np.array_equal(alone[0][0], got[0][r]), f"{gemm}: row {r} alone != row {r} of {rows}"
 
 
@@ -36,17 +43,20 @@ def test_norm_gemm_and_gemm_residual_give_each_row_the_gemv_bytes(gpu, rows, N, 
     res, nw, W = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,)), R.rand_bf16(rng, (N, K), 0.05)
     x, base = R.rand_bf16(rng, (rows, K), 2.0), R.rand_bf16(rng, (rows, N), 4.0)
     dnw, dW = gpu.put(nw), gpu.put(W)
-    for gemv, gemm, dtype in (("norm_gemv_bf16", "norm_gemm_bf16", np.uint16),
-                              ("norm_gemv_f32", "norm_gemm_f32", np.uint32)):
-        def out_of(run, n, r0):
-            y = gpu.empty(n * N * 4)
-            run(gpu.put(res[r0:r0 + n]), dnw, dW, y, n, N, K, EPS)
-            return (gpu.get(y, dtype, (n, N)),)
-        _both(gpu, gemv, gemm, rows, -(-N // 16), out_of)
+    def out_of(run, n, r0, scratch):
+        y = gpu.empty(n * N * 2)
+        run(gpu.put(res[r0:r0 + n]), dnw, dW, y, *scratch, n, N, K, EPS)
+        return (gpu.get(y, np.uint16, (n, N)),)
+    _both(gpu, "norm_gemv_bf16", "norm_gemm_bf16", rows, -(-N // 16), out_of)
+    # the f32 LM head has no split variant (its vocabulary gives blocks enough)
+    y32 = [gpu.empty(rows * N * 4) for _ in range(2)]
+    gpu.run("norm_gemv_f32", -(-N // 16), 256, gpu.put(res), dnw, dW, y32[0], rows, N, K, EPS)
+    gpu.run("norm_gemm_f32", (-(-N // 64), -(-rows // 64)), 128, gpu.put(res), dnw, dW, y32[1], rows, N, K, EPS)
+    assert np.array_equal(*(gpu.get(y, np.uint32, (rows, N)) for y in y32)), "norm_gemm_f32 != norm_gemv_f32"
 
-    def residual(run, n, r0):
+    def residual(run, n, r0, scratch):
         y = gpu.put(base[r0:r0 + n])
-        run(gpu.put(x[r0:r0 + n]), dW, y, n, N, K)
+        run(gpu.put(x[r0:r0 + n]), dW, y, *scratch, n, N, K)
         return (gpu.get(y, np.uint16, (n, N)),)
     _both(gpu, "gemv_residual", "gemm_residual", rows, -(-N // 16), residual)
 
@@ -57,9 +67,9 @@ def test_norm_gemm_swiglu_gives_each_row_the_gemv_bytes(gpu, rows, inter, K):
     res, nw = R.rand_bf16(rng, (rows, K), 3.0), R.rand_bf16(rng, (K,))
     dnw, dW = gpu.put(nw), gpu.put(R.rand_bf16(rng, (2 * inter, K), 0.05))
 
-    def out_of(run, n, r0):
+    def out_of(run, n, r0, scratch):
         act = gpu.empty(n * inter * 2)
-        run(gpu.put(res[r0:r0 + n]), dnw, dW, act, n, inter, K, EPS)
+        run(gpu.put(res[r0:r0 + n]), dnw, dW, act, *scratch, n, inter, K, EPS)
         return (gpu.get(act, np.uint16, (n, inter)),)
     _both(gpu, "norm_gemv_swiglu", "norm_gemm_swiglu", rows, -(-inter // 8), out_of)
 
@@ -76,11 +86,11 @@ def test_norm_gemm_rope_append_gives_each_row_the_gemv_bytes(gpu, hd, nq, nkv, r
     state = rng.integers(0, 2**16, n_pages * pt * n_layers * 2 * nkv * hd, dtype=np.uint16)
     dtab, dnw, dW = gpu.put(_table(max_pos, hd)), gpu.put(nw), gpu.put(W)
 
-    def out_of(run, n, r0):  # rows r0 .. r0 + n as sequences of one row each
+    def out_of(run, n, r0, scratch):  # rows r0 .. r0 + n as sequences of one row each
         d, ds = gpu.empty(n * N * 2), gpu.put(state)
         cu = np.arange(n + 1, dtype=np.int32)
         run(gpu.put(res[r0:r0 + n]), dnw, dW, d, ds, gpu.put(page_table[r0:r0 + n]), gpu.put(cu),
-            gpu.put(pos[r0:r0 + n]), dtab, pps, n, n, layer, n_layers, nq, nkv, hd, pt, N, K, EPS)
+            gpu.put(pos[r0:r0 + n]), dtab, *scratch, pps, n, n, layer, n_layers, nq, nkv, hd, pt, N, K, EPS)
         return gpu.get(d, np.uint16, (n, N)), gpu.get(ds, np.uint16, state.shape)
     _both(gpu, "norm_gemv_rope_append", "norm_gemm_rope_append", rows, N // 16, out_of)
 

@@ -93,8 +93,9 @@ def test_fused_qkv_views_become_pointer_offsets(sm90_cublas):
 
 def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
     """The default (invariant) build: prefill and the wide decode run decode's fused layer with
-    the gemv kernels' gemm twins (gemm.cu) and no library call; prefill's attention is
-    attention_rows (decode's split order), its LM head takes each sequence's last row of x."""
+    the gemv kernels' gemm twins (gemm.cu; the wide decode's split over K) and no library call;
+    prefill's attention is attention_rows (decode's split order), its LM head takes each
+    sequence's last row of x."""
     env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "wide_seqs": 12, "context": 512,
            "reach": 512}
     layer = ["norm_gemm_rope_append", "attention_rows", "gemm_residual", "norm_gemm_swiglu", "gemm_residual"]
@@ -103,9 +104,11 @@ def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
     assert [i.kernel.name for i in items] == ["embed", *layer * 2, "gather_last", "norm_gemm_f32", "sample_partial",
                                               "argmax_final"]
     assert items[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 1)  # 64 W rows and 64 rows a block
-    wide = [i.kernel.name for i in _program(sm90, "decode_wide")[0].resolve(env)]
-    layer[1] = "attention_decode"
-    assert wide == ["embed", *layer * 2, "norm_gemm_f32", "sample_partial", "argmax_final"]
+    wide = _program(sm90, "decode_wide")[0].resolve(env)
+    layer = [n + "_split" if "gemm" in n else n for n in layer]
+    layer[1] = "attention_decode"  # and the projections split over K: 8 blocks a tile, one a partial
+    assert [i.kernel.name for i in wide] == ["embed", *layer * 2, "norm_gemm_f32", "sample_partial", "argmax_final"]
+    assert wide[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 8)
 
 
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90, sm90_cublas):

@@ -103,6 +103,9 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
 GEMV_FAMILY = {"norm": "norm_gemv", "qkv": "norm_gemv_rope_append", "residual": "gemv_residual",
                "swiglu": "norm_gemv_swiglu", "logits": "norm_gemv_logits"}
 GEMM_FAMILY = {k: op.replace("gemv", "gemm") for k, op in GEMV_FAMILY.items()}
+# the wide decode's few rows: the projections split over K (8 blocks a tile), the LM head not
+SPLIT_FAMILY = {**{k: op + "_split" for k, op in GEMM_FAMILY.items() if k != "logits"},
+                "logits": GEMM_FAMILY["logits"], "scratch": True}
 
 
 def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops: dict) -> list:
@@ -114,26 +117,30 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     apart, after the normed qkv projection."""
     q, k, vv = _qkv_slices(p)
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+
+    def proj(key: str, args: list) -> dict:  # the split variants take their scratch after the pointers
+        if ops.get("scratch"):
+            n = next(i for i, a in enumerate(args) if "value" in a)
+            args = [*args[:n], b(p + "gpart"), b(p + "gsem"), *args[n:]]
+        return {"op": ops[key], "args": args}
     for l in range(s.layers):
         append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
                   v(rows), v(seqs), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
                   v("page_tokens")]
         if s.qk_norm:
-            calls.append({"op": ops["norm"], "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
-                                                      v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
+            calls.append(proj("norm", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), v(rows),
+                                       v("qkv_dim"), v("hidden"), v(s.eps)]))
             calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
                                                                 *append, v("qkv_dim"), v("qkv_dim"), v(s.eps)]})
         else:
-            calls.append({"op": ops["qkv"], "args": [
-                b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append, v("qkv_dim"), v("hidden"),
-                v(s.eps)]})
+            calls.append(proj("qkv", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append,
+                                      v("qkv_dim"), v("hidden"), v(s.eps)]))
         calls.append(attention(l))
-        calls.append({"op": ops["residual"], "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
-                                                      v("hidden"), v("q_dim")]})
-        calls.append({"op": ops["swiglu"], "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
-                                                    b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
-        calls.append({"op": ops["residual"], "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
-                                                      v("hidden"), v("inter")]})
+        calls.append(proj("residual", [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows), v("hidden"), v("q_dim")]))
+        calls.append(proj("swiglu", [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"), b(p + "act"), v(rows),
+                                     v("inter"), v("hidden"), v(s.eps)]))
+        calls.append(proj("residual", [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows), v("hidden"),
+                                       v("inter")]))
     return calls
 
 
@@ -268,8 +275,14 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         if prog == "decode":
             calls = _decode_calls(s, p, pages, decode_split)
         elif prog == "decode_wide":
-            calls = (_decode_calls(s, p, pages, decode_split, GEMM_FAMILY, rows) if invariant
+            calls = (_decode_calls(s, p, pages, decode_split, SPLIT_FAMILY, rows) if invariant
                      else _wide_calls(s, p, pages, decode_split))
+            if invariant:  # the split projections' scratch and counters, for the widest of them
+                qkv_dim = s.q_dim + 2 * s.kv_dim
+                tiles_x = max(-(-n // c) for n, c in ((qkv_dim, 64), (s.hidden, 64), (s.inter, 32)))
+                tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
+                buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["GEMM_PART"]]}], dtype="f32")
+                buffers[p + "gsem"] = buf([tiles], "carry", "i32")
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])
             calls = (_invariant_prefill_calls(s, p, pages, decode_split) if invariant

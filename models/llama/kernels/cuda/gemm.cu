@@ -14,27 +14,39 @@
 // norm (1/rms from the gemv's sum of squares order, applied to the sums), SwiGLU, rope + KV
 // append and the residual add give the gemv's bits too.
 // Tiles: a block takes GEMM_TILES consecutive gemv tiles (16 W rows, or 8 pairs, each) and 64
-// x rows (grid (ceil_div(tiles, GEMM_TILES), ceil_div(M, 64))); 4 warps, 2 x 2, a warp 16 W
-// rows x 32 x rows; W and x steps of 32 elements go to shared memory with cp.async, 4 deep.
+// x rows (grid (ceil_div(tiles, GEMM_TILES), ceil_div(M, 64))); 4 warps, 2 x 2, a warp 32 W
+// rows x 32 x rows; W and x steps of 32 elements go to shared memory with cp.async, 3 deep. The
+// normed variants sum each row's squares as the steps land (the lanes' sums of a unit kept in
+// shared memory, added by warp_sum's tree when the unit is in), in the gemv's order.
 #include "gemv.cuh"
 
 #if !defined(GEMM_TILES)
 #error "GEMM_TILES comes from the family's TILES (kern_models.common.cubins passes it as -D)"
 #endif
+static_assert(GEMM_TILES == 4, "the warps are laid out 2 x 2 over 64 W rows and 64 x rows");
 
 #define GEMM_WM (GEMM_TILES / 2)       // gemv tiles (16-row mma tiles) a warp
 #define GEMM_WN 4                      // 8-row mma tiles of x a warp
 #define GEMM_BN (16 * GEMM_TILES)      // W rows a block
 #define GEMM_BM (2 * 8 * GEMM_WN)      // x rows a block: 64
 #define GEMM_KS 32                     // K elements a step (one gemv u: two k16 mmas)
-#define GEMM_STAGES 4
+#define GEMM_STAGES 3
 #define GEMM_CHUNKS ((GEMM_BN + GEMM_BM) * GEMM_KS / 8 / 128)  // 16-byte copies a thread a step
+#define GEMM_FRAG (GEMM_WM * GEMM_WN * 4)                      // accumulators a thread
+// split variants: a block's partial in the scratch, per tile and partial: the accumulators in
+// thread order, then the rows' sums of squares
+#if !defined(GEMM_PART)
+#error "GEMM_PART comes from the family's TILES (the manifest sizes the split variants' scratch with it)"
+#endif
+static_assert(GEMM_PART == GEMM_FRAG * 128 + GEMM_BM, "table.py's GEMM_PART");
 static_assert(GEMM_TILES % 2 == 0 && GEMM_CHUNKS * 128 * 8 == (GEMM_BN + GEMM_BM) * GEMM_KS, "");
 
 struct GemmSmem {
     alignas(16) bf16 w[GEMM_STAGES][GEMM_BN * GEMM_KS];  // rows of 64 bytes: conflict-free 16-byte reads
     alignas(16) bf16 x[GEMM_STAGES][GEMM_BM * GEMM_KS];
-    float scale[GEMM_BM];                                // 1/rms of each x row (normed X)
+    float lane_ss[2][GEMM_BM][32];  // normed X: a unit's 32 lane sums of squares a row (this unit, the last)
+    float scale[GEMM_BM];           // 1/rms of each x row
+    int merge;
 };
 static_assert(sizeof(GemmSmem) <= 48 * 1024, "static shared memory");
 
@@ -46,18 +58,39 @@ __device__ __forceinline__ int step_k(int s, int nu) {
     while (ui >= units_of(p, nu)) ui -= units_of(p++, nu);
     return GEMV_UNIT * (p + 8 * ui) + GEMM_KS * (s & 7);
 }
+// warp_sum's xor tree over 32 lane values, as lane 0 ends with it (every lane ends with the same).
+__device__ __forceinline__ float lane_tree(const float *v) {
+    float a[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) a[i] = v[i] + v[i + 16];
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < o; ++i) a[i] = a[i] + a[i + o];
+    return a[0];
+}
 
 template <class X> __device__ __forceinline__ const bf16 *x_rows(const X &xs) {
     if constexpr (X::NORM) return xs.res; else return xs.x;
 }
 
-template <class X, class Y>
-__device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, const Y &ys, int M, int N, int K) {
+// SPLIT: grid z = 8, block z computes partial z alone into `part` (GEMM_PART floats a tile and
+// partial), and the last of a tile's blocks to finish (counter sem[tile], zero between launches,
+// reset by that block) adds the partials in order and stores y: the same sums in the same order,
+// eight times the blocks for the few-row steps of the wide decode program.
+template <bool SPLIT, class X, class Y>
+__device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, const Y &ys, int M, int N, int K,
+                                     float *__restrict__ part = nullptr, int *__restrict__ sem = nullptr) {
     __shared__ GemmSmem sm;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3, wm = warp >> 1, wn = warp & 1;
     const int tile0 = blockIdx.x * GEMM_TILES, m0 = blockIdx.y * GEMM_BM;
-    const int nu = (K + GEMV_UNIT - 1) / GEMV_UNIT, S = 8 * nu;
+    const int nu = (K + GEMV_UNIT - 1) / GEMV_UNIT;
+    const int p0 = SPLIT ? blockIdx.z : 0, p1 = SPLIT ? p0 + 1 : 8;
+    if (SPLIT && units_of(p0, nu) == 0) return;  // no units: the gemv adds this partial's 0
+    int sb = 0, se = 0;  // this block's steps [sb, se) of the 8 nu
+    for (int p = 0; p < p1; ++p) (p < p0 ? sb : se) += 8 * units_of(p, nu);
+    se += sb;
     const bf16 *xg = x_rows(xs);
 
     // This thread's copies a step: chunk c = tid + 128 i; rows of W first (BN of them), then x.
@@ -85,7 +118,7 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
         }
     }
     auto load = [&](int s) {
-        const int k = step_k(s, nu), st = s % GEMM_STAGES;
+        const int k = step_k(s, nu), st = (s - sb) % GEMM_STAGES;
 #pragma unroll
         for (int i = 0; i < GEMM_CHUNKS; ++i) {
             const int c = tid + 128 * i, row = c >> 2;
@@ -97,33 +130,8 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
     };
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; ++s) {
-        if (s < S) load(s);
+        if (sb + s < se) load(sb + s);
         cp_async_commit();
-    }
-
-    // 1/rms of the block's x rows, summed as the gemv sums it: a unit's 256 elements as 32
-    // lanes of 8 (XNorm::form), the lanes by warp_sum, the units of a partial in order, the 8
-    // partials in order.
-    if constexpr (X::NORM) {
-        for (int i = warp; i < GEMM_BM; i += 4) {
-            const int row = min(m0 + i, M - 1);
-            float part[8];
-#pragma unroll
-            for (int p = 0; p < 8; ++p) {
-                part[p] = 0.f;
-                for (int kb = p * GEMV_UNIT; kb < K; kb += 8 * GEMV_UNIT) {
-                    const int kc = kb + 8 * lane;
-                    const bool okc = kc < K;
-                    float ss = 0.f;
-                    xs.form(xs.fetch(row, okc ? kc : 0, K), xs.weight(okc ? kc : 0), okc, ss);
-                    part[p] += warp_sum(ss);
-                }
-            }
-            float s = 0.f;
-#pragma unroll
-            for (int p = 0; p < 8; ++p) s += part[p];
-            if (lane == 0) sm.scale[i] = 1.f / sqrtf(s / (float)K + xs.eps);
-        }
     }
 
     float acc[GEMM_WM][GEMM_WN][4], tot[GEMM_WM][GEMM_WN][4];
@@ -133,14 +141,21 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
         for (int ni = 0; ni < GEMM_WN; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = tot[mi][ni][e] = 0.f;
+    // Normed X: the sum of squares of row tid (tid < BM), in the gemv's order: a unit's 32 lane
+    // sums (XNorm::form of 8 elements) by warp_sum's tree, the units of a partial in order
+    // (cur), the partials in order (ss).
+    float cur = 0.f, ss = 0.f;
+    auto unit_done = [&](int parity) {
+        if (X::NORM && tid < GEMM_BM) cur += lane_tree(sm.lane_ss[parity][tid]);
+    };
 
-    int s = 0;
-    for (int p = 0; p < 8; ++p) {
+    int s = sb;
+    for (int p = p0; p < p1; ++p) {
         const int steps = 8 * units_of(p, nu);
         if (steps == 0) continue;  // the gemv adds this partial's 0: the total does not change
         for (int e = 0; e < steps; ++e, ++s) {
             cp_async_wait<GEMM_STAGES - 2>();
-            const int st = s % GEMM_STAGES;
+            const int st = (s - sb) % GEMM_STAGES, parity = ((s - sb) >> 3) & 1;
             if constexpr (X::NORM) {  // x = bf16(nw * res), formed in place by the thread that copied it
                 const int k = step_k(s, nu);
 #pragma unroll
@@ -150,13 +165,18 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
                         const int kc = k + 8 * (c & 3);
                         const bool okc = kc < K;
                         uint4 *q = reinterpret_cast<uint4 *>(sm.x[st] + (row - GEMM_BN) * GEMM_KS + 8 * (c & 3));
-                        float ss = 0.f;
-                        *q = xs.form(*q, xs.weight(okc ? kc : 0), okc, ss);
+                        float l = 0.f;
+                        *q = xs.form(*q, xs.weight(okc ? kc : 0), okc, l);
+                        sm.lane_ss[parity][row - GEMM_BN][4 * (s & 7) + (c & 3)] = l;
                     }
                 }
             }
             __syncthreads();
-            if (s + GEMM_STAGES - 1 < S) load(s + GEMM_STAGES - 1);
+            if (X::NORM && (s & 7) == 0 && s > sb) {  // the previous unit's lane sums are all in
+                unit_done(parity ^ 1);
+                if (e == 0) ss += cur, cur = 0.f;  // and it closed a partial
+            }
+            if (s + GEMM_STAGES - 1 < se) load(s + GEMM_STAGES - 1);
             cp_async_commit();
             uint4 xv[GEMM_WN];
 #pragma unroll
@@ -185,7 +205,53 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
                 }
     }
     cp_async_wait<0>();
-    __syncthreads();  // sm.scale
+    __syncthreads();  // the last unit's lane sums
+    unit_done(((s - 1 - sb) >> 3) & 1);
+    ss += cur;
+
+    if constexpr (SPLIT) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        float *mine = part + ((size_t)tile * 8 + p0) * GEMM_PART;
+#pragma unroll
+        for (int mi = 0; mi < GEMM_WM; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < GEMM_WN; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mine[((mi * GEMM_WN + ni) * 4 + e) * 128 + tid] = tot[mi][ni][e];
+        if (X::NORM && tid < GEMM_BM) mine[GEMM_FRAG * 128 + tid] = ss;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            const int n_used = min(8, nu);
+            const bool last = atomicAdd(sem + tile, 1) == n_used - 1;
+            if (last) atomicExch(sem + tile, 0);
+            sm.merge = last;
+        }
+        __syncthreads();
+        if (!sm.merge) return;
+        __threadfence();
+        // the partials in order from 0, as the gemv adds its warps' (the empty ones add 0)
+        ss = 0.f;
+#pragma unroll
+        for (int mi = 0; mi < GEMM_WM; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < GEMM_WN; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tot[mi][ni][e] = 0.f;
+        for (int p = 0; p < min(8, nu); ++p) {
+            const float *pp = part + ((size_t)tile * 8 + p) * GEMM_PART;
+#pragma unroll
+            for (int mi = 0; mi < GEMM_WM; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < GEMM_WN; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) tot[mi][ni][e] += __ldcg(pp + ((mi * GEMM_WN + ni) * 4 + e) * 128 + tid);
+            if (X::NORM && tid < GEMM_BM) ss += __ldcg(pp + GEMM_FRAG * 128 + tid);
+        }
+    }
+    if constexpr (X::NORM)
+        if (tid < GEMM_BM) sm.scale[tid] = 1.f / sqrtf(ss / (float)K + xs.eps);
+    __syncthreads();
 
     // tot[mi][ni][e]: e = 0, 1 -> (mma row g, x rows 2t, 2t + 1), e = 2, 3 -> (mma row g + 8, same).
 #pragma unroll
@@ -215,21 +281,21 @@ __device__ __forceinline__ void gemm(const X &xs, const bf16 *__restrict__ W, co
 extern "C" __global__ void __launch_bounds__(128, 4)
 norm_gemm_bf16(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
                           bf16 *__restrict__ y, int rows, int N, int K, float eps) {
-    gemm(XNorm{res, nw, eps}, W, YBf16{y}, rows, N, K);
+    gemm<false>(XNorm{res, nw, eps}, W, YBf16{y}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(128, 4)
 norm_gemm_f32(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
                          float *__restrict__ y, int rows, int N, int K, float eps) {
-    gemm(XNorm{res, nw, eps}, W, YF32{y}, rows, N, K);
+    gemm<false>(XNorm{res, nw, eps}, W, YF32{y}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(128, 4)
 gemm_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, int rows, int N, int K) {
-    gemm(XPlain{x}, W, YAddRes{res}, rows, N, K);
+    gemm<false>(XPlain{x}, W, YAddRes{res}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(128, 4)
 norm_gemm_swiglu(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
                             bf16 *__restrict__ act, int rows, int N, int K, float eps) {
-    gemm(XNorm{res, nw, eps}, W, YSwiGLU{act}, rows, N, K);
+    gemm<false>(XNorm{res, nw, eps}, W, YSwiGLU{act}, rows, N, K);
 }
 extern "C" __global__ void __launch_bounds__(128, 4)
 norm_gemm_rope_append(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
@@ -240,5 +306,38 @@ norm_gemm_rope_append(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
                                  int head_dim, int page_tokens, int N, int K, float eps) {
     const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
                        page_tokens};
-    gemm(XNorm{res, nw, eps}, W, YRopeAppend{y, pos, table, app, n_q_heads, n_kv_heads, head_dim}, rows, N, K);
+    gemm<false>(XNorm{res, nw, eps}, W, YRopeAppend{y, pos, table, app, n_q_heads, n_kv_heads, head_dim}, rows, N, K);
+}
+
+// The wide decode program's (few rows, 8 blocks a tile, one a partial): part f32[tiles * 8 *
+// GEMM_PART], sem i32[tiles] (zero before the first launch, zero again after each; tiles = the
+// grid's x * y). Grid (ceil_div(tiles, GEMM_TILES), ceil_div(rows, 64), 8).
+extern "C" __global__ void __launch_bounds__(128, 4)
+norm_gemm_bf16_split(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
+                     bf16 *__restrict__ y, float *__restrict__ part, int *__restrict__ sem, int rows, int N, int K,
+                     float eps) {
+    gemm<true>(XNorm{res, nw, eps}, W, YBf16{y}, rows, N, K, part, sem);
+}
+extern "C" __global__ void __launch_bounds__(128, 4)
+gemm_residual_split(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, float *__restrict__ part,
+                    int *__restrict__ sem, int rows, int N, int K) {
+    gemm<true>(XPlain{x}, W, YAddRes{res}, rows, N, K, part, sem);
+}
+extern "C" __global__ void __launch_bounds__(128, 4)
+norm_gemm_swiglu_split(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, const bf16 *__restrict__ W,
+                       bf16 *__restrict__ act, float *__restrict__ part, int *__restrict__ sem, int rows, int N, int K,
+                       float eps) {
+    gemm<true>(XNorm{res, nw, eps}, W, YSwiGLU{act}, rows, N, K, part, sem);
+}
+extern "C" __global__ void __launch_bounds__(128, 4)
+norm_gemm_rope_append_split(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
+                            const bf16 *__restrict__ W, bf16 *__restrict__ y, char *__restrict__ kv_state,
+                            const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
+                            const int *__restrict__ pos, const float *__restrict__ table, float *__restrict__ part,
+                            int *__restrict__ sem, int pages_per_seq, int rows, int n_seqs, int layer, int n_layers,
+                            int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int N, int K, float eps) {
+    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
+                       page_tokens};
+    gemm<true>(XNorm{res, nw, eps}, W, YRopeAppend{y, pos, table, app, n_q_heads, n_kv_heads, head_dim}, rows, N, K,
+               part, sem);
 }

@@ -24,6 +24,7 @@ TILES = {
     "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
     "DEC_THREADS": 128,   # attention_decode: 4 warps
     "GEMM_TILES": 4,      # gemm: gemv tiles (16 W rows or 8 pairs) a block, beside 64 x rows
+    "GEMM_PART": 4160,    # gemm *_split: scratch floats a (tile, partial): 32 x 128 accumulators, 64 row sums
 }
 
 class Pdl(Enum):
@@ -68,6 +69,13 @@ PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes p
 GEMM_BLOCK = (128,)
 GEMM_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
 GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
+GEMM_SPLIT = 8  # the split variants' grid z: one block a partial (gemm.cu)
+
+
+def _split(params: tuple[str, ...]) -> tuple[str, ...]:
+    """A gemm kernel's parameters with the split variant's scratch and counters after its pointers."""
+    n = sum(1 for p in params if "buffer" in p or "state" in p)
+    return (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
 HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
 ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
 _APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
@@ -145,6 +153,13 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
     *(Kernel("gemm", e.replace("gemv", "gemm"), BY_GEMV[e].params,
              GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID, GEMM_BLOCK)
       for e in ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
+    # ... and split over K for the wide decode's few rows (8 blocks a tile, the last adds them
+    # in order); sem: zero between launches, as attention_decode's.
+    *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(BY_GEMV[e].params),
+             (*(GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID), GEMM_SPLIT), GEMM_BLOCK,
+             writes=tuple(p.split(":")[0] for p in _split(BY_GEMV[e].params)
+                          if (" out " in p or " inout " in p) and not p.startswith("sem")))
+      for e in ("norm_gemv_bf16", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
                                         _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
                                         *_ints("vocab", "n_rows", "chunks")),
@@ -199,6 +214,9 @@ OPS = {
     "norm_gemm": Op(("norm_gemm_bf16",)), "norm_gemm_logits": Op(("norm_gemm_f32",)),
     "gemm_residual": Op(("gemm_residual",)), "norm_gemm_swiglu": Op(("norm_gemm_swiglu",)),
     "norm_gemm_rope_append": Op(("norm_gemm_rope_append",)), "attention_rows": Op(("attention_rows",)),
+    "norm_gemm_split": Op(("norm_gemm_bf16_split",)), "gemm_residual_split": Op(("gemm_residual_split",)),
+    "norm_gemm_swiglu_split": Op(("norm_gemm_swiglu_split",)),
+    "norm_gemm_rope_append_split": Op(("norm_gemm_rope_append_split",)),
     "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
