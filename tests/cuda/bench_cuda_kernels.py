@@ -222,20 +222,25 @@ def bench_launch_overheads(gpu: Gpu, lines: list[str]) -> None:
     lines.append(f"{'graph of 300 tiny launches: device per launch':<44} {(t2 - t0) / 200 / 300 * 1e6:9.2f} us")
 
 
+def cublaslt_us(lt, gpu: Gpu, x, W, y, M: int, N: int, K: int) -> float:
+    """Microseconds a cuBLASLt bf16 TN GEMM (y = x W^T), the mean of 20 after 3 warm-ups."""
+    for _ in range(3):
+        lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+    start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
+    call("cuEventRecord", start, gpu.stream.handle)
+    for _ in range(20):
+        lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+    call("cuEventRecord", stop, gpu.stream.handle)
+    call("cuEventSynchronize", stop)
+    return call("cuEventElapsedTime", start, stop) * 1000 / 20
+
+
 def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
     from kern.runtime.devices.cuda.cublaslt import CublasLt
     lt = CublasLt()
     for M, N, K in [(512, 2048, 8192), (2048, 16384, 2048), (4096, 4096, 4096)]:
         x, W, y = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (N, K), 0.05)), gpu.empty(M * N * 2)
-        for _ in range(3):
-            lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-        start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
-        call("cuEventRecord", start, gpu.stream.handle)
-        for _ in range(20):
-            lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-        call("cuEventRecord", stop, gpu.stream.handle)
-        call("cuEventSynchronize", stop)
-        us = call("cuEventElapsedTime", start, stop) * 1000 / 20
+        us = cublaslt_us(lt, gpu, x, W, y, M, N, K)
         lines.append(f"{f'cublaslt bf16 TN {M}x{N}x{K}':<44} {us:9.2f} us  {2 * M * N * K / us / 1e6:8.1f} TFLOP/s")
 
 
@@ -260,15 +265,7 @@ def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(32, 128, 2048)) -> N
             args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
             us = time_graph(gpu, [gpu.make(name, grid, 128, *args) for _ in range(REPS)])
             lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2))
-            start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
-            for _ in range(3):
-                lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-            call("cuEventRecord", start, gpu.stream.handle)
-            for _ in range(20):
-                lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-            call("cuEventRecord", stop, gpu.stream.handle)
-            call("cuEventSynchronize", stop)
-            us_lt = call("cuEventElapsedTime", start, stop) * 1000 / 20
+            us_lt = cublaslt_us(lt, gpu, x, W, y, M, N, K)
             lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2))
             ours, lib = ours + us, lib + us_lt
         lines.append(f"{f'layer projections at {M} rows':<44} gemm {ours:8.1f} us  cublaslt {lib:8.1f} us  "
