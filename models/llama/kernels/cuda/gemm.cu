@@ -60,14 +60,16 @@ __device__ __forceinline__ int step_k(int s, int nu) {
 }
 // warp_sum's xor tree over 32 lane values, as lane 0 ends with it (every lane ends with the same).
 __device__ __forceinline__ float lane_tree(const float *v) {
-    float a[16];
+    float a[16];  // each level's loop of constant length: unrolled into registers
 #pragma unroll
     for (int i = 0; i < 16; ++i) a[i] = v[i] + v[i + 16];
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1)
+    for (int i = 0; i < 8; ++i) a[i] = a[i] + a[i + 8];
 #pragma unroll
-        for (int i = 0; i < o; ++i) a[i] = a[i] + a[i + o];
-    return a[0];
+    for (int i = 0; i < 4; ++i) a[i] = a[i] + a[i + 4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a[i] = a[i] + a[i + 2];
+    return a[0] + a[1];
 }
 
 template <class X> __device__ __forceinline__ const bf16 *x_rows(const X &xs) {
