@@ -4,13 +4,14 @@ the real Kimi-Linear-48B-A3B shape (hidden 2304, KDA 32 heads of 128, MLA 32 hea
 kv_lora 512 + rope 64, 256 experts, 8 active, a shared expert, vocabulary 163,840) at reduced
 depth as a seeded random checkpoint: parity against transformers, decode speed beside it.
 
-    python3 bench/kimi_gpu.py [--layers 8] [--steps tests,ckpt,parity,decode,serve] [--batch 1,16,64]
+    python3 bench/kimi_gpu.py [--layers 8] [--steps tests,ckpt,parity,decode,profile,serve] [--batch 1,16,64]
 
 Steps, each a process of its own with its own timeout (the tests run beside ckpt):
   tests  pytest -m gpu tests/kimi_linear (its log: $OUT/tests.log)
   ckpt   the checkpoint (kern_models.kimi_linear.random_checkpoint, sharpened) made on the GPU
-         and saved; transformers eager's logits at every position of a few random sequences in
-         bf16 and fp32 (the bf16-vs-fp32 spread is the yardstick); transformers' greedy decode
+         and saved; transformers eager's logits at every position of --seqs random sequences in
+         bf16 and fp32 (the bf16-vs-fp32 spread is the yardstick; 8 x 64 tokens give ~500 decisive
+         rows, where 3 x 64's ~190 moved the agreement by half a point a row); transformers' greedy decode
          tok/s in bf16 at each --batch (32-token prompts; a run of 1 new token subtracted from
          one of --hf-new, so prefill is not counted)
   parity the sm_90a deployment: teacher-forced logits through the decode program (one token a
@@ -22,6 +23,9 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          tokens read back before the next: no run-ahead), stepped below the host loop
          (kern.drive's pages and the `slot` role filled here); parity and decode share one
          process (`kern` names both)
+  profile (in the kern process) one ragged prefill step as kern serve feeds the serve workload
+         (4 prompts of 512 tokens: its 2,048-row budget) and the widest decode step, each launch's
+         device time summed by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`
@@ -58,17 +62,15 @@ def emit(**kw):
 CKPT = PREAMBLE + r"""
 import numpy as np, torch
 from pathlib import Path
-from kern_models.kimi_linear.random_checkpoint import model_of, _publish_dense_names
-from kern_models.common.random_checkpoint import reference_logits, word_tokenizer
+from kern_models.kimi_linear.random_checkpoint import model_of, save
+from kern_models.common.random_checkpoint import reference_logits
 layers, folder, seqs, length = int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 batches, new, shape, device = [int(b) for b in sys.argv[6].split(",")], int(sys.argv[7]), sys.argv[8], sys.argv[9]
 torch.set_default_dtype(torch.bfloat16)
 model = model_of(shape, layers=layers, device=device, max_positions=4096).eval()
 n = sum(p.numel() for p in model.parameters())
 say(f"model: {layers} layers, {n / 1e9:.2f}B parameters")
-model.save_pretrained(folder)
-_publish_dense_names(folder)
-word_tokenizer(model.config.vocab_size).save(str(folder / "tokenizer.json"))
+save(model, folder)
 say("saved", round(sum(f.stat().st_size for f in folder.iterdir()) / 1e9, 1), "GB")
 emit(params_b=round(n / 1e9, 2))
 model.config._attn_implementation = "eager"  # the peer as measured: transformers eager
@@ -146,10 +148,6 @@ if "parity" in parts:
     except Exception as e:  # noqa: BLE001
         import traceback; traceback.print_exc()
         emit(parity_error=f"{type(e).__name__}: {e}"[:300])
-if "decode" not in parts:
-    print("KERN OK")
-    sys.exit(0)
-
 eng, paging, proto = model.engine, model.paging, model.protocol
 prompts = np.random.default_rng(1).integers(0, cfg["vocab_size"], (max(batches), 32)).astype(np.int32)
 
@@ -163,8 +161,51 @@ def tables(st, leases, inputs):
     if "slot" in st.inputs:
         inputs[st.inputs["slot"]] = np.array([lease.slot(proto.slot_state) for lease in leases], np.int32)
 
+def by_kernel(env_of_step, program):  # each launch's device time in one step, summed by kernel
+    from kern.runtime.devices.cuda.device import profile
+    rows, by = profile(eng.programs[program], env_of_step), {}
+    for _, entry, us in rows:
+        n, t = by.get(entry, (0, 0.0))
+        by[entry] = (n + 1, t + us)
+    total = sum(t for _, t in by.values())
+    return {"launches": len(rows), "device_us": round(total, 1),
+            "by_kernel": {k: {"n": n, "us": round(t, 1), "share": round(t / total, 3)}
+                          for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])}}
+
+def profile_prefill(seqs, length):  # one ragged prefill step as kern serve feeds the serve workload
+    leases = []
+    for _ in range(seqs):
+        lease = paging.lease([], length + 8, cache=False).lease
+        paging.extend(lease, [0] * (length + 8))
+        leases.append(lease)
+    try:
+        st = proto.for_rows(seqs, None)
+        ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], seqs * length).astype(np.int32)
+        inputs = {st.inputs["token"]: ids, st.inputs["position"]: np.tile(np.arange(length, dtype=np.int32), seqs),
+                  st.inputs["cu_seqlens"]: np.arange(0, length * (seqs + 1), length, dtype=np.int32)}
+        tables(st, leases, inputs)
+        times = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            env = eng.run(st.program, st.vars_for(seqs, seqs * length), inputs)
+            eng.read(st.outputs["tokens"], env)
+            times.append(time.perf_counter() - t0)
+        emit(profile={"step": f"prefill {seqs} x {length}", "program": st.program,
+                      "host_step_ms": round(float(np.median(times[1:])) * 1e3, 2), **by_kernel(env, st.program)})
+    finally:
+        for lease in leases:
+            paging.pool.free(lease)
+
+if "profile" in parts:
+    try:  # decode's figures come even where the profile fails
+        profile_prefill(4, 512)
+        say("prefill profiled")
+    except Exception as e:  # noqa: BLE001
+        import traceback; traceback.print_exc()
+        emit(profile_error=f"{type(e).__name__}: {e}"[:300])
+
 first = None
-for b in batches:
+for b in (batches if "decode" in parts else []):
     n = 32 + steps + 8
     leases = []
     for _ in range(b):
@@ -201,6 +242,9 @@ for b in batches:
                "prefill_ms": round(prefill_s * 1e3, 1), "seq0_same_as_first_batch": seq0[:16] == first[:16]}
         emit(decode=row)
         say("decode", row)
+        if "profile" in parts and b == max(batches):
+            emit(profile={"step": f"decode {b} rows", "program": st.program, "host_step_ms": row["step_ms"],
+                          **by_kernel(env, st.program)})
     finally:
         for lease in leases:
             paging.pool.free(lease)
@@ -219,11 +263,16 @@ def table(s: dict) -> str:
             out.append(f"{k:38s} mean KL {v['mean_kl']:.2e}  p99 {v['p99_kl']:.2e}  max {v['max_kl']:.2e}  argmax "
                        f"agree {v['agree_decisive']:.4f} of {v['decisive']} decisive / {v['rows']}")
         out.append(f"parity: {verdict_line(p)}")
-    if "parity_error" in s:
-        out.append(f"parity failed: {s['parity_error']}")
+    for k in ("parity_error", "profile_error"):
+        if k in s:
+            out.append(f"{k.split('_')[0]} failed: {s[k]}")
     for d in s.get("decode", []):
         out.append(f"kern decode batch {d['batch']:3d} ({d['program']}): {d['tok_s']:9.1f} tok/s  {d['step_ms']:.3f} "
                    f"ms/step  prefill {d['prefill_ms']} ms  seq 0 as at the first batch: {d['seq0_same_as_first_batch']}")
+    for p in s.get("profile", []):
+        top = ", ".join(f"{k} {v['us']:.0f} us ({v['share']:.0%})" for k, v in list(p["by_kernel"].items())[:8])
+        out.append(f"kern {p['step']} ({p['program']}): host step {p['host_step_ms']} ms, device {p['device_us']:.0f} "
+                   f"us in {p['launches']} launches: {top}")
     for d in s.get("hf_decode", []):
         out.append(f"transformers bf16 decode batch {d['batch']:3d}: " +
                    (f"{d['tok_s']:9.1f} tok/s  {d['step_ms']} ms/step" if "tok_s" in d else d["error"]))
@@ -255,7 +304,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8, help="decoder layers of the 27 (MLA at 4 and 8 of the first 8)")
     ap.add_argument("--steps", default="tests,ckpt,parity,decode,serve")
     family_args(ap, "kimi-linear-48b-a3b", "kimi_linear",
-                "--shape tiny --device cpu --target cpu --steps ckpt,kern --layers 4", seqs=3, length=64)
+                "--shape tiny --device cpu --target cpu --steps ckpt,kern --layers 4", seqs=8, length=64)
     ap.add_argument("--decode-steps", type=int, default=24)
     ap.add_argument("--hf-new", type=int, default=8, help="transformers: new tokens a timed run")
     ap.add_argument("--tests-timeout", type=int, default=150)
@@ -268,18 +317,18 @@ def main() -> int:
     steps = args.steps.replace("kern", "parity,decode").split(",")
     out, env, ckpt, head = family_setup("kimi", args.layers)
     r = Run(out, env)
-    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "notes": []}
+    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "profile": [], "notes": []}
 
     def report() -> None:
         r.report(s, table)
 
-    def collect(text: str, listed: str, label: str, done: str) -> bool:
-        """A step's RESULT lines into the summary (those keyed `listed` appended to that list), a
+    def collect(text: str, label: str, done: str) -> bool:
+        """A step's RESULT lines into the summary (appended where the summary keeps a list), a
         note where it did not print `done`; whether it did."""
         for ln in text.splitlines():
             if ln.startswith("RESULT "):
-                got = json.loads(ln.removeprefix("RESULT "))
-                s[listed].append(got[listed]) if listed in got else s.update(got)
+                for k, v in json.loads(ln.removeprefix("RESULT ")).items():
+                    s[k].append(v) if isinstance(s.get(k), list) else s.update({k: v})
         if done not in text:
             s["notes"].append(f"{label} did not finish: " + " | ".join(text.strip().splitlines()[-6:]))
         report()
@@ -296,7 +345,7 @@ def main() -> int:
         text = r.step("ckpt", [sys.executable, "-c", CKPT, str(args.ckpt_timeout), str(args.layers), str(ckpt),
                                str(args.seqs), str(args.length), args.batch, str(args.hf_new), args.shape,
                                args.device], args.ckpt_timeout)
-        ok = collect(text, "hf_decode", "ckpt", "CKPT OK")
+        ok = collect(text, "ckpt", "CKPT OK")
     if tests is not None:
         try:
             tests.wait(timeout=max(1, args.tests_timeout - (time.monotonic() - t0)))
@@ -307,17 +356,17 @@ def main() -> int:
         s["tests"] = tail[0]
         report()
     ok = ok and (ckpt / "config.json").is_file()
-    parts = [p for p in ("parity", "decode") if p in steps]
+    parts = [p for p in ("parity", "decode", "profile") if p in steps]
     if ok and parts:
         text = r.step("kern", [sys.executable, "-c", KERN, str(args.kern_timeout), str(ckpt), args.batch,
                                str(args.decode_steps), args.target, ",".join(parts)], args.kern_timeout)
-        collect(text, "decode", "kern", "KERN OK")
+        collect(text, "kern", "KERN OK")
     if ok and "serve" in steps:
         flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)
         text = r.step("serve", [sys.executable, str(ROOT / "bench/hybrid_serve.py"), str(ckpt), "--log",
                                 str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
                       args.serve_timeout)
-        collect(text, "serve", "serve", "SERVE OK")
+        collect(text, "serve", "SERVE OK")
     if not ok:
         s["notes"].append(f"no checkpoint in {ckpt}: parity, decode and serve not run")
         report()

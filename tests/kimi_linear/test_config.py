@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from kern_models.common.errors import ConfigError
 from kern_models.kimi_linear.config import KDA, MLA, shape_of
-from kern_models.kimi_linear.random_checkpoint import SHAPES, shape_config
+from kern_models.kimi_linear.random_checkpoint import EXPERT_CALM, SHAPES, factors, shape_config
 
 BASE = {"architectures": ["KimiLinearForCausalLM"], **shape_config("tiny")}
 # the published config.json's own names (Kimi-Linear-48B-A3B-Instruct), before transformers renames them
@@ -38,6 +39,28 @@ def test_the_published_config_reads_as_kimi_linear_48b():
     ours = shape_of({"architectures": ["KimiLinearForCausalLM"], **shape_config("kimi-linear-48b-a3b"),
                      "max_position_embeddings": 1048576})
     assert ours == s  # the random checkpoints' shape is the published one
+
+
+def test_the_real_width_calms_its_experts_and_the_tiny_shape_keeps_its_factors():
+    """The tiny shape's sharpening factors are the ones CI's weights were made with, bit for bit;
+    at the real width the experts take EXPERT_CALM past the width scaling (random_checkpoint's
+    comment says why)."""
+    tiny, real = (SimpleNamespace(**shape_config(name)) for name in ("tiny", "kimi-linear-48b-a3b"))
+    assert factors(tiny) == (20.0, 1.0, 40.0)
+    router, expert, head = factors(real)
+    assert (router, head) == pytest.approx((20.0 / 6, 40.0 / 6))
+    assert expert == pytest.approx((32 / 1024) ** 0.5 * EXPERT_CALM) and EXPERT_CALM < 1
+
+
+def test_the_random_checkpoint_says_its_layers_in_the_published_fields_too(kimi_config):
+    """vLLM's KimiLinearConfig reads the published fields alone (linear_attn_config,
+    first_k_dense_replace, mla_use_nope), never transformers' layer_types: read that way, the
+    random checkpoint is the same model."""
+    published = {k: v for k, v in kimi_config.items()
+                 if k not in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads",
+                              "linear_conv_kernel_dim")}
+    assert shape_of(published) == shape_of(kimi_config)
+    assert kimi_config["mla_use_nope"] is True and kimi_config["first_k_dense_replace"] == 1
 
 
 @pytest.mark.parametrize("spec", [{}, {"layer_types": None, "mlp_layer_types": None, "num_hidden_layers": 9}])
