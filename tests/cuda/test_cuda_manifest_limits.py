@@ -85,3 +85,19 @@ def test_decode_beyond_32_sequences_is_refused():
 
     with pytest.raises(ConfigError, match="seqs 64: the graph-captured decode program steps at most 32"):
         manifest_cuda.build(shape_of(TINY), "tiny", seqs=64)
+
+
+def test_the_wide_decode_splits_k_only_for_its_narrow_projections():
+    """Llama-3.2-1B's shape: qkv (48 column tiles of 64), o and down (32) split K over 8 blocks
+    a tile (gemm.cu's *_split, the same bits), gate/up (256 tiles of 32) and the LM head do not;
+    the scratch is sized for the widest split one at 256 rows."""
+    from kern_models.llama.manifests import cuda
+
+    s = shape_of(dict(TINY, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256))
+    m = cuda.build(s, "1b-shape")
+    layer = [c["op"] for c in m["programs"]["decode_wide"]["calls"][1:6]]
+    assert layer == ["norm_gemm_rope_append_split", "attention_decode", "gemm_residual_split", "norm_gemm_swiglu",
+                     "gemm_residual_split"]
+    assert m["programs"]["decode_wide"]["calls"][-2]["op"] == "norm_gemm_logits"
+    assert m["buffers"]["w_gpart"]["shape"] == [{"mul": [{"mul": [{"ceil_div": ["wide_seqs", 64]}, 48]}, 8 * 4160]}]

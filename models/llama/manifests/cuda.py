@@ -103,9 +103,19 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
 GEMV_FAMILY = {"norm": "norm_gemv", "qkv": "norm_gemv_rope_append", "residual": "gemv_residual",
                "swiglu": "norm_gemv_swiglu", "logits": "norm_gemv_logits"}
 GEMM_FAMILY = {k: op.replace("gemv", "gemm") for k, op in GEMV_FAMILY.items()}
-# the wide decode's few rows: the projections split over K (8 blocks a tile), the LM head not
-SPLIT_FAMILY = {**{k: op + "_split" for k, op in GEMM_FAMILY.items() if k != "logits"},
-                "logits": GEMM_FAMILY["logits"], "scratch": True}
+# The wide decode's few rows: a projection with fewer column tiles than this splits K over 8
+# blocks a tile (gemm.cu's *_split: the same bits), so that it fills the GPU; the wider ones
+# (gate/up, the LM head) have blocks enough.
+SPLIT_BELOW_TILES = 132
+
+
+def _wide_family(s: Shape) -> tuple[dict, int]:
+    """The wide decode's projections for shape s, and the most column tiles of its split ones
+    (0: none split)."""
+    tiles = {"qkv": -(-(s.q_dim + 2 * s.kv_dim) // 64), "norm": -(-(s.q_dim + 2 * s.kv_dim) // 64),
+             "residual": -(-s.hidden // 64), "swiglu": -(-s.inter // 32)}
+    split = {k: n for k, n in tiles.items() if n < SPLIT_BELOW_TILES}
+    return {k: op + "_split" if k in split else op for k, op in GEMM_FAMILY.items()}, max(split.values(), default=0)
 
 
 def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops: dict) -> list:
@@ -119,7 +129,7 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
 
     def proj(key: str, args: list) -> dict:  # the split variants take their scratch after the pointers
-        if ops.get("scratch"):
+        if ops[key].endswith("_split"):
             n = next(i for i, a in enumerate(args) if "value" in a)
             args = [*args[:n], b(p + "gpart"), b(p + "gsem"), *args[n:]]
         return {"op": ops[key], "args": args}
@@ -275,11 +285,10 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         if prog == "decode":
             calls = _decode_calls(s, p, pages, decode_split)
         elif prog == "decode_wide":
-            calls = (_decode_calls(s, p, pages, decode_split, SPLIT_FAMILY, rows) if invariant
+            family, tiles_x = _wide_family(s)
+            calls = (_decode_calls(s, p, pages, decode_split, family, rows) if invariant
                      else _wide_calls(s, p, pages, decode_split))
-            if invariant:  # the split projections' scratch and counters, for the widest of them
-                qkv_dim = s.q_dim + 2 * s.kv_dim
-                tiles_x = max(-(-n // c) for n, c in ((qkv_dim, 64), (s.hidden, 64), (s.inter, 32)))
+            if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
                 buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["GEMM_PART"]]}], dtype="f32")
                 buffers[p + "gsem"] = buf([tiles], "carry", "i32")
