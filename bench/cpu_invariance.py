@@ -29,28 +29,49 @@ def deployment(ckpt: Path, kernels: Path | None, root: Path) -> Path:
     src = deployment_for(ckpt, "cpu").parent
     if kernels is None:
         return src / "manifest.json"
-    dst = root / "peer"
-    shutil.copytree(src, dst)
+    return swapped(src, "kernels", kernels, root / "peer")
+
+
+def swapped(src: Path, module: str, kernels: Path, dst: Path) -> Path:
+    """The deployment folder src copied to dst with its module `module` replaced by the file
+    `kernels` (re-pinned): its manifest's path."""
+    if src != dst:
+        shutil.copytree(src, dst)
     m = json.loads((dst / "manifest.json").read_text())
-    mod = m["modules"]["kernels"]
+    mod = m["modules"][module]
     (dst / mod["source"]).write_bytes(kernels.read_bytes())
     mod["sha256"] = hashlib.sha256(kernels.read_bytes()).hexdigest()
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst / "manifest.json"
 
 
-def measure(model, ids: list[int], new: int) -> dict[str, float]:
+def measure(model, ids: list[int], new: int, batch: int = 16) -> dict[str, float]:
     from kern.generation.params import SamplingParams
 
     one = model.generate(ids, max_tokens=new, ignore_eos=True)
     t = time.perf_counter()
-    gens = model.generate_batch([ids[:len(ids) - i] for i in range(16)],
+    gens = model.generate_batch([ids[:len(ids) - i] for i in range(batch)],
                                 SamplingParams(max_tokens=new, ignore_eos=True))
-    batch = sum(len(g.tokens) for g in gens) / (time.perf_counter() - t)
+    wide = sum(len(g.tokens) for g in gens) / (time.perf_counter() - t)
     long = (ids * 64)[:256]
     t = time.perf_counter()
     model.generate(long, max_tokens=1)
-    return {"decode_1": one.decode_tok_s, "batch_16": batch, "prefill_256": 256 / (time.perf_counter() - t)}
+    return {"decode_1": one.decode_tok_s, f"batch_{batch}": wide, "prefill_256": 256 / (time.perf_counter() - t)}
+
+
+def side_by_side(models: dict, ids: list[int], new: int, repeats: int, batch: int = 16) -> dict:
+    """Each model measured `repeats` times, interleaved: medians, the first's ratio to the
+    second's, the machine."""
+    runs: dict[str, list[dict]] = {n: [] for n in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            model.loop.paging.pool.clear()  # every run computes its prompts (no cached prefix)
+            runs[name].append(measure(model, ids, new, batch))
+    out = {n: {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]} for n, rs in runs.items()}
+    first, second = list(out)
+    out["ratio"] = {k: round(out[first][k] / out[second][k], 3) for k in out[second]}
+    out["machine"] = f"{os.cpu_count()} cores"
+    return out
 
 
 def main() -> None:
@@ -70,15 +91,7 @@ def main() -> None:
         tok = models["invariant"].tokenizer
         ids = tok.encode(tok.chat([{"role": "user", "content":
                                     "Write a short story about a lighthouse keeper and a storm."}]))
-        runs: dict[str, list[dict]] = {n: [] for n in models}
-        for _ in range(args.repeats):
-            for name, model in models.items():
-                model.loop.paging.pool.clear()  # every run computes its prompts (no cached prefix)
-                runs[name].append(measure(model, ids, args.new))
-    out = {n: {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]} for n, rs in runs.items()}
-    out["ratio"] = {k: round(out["invariant"][k] / out["peer"][k], 3) for k in out["peer"]}
-    out["machine"] = f"{os.cpu_count()} cores"
-    print(json.dumps(out))
+        print(json.dumps(side_by_side(models, ids, args.new, args.repeats)))
 
 
 if __name__ == "__main__":

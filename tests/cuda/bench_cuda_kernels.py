@@ -1,6 +1,7 @@
 """Time the llama kernels on the GPU (not a test; run by hand on the device):
 
     PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
+    PYTHONPATH=src:tests/cuda ncu -k attention_decode --set full python3 tests/cuda/bench_cuda_kernels.py ncu_attention
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
 they include) are built and timed beside the working tree's kernels ("new").
@@ -127,6 +128,71 @@ def bench_attention(gpus: dict, rng, lines: list[str]) -> None:
             for st in states:
                 st.free()
             gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
+
+
+GROUP_SHAPES = [("qwen3-30b-a3b", 32, 4, 128), ("llama-1b", 32, 8, 64)]  # (model, nq, nkv, head_dim)
+
+
+def _decode_attention_case(gpu: Gpu, rng, nq: int, nkv: int, hd: int, rows: int, ctx: int, n_copies: int):
+    """Decode attention's inputs as the decode program has them at context ctx (every row at
+    position ctx - 1, one layer of state, pages shuffled); n_copies of the state (L2)."""
+    pt, pps = 16, 1024 // 16
+    n_pages = rows * (-(-ctx // pt))
+    states = [gpu.put(rand_weights(rng, (n_pages, 1, 2, nkv, pt, hd), 1.0)) for _ in range(n_copies)]
+    table = np.zeros((rows, pps), np.int32)
+    table[:, : -(-ctx // pt)] = rng.permutation(n_pages).reshape(rows, -1)
+    return {"states": states, "table": gpu.put(table), "pos": gpu.put(np.full(rows, ctx - 1, np.int32)),
+            "q": gpu.put(R.rand_bf16(rng, (rows, nq * hd))), "pps": pps, "pt": pt}
+
+
+def _decode_attention_launch(gpu: Gpu, c: dict, i: int, nq: int, nkv: int, hd: int, rows: int, groups: int,
+                             n_splits: int, bufs):
+    po, pm, sem, o = bufs
+    return gpu.make("attention_decode", (rows, nkv * groups, n_splits), 128, c["q"], c["states"][i % len(c["states"])],
+                    c["table"], c["pos"], po, pm, sem, o, rows, c["pps"], 0, 1, nq, nkv, hd, c["pt"], 128, nq * hd)
+
+
+def bench_attention_groups(gpus: dict, rng, lines: list[str]) -> None:
+    """Decode attention as the decode program launches it at context 160 (split 128, the reach
+    bucket 256: 2 splits), with each head_groups that divides G (query heads a block: G /
+    head_groups). Versions in tests/cuda/_variants that predate head_groups run at 1 only."""
+    ctx, n_splits = 160, 2
+    for model, nq, nkv, hd in GROUP_SHAPES:
+        G = nq // nkv
+        for rows in (1, 16, 64):
+            state_bytes = rows * ctx * 2 * nkv * hd * 2
+            c = _decode_attention_case(gpus["new"], rng, nq, nkv, hd, rows, ctx, copies(state_bytes))
+            bufs = (gpus["new"].empty(rows * nq * n_splits * hd * 4), gpus["new"].empty(rows * nq * n_splits * 8),
+                    gpus["new"].put(np.zeros(rows * nq, np.int32)), gpus["new"].empty(rows * nq * hd * 2))
+            res, outs = [], {}
+            for label, gpu in gpus.items():
+                for groups in [d for d in range(1, G + 1) if G % d == 0] if label != "old" else [1]:
+                    ls = [_decode_attention_launch(gpu, c, i, nq, nkv, hd, rows, groups, n_splits, bufs)
+                          for i in range(REPS)]
+                    us = time_graph(gpu, ls)
+                    outs[(label, groups)] = gpu.get(bufs[3], R.BF16, (rows, nq * hd)).view(np.uint16)
+                    res.append(f"{label}/{G // groups}h {us:7.2f}")
+            same = all(np.array_equal(v, outs[("new", 1)]) for v in outs.values())
+            lines.append(f"attn groups {model:<13} rows={rows:<2} ctx={ctx} us (version/heads a block): "
+                         + " | ".join(res) + f" | bits all equal: {same}")
+            print(lines[-1], flush=True)
+            for st in c["states"]:
+                st.free()
+            gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
+
+
+def ncu_attention(gpus: dict, rng, lines: list[str]) -> None:
+    """One launch of each version and head grouping at Qwen3-30B-A3B's shape, 1 row, context
+    160, no graph: the target of `ncu -k attention_decode`."""
+    model, nq, nkv, hd = GROUP_SHAPES[0]
+    c = _decode_attention_case(gpus["new"], rng, nq, nkv, hd, 1, 160, 1)
+    bufs = (gpus["new"].empty(nq * 2 * hd * 4), gpus["new"].empty(nq * 2 * 8), gpus["new"].put(np.zeros(nq, np.int32)),
+            gpus["new"].empty(nq * hd * 2))
+    for label, gpu in gpus.items():
+        for groups in (1, 2, 8) if label != "old" else (1,):
+            launch(_decode_attention_launch(gpu, c, 0, nq, nkv, hd, 1, groups, 2, bufs), gpu.stream)
+            gpu.stream.synchronize()
+            lines.append(f"ncu target launched: {label}, {nq // nkv // groups} heads a block")
 
 
 def bench_fused(gpus: dict, rng, lines: list[str]) -> None:
@@ -280,7 +346,7 @@ def main() -> None:
     from kern_models.llama.kernels.cuda import CUBINS
 
     out = Path(tempfile.mkdtemp())
-    CUBINS.build(out)
+    CUBINS.provide(out)  # the pinned cubins where their sources are unchanged, else nvcc
     CUBINS.build(out, srcs=CUBINS.sources(TEST_KERNEL_DIR))
     dev = open_device(0)
     gpus = {"new": Gpu(dev, out)}
@@ -303,14 +369,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
-    for f in (bench_gemv, bench_fused, bench_attention, bench_launch_overheads, bench_small, bench_cublaslt,
-              bench_gemm):
-        if only and f.__name__ not in only:
+    for f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, bench_launch_overheads, bench_small,
+              bench_cublaslt, bench_gemm, ncu_attention):
+        if only and f.__name__ not in only or not only and f is ncu_attention:
             continue
         try:
             if f is bench_launch_overheads:
                 f(gpu, lines)
-            elif f in (bench_gemv, bench_fused, bench_attention):
+            elif f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, ncu_attention):
                 f(gpus, rng, lines)
             else:
                 f(gpu, rng, lines)

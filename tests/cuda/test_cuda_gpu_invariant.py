@@ -99,8 +99,8 @@ def test_norm_gemm_rope_append_gives_each_row_the_gemv_bytes(gpu, hd, nq, nkv, r
 @pytest.mark.parametrize("split_tokens", [128, 64])
 def test_attention_rows_gives_a_prompt_row_the_bytes_of_the_token_decoded(gpu, nq, nkv, hd, split_tokens):
     """Three prompts packed as prefill rows (cu_seqlens), every position of each, against the
-    same tokens as decode rows (one a sequence, its page-table row, its position): one split,
-    several, a last split of one token."""
+    same tokens as decode rows (one a sequence, its page-table row, its position) at both ends of
+    decode's head grouping: one split, several, a last split of one token."""
     rng = np.random.default_rng(8)
     n_layers, layer, pt, pps = 2, 1, 16, 24
     lens = [5, split_tokens * 2 + 1, 300]
@@ -115,11 +115,14 @@ def test_attention_rows_gives_a_prompt_row_the_bytes_of_the_token_decoded(gpu, n
     gpu.run("attention_rows", (rows, nkv), 128, dq, dstate, gpu.put(page_table), gpu.put(cu), gpu.put(pos), pre,
             rows, len(lens), pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
     n_splits = -(-int(pos.max() + 1) // split_tokens)
-    part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 8)
-    sem, dec = gpu.put(np.zeros(rows * nkv, np.int32)), gpu.empty(rows * nq * hd * 2)
-    gpu.run("attention_decode", (rows, nkv, n_splits), 128, dq, dstate, gpu.put(page_table[seq]), gpu.put(pos),
-            part_o, part_ml, sem, dec, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
-    got, want = gpu.get(pre, np.uint16, (rows, nq * hd)), gpu.get(dec, np.uint16, (rows, nq * hd))
-    differ = np.flatnonzero((got != want).any(axis=1))
-    assert not len(differ), f"{len(differ)} of {rows} rows differ, first at sequence {seq[differ[0]]} " \
-                            f"position {pos[differ[0]]}"
+    got = gpu.get(pre, np.uint16, (rows, nq * hd))
+    for groups in (1, nq // nkv):  # a kv head's query heads in one block, or one a block (the gemv program's)
+        part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 8)
+        sem, dec = gpu.put(np.zeros(rows * nq, np.int32)), gpu.empty(rows * nq * hd * 2)
+        gpu.run("attention_decode", (rows, nkv * groups, n_splits), 128, dq, dstate, gpu.put(page_table[seq]),
+                gpu.put(pos), part_o, part_ml, sem, dec, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens,
+                width)
+        want = gpu.get(dec, np.uint16, (rows, nq * hd))
+        differ = np.flatnonzero((got != want).any(axis=1))
+        assert not len(differ), f"head groups {groups}: {len(differ)} of {rows} rows differ, first at sequence " \
+                                f"{seq[differ[0]]} position {pos[differ[0]]}"

@@ -213,6 +213,30 @@ def test_attention_decode_merges_its_own_splits(gpu, nq, nkv, hd, split_tokens):
         assert np.array_equal(bf(gpu, do, (rows, nq * hd)), first)
 
 
+@pytest.mark.parametrize("nq,nkv,hd,groups", [(32, 4, 128, 2), (16, 2, 64, 4), (8, 1, 256, 8)])
+def test_attention_decode_head_groups_give_the_same_bits(gpu, nq, nkv, hd, groups):
+    """A kv head's query heads split over `groups` blocks (grid y = n_kv_heads * groups): every
+    output bit as one block a kv head, with and without a split merge; the counters end at zero."""
+    rng = np.random.default_rng(9)
+    n_layers, layer, pt, pps, split_tokens = 2, 0, 16, 20, 128
+    pos = np.array([5, 160, 319], np.int32)
+    rows = len(pos)
+    page_table, state = _paged_state(rng, rows, pps, n_layers, nkv, pt, hd)
+    width = (nq + 2 * nkv) * hd
+    qkv, state_d, table_d, pos_d = gpu.put(R.rand_bf16(rng, (rows, width), 2.0)), gpu.put(state), \
+        gpu.put(page_table), gpu.put(pos)
+    n_splits = -(-(pps * pt) // split_tokens)
+    outs = []
+    for g in (1, groups):
+        part_o, part_ml = gpu.empty(rows * nq * n_splits * hd * 4), gpu.empty(rows * nq * n_splits * 2 * 4)
+        sem, do = gpu.put(np.zeros(rows * nq, np.int32)), gpu.empty(rows * nq * hd * 2)
+        gpu.run("attention_decode", (rows, nkv * g, n_splits), 128, qkv, state_d, table_d, pos_d, part_o, part_ml,
+                sem, do, rows, pps, layer, n_layers, nq, nkv, hd, pt, split_tokens, width)
+        outs.append(bf(gpu, do, (rows, nq * hd)))
+        assert not gpu.get(sem, np.int32, rows * nq).any()
+    assert np.array_equal(outs[0], outs[1])
+
+
 def test_attention_prefill_chunked_over_a_cached_prefix(gpu):
     rng = np.random.default_rng(7)
     nq, nkv, hd, n_layers, layer, pt, pps = 8, 2, 64, 1, 0, 16, 4

@@ -101,3 +101,31 @@ def test_the_wide_decode_splits_k_only_for_its_narrow_projections():
                      "gemm_residual_split"]
     assert m["programs"]["decode_wide"]["calls"][-2]["op"] == "norm_gemm_logits"
     assert m["buffers"]["w_gpart"]["shape"] == [{"mul": [{"mul": [{"ceil_div": ["wide_seqs", 64]}, 48]}, 8 * 4160]}]
+
+
+@pytest.mark.parametrize("heads,kv_heads,most,groups", [(32, 4, 4, 2), (32, 8, 4, 1), (9, 3, 4, 1), (16, 8, 4, 1),
+                                                        (12, 2, 4, 2), (14, 2, 4, 7), (8, 8, 4, 1), (32, 4, 1, 8),
+                                                        (9, 3, 1, 3), (12, 2, 2, 3)])
+def test_decode_attention_splits_a_large_group_of_query_heads_over_blocks(heads, kv_heads, most, groups):
+    """At most `most` query heads a decode attention block (a block's serial chain grows with its
+    heads): the fewest blocks a kv head whose share of its heads is a whole number at most that."""
+    from kern_models.llama.manifests.cuda import head_groups
+
+    s = shape_of({**TINY, "num_attention_heads": heads, "num_key_value_heads": kv_heads})
+    assert head_groups(s, most) == groups
+
+
+def test_the_decode_attention_grid_takes_the_head_groups(tmp_path):
+    """A group of 8 query heads a kv head (Qwen3-30B-A3B's): the gemv decode program launches a
+    block a query head (8 a kv head), the wide one a block of 4 (2 a kv head), and the split
+    counters have room for each (one a query head at most)."""
+    import json
+
+    cfg = {**TINY, "num_attention_heads": 16, "num_key_value_heads": 2}
+    m = json.loads(GENERATOR.generate(cfg, tmp_path, target="cuda", model="tiny").read_text())
+    op = m["ops"]["attention_decode"]
+    assert op["impl"]["launches"][0]["grid"][1] == {"mul": ["n_kv_heads", "head_groups"]}
+    for prog, p, groups in (("decode", "d_", 8), ("decode_wide", "w_", 2)):
+        (call,) = [c for c in m["programs"][prog]["calls"] if c["op"] == "attention_decode"]
+        assert call["args"][op["params"].index("head_groups: i32")] == {"value": groups}
+        assert m["buffers"][p + "sem"]["shape"] == [m["programs"][prog]["batch"]["groups"], "heads"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kern.api import Model
 from kern.deployments import deployment_for
 from kern.generation import SamplingParams
+from kern.pool import Plan
 from kern_models.llama.kernels.cpu import kernels as cpu
 
 # ---- the kernels: a row's bits whatever the rows beside it ------------------------------------
@@ -83,14 +84,24 @@ def _bytes(deltas) -> tuple:
             "".join(d.text for d in deltas), deltas[-1].finish_reason)
 
 
-def _drive(loop, arrivals: dict[int, list], preempt: tuple[str, int] | None = None) -> dict[str, tuple]:
+def _drive(loop, arrivals: dict[int, list], preempt: tuple[str, int] | None = None, park: bool = False
+           ) -> dict[str, tuple]:
+    """Every arrival added at its step; at preempt's step its request preempted (its lease
+    becomes a checkpoint) and, with park, that checkpoint parked in host memory."""
     out: dict[str, list] = {}
     step = 0
     while loop.has_work() or any(s >= step for s in arrivals):
         for rid, ids, params in arrivals.get(step, []):
             loop.add(rid, ids, params)
         if preempt is not None and step == preempt[1]:
+            written = next((s.written for s in loop.running if s.id == preempt[0]), None)
             loop.preempt(preempt[0])
+            if park and written:
+                pool = loop.paging.pool
+                for c in [c for c in pool.checkpoints() if len(c.tokens) == written and c.on_device]:
+                    plan = pool.park(c)
+                    assert isinstance(plan, Plan), plan  # the model's host memory holds it
+                    loop.paging.execute(plan)
         for d in loop.step():
             out.setdefault(d.request_id, []).append(d)
         step += 1
@@ -121,13 +132,12 @@ def scenarios(draw):
             "preempt": draw(st.one_of(st.none(), st.integers(1, 8))), "run_ahead": draw(st.sampled_from([1, 4]))}
 
 
-@settings(max_examples=10, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sc=scenarios())
-def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_preemption(smol, sc):
-    model, prompts, _ = smol
+def played(served, sc) -> tuple[tuple, tuple]:
+    """What the scenario's target request got, and what it gets alone. served: (a Model, two
+    prompts' token ids, a memo of the answers alone)."""
+    model, prompts, _ = served
     i, j = sc["target"]
-    want = _alone(smol, i, j)
+    want = _alone(served, i, j)
     _fresh(model, sc["budget"], sc["run_ahead"])
     prompt = prompts[i]
     if sc["cached"] is not None:  # its first tokens (up to all of them) computed by another request
@@ -139,7 +149,14 @@ def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_pr
         arrivals.setdefault(at, []).append((f"o{k}", ids, replace(PARAMS[p], seed=100 + k)))
     arrivals.setdefault(sc["at"], []).append(("target", prompt, PARAMS[j]))
     preempt = None if sc["preempt"] is None else ("target", sc["at"] + sc["preempt"])
-    got = _drive(model.loop, arrivals, preempt)["target"]
+    return _drive(model.loop, arrivals, preempt, sc.get("park", False))["target"], want
+
+
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(sc=scenarios())
+def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_preemption(smol, sc):
+    got, want = played(smol, sc)
     assert got == want
 
 

@@ -51,3 +51,15 @@ class Stepped:
 @pytest.fixture(scope="session")
 def kimi_model(kimi_dep, kimi_ckpt) -> Stepped:
     return Stepped(kimi_dep / "manifest.json", kimi_ckpt)
+
+
+@pytest.fixture(scope="session")
+def kimi_chunked(kimi_family, tmp_path_factory) -> Stepped:
+    """The same model's cpu deployment with the prompt's recurrence in 16-row chunks
+    (kda_form="chunked", sm_90a's form) instead of the default's token at a time."""
+    from kern_models.kimi_linear.generator import generate
+
+    ckpt, config, _ = kimi_family
+    dep = tmp_path_factory.mktemp("kimi_chunked")
+    generate(config, dep, target="cpu", model="tiny-kimi", tokens=64, seqs=4, context=256, kda_form="chunked")
+    return Stepped(dep / "manifest.json", ckpt)

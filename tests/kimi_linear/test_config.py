@@ -97,6 +97,15 @@ def test_a_config_it_cannot_build_is_one_line_naming_the_field(change, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("form", ["blocked", "Tokens", ""])
+def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tmp_path):
+    from kern_models.kimi_linear.generator import generate
+
+    with pytest.raises(ConfigError) as e:
+        generate({**BASE}, tmp_path, target="cpu", kda_form=form)
+    assert str(e.value) == f"kda_form {form!r}: the cpu recurrence's prompt form is one of tokens, chunked"
+
+
 def _kernels():
     path = Path(__file__).resolve().parents[2] / "models" / "kimi_linear" / "kernels" / "cpu" / "kernels.py"
     spec = importlib.util.spec_from_file_location("kimi_cpu_kernels", path)

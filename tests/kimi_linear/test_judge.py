@@ -1,5 +1,5 @@
 """kern test on the Kimi-Linear cpu deployment: against itself it PASSes; a bug planted in the
-recurrence's gate and one in the state's carry from chunk to chunk FAIL, each naming its span."""
+recurrence's gate and one in the state's carry from token to token FAIL, each naming its span."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ BUGS = {  # name -> (candidate maker, the span its FAIL must name)
     # the decay rate read as A_log itself, its exp forgotten: a gate that forgets too slowly
     "gate": (_kimi_bug([("f[:] = -(_exact(np.exp, a_log)", "f[:] = -(a_log.astype(F32)")], ["kda_gate"]),
              "kda_gate -> kda_gate"),
-    # the state carried into the next chunk without the chunk's decay
-    "carry": (_kimi_bug([("S = S * np.exp(last).transpose(0, 2, 1) + ", "S = S + ")], ["kda_chunked"]),
+    # the state carried from a prompt's token to the next without its decay (the cpu deployment's
+    # prefill runs the recurrence a token at a time, kda_tokens; the bug left decode's step alone)
+    "carry": (_kimi_bug([("S *= _exact(np.exp, g)[..., None]", "S *= F32(1)")], ["kda_chunked"]),
               "kda_chunked -> kda_chunked"),
 }
 
@@ -29,6 +30,7 @@ def test_the_reference_against_itself_passes(kimi_dep, kimi_ckpt):
     r = judge(kimi_dep, kimi_dep, kimi_ckpt, SMALL)
     print("\n".join(r.lines + [r.verdict.line]))
     assert (r.verdict.status, r.verdict.kind) == ("PASS", "bit-identical"), r.verdict.line
+    assert r.alone and all(x.holds for x in r.alone), [x.line("B") for x in r.alone]  # batch invariance: held
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

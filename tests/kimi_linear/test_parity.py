@@ -1,11 +1,13 @@
 """The Kimi-Linear cpu reference against transformers eager (fp32 from the same bf16 weights; its
 torch recurrence, no fla): teacher-forced logits at every position (KL, argmax agreement where
 the reference's top-1/top-2 margin is decisive), and chunked prefill against token by token
-(the recurrence's chunked form against its one-token step, the state carried across steps)."""
+(the prompt's recurrence, in either of the cpu deployment's forms, against its one-token step,
+the state carried across steps)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kern.drive.parity import compare, teacher_forced
 from kern.drive.raw_pages import raw
@@ -20,8 +22,14 @@ def test_teacher_forced_logits_match_transformers(kimi_model, kimi_ckpt):
     assert r["agree_decisive"] == 1.0, r
 
 
-def test_prefill_in_one_step_matches_transformers(kimi_model, kimi_ckpt):
-    """One prefill of 40 rows: the recurrence in chunks of 16 (two whole, one part) from zeros."""
+FORMS = pytest.mark.parametrize("form", ["kimi_model", "kimi_chunked"], ids=["token at a time", "chunked"])
+
+
+@FORMS
+def test_prefill_in_one_step_matches_transformers(form, kimi_ckpt, request):
+    """One prefill of 40 rows from zeros: the recurrence a token at a time (the deployment's
+    default) or in chunks of 16 (two whole, one part; sm_90a's form)."""
+    kimi_model = request.getfixturevalue(form)
     ids = np.random.default_rng(3).integers(0, 256, 40).tolist()
     pages = raw(kimi_model).take(3)
     try:
@@ -32,17 +40,21 @@ def test_prefill_in_one_step_matches_transformers(kimi_model, kimi_ckpt):
     assert r["max_kl"] <= 1e-4, r
 
 
-def test_chunked_prefill_equals_token_by_token(kimi_model):
+@FORMS
+def test_chunked_prefill_equals_token_by_token(form, kimi_model, request):
     """Prefill steps continue from the state the last step left (convolution window and
-    recurrence); decode steps one token: the same logits at each step's last row."""
+    recurrence); decode steps one token: the same logits at each step's last row (within
+    rounding for the chunked form; the default's are the same bytes, tests/kimi_linear/
+    test_invariance.py)."""
+    stepped = request.getfixturevalue(form)
     ids = np.random.default_rng(2).integers(0, 256, 50).tolist()
     one_by_one = teacher_forced(kimi_model, ids)
-    pages = raw(kimi_model).take(4)
+    pages = raw(stepped).take(4)
     try:
         pos = 0
         for size in (1, 2, 16, 17, 14):  # inside the window, a chunk +/- 1, a page boundary
-            _, logits = raw(kimi_model).step_rows(ids[pos:pos + size], pos, pages, ragged=True)
+            _, logits = raw(stepped).step_rows(ids[pos:pos + size], pos, pages, ragged=True)
             pos += size
             np.testing.assert_allclose(logits, one_by_one[pos - 1], rtol=0, atol=1e-3)
     finally:
-        raw(kimi_model).give(pages)
+        raw(stepped).give(pages)

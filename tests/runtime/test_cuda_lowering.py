@@ -220,7 +220,8 @@ def test_decode_layers_fuse_the_norms_at_any_width(tmp_path, qk_norm):
 
 
 def test_decode_attention_split_is_a_generator_choice(tmp_path):
-    """The decode attention grid covers the context bound in splits of decode_split tokens."""
+    """The decode attention grid covers the context bound in splits of decode_split tokens (grid
+    y: a block a query head, the gemv decode program's grouping: 2 kv heads x 2 heads each)."""
     cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256,
                tie_word_embeddings=True)
@@ -231,11 +232,11 @@ def test_decode_attention_split_is_a_generator_choice(tmp_path):
         prog, _ = _program(v, "decode")
         items = prog.resolve({**v.constants, "seqs": 2, "context": 512, "reach": 512})
         att = next(i for i in items if i.kernel.name == "attention_decode")
-        assert att.grid == (2, 2, z) and att.args[-2] == split  # split_tokens, then q_stride
+        assert att.grid == (2, 4, z) and att.args[-2] == split  # split_tokens, then q_stride
         # a step that reaches 100 positions launches the splits that hold them, not the bound's
         items = prog.resolve({**v.constants, "seqs": 2, "context": 512, "reach": 128})
         att = next(i for i in items if i.kernel.name == "attention_decode")
-        assert att.grid == (2, 2, -(-128 // split))
+        assert att.grid == (2, 4, -(-128 // split))
 
 
 def test_a_shape_the_kernels_cannot_run_is_refused_naming_every_problem(tmp_path):

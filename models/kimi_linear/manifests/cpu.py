@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kern_models.common.errors import ConfigError
 from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
 from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, stepping_program
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
@@ -20,7 +21,13 @@ from .common import constants, state_constants, states, weight_buffers
 
 F = "f32"
 MODULE = "kimi"
-KDA_CHUNK = 16  # prefill's chunk of the recurrence: small, so CI's short prompts cross chunks
+# The prompt's recurrence: "tokens" (the default) runs it a token at a time through decode's
+# step, so a request's bytes do not depend on where its prompt was cut, on a cache hit or on
+# the batch (docs/determinism.md); "chunked" is the chunk-by-chunk form sm_90a's prefill
+# kernel computes, faster on long prompts, whose bits depend on the cut (docs/perf.md has both).
+# The op keeps its name, kda_chunked, in either: kern test pairs it with sm_90a's.
+KDA_FORMS = ("tokens", "chunked")
+KDA_CHUNK = 16  # the chunked form's chunk: small, so CI's short prompts cross chunks
 HERE = Path(__file__).resolve().parent.parent
 MODULES = {  # module -> (file in the deployment's kernels/, source)
     "kernels": ("llama_cpu.py", HERE.parent / "llama" / "kernels" / "cpu" / "kernels.py"),
@@ -29,7 +36,7 @@ MODULES = {  # module -> (file in the deployment's kernels/, source)
 }
 
 
-def ops() -> dict:
+def ops(kda_form: str = "tokens") -> dict:
     def op(entry, *params):
         return {"params": list(params), "impl": {"launches": [{"module": MODULE, "entry": entry}]}}
 
@@ -45,8 +52,9 @@ def ops() -> dict:
         "kda_conv_decode": op("kda_conv_decode", "mix: inout buffer<f32>", "w: " + fb, "state: " + st,
                               "slot: " + ib, "pos: " + ib, *kda),
         "kda_gate": op("kda_gate", "f: inout buffer<f32>", "a_log: " + fb, "dt_bias: " + fb, "heads: i32"),
-        "kda_chunked": op("kda_chunked", "mix: " + fb, "g: " + fb, "b: " + fb, "state: " + st, "slot: " + ib,
-                          "cu_seqlens: " + ib, "pos: " + ib, "o: out buffer<f32>", *kda, "chunk: i32"),
+        "kda_chunked": op("kda_" + kda_form, "mix: " + fb, "g: " + fb, "b: " + fb, "state: " + st, "slot: " + ib,
+                          "cu_seqlens: " + ib, "pos: " + ib, "o: out buffer<f32>", *kda,
+                          *(["chunk: i32"] if kda_form == "chunked" else [])),
         "kda_step": op("kda_step", "mix: " + fb, "g: " + fb, "b: " + fb, "state: " + st, "slot: " + ib,
                        "pos: " + ib, "o: out buffer<f32>", *kda),
         "kda_out_norm": op("kda_out_norm", "o: " + fb, "gate: " + fb, "w: " + fb, "y: out buffer<f32>",
@@ -104,7 +112,7 @@ def _buffers(s: KimiShape, p: str, rows, decode: bool) -> dict:
     return out
 
 
-def _kda(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
+def _kda(s: KimiShape, p: str, l: int, decode: bool, kda_form: str) -> list[dict]:
     k = s.kda_layers.index(l)
     geo = [v(k), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv"), v("kda_slot_bytes")]
     kda, where = {"state": "kda"}, [b(p + "slot")] + ([] if decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
@@ -118,7 +126,7 @@ def _kda(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
         lin("h", f"kda_b_w.{l}", "beta"),
         {"op": "kda_step" if decode else "kda_chunked",
          "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, *where, b(p + "core"), *geo]
-         + ([] if decode else [v(KDA_CHUNK)])},
+         + ([v(KDA_CHUNK)] if not decode and kda_form == "chunked" else [])},
         lin("h", f"kda_ga_w.{l}", "low"), lin("low", f"kda_gb_w.{l}", "gate"),
         {"op": "kda_out_norm", "args": [b(p + "core"), b(p + "gate"), b(f"kda_o_norm.{l}"), b(p + "normed"),
                                         v("kda_heads"), v(s.eps)]},
@@ -165,7 +173,10 @@ def _mlp(s: KimiShape, p: str, l: int) -> list[dict]:
     ]
 
 
-def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
+def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None,
+          kda_form: str = "tokens") -> dict:
+    if kda_form not in KDA_FORMS:
+        raise ConfigError(f"kda_form {kda_form!r}: the cpu recurrence's prompt form is one of {', '.join(KDA_FORMS)}")
     context = context_of(s, context)
     buffers: dict = weight_buffers(s, F)
     programs: dict = {}
@@ -177,13 +188,13 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
             calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(s.eps)]} if l == 0 else
                          {"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"), b(p + "h"),
                                                          v(s.eps)]})
-            calls += (_kda if s.mixers[l] == KDA else _mla)(s, p, l, decode)
+            calls += _kda(s, p, l, decode, kda_form) if s.mixers[l] == KDA else _mla(s, p, l, decode)
             calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
                                                          v(s.eps)]})
             calls += _mlp(s, p, l)
         programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
-    all_ops = {**llama_ops(), **moe_ops(), **ops()}
+    all_ops = {**llama_ops(), **moe_ops(), **ops(kda_form)}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cpu"},
         "constants": {**constants(s), **state_constants(s, 4)},

@@ -34,6 +34,21 @@ WIDE_SEQS = 256
 # The longest context the generator offers: the model's own max_position_embeddings, clipped to
 # this (the decode partials and the rope table grow with it; longer is untested).
 MAX_CONTEXT = 32768
+# Query heads a decode attention block serves at most, by program: a kv head's group of G heads
+# is split over the fewest blocks that leave each a whole number of at most this many. A block
+# is one warp a scheduler walking its heads' scores and P.V in a chain, so fewer heads a block
+# is a shorter chain, until the blocks no longer fit on the GPU at once. The gemv decode program
+# (GEMV_SEQS rows by default) takes one head a block; the wide one (up to WIDE_SEQS) four. Measured
+# on the H200 at Qwen3-30B-A3B's G = 8 (cuda/KERNELS.md): 1 row 34.2 / 22.1 / 15.1 / 11.8 us
+# at 8 / 4 / 2 / 1 heads a block, 64 rows 58.6 / 50.5 / 61.9 / 88.3. The bits do not change.
+DECODE_GROUP_HEADS = 1
+WIDE_GROUP_HEADS = 4
+
+
+def head_groups(s: Shape, heads_a_block: int) -> int:
+    """The blocks that share one kv head's query heads in decode attention."""
+    g = s.heads // s.kv_heads
+    return next(d for d in range(1, g + 1) if g % d == 0 and g // d <= heads_a_block)
 
 
 def _qkv_slices(p: str):
@@ -154,20 +169,23 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     return calls
 
 
-def _decode_attention(p: str, rows: str, pages, split: int):
+def _decode_attention(s: Shape, p: str, rows: str, pages, split: int, heads_a_block: int):
     q, _, _ = _qkv_slices(p)
     return lambda l: {"op": "attention_decode", "args": [
         q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
         b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-        v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]})]}
+        v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
+        v(head_groups(s, heads_a_block))]}
 
 
-def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, rows: str = "seqs") -> list:
+def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, rows: str = "seqs",
+                  heads_a_block: int = DECODE_GROUP_HEADS) -> list:
     """Decode, one row a sequence (a CUDA graph of PDL launches), five launches a layer
     (_fused_layers). Attention's grid takes the context splits the step's reach holds, not the
     context bound's: at a context of 100, 2 blocks a (row, kv head) instead of 64 that mostly
-    leave at once. ops = GEMM_FAMILY: the wide decode program, the same bits for every row."""
-    calls = _fused_layers(s, p, rows, rows, pages, _decode_attention(p, rows, pages, split), ops)
+    leave at once. ops = GEMM_FAMILY: the wide decode program, the same bits for every row
+    (heads_a_block: WIDE_GROUP_HEADS there; the grouping does not change a bit)."""
+    calls = _fused_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, heads_a_block), ops)
     calls.append({"op": ops["logits"], "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
                                                 v(rows), v("vocab"), v("hidden"), v(s.eps)]})
     calls.append(_argmax(p, rows))
@@ -197,7 +215,7 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
     program's GEMM layers (cuBLASLt, weights read once a step for every row) with decode
     attention over each sequence's pages, and the LM head as a GEMM with fp32 output."""
     rows = "wide_seqs"
-    calls = _gemm_layers(s, p, rows, rows, pages, _decode_attention(p, rows, pages, split))
+    calls = _gemm_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, WIDE_GROUP_HEADS))
     calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
                                                 v("hidden")]})
     calls.append(_argmax(p, rows))
@@ -278,7 +296,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = buf([rows, "kv_heads"], "carry", "i32")
+            buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
         if prog == "decode" or invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _fused_layers
@@ -286,7 +304,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             calls = _decode_calls(s, p, pages, decode_split)
         elif prog == "decode_wide":
             family, tiles_x = _wide_family(s)
-            calls = (_decode_calls(s, p, pages, decode_split, family, rows) if invariant
+            calls = (_decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if invariant
                      else _wide_calls(s, p, pages, decode_split))
             if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}

@@ -12,9 +12,14 @@ A sequence whose rows start at position 0 starts from zeros, whatever its slot h
 needs no clearing between sequences. Each token t of a head:
   S <- diag(exp(g_t)) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t
 with q and k L2-normed (q also scaled by dim^-1/2), g_t <= 0 the per-channel log decay.
-Prefill computes this chunk by chunk (`chunk` rows): within a chunk a triangular solve, then
-one pass over the state per chunk; decode is the one-token step. Both give the same numbers
-up to rounding.
+Two forms of the prompt's recurrence: `kda_chunked`, chunk by chunk (`chunk` rows: within a
+chunk a triangular solve, then one pass over the state per chunk; the form sm_90a's prefill
+kernel computes), and `kda_tokens`, a token at a time through exactly decode's one-token step
+(`_step`). The cpu deployment's prefill takes `kda_tokens` (docs/determinism.md): a token's bits
+are then the same in a prompt cut anywhere, in one-token decode (a cached prompt's last token)
+and in any batch, because every token goes through the same calls of the same shapes. The
+chunked form's bits depend on where the prompt was cut (the chunk's triangular solve and its
+state update sum the chunk's rows in one order); the two agree up to rounding.
 
 MLA (multi-head latent attention), the paged `kv` state, a page (of page_tokens x token_bytes,
 the used part first) [layer][token][latent | key]:
@@ -131,12 +136,7 @@ def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads
     slot's state (zeros at position 0); the state after its last row written back.
     mix: convolved q | k | v; g [rows, heads * dim] log decay; b [rows, heads] beta's logits;
     o [rows, heads * dim]."""
-    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
-    for s in range(len(cu_seqlens) - 1):
-        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if r1 == r0:
-            continue
-        S = np.zeros_like(rec[0]) if pos[r0] == 0 else rec[slot[s]].copy()
+    def chunks(S, r0, r1):
         for c0 in range(r0, r1, chunk):
             rows = slice(c0, min(c0 + chunk, r1))
             q, k, v = (x.transpose(1, 0, 2) for x in _qkv(mix, rows, heads, dim))
@@ -144,20 +144,58 @@ def kda_chunked(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads
             beta = (F32(1) / (F32(1) + np.exp(-b[rows]))).T
             out, S = _chunk(S, q, k, v, gh, beta)
             o[rows] = out.transpose(1, 0, 2).reshape(-1, heads * dim)
-        rec[slot[s]] = S
+        return S
+
+    _sequences(chunks, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes)
+
+
+def _sequences(fold, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes):
+    """Each sequence's rows [r0, r1) folded into its slot's recurrent state by fold(S, r0, r1)
+    (which returns the state after them), from zeros at position 0."""
+    rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
+    for s in range(len(cu_seqlens) - 1):
+        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        if r1 > r0:
+            rec[slot[s]] = fold(np.zeros_like(rec[0]) if pos[r0] == 0 else rec[slot[s]].copy(), r0, r1)
+
+
+def _step(S, q, k, v, g, b):
+    """One token of each of n sequences, every head, S [n, heads, dim, dim] updated in place:
+    the outputs [n, heads, dim]. Each reduction is a matmul a (sequence, head) of one shape
+    ([1, dim] @ [dim, dim]: numpy hands BLAS the stacked items one at a time) and the rest
+    element-wise (exp and the sigmoid correctly rounded), so a token's bits depend on its
+    values and its S alone, never on how many tokens or sequences share the call."""
+    S *= _exact(np.exp, g)[..., None]
+    beta = F32(1) / (F32(1) + _exact(np.exp, -b))
+    delta = (v - (k[..., None, :] @ S)[..., 0, :]) * beta[..., None]
+    S += k[..., None] * delta[..., None, :]
+    return (q[..., None, :] @ S)[..., 0, :]
+
+
+def kda_tokens(mix, g, b, state, slot, cu_seqlens, pos, o, layer, layers, heads, dim, conv, slot_bytes):
+    """Prefill, the cpu deployment's: each sequence's rows a token at a time through decode's
+    step (`_step`), from its slot's state (zeros at position 0), the state written back. The
+    same arguments as kda_chunked but the chunk."""
+    def tokens(S, r0, r1):
+        q, k, v = _qkv(mix, slice(r0, r1), heads, dim)               # [n, heads, dim]
+        gh = g[r0:r1].reshape(-1, heads, dim)
+        bs = b[r0:r1]
+        for t in range(r1 - r0):  # a token at a time: S[None] is this sequence's state, one of one
+            one = slice(t, t + 1)
+            o[r0 + t] = _step(S[None], q[one], k[one], v[one], gh[one], bs[one]).reshape(-1)
+        return S
+
+    _sequences(tokens, state, slot, cu_seqlens, pos, layer, layers, heads, dim, conv, slot_bytes)
 
 
 def kda_step(mix, g, b, state, slot, pos, o, layer, layers, heads, dim, conv, slot_bytes):
-    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step."""
+    """Decode: one token a sequence (row r is sequence r's), the recurrence's one-token step
+    (_step, as kda_tokens takes each prompt token through it)."""
     rec, _ = _kda_slots(state, layer, layers, heads, dim, conv, slot_bytes)
-    q, k, v = _qkv(mix, slice(None), heads, dim)                      # [n, heads, dim]
     S = rec[slot].copy()                                             # [n, heads, dim, dim]
     S[pos == 0] = 0
-    S *= np.exp(g.reshape(-1, heads, dim))[..., None]
-    beta = (F32(1) / (F32(1) + np.exp(-b)))[..., None]
-    delta = (v - np.einsum("nhk,nhkv->nhv", k, S)) * beta
-    S += k[..., None] * delta[:, :, None, :]
-    o[:] = np.einsum("nhk,nhkv->nhv", q, S).reshape(len(pos), heads * dim)
+    q, k, v = _qkv(mix, slice(None), heads, dim)                      # [n, heads, dim]
+    o[:] = _step(S, q, k, v, g.reshape(-1, heads, dim), b).reshape(len(pos), -1)
     rec[slot] = S
 
 
@@ -211,42 +249,39 @@ def _softmax_rows(s):
     return s / s.sum(-1, keepdims=True)
 
 
+def _mla_row(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_tokens):
+    """One query row at position p attends over its sequence's first p + 1 latents with kv_b
+    absorbed: the query's key half mapped into latent space (q_nope @ kv_b's key half), scores
+    against the latents plus the key part's, the weighted latent mapped out through kv_b's
+    value half. Every call's shape is set by p and the weights alone (no mask, no padding)."""
+    lat, kr = _cached(pages, table, layer, p + 1, page_tokens, kv_lora)
+    qh = q.reshape(heads, nope + rope)
+    q_lat = np.einsum("hd,hdc->hc", qh[:, :nope], wb[:, :nope])
+    a = _softmax_rows((q_lat @ lat.T + qh[:, nope:] @ kr.T) * F32((nope + rope) ** -0.5))   # [heads, ctx]
+    o[:] = np.einsum("hc,hdc->hd", a @ lat, wb[:, nope:]).reshape(-1)
+
+
 def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
                   page_tokens, token_bytes):
     """Prefill: each sequence's rows (q [rows, heads * (nope + rope)]) attend causally to its
-    cached rows, expanded per head: k = [kv_b's key half @ latent | key part], v = kv_b's value
-    half @ latent. o [rows, heads * v_dim]."""
+    cached rows, o [rows, heads * v_dim]: a row at a time through decode's arithmetic (_mla_row),
+    so a prompt token's bits are the same in a chunk of any size and decoded after a cache hit.
+    (The form before expanded the latents into per-head keys and values over the chunk's
+    longest context under a causal mask: an order of summation the chunk set.)"""
     pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
-    scale = F32((nope + rope) ** -0.5)
     for s in range(len(cu_seqlens) - 1):
-        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if r1 == r0:
-            continue
-        p = pos[r0:r1]
-        lat, kr = _cached(pages, page_table[s], layer, int(p.max()) + 1, page_tokens, kv_lora)
-        k_nope = np.einsum("hdc,tc->htd", wb[:, :nope], lat)
-        v = np.einsum("hdc,tc->htd", wb[:, nope:], lat)
-        qh = q[r0:r1].reshape(-1, heads, nope + rope)
-        sc = (np.einsum("nhd,htd->hnt", qh[..., :nope], k_nope) + np.einsum("nhd,td->hnt", qh[..., nope:], kr)) * scale
-        sc = np.where(np.arange(len(lat))[None, None, :] > p[None, :, None], F32(-np.inf), sc)
-        o[r0:r1] = np.einsum("hnt,htd->nhd", _softmax_rows(sc), v).reshape(r1 - r0, heads * v_dim)
+        for r in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
+            _mla_row(q[r], pages, page_table[s], int(pos[r]), wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
 
 
 def mla_attention_decode(q, kv, page_table, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
                          page_tokens, token_bytes):
-    """Decode: one row a sequence attends over its latents with kv_b absorbed: the query's key
-    half mapped into latent space (q_nope @ kv_b's key half), scores against the latents plus
-    the key part's, the weighted latent mapped out through kv_b's value half."""
+    """Decode: one row a sequence (_mla_row)."""
     pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
-    scale = F32((nope + rope) ** -0.5)
     for r in range(len(pos)):
-        lat, kr = _cached(pages, page_table[r], layer, int(pos[r]) + 1, page_tokens, kv_lora)
-        qh = q[r].reshape(heads, nope + rope)
-        q_lat = np.einsum("hd,hdc->hc", qh[:, :nope], wb[:, :nope])
-        p = _softmax_rows((q_lat @ lat.T + qh[:, nope:] @ kr.T) * scale)   # [heads, ctx]
-        o[r] = np.einsum("hc,hdc->hd", p @ lat, wb[:, nope:]).reshape(-1)
+        _mla_row(q[r], pages, page_table[r], int(pos[r]), wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
 
 
 # ---- MoE router and the shared expert's sum -------------------------------------------------

@@ -1,16 +1,19 @@
 // Decode attention over the paged KV state (GQA, causal, fp32 softmax, scale 1/sqrt(head_dim)).
 //
-// One block per (query row r, kv head h, context split z), one query row per sequence
-// (rows = sequences): the block serves the G = n_q_heads / n_kv_heads query heads that share
-// kv head h (query head h*G + g, as transformers' repeat_kv), over context positions
-// [z*split_tokens, min(pos[r]+1, (z+1)*split_tokens)) of sequence r.
+// One block per (query row r, kv head h, head group hg, context split z), one query row per
+// sequence (rows = sequences): the G = n_q_heads / n_kv_heads query heads that share kv head h
+// (query head h*G + g, as transformers' repeat_kv) are served by HG = gridDim.y / n_kv_heads
+// blocks of G / HG heads each (block hg: heads h*G + hg*G/HG + g), over context positions
+// [z*split_tokens, min(pos[r]+1, (z+1)*split_tokens)) of sequence r. Every head's arithmetic
+// is the same whatever HG (its scores, its warp's softmax, its P.V slices, the merge): HG
+// shortens a block's serial chain at large G and does not change a bit.
 // Only the n_used = ceil((pos[r] + 1) / split_tokens) splits that hold context work: with one
 // the block writes o directly; with more, each writes its partial and the last block to arrive
-// (counter sem[r, h], i32, zero between launches, reset by that block) merges them in order
+// (counter sem[r, h*HG + hg], i32, zero between launches, reset by that block) merges them in order
 // z = 0, 1, ...: one launch, the same bits whichever block arrives last.
 // Layout: q [rows, q_stride] (query head hq at column hq*head_dim), o [rows,
 // n_q_heads*head_dim], both bf16. head_dim in {64, 128, 256}; G <= 8.
-// Grid (rows, n_kv_heads, n_splits), block DEC_THREADS (128, from table.py).
+// Grid (rows, n_kv_heads * HG, n_splits), block DEC_THREADS (128, from table.py).
 #include "common.cuh"
 
 #if !defined(DEC_THREADS)
@@ -62,16 +65,33 @@ __device__ __forceinline__ void fold_split(float &M, float &L, float &A, float m
     M = Mn;
 }
 
-// One split of row r's context, positions [t0, t1), for the G query heads of kv head h: leaves
-// each thread's unnormalised outputs in A[j] ((head, dim) i = tid + 128 j, i < G * head_dim)
-// and the split's running max and sum in sm.m, sm.l. page0: the first tile's page numbers,
-// read by the caller (decode reads them before its PDL wait); pdl: wait for the previous
-// kernel before the row at p_last and q are read.
+// This block's query heads: gridDim.y = n_kv_heads * HG blocks share the kv heads, HG a kv head,
+// each serving G of its heads from hq0 on (G = n_q_heads / n_kv_heads / HG), as the header says.
+struct HeadGroup {
+    int h, G, hq0;  // kv head, query heads, the first of them
+};
+__device__ __forceinline__ HeadGroup head_group(int n_q_heads, int n_kv_heads) {
+    const int HG = gridDim.y / n_kv_heads, G = n_q_heads / n_kv_heads / HG, h = blockIdx.y / HG;
+    return {h, G, h * (G * HG) + (int)blockIdx.y % HG * G};
+}
+
+// Whether the launch's grid suits the heads: a whole group of at most ATTN_MAX_G query heads a
+// kv head, gridDim.y a multiple of n_kv_heads that divides each group evenly.
+__device__ __forceinline__ bool head_groups_fit(int n_q_heads, int n_kv_heads) {
+    const int G = n_q_heads / n_kv_heads, HG = gridDim.y / n_kv_heads;
+    return G <= ATTN_MAX_G && HG >= 1 && gridDim.y % n_kv_heads == 0 && G % HG == 0;
+}
+
+// One split of row r's context, positions [t0, t1), for the block's query heads (of kv head
+// heads.h): leaves each thread's unnormalised outputs in A[j] ((head, dim) i = tid + 128 j,
+// i < G * head_dim) and the split's running max and sum in sm.m, sm.l. page0: the first tile's
+// page numbers, read by the caller (decode reads them before its PDL wait); pdl: wait for the
+// previous kernel before the row at p_last and q are read.
 template <int HD>
 __device__ void attend_split(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                              const int *__restrict__ pt_row, const int (&page0)[DEC_TILE_ELEMS / HD * (HD / 8) / 128],
-                             int r, int h, int p_last, int t0, int t1, int layer, int n_layers,
-                             int n_q_heads, int n_kv_heads, int page_tokens, int q_stride, bool pdl,
+                             int r, HeadGroup heads, int p_last, int t0, int t1, int layer, int n_layers,
+                             int n_kv_heads, int page_tokens, int q_stride, bool pdl,
                              float (&A)[DEC_PER_THREAD(HD)], DecSmem &sm) {
     constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
     constexpr int KP = HD + 8;                // padded K row (bf16): conflict-free 16-byte reads
@@ -80,7 +100,7 @@ __device__ void attend_split(const bf16 *__restrict__ q, const char *__restrict_
     constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
     constexpr int DP = HD / 2;                // P.V: dim pairs, one a thread
     constexpr int TS = 128 / DP;              // P.V: token slices
-    const int G = n_q_heads / n_kv_heads;
+    const int h = heads.h, G = heads.G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
@@ -118,7 +138,7 @@ __device__ void attend_split(const bf16 *__restrict__ q, const char *__restrict_
         if (tb != t0) load_tile(tb, nt, 2);
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * LOG2E;
-            const bf16 *qh = q + (size_t)r * q_stride + (size_t)h * G * HD;
+            const bf16 *qh = q + (size_t)r * q_stride + (size_t)heads.hq0 * HD;
             for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(__ldcg(qh + i)) * qscale;
             if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
         }
@@ -234,8 +254,9 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
                               int *__restrict__ sem, bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
                               int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
                               int q_stride, DecSmem &sm) {
-    const int h = blockIdx.y, z = blockIdx.z, n_splits = gridDim.z;
-    const int G = n_q_heads / n_kv_heads, tid = threadIdx.x;
+    const int z = blockIdx.z, n_splits = gridDim.z, tid = threadIdx.x;
+    const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
+    const int G = heads.G;
     const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
     // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
@@ -250,13 +271,13 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     if (z >= n_used) return;
     const int t1 = min(p_last + 1, t0 + split_tokens);
     float A[DEC_PER_THREAD(HD)];
-    attend_split<HD>(q, kv_state, pt_row, page0, r, h, p_last, t0, t1, layer, n_layers, n_q_heads, n_kv_heads,
-                     page_tokens, q_stride, true, A, sm);
+    attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads, page_tokens,
+                     q_stride, true, A, sm);
 #pragma unroll
     for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
         const int i = tid + 128 * j;
         if (i >= G * HD) break;
-        const int g = i / HD, d = i % HD, hq = h * G + g;
+        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
         if (n_used == 1) {
             float M = -INFINITY, L = 0.f, a = 0.f;
             fold_split(M, L, a, sm.m[g], sm.l[g], A[j]);
@@ -269,13 +290,13 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     }
     if (n_used == 1) return;
 
-    // The last of the n_used blocks of (r, h) to finish merges them: fold_split over z = 0, 1,
-    // ... in order (the same bits whichever block is last). sem[r, h] counts arrivals and is
-    // reset by the merging block.
+    // The last of the n_used blocks of (r, h, hg) to finish merges them: fold_split over z = 0,
+    // 1, ... in order (the same bits whichever block is last). sem[r, h*HG + hg] counts arrivals
+    // and is reset by the merging block.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        int *cnt = sem + (size_t)r * n_kv_heads + h;
+        int *cnt = sem + (size_t)r * gridDim.y + blockIdx.y;
         const bool last = atomicAdd(cnt, 1) == n_used - 1;
         if (last) atomicExch(cnt, 0);
         sm.merge = last;
@@ -284,7 +305,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     if (!sm.merge) return;
     __threadfence();
     for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = h * G + g;
+        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
         const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
         float M = -INFINITY, L = 0.f, a = 0.f;
         for (int zz = 0; zz < n_used; ++zz)
@@ -296,7 +317,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
 
 // attention_rows: a prompt row's attention in decode's order. Row r of sequence s (cu_seqlens)
 // attends to positions 0 .. pos[r] of s, split by split_tokens as attention_decode splits a
-// decode row's context; this block (r, h) takes the splits in turn, each exactly as decode's
+// decode row's context; this block (r, h, hg) takes the splits in turn, each exactly as decode's
 // block z computes it, and folds them in order as decode's merge does: the same bits as the
 // token decoded. Every row re-reads its own context (no K/V tile is shared among the rows of a
 // prompt), the price of that order: docs/determinism.md.
@@ -306,7 +327,8 @@ __device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__
                             const int *__restrict__ pos, bf16 *__restrict__ o, int r, int n_seqs,
                             int pages_per_seq, int layer, int n_layers, int n_q_heads, int n_kv_heads,
                             int page_tokens, int split_tokens, int q_stride, DecSmem &sm) {
-    const int h = blockIdx.y, G = n_q_heads / n_kv_heads, tid = threadIdx.x;
+    const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
+    const int G = heads.G, tid = threadIdx.x;
     const int *pt_row = page_table + (size_t)seq_of_row(cu_seqlens, n_seqs, r) * pages_per_seq;
     const int p_last = pos[r];
     const int n_used = (p_last + split_tokens) / split_tokens;
@@ -317,8 +339,8 @@ __device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__
         const int t0 = z * split_tokens, t1 = min(p_last + 1, t0 + split_tokens);
         int page0[DEC_TILE_ELEMS / HD * (HD / 8) / 128];
         first_pages<HD>(page0, pt_row, t0, pages_per_seq, page_tokens);
-        attend_split<HD>(q, kv_state, pt_row, page0, r, h, p_last, t0, t1, layer, n_layers, n_q_heads,
-                         n_kv_heads, page_tokens, q_stride, false, A, sm);
+        attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads,
+                         page_tokens, q_stride, false, A, sm);
 #pragma unroll
         for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
             const int i = tid + 128 * j;
@@ -333,7 +355,7 @@ __device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__
         const int i = tid + 128 * j;
         if (i >= G * HD) break;
         const int g = i / HD, d = i % HD;
-        o[(size_t)r * n_q_heads * HD + (size_t)(h * G + g) * HD + d] = to_bf(Acc[j] / L[j]);
+        o[(size_t)r * n_q_heads * HD + (size_t)(heads.hq0 + g) * HD + d] = to_bf(Acc[j] / L[j]);
     }
 }
 
@@ -352,7 +374,7 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     // returns after this kernel, which finished after the qkv projection.
     pdl_launch_dependents();
     const int r = blockIdx.x;
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+    if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {
@@ -371,7 +393,7 @@ attention_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state, co
                int page_tokens, int split_tokens, int q_stride) {
     __shared__ DecSmem sm;
     const int r = blockIdx.x;
-    if (r >= rows || n_q_heads / n_kv_heads > ATTN_MAX_G) return;
+    if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
 #define ROW_ARGS q, kv_state, page_table, cu_seqlens, pos, o, r, n_seqs, pages_per_seq, layer, n_layers, \
                  n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {

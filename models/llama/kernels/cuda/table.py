@@ -127,13 +127,14 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
                                                                      "page_tokens", "kv_stride")),
            ("rows", "n_kv_heads"), (32,)),
     # sem: the split counters, zero between launches (the merging block resets them), so the
-    # launch leaves it as it found it and does not list it among its writes.
+    # launch leaves it as it found it and does not list it among its writes. head_groups: the
+    # blocks that share a kv head's query heads (a divisor of the group; only the grid reads it).
     Kernel("attention", "attention_decode", (
         _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("pos", "i32"), _buf("part_o", "f32", "out"),
         _buf("part_ml", "f32", "out"), _buf("sem", "i32", "inout"), _buf("o", direction="out"),
         *_ints("rows", "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "page_tokens",
                "split_tokens", "q_stride")),
-           ("rows", "n_kv_heads", "n_splits"), (TILES["DEC_THREADS"],), Pdl.EARLY, "kv",
+           ("rows", {"mul": ["n_kv_heads", "head_groups"]}, "n_splits"), (TILES["DEC_THREADS"],), Pdl.EARLY, "kv",
            writes=("part_o", "part_ml", "o")),
     Kernel("prefill_attention", "prefill_attention", (
         _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
@@ -206,7 +207,7 @@ OPS = {
     "add_rms_norm": Op(("add_rms_norm",)), "rope_table": Op(("rope_table",)), "rope": Op(("rope",)),
     "qk_norm_rope": Op(("qk_norm_rope",)), "qk_norm_rope_append": Op(("qk_norm_rope_append",)),
     "kv_append": Op(("kv_append",)),
-    "attention_decode": Op(("attention_decode",), (*_ATTN, "n_splits: i32")),
+    "attention_decode": Op(("attention_decode",), (*_ATTN, "n_splits: i32", "head_groups: i32")),
     "attention_prefill": Op(("prefill_attention",)), "silu_mul": Op(("silu_mul",)),
     "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
     "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
