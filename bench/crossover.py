@@ -47,15 +47,16 @@ def measure(args, context: int) -> None:
     runner = model.loop.runner
     k = args.steps
     best: dict[int, dict[str, float]] = {}
-    for st in runner.decoders:
+    decoders = list(runner.decoders)
+    for st in decoders:
         if args.programs and st.program not in args.programs.split(","):
             continue
         for n in [int(b) for b in args.batch.split(",")]:
             if n > st.groups_max:
                 continue
             feeds = [runner.scratch_feed(args.reach - k, k)] * n
-            runner.stepper_for = lambda f, st=st: st  # this program whatever the batch
-            runner.sizes = list(range(1, st.groups_max + 1))  # no padding: the batch as it is
+            runner.decoders = [st]  # this program whatever the batch (run_ahead takes the first that holds it)
+            runner.sizes = runner.ahead_sizes = list(range(1, st.groups_max + 1))  # no padding: the batch as it is
             runner.run_ahead(feeds, k)  # capture
             t0 = time.perf_counter()
             for _ in range(args.repeats):
@@ -63,13 +64,13 @@ def measure(args, context: int) -> None:
             ms = (time.perf_counter() - t0) * 1e3 / (args.repeats * k)
             t0 = time.perf_counter()
             for _ in range(args.repeats):  # one step a host wait: the host's part included
-                runner._run(st, feeds, False)
+                runner._launch(st, feeds, False)()
             one = (time.perf_counter() - t0) * 1e3 / args.repeats
             best.setdefault(n, {})[st.program] = ms
             print(json.dumps({"shape": args.shape, "context": context, "program": st.program, "batch": n,
                               "step_ms": round(ms, 3), "tok_s": round(n / ms * 1e3), "single_step_ms": round(one, 3)}),
                   flush=True)
-    wide = runner.decoders[-1].program
+    wide = decoders[-1].program
     over = [n for n, t in sorted(best.items()) if len(t) > 1 and t[wide] < min(v for p, v in t.items() if p != wide)]
     print(json.dumps({"shape": args.shape, "context": context, "wide_faster_from": over[0] if over else None,
                       "steps": best}))

@@ -45,8 +45,13 @@ grep "layer projections" "$OUT/gemm.txt"
 for side in base new; do
   if [ $side = base ]; then tree=$BASE; e=$BASE_ENV; else tree=$NEW; e=$NEW_ENV; fi
   cd "$tree" || exit 1
-  env $e timeout 200 python3 bench/crossover.py --batch 1,16,64 --repeats 5 2> /dev/null \
+  # NEW's crossover.py for both trees (a base whose copy still calls Runner._run, gone since the
+  # runner launches without waiting, dies before its first line). It prints a JSON line a
+  # (program, batch), each with "program", then a summary line without it; its stderr (the
+  # checkpoint's progress, any traceback) goes to a file that comes back.
+  env $e timeout 200 python3 "$NEW/bench/crossover.py" --batch 1,16,64 --repeats 5 2> "$OUT/decode_$side.err" \
     | grep '"program"' > "$OUT/decode_$side.jsonl"
+  [ -s "$OUT/decode_$side.jsonl" ] || tail -5 "$OUT/decode_$side.err"
   mkdir -p "/tmp/serve_$side"
   env $e OUT="/tmp/serve_$side" PEER=none CONC=32,128 LONE=0 LONG_PROMPT=0 timeout 400 bash bench/serve_gpu.sh \
     > "$OUT/serve_$side.log" 2>&1
