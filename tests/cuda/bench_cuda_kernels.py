@@ -318,24 +318,34 @@ def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(32, 128, 2048)) -> N
     from kern.runtime.devices.cuda.cublaslt import CublasLt
     lt = CublasLt()
     eps = 1e-5
+    from kern_models.llama.kernels.cuda.table import TILES
+    big_tiles, big_rows = TILES["GEMM_BIG_TILES"], TILES["GEMM_BIG_ROWS"]
     for M in row_counts:
-        split = M <= 256
-        ours = lib = 0.0
+        sums = {"split": 0.0, "big": 0.0, "cublaslt": 0.0}
         for N, K, normed in [(3072, 2048, True), (2048, 2048, False), (16384, 2048, True), (2048, 8192, False)]:
-            x, nw, W = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (K,))), gpu.put(rand_weights(rng, (N, K)))
+            x, nw, W = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (N, K))), gpu.put(rand_weights(rng, (N, K)))
             y = gpu.empty(M * N * 4)
-            grid = (-(-N // 64), -(-M // 64), 8 if split else 1)
-            extra = (gpu.empty(grid[0] * grid[1] * 8 * 4160 * 4), gpu.put(np.zeros(grid[0] * grid[1], np.int32))) \
-                if split else ()
-            name = ("norm_gemm_bf16" if normed else "gemm_residual") + ("_split" if split else "")
-            args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
-            us = time_graph(gpu, [gpu.make(name, grid, 128, *args) for _ in range(REPS)])
-            lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2))
+            base = "norm_gemm_bf16" if normed else "gemm_residual"
+            for kind in ("split", "big"):
+                if kind == "split":
+                    if M > 256:
+                        continue
+                    grid, block, smem, name = (-(-N // 64), -(-M // 64), 8), 128, TILES["GEMM_SMEM"], base + "_split"
+                    extra = (gpu.empty(grid[0] * grid[1] * 8 * TILES["GEMM_PART"] * 4),
+                             gpu.put(np.zeros(grid[0] * grid[1], np.int32)))
+                else:
+                    grid, block, smem, name = (-(-N // (16 * big_tiles)), -(-M // big_rows)), 256, TILES["GEMM_BIG_SMEM"], base
+                    extra = ()
+                args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
+                us = time_graph(gpu, [gpu.make(name, grid, block, *args, shared_mem=smem) for _ in range(REPS)])
+                lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2) + f" {2 * M * N * K / us / 1e6:7.1f} TFLOP/s")
+                sums[kind] += us
             us_lt = cublaslt_us(lt, gpu, x, W, y, M, N, K)
-            lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2))
-            ours, lib = ours + us, lib + us_lt
-        lines.append(f"{f'layer projections at {M} rows':<44} gemm {ours:8.1f} us  cublaslt {lib:8.1f} us  "
-                     f"ratio {ours / lib:5.2f}")
+            lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2) + f" {2 * M * N * K / us_lt / 1e6:7.1f} TFLOP/s")
+            sums["cublaslt"] += us_lt
+        lib = sums["cublaslt"]
+        lines.append(f"{f'layer projections at {M} rows':<44} " + "  ".join(
+            f"{k} {v:8.1f} us ({v / lib:5.2f})" for k, v in sums.items() if v))
         print(lines[-1], flush=True)
 
 

@@ -7,14 +7,24 @@ import numpy as np
 import pytest
 
 import cuda_refs as R
+from kern_models.llama.kernels.cuda.table import TILES
 from test_cuda_gpu_kernels import _paged_state, _table
 
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-5
 # (rows, N, K): K of less than a unit (256), a partial last unit (576 = 2.25 units), one unit a
-# partial (2048), four (8192); rows past one 64-row block and N past one 64-row tile
-SHAPES = [(1, 64, 200), (5, 960, 576), (70, 1536, 576), (37, 2048, 2048), (130, 200, 8192)]
+# partial (2048), four (8192); rows past one 64-row block (the split's) and one 128-row block
+# (prefill's), N past one tile of either
+SHAPES = [(1, 64, 200), (5, 960, 576), (70, 1536, 576), (37, 2048, 2048), (130, 200, 8192), (259, 1040, 1024)]
+
+
+BIG_SMEM, SPLIT_SMEM = TILES["GEMM_BIG_SMEM"], TILES["GEMM_SMEM"]
+
+
+def _big(n_tiles: int, rows: int) -> tuple:
+    """Prefill's gemm entries: grid and block (GEMM_BIG_TILES gemv tiles and GEMM_BIG_ROWS rows a block)."""
+    return (-(-n_tiles // TILES["GEMM_BIG_TILES"]), -(-rows // TILES["GEMM_BIG_ROWS"])), 256
 
 
 def _both(gpu, gemv: str, gemm: str, rows: int, n_tiles: int, out_of) -> None:
@@ -23,17 +33,17 @@ def _both(gpu, gemv: str, gemm: str, rows: int, n_tiles: int, out_of) -> None:
     runs a kernel over rows r0 .. r0 + n (at the start of fresh buffers; scratch: the split
     variant's part and sem, after the pointers) and returns its outputs, the rows' first."""
     ref = out_of(lambda *a: gpu.run(gemv, n_tiles, 256, *a), rows, 0, ())
+    got = out_of(lambda *a: gpu.run(gemm, *_big(n_tiles, rows), *a, shared_mem=BIG_SMEM), rows, 0, ())
     grid = (-(-n_tiles // 4), -(-rows // 64))
-    got = out_of(lambda *a: gpu.run(gemm, grid, 128, *a), rows, 0, ())
     sem = gpu.put(np.zeros(grid[0] * grid[1], np.int32))
-    split = out_of(lambda *a: gpu.run(gemm + "_split", (*grid, 8), 128, *a), rows, 0,
-                   (gpu.empty(grid[0] * grid[1] * 8 * 4160 * 4), sem))
+    split = out_of(lambda *a: gpu.run(gemm + "_split", (*grid, 8), 128, *a, shared_mem=SPLIT_SMEM), rows, 0,
+                   (gpu.empty(grid[0] * grid[1] * 8 * TILES["GEMM_PART"] * 4), sem))
     for a, b, c in zip(ref, got, split):
         assert np.array_equal(a, b), f"{gemm} at {rows} rows != {gemv}"
         assert np.array_equal(a, c), f"{gemm}_split at {rows} rows != {gemv}"
     assert not gpu.get(sem, np.int32, grid[0] * grid[1]).any(), "the split counters are back at zero"
     for r in sorted({0, rows // 2, rows - 1}):
-        alone = out_of(lambda *a: gpu.run(gemm, (-(-n_tiles // 4), 1), 128, *a), 1, r, ())
+        alone = out_of(lambda *a: gpu.run(gemm, *_big(n_tiles, 1), *a, shared_mem=BIG_SMEM), 1, r, ())
         assert np.array_equal(alone[0][0], got[0][r]), f"{gemm}: row {r} alone != row {r} of {rows}"
 
 
@@ -51,7 +61,8 @@ def test_norm_gemm_and_gemm_residual_give_each_row_the_gemv_bytes(gpu, rows, N, 
     # the f32 LM head has no split variant (its vocabulary gives blocks enough)
     y32 = [gpu.empty(rows * N * 4) for _ in range(2)]
     gpu.run("norm_gemv_f32", -(-N // 16), 256, gpu.put(res), dnw, dW, y32[0], rows, N, K, EPS)
-    gpu.run("norm_gemm_f32", (-(-N // 64), -(-rows // 64)), 128, gpu.put(res), dnw, dW, y32[1], rows, N, K, EPS)
+    gpu.run("norm_gemm_f32", *_big(-(-N // 16), rows), gpu.put(res), dnw, dW, y32[1], rows, N, K, EPS,
+            shared_mem=BIG_SMEM)
     assert np.array_equal(*(gpu.get(y, np.uint32, (rows, N)) for y in y32)), "norm_gemm_f32 != norm_gemv_f32"
 
     def residual(run, n, r0, scratch):

@@ -25,6 +25,10 @@ TILES = {
     "DEC_THREADS": 128,   # attention_decode: 4 warps
     "GEMM_TILES": 4,      # gemm: gemv tiles (16 W rows or 8 pairs) a block, beside 64 x rows
     "GEMM_PART": 4160,    # gemm *_split: scratch floats a (tile, partial): 32 x 128 accumulators, 64 row sums
+    "GEMM_SMEM": 41744,   # gemm *_split: dynamic shared memory (3 stages of 64 + 64 rows, the rows' lane sums)
+    "GEMM_BIG_TILES": 8,  # prefill's gemm: gemv tiles a block, beside GEMM_BIG_ROWS x rows, 8 warps
+    "GEMM_BIG_ROWS": 128,
+    "GEMM_BIG_SMEM": 165392,  # 4 stages of 2 steps of 128 + 128 rows, the rows' lane sums (gemm.cu's GemmCfg)
 }
 
 class Pdl(Enum):
@@ -47,6 +51,7 @@ class Kernel:
     # step's inputs; "kv": also K/V rows of earlier positions; "": nothing or no PDL).
     before_wait: str = ""
     writes: tuple[str, ...] | None = None  # params it writes, when not every out/inout param
+    shared_mem: int = 0  # dynamic shared memory, bytes
 
     def c_kinds(self) -> tuple[str, ...]:
         """ptr, i32 or f32 for each parameter, as the cubin's layout has them."""
@@ -65,7 +70,13 @@ EPS = "eps: f32"
 GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
 GEMV_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"]]},)
 PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes pairs of W rows
-# gemm.cu: a block takes GEMM_TILES gemv tiles and 64 rows, 4 warps
+# gemm.cu: prefill's entries take GEMM_BIG_TILES gemv tiles and GEMM_BIG_ROWS rows a block, 8
+# warps; the split variants GEMM_TILES tiles and 64 rows, 4 warps.
+GEMM_BIG_BLOCK = (256,)
+GEMM_BIG_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_BIG_TILES"]]},
+                 {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
+GEMM_BIG_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_BIG_TILES"]]},
+                        {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
 GEMM_BLOCK = (128,)
 GEMM_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
 GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
@@ -152,13 +163,14 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
            ("rows", "n_kv_heads"), (TILES["DEC_THREADS"],)),
     # gemm.cu: the gemv projections' twins for many rows, the same bits for every row.
     *(Kernel("gemm", e.replace("gemv", "gemm"), BY_GEMV[e].params,
-             GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID, GEMM_BLOCK)
+             GEMM_BIG_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_BIG_GRID, GEMM_BIG_BLOCK,
+             shared_mem=TILES["GEMM_BIG_SMEM"])
       for e in ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
     # ... and split over K for the wide decode's few rows (8 blocks a tile, the last adds them
     # in order); sem: zero between launches, as attention_decode's.
     *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(BY_GEMV[e].params),
              (*(GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID), GEMM_SPLIT), GEMM_BLOCK,
-             writes=tuple(p.split(":")[0] for p in _split(BY_GEMV[e].params)
+             shared_mem=TILES["GEMM_SMEM"], writes=tuple(p.split(":")[0] for p in _split(BY_GEMV[e].params)
                           if (" out " in p or " inout " in p) and not p.startswith("sem")))
       for e in ("norm_gemv_bf16", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
@@ -196,6 +208,8 @@ class Op:
                 launch["writes"] = list(k.writes)
             launch["grid"] = list(k.grid)
             launch["block"] = list(k.block)
+            if k.shared_mem:
+                launch["shared_mem"] = k.shared_mem
             launches.append(launch)
         return {"params": list(params), "impl": {"launches": launches}}
 
