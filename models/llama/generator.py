@@ -30,6 +30,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     if limits.pop("ep", 1) != 1:
         raise ConfigError(f"ep: {shape.arch} has no experts to split (expert parallel is for mixtures of experts)")
     model = model or config.get("_name_or_path") or shape.arch
+    invariant = limits.pop("invariant", True)  # cuda's programs; the cpu's and mega's are what they are
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     if target == "cpu":
@@ -43,8 +44,9 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         else:
             # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
             # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
-            split = {"seqs": manifest_cuda.DECODE_SEQS} if tp != 1 else {}
-            m = manifest_cuda.build(shape, model, context=context, **{**split, **limits})
+            # (the split keeps the cuBLASLt programs too: the invariant build is single-device for now)
+            split = {"seqs": manifest_cuda.DECODE_SEQS, "invariant": False} if tp != 1 else {}
+            m = manifest_cuda.build(shape, model, context=context, **{"invariant": invariant, **split, **limits})
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]

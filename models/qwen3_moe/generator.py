@@ -31,6 +31,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     ep > 1: one manifest a rank of an expert-parallel split (manifests/ep.py), rank0.json ...
     beside the kernels; the path returned is rank 0's."""
     shape = shape_of(config)
+    limits.pop("invariant", None)  # its sm_90a build is not batch-invariant either way (docs/determinism.md)
     if (tp := limits.pop("tp", 1)) != 1:
         raise ConfigError(f"tp {tp}: a Qwen3-MoE deployment splits its experts (ep), not its heads (tp)")
     model = model or config.get("_name_or_path") or shape.dense.arch

@@ -218,7 +218,7 @@ class _Acc:
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
-         progress: bool = True, tp: int = 1, ep: int = 1, **model_kw) -> Model:
+         progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); or a deployment folder's manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
@@ -227,7 +227,8 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     `tp`: tensor-parallel ranks, the model split over that many devices (docs/tensor-parallel.md);
     a deployment generated for it, or the rank manifest given with manifest=. `ep`: expert-
     parallel ranks, a mixture of experts' experts split over that many devices
-    (docs/expert-parallel.md), likewise."""
+    (docs/expert-parallel.md), likewise. `batch_invariant=False`: a generated GPU deployment
+    whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md)."""
     for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp), ("ep", ep)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
@@ -237,6 +238,7 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
-    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep)
+    man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
+                                                                  batch_invariant=batch_invariant)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
                  state_budget=memory, **model_kw)

@@ -288,21 +288,65 @@ def bench_launch_overheads(gpu: Gpu, lines: list[str]) -> None:
     lines.append(f"{'graph of 300 tiny launches: device per launch':<44} {(t2 - t0) / 200 / 300 * 1e6:9.2f} us")
 
 
+def cublaslt_us(lt, gpu: Gpu, x, W, y, M: int, N: int, K: int) -> float:
+    """Microseconds a cuBLASLt bf16 TN GEMM (y = x W^T), the mean of 20 after 3 warm-ups."""
+    for _ in range(3):
+        lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+    start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
+    call("cuEventRecord", start, gpu.stream.handle)
+    for _ in range(20):
+        lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
+    call("cuEventRecord", stop, gpu.stream.handle)
+    call("cuEventSynchronize", stop)
+    return call("cuEventElapsedTime", start, stop) * 1000 / 20
+
+
 def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
     from kern.runtime.devices.cuda.cublaslt import CublasLt
     lt = CublasLt()
     for M, N, K in [(512, 2048, 8192), (2048, 16384, 2048), (4096, 4096, 4096)]:
         x, W, y = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (N, K), 0.05)), gpu.empty(M * N * 2)
-        for _ in range(3):
-            lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-        start, stop = call("cuEventCreate", 0), call("cuEventCreate", 0)
-        call("cuEventRecord", start, gpu.stream.handle)
-        for _ in range(20):
-            lt.gemm_bf16_tn(x.ptr, W.ptr, y.ptr, M, N, K, gpu.stream)
-        call("cuEventRecord", stop, gpu.stream.handle)
-        call("cuEventSynchronize", stop)
-        us = call("cuEventElapsedTime", start, stop) * 1000 / 20
+        us = cublaslt_us(lt, gpu, x, W, y, M, N, K)
         lines.append(f"{f'cublaslt bf16 TN {M}x{N}x{K}':<44} {us:9.2f} us  {2 * M * N * K / us / 1e6:8.1f} TFLOP/s")
+
+
+def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(32, 128, 2048)) -> None:
+    """The batch-invariant projections of a Llama-3.2-1B layer as the programs run them (gemm.cu:
+    the normed qkv and gate/up stand-ins and the residual o and down; split over K up to 256
+    rows, as the wide decode program runs them) beside cuBLASLt's bf16 TN GEMM at the same
+    (M, N, K): a line a projection, then the layer's four summed."""
+    from kern.runtime.devices.cuda.cublaslt import CublasLt
+    lt = CublasLt()
+    eps = 1e-5
+    from kern_models.llama.kernels.cuda.table import TILES
+    big_tiles, big_rows = TILES["GEMM_BIG_TILES"], TILES["GEMM_BIG_ROWS"]
+    for M in row_counts:
+        sums = {"split": 0.0, "big": 0.0, "cublaslt": 0.0}
+        for N, K, normed in [(3072, 2048, True), (2048, 2048, False), (16384, 2048, True), (2048, 8192, False)]:
+            x, nw, W = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (N, K))), gpu.put(rand_weights(rng, (N, K)))
+            y = gpu.empty(M * N * 4)
+            base = "norm_gemm_bf16" if normed else "gemm_residual"
+            for kind in ("split", "big"):
+                if kind == "split":
+                    if M > 256:
+                        continue
+                    grid, block, smem, name = (-(-N // 64), -(-M // 64), 8), 128, TILES["GEMM_SMEM"], base + "_split"
+                    extra = (gpu.empty(grid[0] * grid[1] * 8 * TILES["GEMM_PART"] * 4),
+                             gpu.put(np.zeros(grid[0] * grid[1], np.int32)))
+                else:
+                    grid, block, smem, name = (-(-N // (16 * big_tiles)), -(-M // big_rows)), 256, TILES["GEMM_BIG_SMEM"], base
+                    extra = ()
+                args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
+                us = time_graph(gpu, [gpu.make(name, grid, block, *args, shared_mem=smem) for _ in range(REPS)])
+                lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2) + f" {2 * M * N * K / us / 1e6:7.1f} TFLOP/s")
+                sums[kind] += us
+            us_lt = cublaslt_us(lt, gpu, x, W, y, M, N, K)
+            lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2) + f" {2 * M * N * K / us_lt / 1e6:7.1f} TFLOP/s")
+            sums["cublaslt"] += us_lt
+        lib = sums["cublaslt"]
+        lines.append(f"{f'layer projections at {M} rows':<44} " + "  ".join(
+            f"{k} {v:8.1f} us ({v / lib:5.2f})" for k, v in sums.items() if v))
+        print(lines[-1], flush=True)
 
 
 def main() -> None:
@@ -336,7 +380,7 @@ def main() -> None:
     only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
     for f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, bench_launch_overheads, bench_small,
-              bench_cublaslt, ncu_attention):
+              bench_cublaslt, bench_gemm, ncu_attention):
         if only and f.__name__ not in only or not only and f is ncu_attention:
             continue
         try:

@@ -58,7 +58,7 @@ def test_without_nvcc_a_changed_kernel_is_refused_saying_why(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("ask,why", [
-    (["gemm.cubin"], "gemm.cubin: no kernel source gemm.cu in "),
+    (["flash.cubin"], "flash.cubin: no kernel source flash.cu in "),
 ])
 def test_a_cubin_without_a_source_is_refused(tmp_path, ask, why):
     with pytest.raises(ConfigError, match=why):

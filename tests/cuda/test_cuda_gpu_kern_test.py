@@ -28,3 +28,6 @@ def test_sm90a_manifest_passes_against_its_cpu_reference(tmp_path):
     print("\n".join(r.lines + [r.verdict.line]) + f"\nwall {time.perf_counter() - t0:.1f} s")
     assert r.verdict.status == "PASS" or r.verdict.kind == "thin", r.verdict.line
     assert not any(s.deviates for s in r.facts.spans), [s.worst for s in r.facts.spans if s.deviates]
+    # the default sm_90a build is batch-invariant (docs/determinism.md): every sequence run alone
+    # gets the logits it got inside the batches
+    assert r.alone and all(x.holds for x in r.alone), [x.line("B") for x in r.alone]

@@ -34,8 +34,9 @@ def test_large_decode_batches_step_through_the_wide_decode_program(sm90):
 
 
 def test_the_prefill_grids_resolve_over_256_sequences(sm90):
-    """The launches whose grids run over sequences: one block a sequence (gather_last), its
-    tiles (prefill_attention), its logits rows (argmax)."""
+    """The launches whose grids run over rows and sequences: one block a sequence
+    (gather_last), a row and kv head (attention_rows), 64 rows (the projections), its logits
+    rows (argmax)."""
     from kern.manifest.expr import evaluate
 
     m = sm90.manifest
@@ -49,7 +50,8 @@ def test_the_prefill_grids_resolve_over_256_sequences(sm90):
                         if hasattr(a, "value") and not isinstance(a.value, float)}
                 grids[la.entry] = tuple(evaluate(g, {**env, **vals}) for g in la.grid)
     assert grids["gather_last"] == (256,)
-    assert grids["prefill_attention"] == (4, 256 // 64 + 256)
+    assert grids["attention_rows"] == (256, 2)
+    assert grids["gemm_residual"] == (1, 256 // 64)  # hidden 64: one block of 64 W rows
     assert grids["sample_partial"] == (128, 256) and grids["argmax_final"] == (256,)
 
 
@@ -83,6 +85,22 @@ def test_decode_beyond_32_sequences_is_refused():
 
     with pytest.raises(ConfigError, match="seqs 64: the graph-captured decode program steps at most 32"):
         manifest_cuda.build(shape_of(TINY), "tiny", seqs=64)
+
+
+def test_the_wide_decode_splits_k_only_for_its_narrow_projections():
+    """Llama-3.2-1B's shape: qkv (48 column tiles of 64), o and down (32) split K over 8 blocks
+    a tile (gemm.cu's *_split, the same bits), gate/up (256 tiles of 32) and the LM head do not;
+    the scratch is sized for the widest split one at 256 rows."""
+    from kern_models.llama.manifests import cuda
+
+    s = shape_of(dict(TINY, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=8192, vocab_size=128256))
+    m = cuda.build(s, "1b-shape")
+    layer = [c["op"] for c in m["programs"]["decode_wide"]["calls"][1:6]]
+    assert layer == ["norm_gemm_rope_append_split", "attention_decode", "gemm_residual_split", "norm_gemm_swiglu",
+                     "gemm_residual_split"]
+    assert m["programs"]["decode_wide"]["calls"][-2]["op"] == "norm_gemm_logits"
+    assert m["buffers"]["w_gpart"]["shape"] == [{"mul": [{"mul": [{"ceil_div": ["wide_seqs", 64]}, 48]}, 8 * 4160]}]
 
 
 @pytest.mark.parametrize("heads,kv_heads,most,groups", [(32, 4, 4, 2), (32, 8, 4, 1), (9, 3, 4, 1), (16, 8, 4, 1),

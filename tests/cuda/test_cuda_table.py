@@ -56,15 +56,16 @@ def test_the_check_catches_a_wrong_type_or_constness():
 
 
 def test_every_shipped_kernel_is_launched_by_a_generated_manifest(tmp_path):
-    """The per-op manifest launches every kernel of the table; with the megakernel and a
+    """The per-op manifests (invariant or not) launch every kernel of the table; with the megakernel and a
     tensor-parallel split (peer all-reduces in decode, NCCL past the peer kernel's messages in
     prefill) every __global__ of the shipped sources is launched by some generated manifest."""
     per_op, launched = set(), set()
     for cfg in CONFIGS.values():
-        m = manifest_cuda.build(shape_of(cfg), "tiny")
-        per_op |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
-        assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
-                                     for la in op["impl"]["launches"] if "module" in la}
+        for invariant in (True, False):  # the default build and the cuBLASLt one (what MoE and tp build on)
+            m = manifest_cuda.build(shape_of(cfg), "tiny", invariant=invariant)
+            per_op |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
+            assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
+                                         for la in op["impl"]["launches"] if "module" in la}
         launched |= per_op
         for target, kw in (("mega", {}), ("cuda", {"tp": 2})):
             path = generate({**cfg, "hidden_size": 1024}, tmp_path / f"{cfg['architectures'][0]}-{target}",

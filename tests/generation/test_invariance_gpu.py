@@ -1,8 +1,7 @@
 """Batch invariance on sm_90a (docs/determinism.md), random SmolLM2-135M weights: a request's
-tokens and logprobs against its run alone. The per-op programs hold it chunked and beside a few
-others (the gemv decode program); they do not yet hold it with the prompt cached (its last
-prompt token through the decode program, not prefill) or beside many others (the GEMM decode
-program): those cases are strict xfails, the acceptance test of the invariant build.
+tokens and logprobs against its run alone, chunked (prefill rows in other chunks), beside 7
+others (the gemv decode program), with its prompt cached (its last prompt token through the
+decode program, not prefill) and beside 63 others (the wide decode program's gemm twins).
 
     python -m pytest -q tests/generation/test_invariance_gpu.py   (on the H200)"""
 
@@ -21,8 +20,6 @@ from .test_loop_gpu import _model, deployment  # noqa: F401 - the module's check
 pytestmark = pytest.mark.gpu
 
 PARAMS = SamplingParams(max_tokens=32, ignore_eos=True, logprobs=1)  # the host reads the logits' bytes
-NOT_YET = pytest.mark.xfail(strict=True, raises=AssertionError,
-                            reason="sm_90a's gemv, GEMM and prefill programs reduce in different orders (issue 28)")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +66,6 @@ def test_a_request_beside_7_others_gets_its_bytes_alone(setup):
     assert _again(loop, _beside(prompt, others, 7)) == alone
 
 
-@NOT_YET
 def test_a_request_with_its_prompt_cached_gets_its_bytes_alone(setup):
     loop, prompt, _, alone = setup
     loop.paging.pool.clear()
@@ -77,7 +73,6 @@ def test_a_request_with_its_prompt_cached_gets_its_bytes_alone(setup):
     assert _again(loop, {0: [("r", prompt, PARAMS)]}, cache=True) == alone
 
 
-@NOT_YET
 def test_a_request_beside_63_others_gets_its_bytes_alone(setup):
     loop, prompt, others, alone = setup
     assert _again(loop, _beside(prompt, others, 63)) == alone

@@ -228,45 +228,49 @@ def cuda_rope_theta(base: Path, out: Path) -> Path:
 
 
 def cuda_residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
-    """Prefill's attention residual of one layer: add_rms_norm(x, attn_out, ln2, h, ...) ->
-    rms_norm(attn_out, ln2, h, ...)."""
+    """Prefill's attention residual of one layer: the o projection's gemm_residual adds into
+    a scratch buffer (act, which the gate/up projection overwrites next) instead of x."""
     def edit(m):
-        for c in _prefill_calls(m, "add_rms_norm"):
-            if _bufs(c)[2] == f"ln2.{layer}":
-                c["op"] = "rms_norm"
-                c["args"] = c["args"][1:]
+        for c in _prefill_calls(m, "gemm_residual"):
+            if _bufs(c)[1] == f"o_w.{layer}":
+                c["args"][2] = {"buf": "p_act"}
     return variant(base, out, edit)
 
 
 def cuda_kv_off_by_one(base: Path, out: Path) -> Path:
-    """Prefill's KV append strides the page table one page too wide (pages_per_seq + 1): the
-    k and v of sequence s land s pages on, where attention does not look. (Positions cannot be
-    shifted by one in a manifest: views are 16-byte aligned.)"""
+    """Prefill's KV append (in the qkv projection's epilogue) strides the page table one page
+    too wide (pages_per_seq + 1): the k and v of sequence s land s pages on, where attention
+    does not look. (Positions cannot be shifted by one in a manifest: views are 16-byte aligned.)"""
     def edit(m):
-        for c in _prefill_calls(m, "kv_append"):
-            c["args"][6] = {"value": {"add": [c["args"][6]["value"], 1]}}  # pages_per_seq
+        for c in _prefill_calls(m, "norm_gemm_rope_append"):
+            c["args"][9] = {"value": {"add": [c["args"][9]["value"], 1]}}  # pages_per_seq
     return variant(base, out, edit)
 
 
 def cuda_gqa_mapping(base: Path, out: Path) -> Path:
     """Prefill attention told there is one kv head: every query head reads kv head 0."""
     def edit(m):
-        for c in _prefill_calls(m, "attention_prefill"):
+        for c in _prefill_calls(m, "attention_rows"):
             c["args"][12] = {"value": 1}  # n_kv_heads
     return variant(base, out, edit)
 
 
 def cuda_lm_head_prenorm(base: Path, out: Path) -> Path:
-    """The LM head on the residual stream x: prefill gathers x, not the final norm's h; decode
-    projects x without the final norm (gemv_logits for norm_gemv_logits)."""
+    """The LM head on the residual stream x without the final norm: prefill's and decode's
+    normed LM heads (norm_gemm_logits, norm_gemv_logits) become plain projections of x."""
+    from kern_models.llama.kernels.cuda import table
+
     def edit(m):
-        g = _prefill_calls(m, "gather_last")[-1]
-        g["args"][0]["buf"] = "p_x"
-        for c in _calls(m, "decode"):
-            if c["op"] == "norm_gemv_logits":
-                x, _norm, w, y, rows, n, k, _eps = c["args"]
-                c["op"], c["args"] = "gemv_logits", [x, w, y, rows, n, k]
-        del m["ops"]["norm_gemv_logits"]
+        for prog, normed, plain in (("prefill", "norm_gemm_logits", "gemm_logits"),
+                                    ("decode", "norm_gemv_logits", "gemv_logits")):
+            for c in _calls(m, prog):
+                if c["op"] == normed:
+                    x, _norm, w, y, rows, n, k, _eps = c["args"]
+                    c["op"], c["args"] = plain, [x, w, y, rows, n, k]
+            m["ops"][plain] = table.ops()[plain]
+        for normed in ("norm_gemm_logits", "norm_gemv_logits"):
+            if not any(c["op"] == normed for p in m["programs"].values() for c in p["calls"]):
+                del m["ops"][normed]
     return variant(base, out, edit)
 
 

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.gpu
 # bug -> (program, an op of B's side of the failing span, a call of A's side inside it)
 FAIL_SPANS = {
     "rope_theta": ("rope_init", "rope_table", 0),
-    "residual_dropped": ("prefill", "rms_norm", 17),  # layer 1's post-attention norm
-    "kv_off_by_one": ("prefill", "kv_append", 4),  # layer 0's append
-    "gqa_mapping": ("prefill", "attention_prefill", 5),  # layer 0's attention
-    "lm_head_prenorm": ("prefill", "gather_last", 302),
+    "residual_dropped": ("prefill", "gemm_residual", 17),  # layer 1's post-attention norm
+    "kv_off_by_one": ("prefill", "norm_gemm_rope_append", 4),  # layer 0's append
+    "gqa_mapping": ("prefill", "attention_rows", 5),  # layer 0's attention
+    "lm_head_prenorm": ("prefill", "gemm_logits", 302),
 }
 SMALL = Options(seed=0, seqs=3, decode_steps=2, max_prompt=48)  # as the cpu planted suite
 # a long span's ops are shortened to "a+b+... (N calls)": the ops run up to the ") at" that ends them

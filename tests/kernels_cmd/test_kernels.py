@@ -73,7 +73,7 @@ def test_a_pin_the_bytes_do_not_match_is_reported(tmp_path, capsys):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("cubin", ["embed", "kv"])
+@pytest.mark.parametrize("cubin", ["embed", "argmax"])
 def test_nvcc_rebuilds_the_pinned_cubins(cubin):
     from kern.deployments import generators
 

@@ -49,12 +49,20 @@ class _Dev:
         self.stream = None
 
 
+TINY = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256, tie_word_embeddings=True)
+
+
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
-    cfg = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=64, intermediate_size=128, vocab_size=256,
-               tie_word_embeddings=True)
-    return _cuda_manifest(cfg, tmp_path_factory.mktemp("sm90"), "tiny")
+    return _cuda_manifest(TINY, tmp_path_factory.mktemp("sm90"), "tiny")
+
+
+@pytest.fixture(scope="module")
+def sm90_cublas(tmp_path_factory):
+    """The build that is not batch-invariant (cuBLASLt, flash prefill attention): what the MoE
+    and tensor-parallel manifests build on."""
+    return _cuda_manifest(TINY, tmp_path_factory.mktemp("sm90_cublas"), "tiny", invariant=False)
 
 
 def _program(v, name):
@@ -70,7 +78,8 @@ def test_the_sm90_manifest_verifies_and_decode_is_a_graph(sm90):
     assert m.programs["decode"].graph and not m.programs["prefill"].graph
 
 
-def test_fused_qkv_views_become_pointer_offsets(sm90):
+def test_fused_qkv_views_become_pointer_offsets(sm90_cublas):
+    sm90 = sm90_cublas
     prog, bufs = _program(sm90, "prefill")
     env = {**sm90.constants, "tokens": 5, "prefill_seqs": 2, "context": sm90.manifest.vars["context"].max,
            "reach": sm90.manifest.vars["reach"].max}
@@ -82,8 +91,28 @@ def test_fused_qkv_views_become_pointer_offsets(sm90):
     assert rope.grid == (5, 4 + 2, 1) and rope.block == (32, 1, 1)  # rows x (q + kv heads), head_dim/2
 
 
-def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90):
-    pre, _ = _program(sm90, "prefill")
+def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
+    """The default (invariant) build: prefill and the wide decode run decode's fused layer with
+    the gemv kernels' gemm twins (gemm.cu; the wide decode's split over K) and no library call;
+    prefill's attention is attention_rows (decode's split order), its LM head takes each
+    sequence's last row of x."""
+    env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "wide_seqs": 12, "context": 512,
+           "reach": 512}
+    layer = ["norm_gemm_rope_append", "attention_rows", "gemm_residual", "norm_gemm_swiglu", "gemm_residual"]
+    items = _program(sm90, "prefill")[0].resolve(env)
+    assert all(isinstance(i, PackedLaunch) for i in items)
+    assert [i.kernel.name for i in items] == ["embed", *layer * 2, "gather_last", "norm_gemm_f32", "sample_partial",
+                                              "argmax_final"]
+    assert items[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 1)  # 64 W rows and 64 rows a block
+    wide = _program(sm90, "decode_wide")[0].resolve(env)
+    layer = [n + "_split" if "gemm" in n else n for n in layer]
+    layer[1] = "attention_decode"  # and the projections split over K: 8 blocks a tile, one a partial
+    assert [i.kernel.name for i in wide] == ["embed", *layer * 2, "norm_gemm_f32", "sample_partial", "argmax_final"]
+    assert wide[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 8)
+
+
+def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90, sm90_cublas):
+    pre, _ = _program(sm90_cublas, "prefill")
     dec, _ = _program(sm90, "decode")
     env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "context": 512, "reach": 512}
     pre_items = pre.resolve(env)
@@ -117,7 +146,8 @@ def test_each_shape_bucket_resolves_once(sm90):
     assert [i.grid for i in a] != [i.grid for i in b]
 
 
-def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90):
+def test_prefill_attention_grid_resolves_a_compound_expression_over_vars(sm90_cublas):
+    sm90 = sm90_cublas
     pre, bufs = _program(sm90, "prefill")
     items = pre.resolve({**sm90.constants, "tokens": 130, "prefill_seqs": 3, "context": 512, "reach": 512})
     attn = [i for i in items if isinstance(i, PackedLaunch) and i.kernel.name == "prefill_attention"]

@@ -112,58 +112,110 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
     return calls
 
 
-def _decode_calls(s: Shape, p: str, pages, split: int) -> list:
-    """Decode, five launches a layer (a CUDA graph of PDL launches): the input norm, the qkv
-    projection, rope and the KV append are one kernel; attention merges its own context
-    splits; the o projection adds into the residual stream x; the post-attention norm, the
-    gate/up projection and SwiGLU are one kernel; the down projection adds into x. Models with
-    q/k norms (Qwen3) keep rope apart, after the normed qkv projection: six a layer.
-    Attention's grid takes the context splits the step's reach holds, not the context bound's:
-    at a context of 100, 2 blocks a (row, kv head) instead of 64 that mostly leave at once."""
-    rows = "seqs"
+# The projections of the fused decode layer, as gemv kernels (the decode program's rows) or as
+# their gemm twins (prefill's and the wide decode's rows): the same bits for a row either way
+# (gemm.cu), which with attention_rows is what makes a request's bytes its own (docs/determinism.md).
+GEMV_FAMILY = {"norm": "norm_gemv", "qkv": "norm_gemv_rope_append", "residual": "gemv_residual",
+               "swiglu": "norm_gemv_swiglu", "logits": "norm_gemv_logits"}
+GEMM_FAMILY = {k: op.replace("gemv", "gemm") for k, op in GEMV_FAMILY.items()}
+# The wide decode's few rows: a projection with fewer column tiles than this splits K over 8
+# blocks a tile (gemm.cu's *_split: the same bits), so that it fills the GPU; the wider ones
+# (gate/up, the LM head) have blocks enough.
+SPLIT_BELOW_TILES = 132
+
+
+def _wide_family(s: Shape) -> tuple[dict, int]:
+    """The wide decode's projections for shape s, and the most column tiles of its split ones
+    (0: none split)."""
+    tiles = {"qkv": -(-(s.q_dim + 2 * s.kv_dim) // 64), "norm": -(-(s.q_dim + 2 * s.kv_dim) // 64),
+             "residual": -(-s.hidden // 64), "swiglu": -(-s.inter // 32)}
+    split = {k: n for k, n in tiles.items() if n < SPLIT_BELOW_TILES}
+    return {k: op + "_split" if k in split else op for k, op in GEMM_FAMILY.items()}, max(split.values(), default=0)
+
+
+def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops: dict) -> list:
+    """The embedding and every layer in five launches (six with q/k norms), `ops` naming the
+    projections (GEMV_FAMILY or GEMM_FAMILY): the input norm, the qkv projection, rope and the KV
+    append are one kernel; `attention(l)` is layer l's attention into `attn`; the o projection
+    adds into the residual stream x; the post-attention norm, the gate/up projection and SwiGLU
+    are one kernel; the down projection adds into x. Models with q/k norms (Qwen3) keep rope
+    apart, after the normed qkv projection."""
     q, k, vv = _qkv_slices(p)
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+
+    def proj(key: str, args: list) -> dict:  # the split variants take their scratch after the pointers
+        if ops[key].endswith("_split"):
+            n = next(i for i, a in enumerate(args) if "value" in a)
+            args = [*args[:n], b(p + "gpart"), b(p + "gsem"), *args[n:]]
+        return {"op": ops[key], "args": args}
     for l in range(s.layers):
         append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
-                  v(rows), v("seqs"), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
+                  v(rows), v(seqs), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
                   v("page_tokens")]
         if s.qk_norm:
-            calls.append({"op": "norm_gemv", "args": [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"),
-                                                      v(rows), v("qkv_dim"), v("hidden"), v(s.eps)]})
+            calls.append(proj("norm", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), v(rows),
+                                       v("qkv_dim"), v("hidden"), v(s.eps)]))
             calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
                                                                 *append, v("qkv_dim"), v("qkv_dim"), v(s.eps)]})
         else:
-            calls.append({"op": "norm_gemv_rope_append", "args": [
-                b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append, v("qkv_dim"), v("hidden"),
-                v(s.eps)]})
-        calls.append({"op": "attention_decode", "args": [
-            q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
-            b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-            v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
-            v(head_groups(s, DECODE_GROUP_HEADS))]})
-        calls.append({"op": "gemv_residual", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows),
-                                                      v("hidden"), v("q_dim")]})
-        calls.append({"op": "norm_gemv_swiglu", "args": [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"),
-                                                         b(p + "act"), v(rows), v("inter"), v("hidden"), v(s.eps)]})
-        calls.append({"op": "gemv_residual", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows),
-                                                      v("hidden"), v("inter")]})
-    calls.append({"op": "norm_gemv_logits", "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
-                                                     v(rows), v("vocab"), v("hidden"), v(s.eps)]})
-    calls.append(_argmax(p, "seqs"))
+            calls.append(proj("qkv", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append,
+                                      v("qkv_dim"), v("hidden"), v(s.eps)]))
+        calls.append(attention(l))
+        calls.append(proj("residual", [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows), v("hidden"), v("q_dim")]))
+        calls.append(proj("swiglu", [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"), b(p + "act"), v(rows),
+                                     v("inter"), v("hidden"), v(s.eps)]))
+        calls.append(proj("residual", [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows), v("hidden"),
+                                       v("inter")]))
+    return calls
+
+
+def _decode_attention(s: Shape, p: str, rows: str, pages, split: int, heads_a_block: int):
+    q, _, _ = _qkv_slices(p)
+    return lambda l: {"op": "attention_decode", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
+        b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
+        v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
+        v(head_groups(s, heads_a_block))]}
+
+
+def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, rows: str = "seqs",
+                  heads_a_block: int = DECODE_GROUP_HEADS) -> list:
+    """Decode, one row a sequence (a CUDA graph of PDL launches), five launches a layer
+    (_fused_layers). Attention's grid takes the context splits the step's reach holds, not the
+    context bound's: at a context of 100, 2 blocks a (row, kv head) instead of 64 that mostly
+    leave at once. ops = GEMM_FAMILY: the wide decode program, the same bits for every row
+    (heads_a_block: WIDE_GROUP_HEADS there; the grouping does not change a bit)."""
+    calls = _fused_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, heads_a_block), ops)
+    calls.append({"op": ops["logits"], "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                                v(rows), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_argmax(p, rows))
+    return calls
+
+
+def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
+    """Prefill as decode computes each row: the gemm twins of decode's projections and
+    attention_rows (decode's split order), so a prompt's last token gets the same logits here
+    as decoded after a cache hit; the LM head takes each sequence's last row of x."""
+    rows, seqs = "tokens", "prefill_seqs"
+    q, _, _ = _qkv_slices(p)
+    calls = _fused_layers(s, p, rows, seqs, pages, lambda l: {"op": "attention_rows", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
+        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+        v(split), v("qkv_dim")]}, GEMM_FAMILY)
+    calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
+                                                v("hidden")]})
+    calls.append({"op": GEMM_FAMILY["logits"], "args": [b(p + "last"), b("final_norm"), b("lm_head"),
+                                                        b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_argmax(p, seqs))
     return calls
 
 
 def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
-    """Decode of many sequences, one row each: the prefill program's GEMM layers (cuBLASLt,
-    weights read once a step for every row) with decode attention over each sequence's pages,
-    and the LM head as a GEMM with fp32 output."""
+    """Decode of many sequences, one row each, not batch-invariant (invariant=False): the prefill
+    program's GEMM layers (cuBLASLt, weights read once a step for every row) with decode
+    attention over each sequence's pages, and the LM head as a GEMM with fp32 output."""
     rows = "wide_seqs"
-    q, _, _ = _qkv_slices(p)
-    calls = _gemm_layers(s, p, rows, rows, pages, lambda l: {"op": "attention_decode", "args": [
-        q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"), b(p + "sem"),
-        b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
-        v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
-        v(head_groups(s, WIDE_GROUP_HEADS))]})
+    calls = _gemm_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, WIDE_GROUP_HEADS))
     calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
                                                 v("hidden")]})
     calls.append(_argmax(p, rows))
@@ -194,10 +246,15 @@ def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, prefill_seqs: int = PREFILL_SEQS,
-          context: int | None = None, decode_split: int = DECODE_SPLIT) -> dict:
+          context: int | None = None, decode_split: int = DECODE_SPLIT, invariant: bool = True) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
     program's (ragged rows, so also the path for decode batches larger than seqs).
-    decode_split: context tokens per decode attention block (bench/decode.py --decode-split)."""
+    decode_split: context tokens per decode attention block (bench/decode.py --decode-split).
+    invariant (the default): every program computes a row as the gemv decode program does
+    (gemm.cu's twins, attention_rows), so a request's bytes do not depend on the batch, the
+    cache or the chunking (docs/determinism.md); False: cuBLASLt GEMMs and flash prefill
+    attention, whose bits depend on the rows beside a row (the MoE, tensor-parallel and
+    megakernel manifests build on this one)."""
     check_shape(s, decode_split)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the graph-captured decode program steps at most {DECODE_SEQS} sequences "
@@ -240,27 +297,37 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
             buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
-        if prog == "decode":
+        if prog == "decode" or invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
-                del buffers[p + n]  # fused away: see _decode_calls
+                del buffers[p + n]  # fused away: see _fused_layers
+        if prog == "decode":
             calls = _decode_calls(s, p, pages, decode_split)
         elif prog == "decode_wide":
-            calls = _wide_calls(s, p, pages, decode_split)
+            family, tiles_x = _wide_family(s)
+            calls = (_decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if invariant
+                     else _wide_calls(s, p, pages, decode_split))
+            if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
+                tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
+                buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["GEMM_PART"]]}], dtype="f32")
+                buffers[p + "gsem"] = buf([tiles], "carry", "i32")
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])
-            calls = _prefill_calls(s, p, pages)
+            calls = (_invariant_prefill_calls(s, p, pages, decode_split) if invariant
+                     else _prefill_calls(s, p, pages))
         programs[prog] = {"calls": calls, "graph": decode,
                           "batch": {"groups": gseqs, "rows": 1, "reach": "reach"} if decode
                           else {"groups": "prefill_seqs", "rows": "tokens"}}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {name: op for name, op in table.ops().items() if name in used}
+    modules = sorted({la["module"] for op in ops.values() for la in op["impl"]["launches"] if "module" in la})
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": table.ARCH},
         "constants": {
             "hidden": s.hidden, "layers": s.layers, "heads": s.heads, "kv_heads": s.kv_heads,
             "head_dim": s.head_dim, "inter": s.inter, "vocab": s.vocab, "page_tokens": PAGE_TOKENS,
-            "q_dim": {"mul": ["heads", "head_dim"]}, "kv_dim": {"mul": ["kv_heads", "head_dim"]},
+            "q_dim": {"mul": ["heads", "head_dim"]},
+            **({"kv_dim": {"mul": ["kv_heads", "head_dim"]}} if s.qk_norm or not invariant else {}),  # v's offset
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
@@ -268,6 +335,6 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                  "reach": {"max": context}},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
-        "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in table.MODULES},
+        "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in modules},
         "ops": ops, "programs": programs,
     }

@@ -87,6 +87,10 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                         "what the weights take, on the cpu 512M)")
     p.add_argument("--tp", type=positive, default=1,
                    help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
+    p.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",
+                   help="cuda: prefill and many-row decode through cuBLASLt, faster, but a request's tokens "
+                        "then depend on what else is in its batch (docs/determinism.md says what it costs "
+                        "either way); the cpu build is batch-invariant with or without it")
     p.add_argument("--ep", type=positive, default=1,
                    help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
                         "a rank (default 1)")

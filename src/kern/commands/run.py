@@ -43,7 +43,8 @@ def main(args) -> int:
     try:
         target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
-                     max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead, tp=args.tp, ep=args.ep)
+                     max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead, tp=args.tp, ep=args.ep,
+                     batch_invariant=args.batch_invariant)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "") + \
             (f" x {args.ep} (expert parallel)" if args.ep > 1 else "")
         print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",

@@ -48,13 +48,51 @@ struct DecSmem {
 };
 static_assert(sizeof(DecSmem) <= 48 * 1024, "attention_decode's shared memory is static: 48 KB at most");
 
+// (head, dim) outputs a thread: i = tid + 128 j, j < DEC_PER_THREAD(HD)
+#define DEC_PER_THREAD(HD) (ATTN_MAX_G * (HD) / 128)
+
+// Folds split z's partial (its running max m in log2 units, its sum l, its unnormalised output
+// a) into the merged (M, L, A) of splits 0 .. z-1. Every row's output is the fold of its splits
+// in order z = 0, 1, ... from (-inf, 0, 0), then A / L: the decode merge (splits in other
+// blocks), a decode row with one split and attention_rows (splits in turn in one block) run
+// this same arithmetic, so a token's attention has the same bits in prefill and in decode.
+// Explicit roundings: no contraction may differ between the kernels that inline it.
+__device__ __forceinline__ void fold_split(float &M, float &L, float &A, float m, float l, float a) {
+    const float Mn = fmaxf(M, m);
+    const float co = exp2f(__fsub_rn(M, Mn)), cz = exp2f(__fsub_rn(m, Mn));
+    L = __fadd_rn(__fmul_rn(L, co), __fmul_rn(l, cz));
+    A = __fadd_rn(__fmul_rn(A, co), __fmul_rn(a, cz));
+    M = Mn;
+}
+
+// This block's query heads: gridDim.y = n_kv_heads * HG blocks share the kv heads, HG a kv head,
+// each serving G of its heads from hq0 on (G = n_q_heads / n_kv_heads / HG), as the header says.
+struct HeadGroup {
+    int h, G, hq0;  // kv head, query heads, the first of them
+};
+__device__ __forceinline__ HeadGroup head_group(int n_q_heads, int n_kv_heads) {
+    const int HG = gridDim.y / n_kv_heads, G = n_q_heads / n_kv_heads / HG, h = blockIdx.y / HG;
+    return {h, G, h * (G * HG) + (int)blockIdx.y % HG * G};
+}
+
+// Whether the launch's grid suits the heads: a whole group of at most ATTN_MAX_G query heads a
+// kv head, gridDim.y a multiple of n_kv_heads that divides each group evenly.
+__device__ __forceinline__ bool head_groups_fit(int n_q_heads, int n_kv_heads) {
+    const int G = n_q_heads / n_kv_heads, HG = gridDim.y / n_kv_heads;
+    return G <= ATTN_MAX_G && HG >= 1 && gridDim.y % n_kv_heads == 0 && G % HG == 0;
+}
+
+// One split of row r's context, positions [t0, t1), for the block's query heads (of kv head
+// heads.h): leaves each thread's unnormalised outputs in A[j] ((head, dim) i = tid + 128 j,
+// i < G * head_dim) and the split's running max and sum in sm.m, sm.l. page0: the first tile's
+// page numbers, read by the caller (decode reads them before its PDL wait); pdl: wait for the
+// previous kernel before the row at p_last and q are read.
 template <int HD>
-__device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                              const int *__restrict__ page_table, int r,
-                              const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
-                              int *__restrict__ sem, bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
-                              int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
-                              int q_stride, DecSmem &sm) {
+__device__ void attend_split(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                             const int *__restrict__ pt_row, const int (&page0)[DEC_TILE_ELEMS / HD * (HD / 8) / 128],
+                             int r, HeadGroup heads, int p_last, int t0, int t1, int layer, int n_layers,
+                             int n_kv_heads, int page_tokens, int q_stride, bool pdl,
+                             float (&A)[DEC_PER_THREAD(HD)], DecSmem &sm) {
     constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
     constexpr int KP = HD + 8;                // padded K row (bf16): conflict-free 16-byte reads
     constexpr int CH = HD / 8;                // 16-byte chunks per row
@@ -62,27 +100,8 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
     constexpr int DP = HD / 2;                // P.V: dim pairs, one a thread
     constexpr int TS = 128 / DP;              // P.V: token slices
-    const int HG = gridDim.y / n_kv_heads, h = blockIdx.y / HG, z = blockIdx.z, n_splits = gridDim.z;
-    const int G = n_q_heads / n_kv_heads / HG;         // this block's query heads
-    const int hq0 = h * (G * HG) + blockIdx.y % HG * G;  // the first of them
+    const int h = heads.h, G = heads.G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t0 = z * split_tokens;
-    const int *pt_row = page_table + (size_t)r * pages_per_seq;
-    // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
-    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
-    // tile's page numbers are read together with pos (one round trip, not two); the table row
-    // has pages_per_seq entries, so indexes past it are not read.
-    int page0[LOADS];
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-        const int t = t0 + (tid + i * 128) / CH;
-        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
-    }
-    const int p_last = pos[r];
-    // Splits that hold context: the others leave at once and take no part in the merge.
-    const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
-    if (z >= n_used) return;
-    const int t1 = min(p_last + 1, t0 + split_tokens);
     bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
     bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
@@ -111,7 +130,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         cp_async_commit();
     };
     load_tile(t0, min(TT, t1 - t0), 0);
-    pdl_wait();
+    if (pdl) pdl_wait();
     load_tile(t0, min(TT, t1 - t0), 1);
 
     for (int tb = t0; tb < t1; tb += TT) {
@@ -119,7 +138,7 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         if (tb != t0) load_tile(tb, nt, 2);
         if (tb == t0) {
             const float qscale = (1.f / sqrtf((float)HD)) * LOG2E;
-            const bf16 *qh = q + (size_t)r * q_stride + (size_t)hq0 * HD;
+            const bf16 *qh = q + (size_t)r * q_stride + (size_t)heads.hq0 * HD;
             for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(__ldcg(qh + i)) * qscale;
             if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
         }
@@ -203,24 +222,77 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
         *reinterpret_cast<float2 *>(s_acc + (slice * ATTN_MAX_G + g) * HD + 2 * dp) = make_float2(acc[g][0], acc[g][1]);
     }
     __syncthreads();
-    for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = hq0 + g;
-        float A = 0.f;
 #pragma unroll
-        for (int sl = 0; sl < TS; ++sl) A += s_acc[(sl * ATTN_MAX_G + g) * HD + d];
+    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
+        const int i = tid + 128 * j;
+        if (i >= G * HD) break;
+        const int g = i / HD, d = i % HD;
+        float a = 0.f;
+#pragma unroll
+        for (int sl = 0; sl < TS; ++sl) a += s_acc[(sl * ATTN_MAX_G + g) * HD + d];
+        A[j] = a;
+    }
+}
+
+// The first tile's page numbers of split [t0, ...) of the row whose page-table row is pt_row.
+template <int HD>
+__device__ __forceinline__ void first_pages(int (&page0)[DEC_TILE_ELEMS / HD * (HD / 8) / 128],
+                                            const int *__restrict__ pt_row, int t0, int pages_per_seq,
+                                            int page_tokens) {
+    constexpr int CH = HD / 8, LOADS = DEC_TILE_ELEMS / HD * CH / 128;
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+        const int t = t0 + (threadIdx.x + i * 128) / CH;
+        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
+    }
+}
+
+template <int HD>
+__device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                              const int *__restrict__ page_table, int r,
+                              const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
+                              int *__restrict__ sem, bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
+                              int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
+                              int q_stride, DecSmem &sm) {
+    const int z = blockIdx.z, n_splits = gridDim.z, tid = threadIdx.x;
+    const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
+    const int G = heads.G;
+    const int t0 = z * split_tokens;
+    const int *pt_row = page_table + (size_t)r * pages_per_seq;
+    // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
+    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
+    // tile's page numbers are read together with pos (one round trip, not two); the table row
+    // has pages_per_seq entries, so indexes past it are not read.
+    int page0[DEC_TILE_ELEMS / HD * (HD / 8) / 128];
+    first_pages<HD>(page0, pt_row, t0, pages_per_seq, page_tokens);
+    const int p_last = pos[r];
+    // Splits that hold context: the others leave at once and take no part in the merge.
+    const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
+    if (z >= n_used) return;
+    const int t1 = min(p_last + 1, t0 + split_tokens);
+    float A[DEC_PER_THREAD(HD)];
+    attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads, page_tokens,
+                     q_stride, true, A, sm);
+#pragma unroll
+    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
+        const int i = tid + 128 * j;
+        if (i >= G * HD) break;
+        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
         if (n_used == 1) {
-            o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / sm.l[g]);
+            float M = -INFINITY, L = 0.f, a = 0.f;
+            fold_split(M, L, a, sm.m[g], sm.l[g], A[j]);
+            o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(a / L);
         } else {
             const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
-            part_o[slot * HD + d] = A;
+            part_o[slot * HD + d] = A[j];
             if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
         }
     }
     if (n_used == 1) return;
 
-    // The last of the n_used blocks of (r, h, hg) to finish merges them: o[r, hq, :] =
-    // sum_z part_o * 2^(m_z - M) / sum_z l_z * 2^(m_z - M), z = 0, 1, ... in order (the same bits
-    // whichever block is last). sem[r, h*HG + hg] counts arrivals and is reset by the merging block.
+    // The last of the n_used blocks of (r, h, hg) to finish merges them: fold_split over z = 0,
+    // 1, ... in order (the same bits whichever block is last). sem[r, h*HG + hg] counts arrivals
+    // and is reset by the merging block.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
@@ -233,17 +305,57 @@ __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict
     if (!sm.merge) return;
     __threadfence();
     for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = hq0 + g;
+        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
         const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
-        float M = -INFINITY;
-        for (int zz = 0; zz < n_used; ++zz) M = fmaxf(M, __ldcg(part_ml + (base + zz) * 2));
-        float L = 0.f, A = 0.f;
-        for (int zz = 0; zz < n_used; ++zz) {
-            const float w = exp2f(__ldcg(part_ml + (base + zz) * 2) - M);
-            L += __ldcg(part_ml + (base + zz) * 2 + 1) * w;
-            A += __ldcg(part_o + (base + zz) * HD + d) * w;
+        float M = -INFINITY, L = 0.f, a = 0.f;
+        for (int zz = 0; zz < n_used; ++zz)
+            fold_split(M, L, a, __ldcg(part_ml + (base + zz) * 2), __ldcg(part_ml + (base + zz) * 2 + 1),
+                       __ldcg(part_o + (base + zz) * HD + d));
+        o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(a / L);
+    }
+}
+
+// attention_rows: a prompt row's attention in decode's order. Row r of sequence s (cu_seqlens)
+// attends to positions 0 .. pos[r] of s, split by split_tokens as attention_decode splits a
+// decode row's context; this block (r, h, hg) takes the splits in turn, each exactly as decode's
+// block z computes it, and folds them in order as decode's merge does: the same bits as the
+// token decoded. Every row re-reads its own context (no K/V tile is shared among the rows of a
+// prompt), the price of that order: docs/determinism.md.
+template <int HD>
+__device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                            const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
+                            const int *__restrict__ pos, bf16 *__restrict__ o, int r, int n_seqs,
+                            int pages_per_seq, int layer, int n_layers, int n_q_heads, int n_kv_heads,
+                            int page_tokens, int split_tokens, int q_stride, DecSmem &sm) {
+    const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
+    const int G = heads.G, tid = threadIdx.x;
+    const int *pt_row = page_table + (size_t)seq_of_row(cu_seqlens, n_seqs, r) * pages_per_seq;
+    const int p_last = pos[r];
+    const int n_used = (p_last + split_tokens) / split_tokens;
+    float M[DEC_PER_THREAD(HD)], L[DEC_PER_THREAD(HD)], Acc[DEC_PER_THREAD(HD)], A[DEC_PER_THREAD(HD)];
+#pragma unroll
+    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) M[j] = -INFINITY, L[j] = Acc[j] = 0.f;
+    for (int z = 0; z < n_used; ++z) {
+        const int t0 = z * split_tokens, t1 = min(p_last + 1, t0 + split_tokens);
+        int page0[DEC_TILE_ELEMS / HD * (HD / 8) / 128];
+        first_pages<HD>(page0, pt_row, t0, pages_per_seq, page_tokens);
+        attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads,
+                         page_tokens, q_stride, false, A, sm);
+#pragma unroll
+        for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
+            const int i = tid + 128 * j;
+            if (i >= G * HD) break;
+            const int g = i / HD;
+            fold_split(M[j], L[j], Acc[j], sm.m[g], sm.l[g], A[j]);
         }
-        o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(A / L);
+        __syncthreads();  // the next split resets sm.m and sm.l
+    }
+#pragma unroll
+    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
+        const int i = tid + 128 * j;
+        if (i >= G * HD) break;
+        const int g = i / HD, d = i % HD;
+        o[(size_t)r * n_q_heads * HD + (size_t)(heads.hq0 + g) * HD + d] = to_bf(Acc[j] / L[j]);
     }
 }
 
@@ -262,8 +374,7 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
     // returns after this kernel, which finished after the qkv projection.
     pdl_launch_dependents();
     const int r = blockIdx.x;
-    const int G = n_q_heads / n_kv_heads, HG = gridDim.y / n_kv_heads;
-    if (r >= rows || G > ATTN_MAX_G || HG < 1 || gridDim.y % n_kv_heads || G % HG) return;
+    if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
                  n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
     switch (head_dim) {
@@ -273,4 +384,23 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
         default: break;
     }
 #undef DEC_ARGS
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4)
+attention_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state, const int *__restrict__ page_table,
+               const int *__restrict__ cu_seqlens, const int *__restrict__ pos, bf16 *__restrict__ o, int rows,
+               int n_seqs, int pages_per_seq, int layer, int n_layers, int n_q_heads, int n_kv_heads, int head_dim,
+               int page_tokens, int split_tokens, int q_stride) {
+    __shared__ DecSmem sm;
+    const int r = blockIdx.x;
+    if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
+#define ROW_ARGS q, kv_state, page_table, cu_seqlens, pos, o, r, n_seqs, pages_per_seq, layer, n_layers, \
+                 n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    switch (head_dim) {
+        case 64: attend_rows<64>(ROW_ARGS); break;
+        case 128: attend_rows<128>(ROW_ARGS); break;
+        case 256: attend_rows<256>(ROW_ARGS); break;
+        default: break;
+    }
+#undef ROW_ARGS
 }

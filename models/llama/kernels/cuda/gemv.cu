@@ -49,7 +49,7 @@ norm_gemv_rope_append(const bf16 *__restrict__ res, const bf16 *__restrict__ nw,
                       const int *__restrict__ pos, const float *__restrict__ table, int pages_per_seq,
                       int rows, int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads,
                       int head_dim, int page_tokens, int N, int K, float eps) {
-    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
-                       page_tokens};
-    gemv(XNorm{res, nw, eps}, W, YRopeAppend{y, pos, table, app, n_q_heads, n_kv_heads, head_dim}, rows, N, K);
+    gemv(XNorm{res, nw, eps}, W,
+         rope_append_y(y, kv_state, page_table, cu_seqlens, pos, table, pages_per_seq, n_seqs, layer, n_layers, n_q_heads,
+                      n_kv_heads, head_dim, page_tokens), rows, N, K);
 }

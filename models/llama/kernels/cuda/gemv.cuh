@@ -196,6 +196,16 @@ struct YRopeAppend {
     }
 };
 
+// The fused qkv projections' Y (gemv.cu's, gemm.cu's entries): rope and the KV append.
+__device__ __forceinline__ YRopeAppend rope_append_y(bf16 *y, char *kv_state, const int *page_table,
+                                                     const int *cu_seqlens, const int *pos, const float *table,
+                                                     int pages_per_seq, int n_seqs, int layer, int n_layers,
+                                                     int n_q_heads, int n_kv_heads, int head_dim, int page_tokens) {
+    const KvAppend app{nullptr, kv_state, page_table, cu_seqlens, pages_per_seq, n_seqs, layer, n_layers,
+                       page_tokens};
+    return {y, pos, table, app, n_q_heads, n_kv_heads, head_dim};
+}
+
 __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, const bf16 *w1,
                                         bool ok0, bool ok1, int kb, int t, int K) {
     const uint4 zero = make_uint4(0, 0, 0, 0);

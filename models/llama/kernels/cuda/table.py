@@ -23,6 +23,12 @@ TILES = {
     "PF_BM": 64,          # prefill_attention: query rows a tile
     "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
     "DEC_THREADS": 128,   # attention_decode: 4 warps
+    "GEMM_TILES": 4,      # gemm: gemv tiles (16 W rows or 8 pairs) a block, beside 64 x rows
+    "GEMM_PART": 4160,    # gemm *_split: scratch floats a (tile, partial): 32 x 128 accumulators, 64 row sums
+    "GEMM_SMEM": 41744,   # gemm *_split: dynamic shared memory (3 stages of 64 + 64 rows, the rows' lane sums)
+    "GEMM_BIG_TILES": 8,  # prefill's gemm: gemv tiles a block, beside GEMM_BIG_ROWS x rows, 8 warps
+    "GEMM_BIG_ROWS": 128,
+    "GEMM_BIG_SMEM": 165392,  # 4 stages of 2 steps of 128 + 128 rows, the rows' lane sums (gemm.cu's GemmCfg)
 }
 
 class Pdl(Enum):
@@ -45,6 +51,7 @@ class Kernel:
     # step's inputs; "kv": also K/V rows of earlier positions; "": nothing or no PDL).
     before_wait: str = ""
     writes: tuple[str, ...] | None = None  # params it writes, when not every out/inout param
+    shared_mem: int = 0  # dynamic shared memory, bytes
 
     def c_kinds(self) -> tuple[str, ...]:
         """ptr, i32 or f32 for each parameter, as the cubin's layout has them."""
@@ -63,12 +70,47 @@ EPS = "eps: f32"
 GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
 GEMV_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"]]},)
 PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes pairs of W rows
+# gemm.cu: prefill's entries take GEMM_BIG_TILES gemv tiles and GEMM_BIG_ROWS rows a block, 8
+# warps; the split variants GEMM_TILES tiles and 64 rows, 4 warps.
+GEMM_BIG_BLOCK = (256,)
+GEMM_BIG_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_BIG_TILES"]]},
+                 {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
+GEMM_BIG_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_BIG_TILES"]]},
+                        {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
+GEMM_BLOCK = (128,)
+GEMM_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
+GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
+GEMM_SPLIT = 8  # the split variants' grid z: one block a partial (gemm.cu)
+
+
+def _split(params: tuple[str, ...]) -> tuple[str, ...]:
+    """A gemm kernel's parameters with the split variant's scratch and counters after its pointers."""
+    n = sum(1 for p in params if "buffer" in p or "state" in p)
+    return (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
 HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
 ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
 _APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
 _ROPE = (_buf("table", "f32"),)
 
-KERNELS: tuple[Kernel, ...] = (
+_GEMV_KERNELS: tuple[Kernel, ...] = (
+    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
+                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
+                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
+    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
+                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_rope_append", (
+        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
+        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+               "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+           GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
+)
+BY_GEMV = {k.entry: k for k in _GEMV_KERNELS}
+
+KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
     Kernel("embed", "embed", (_buf("ids", "i32"), _buf("W"), _buf("x", direction="out"), *_ints("rows", "hidden")),
            ("rows",), (256,)),
     Kernel("embed", "gather_last", (_buf("x"), _buf("cu_seqlens", "i32"), _buf("y", direction="out"),
@@ -112,20 +154,25 @@ KERNELS: tuple[Kernel, ...] = (
            ("n_q_heads", {"add": [{"ceil_div": ["rows", TILES["PF_BM"]]}, "n_seqs"]}), (TILES["PF_THREADS"],)),
     Kernel("mlp", "silu_mul", (_buf("gate_up"), _buf("h", direction="out"), *_ints("rows", "inter")),
            ("rows", {"ceil_div": ["inter", 8 * 256]}), (256,)),  # 8 elements a thread, any block size
-    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
-                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
-                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
-           GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
-    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
-                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "norm_gemv_rope_append", (
-        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
-        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
-               "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
-           GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
+    # attention_rows: a prompt row's attention in attention_decode's order (one block a row and
+    # kv head, its splits in turn): what makes prefill and decode agree bit for bit.
+    Kernel("attention", "attention_rows", (
+        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
+        _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+                                           "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride")),
+           ("rows", "n_kv_heads"), (TILES["DEC_THREADS"],)),
+    # gemm.cu: the gemv projections' twins for many rows, the same bits for every row.
+    *(Kernel("gemm", e.replace("gemv", "gemm"), BY_GEMV[e].params,
+             GEMM_BIG_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_BIG_GRID, GEMM_BIG_BLOCK,
+             shared_mem=TILES["GEMM_BIG_SMEM"])
+      for e in ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
+    # ... and split over K for the wide decode's few rows (8 blocks a tile, the last adds them
+    # in order); sem: zero between launches, as attention_decode's.
+    *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(BY_GEMV[e].params),
+             (*(GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID), GEMM_SPLIT), GEMM_BLOCK,
+             shared_mem=TILES["GEMM_SMEM"], writes=tuple(p.split(":")[0] for p in _split(BY_GEMV[e].params)
+                          if (" out " in p or " inout " in p) and not p.startswith("sem")))
+      for e in ("norm_gemv_bf16", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
                                         _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
                                         *_ints("vocab", "n_rows", "chunks")),
@@ -161,6 +208,8 @@ class Op:
                 launch["writes"] = list(k.writes)
             launch["grid"] = list(k.grid)
             launch["block"] = list(k.block)
+            if k.shared_mem:
+                launch["shared_mem"] = k.shared_mem
             launches.append(launch)
         return {"params": list(params), "impl": {"launches": launches}}
 
@@ -177,6 +226,12 @@ OPS = {
     "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
     "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
     "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
+    "norm_gemm": Op(("norm_gemm_bf16",)), "norm_gemm_logits": Op(("norm_gemm_f32",)),
+    "gemm_residual": Op(("gemm_residual",)), "norm_gemm_swiglu": Op(("norm_gemm_swiglu",)),
+    "norm_gemm_rope_append": Op(("norm_gemm_rope_append",)), "attention_rows": Op(("attention_rows",)),
+    "norm_gemm_split": Op(("norm_gemm_bf16_split",)), "gemm_residual_split": Op(("gemm_residual_split",)),
+    "norm_gemm_swiglu_split": Op(("norm_gemm_swiglu_split",)),
+    "norm_gemm_rope_append_split": Op(("norm_gemm_rope_append_split",)),
     "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
