@@ -1,14 +1,15 @@
 """Does a request get the same bytes alone, again (its prompt cached), chunked otherwise, and
 inside batches? The issue's experiment, on seeded random weights at a real shape.
 
-    python bench/invariance.py [--target cuda|cpu] [--shape smollm2-135m] [--new 64]
+    python bench/invariance.py [--target cuda|cpu] [--shape smollm2-135m] [--new 64] [--no-batch-invariance]
 
 One request (a 300-token prompt of random tokens; greedy with logprobs, so the host reads its
 logits, and greedy on the device's argmax) is run: alone; again with its prompt in the prefix
 cache; alone with its prompt fed in chunks of 16 tokens; then beside 7 and 63 other requests
 (the gemv and the GEMM decode programs on sm_90a), their prompts prefilled beside its decode.
 For each run against the first: whether tokens and logprobs are byte-identical, the first
-token that differs, the largest logprob difference. One JSON line."""
+token that differs, the largest logprob difference. One JSON line. --no-batch-invariance: the
+faster cuda build (what that flag of kern serve runs), to say what it costs in determinism."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=300, help="the request's prompt tokens (others: 20-400)")
     ap.add_argument("--beside", default="7,63", help="how many other requests share its steps, a run each")
+    ap.add_argument("--no-batch-invariance", dest="invariant", action="store_false",
+                    help="the faster cuda build (prefill and the wide decode through cuBLASLt)")
     args = ap.parse_args()
 
     from kern.api import Model
@@ -61,7 +64,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     ckpt = make(args.shape, tmp / "ckpt", device=args.target)
     man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target=args.target,
-                   model=args.shape, context=2048)
+                   model=args.shape, context=2048, **({} if args.invariant else {"invariant": False}))
     model = Model(man, ckpt, state_budget=4 << 30 if args.target == "cuda" else 1 << 30)
     loop = model.loop
     vocab = model.engine.consts["vocab"]
@@ -69,7 +72,7 @@ def main() -> None:
     prompt = rng.integers(0, vocab, args.prompt).tolist()
     beside = [int(n) for n in args.beside.split(",")]
     others = [rng.integers(0, vocab, int(rng.integers(20, 400))).tolist() for _ in range(max(beside))]
-    out: dict = {"target": args.target, "shape": args.shape}
+    out: dict = {"target": args.target, "shape": args.shape, "batch_invariant": args.invariant}
     base = loop.limits
     for mode, params in (("logprobs", SamplingParams(max_tokens=args.new, ignore_eos=True, logprobs=1)),
                          ("device_argmax", SamplingParams(max_tokens=args.new, ignore_eos=True))):

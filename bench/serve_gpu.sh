@@ -5,6 +5,7 @@
 # Llama-3.2-1B-shaped checkpoint made here. The servers run one after the other, each alone on
 # the GPU. Logs and JSON lines land under $OUT; the summary is also printed.
 #
+#   KERN_FLAGS: flags for kern serve (default none: what a user gets), e.g. --no-batch-invariance.
 #   PEER=vllm|transformers|none (default transformers). vLLM 0.26 comes as wheel parts copied
 #   to /tmp/vw by earlier calls (joined and installed here, in the background while kern runs).
 #
@@ -16,6 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 CKPT=/tmp/serve-ckpt
 CONC=${CONC:-1,8,32,128,256}
 PEER=${PEER:-transformers}
+KERN_FLAGS=${KERN_FLAGS:-}
 LONG_PROMPT=${LONG_PROMPT:-8192}
 WORK="--prompt 512 --shared 256 --output 128"
 
@@ -47,7 +49,7 @@ measure() {  # $1 label, $2 url: the lone stream, the curve, the long prompts (J
 
 # kern: no flags. The load builds the cubins and captures every decode graph before it listens.
 T0=$(date +%s.%N)
-python3 -m kern.cli serve $CKPT --port 8100 > $OUT/kern_serve.log 2>&1 &
+python3 -m kern.cli serve $CKPT --port 8100 $KERN_FLAGS > $OUT/kern_serve.log 2>&1 &
 KERN=$!
 if up http://127.0.0.1:8100 ${KERN_UP_S:-130} $KERN; then
   echo "{\"label\": \"kern\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $T0, 1))")}" \
