@@ -103,7 +103,8 @@ def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
     assert all(isinstance(i, PackedLaunch) for i in items)
     assert [i.kernel.name for i in items] == ["embed", *layer * 2, "gather_last", "norm_gemm_f32", "sample_partial",
                                               "argmax_final"]
-    assert items[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 1)  # 64 W rows and 64 rows a block
+    assert items[1].grid == (-(-sm90.constants["qkv_dim"] // 128), 1, 1)  # 128 W rows and 128 rows a block
+    assert items[1].shared_mem > 48 << 10  # dynamic shared memory past the default: the function opts in
     wide = _program(sm90, "decode_wide")[0].resolve(env)
     layer = [n + "_split" if "gemm" in n else n for n in layer]
     layer[1] = "attention_decode"  # and the projections split over K: 8 blocks a tile, one a partial
