@@ -1,7 +1,9 @@
 """Batch invariance on sm_90a (docs/determinism.md), random SmolLM2-135M weights: a request's
 tokens and logprobs against its run alone, chunked (prefill rows in other chunks), beside 7
 others (the gemv decode program), with its prompt cached (its last prompt token through the
-decode program, not prefill) and beside 63 others (the wide decode program's gemm twins).
+decode program, not prefill), beside 63 others (the wide decode program's gemm twins) and
+preempted mid-decode beside 7 others, then resumed (its prompt and the tokens it had from its
+checkpoint, the rest decoded again).
 
     python -m pytest -q tests/generation/test_invariance_gpu.py   (on the H200)"""
 
@@ -76,3 +78,19 @@ def test_a_request_with_its_prompt_cached_gets_its_bytes_alone(setup):
 def test_a_request_beside_63_others_gets_its_bytes_alone(setup):
     loop, prompt, others, alone = setup
     assert _again(loop, _beside(prompt, others, 63)) == alone
+
+
+def test_a_request_preempted_and_resumed_beside_others_gets_its_bytes_alone(setup):
+    loop, prompt, others, alone = setup
+    loop.paging.pool.clear()
+    arrivals = _beside(prompt, others, 7)
+    got, step = [], 0
+    while loop.has_work() or any(s >= step for s in arrivals):
+        for rid, ids, params in arrivals.get(step, []):
+            loop.add(rid, ids, params)
+        if step == 8:  # a few tokens decoded: its lease becomes a checkpoint, it queues again
+            assert any(s.id == "r" for s in loop.running), "the request runs when it is preempted"
+            loop.preempt("r")
+        got += [d for d in loop.step() if d.request_id == "r"]
+        step += 1
+    assert _bytes(got) == alone
