@@ -71,7 +71,7 @@ def smol():
     from kern_models.embedded import prepare
 
     ckpt = prepare(progress=False)
-    model = Model(deployment_for(ckpt, "cpu"), ckpt, max_seqs=8)
+    model = Model(deployment_for(ckpt, "cpu"), ckpt, max_seqs=8, host_bytes=64 << 20)  # room to park a checkpoint
     tok = model.tokenizer
     prompts = [tok.encode(tok.chat([{"role": "user", "content": q}])) for q in QUESTIONS]
     return model, prompts, {}
@@ -129,7 +129,8 @@ def scenarios(draw):
     return {"target": (i, j), "others": others,
             "cached": draw(st.one_of(st.none(), st.integers(1, 200))),  # a prefix of the prompt run before
             "at": draw(st.integers(0, 3)), "budget": draw(st.integers(1, 64)),
-            "preempt": draw(st.one_of(st.none(), st.integers(1, 8))), "run_ahead": draw(st.sampled_from([1, 4]))}
+            "preempt": draw(st.one_of(st.none(), st.integers(1, 8))), "park": draw(st.booleans()),
+            "run_ahead": draw(st.sampled_from([1, 4]))}
 
 
 def played(served, sc) -> tuple[tuple, tuple]:
