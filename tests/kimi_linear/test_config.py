@@ -106,6 +106,16 @@ def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tm
     assert str(e.value) == f"kda_form {form!r}: the cpu recurrence's prompt form is one of tokens, chunked"
 
 
+@pytest.mark.parametrize("target", ["cuda", "sm_90a"])
+def test_the_prompt_form_is_refused_for_the_gpu_build_in_one_line(target, tmp_path):
+    from kern_models.kimi_linear.generator import generate
+
+    with pytest.raises(ConfigError) as e:
+        generate({**BASE}, tmp_path, target=target, kda_form="tokens")
+    assert str(e.value) == (f"kda_form: the cpu recurrence's prompt form; the {target} build has one (the chunked "
+                            "kernel), so give kda_form only with target cpu")
+
+
 def _kernels():
     path = Path(__file__).resolve().parents[2] / "models" / "kimi_linear" / "kernels" / "cpu" / "kernels.py"
     spec = importlib.util.spec_from_file_location("kimi_cpu_kernels", path)
