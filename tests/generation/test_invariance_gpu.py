@@ -52,9 +52,9 @@ def _again(loop, arrivals, cache: bool = False, budget: int | None = None) -> tu
         loop.limits = base
 
 
-def _beside(prompt, others, n: int) -> dict:
-    arrivals = {s: [(f"o{i}", p, PARAMS) for i, p in enumerate(others[:n]) if i % 4 == s] for s in range(4)}
-    arrivals.setdefault(1, []).append(("r", prompt, PARAMS))
+def _beside(prompt, others, n: int, params: SamplingParams = PARAMS) -> dict:
+    arrivals = {s: [(f"o{i}", p, params) for i, p in enumerate(others[:n]) if i % 4 == s] for s in range(4)}
+    arrivals.setdefault(1, []).append(("r", prompt, params))
     return arrivals
 
 
@@ -94,3 +94,17 @@ def test_a_request_preempted_and_resumed_beside_others_gets_its_bytes_alone(setu
         got += [d for d in loop.step() if d.request_id == "r"]
         step += 1
     assert _bytes(got) == alone
+
+
+def test_a_seeded_request_drawn_on_the_device_gets_its_tokens_alone(setup):
+    """Sampling keyed by the request (its seed and token index), never by its row: the same draws
+    beside 63 others (each with its own seed) and with its prompt cached as alone."""
+    loop, prompt, others, _ = setup
+    seeded = SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.9, seed=7)
+    alone = _again(loop, {0: [("r", prompt, seeded)]})
+    arrivals = _beside(prompt, others, 63, seeded)
+    for s, group in arrivals.items():
+        arrivals[s] = [(rid, ids, seeded if rid == "r" else replace(seeded, seed=100 + i)) for i, (rid, ids, _) in
+                       enumerate(group)]
+    assert _again(loop, arrivals) == alone
+    assert _again(loop, {0: [("r", prompt, seeded)]}, cache=True) == alone  # its prompt cached by the run alone
