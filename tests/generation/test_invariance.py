@@ -161,6 +161,22 @@ def test_a_request_gets_its_bytes_alone_whatever_its_batch_cache_chunking_and_pr
     assert got == want
 
 
+@pytest.mark.parametrize("j", range(len(PARAMS)))
+def test_a_request_parked_in_host_memory_and_woken_gets_its_bytes_alone(smol, j, monkeypatch):
+    """The property test draws parking, but its few examples need not preempt a request that has
+    a checkpoint to park: here one always does (the longer question in chunks of 16, preempted
+    at its fourth step), and the park is seen to happen."""
+    pool = smol[0].loop.paging.pool
+    parked = []
+    real = type(pool).park
+    monkeypatch.setattr(type(pool), "park", lambda self, c: parked.append(c) or real(self, c))
+    sc = {"target": (1, j), "others": [(0, 10, 0, 0)], "cached": None, "at": 0, "budget": 16, "preempt": 4,
+          "park": True, "run_ahead": 1}
+    got, want = played(smol, sc)
+    assert parked, "a checkpoint was parked"
+    assert got == want
+
+
 def test_an_expert_gives_a_row_the_same_bits_whatever_else_is_routed_to_it():
     """qwen3_moe's experts: a row's output alone and among rows routed to the same expert."""
     from kern_models.qwen3_moe.kernels.cpu import kernels as moe
