@@ -238,6 +238,9 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder")
+    if manifest and not batch_invariant and target != "cpu":  # a given manifest's programs are what they are
+        raise KernError(f"{manifest}: a manifest is given; --no-batch-invariance chooses a generated deployment's "
+                        "programs (leave out --manifest, or give a manifest built with invariant=False)")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
                                                                   batch_invariant=batch_invariant)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,

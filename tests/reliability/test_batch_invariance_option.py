@@ -1,7 +1,7 @@
 """--no-batch-invariance (kern run, kern serve; load(batch_invariant=False)): the generated GPU
 deployment whose many-row programs run through cuBLASLt, cached apart from the default
 batch-invariant one; the cpu build is the same deployment either way; a folder that ships its
-own manifest.json is refused in one line that names the folder and the flag."""
+own manifest.json, or a manifest given with it, is refused in one line that names it and the flag."""
 
 from __future__ import annotations
 
@@ -51,6 +51,16 @@ def test_a_folder_with_its_own_manifest_is_refused_in_one_line(tiny):
         deployments.deployment_for(tiny, "sm_90a", batch_invariant=False)
     line = str(err.value)
     assert "\n" not in line and str(tiny) in line and "--no-batch-invariance" in line
+
+
+def test_a_given_manifest_with_the_flag_is_refused_in_one_line(tiny):
+    from kern.api import load
+
+    manifest = deployments.deployment_for(tiny, "sm_90a")
+    with pytest.raises(KernError) as err:  # refused before anything loads: no GPU needed
+        load(tiny, manifest=manifest, target="sm_90a", batch_invariant=False)
+    line = str(err.value)
+    assert "\n" not in line and str(manifest) in line and "--no-batch-invariance" in line
 
 
 @pytest.mark.parametrize("command", ["run", "serve"])
