@@ -16,7 +16,8 @@
 // Tiles (GemmCfg below): prefill's entries take 8 consecutive gemv tiles (16 W rows, or 8
 // pairs, each) beside 128 x rows a block (grid (ceil_div(tiles, 8), ceil_div(M, 128))), 8
 // warps, 2 x 4, a warp 64 W rows x 32 x rows; the split variants 4 tiles beside 64 x rows, 4
-// warps, 2 x 2. W and x steps of 32 elements go to shared memory with cp.async, 4 (3) deep. The
+// warps, 2 x 2. W and x go to shared memory with cp.async in stages of two 32-element steps, 4
+// deep (the split variants: one step, 3 deep). The
 // normed variants sum each row's squares as the steps land (the lanes' sums of a unit kept in
 // shared memory, added by warp_sum's tree when the unit is in), in the gemv's order.
 #include "gemv.cuh"
