@@ -153,6 +153,10 @@ struct YAddRes {
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
     }
+    // The same add split in two, for an epilogue that reads all its residuals before it stores
+    // any (the loads then overlap instead of waiting one by one behind the stores).
+    __device__ float old(size_t i) const { return to_f(__ldcg(res + i)); }
+    __device__ void put_old(size_t i, float v, float o) const { res[i] = to_bf(o + rbf(v)); }
 };
 
 // Paired outputs: mma rows g and g + 8 are two W rows one output needs together. wrows names
