@@ -58,8 +58,6 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // memory; scale_d 0 starts a new sum (d's old value ignored). A warpgroup's thread holds, for
 // each 8-column group j, d[4j .. 4j+3] = (row 16w + g, col 8j + 2t), (row 16w + g, col 8j + 2t + 1),
 // (row 16w + g + 8, the same two columns), w its warp in the group, g = lane / 4, t = lane % 4.
-#define KERN_WGMMA_BODY(N)                                                                               \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #N "_SCALE, 0;\n"
 __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
