@@ -93,23 +93,25 @@ def test_fused_qkv_views_become_pointer_offsets(sm90_cublas):
 
 def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
     """The default (invariant) build: prefill and the wide decode run decode's fused layer with
-    the gemv kernels' gemm twins (gemm.cu; the wide decode's split over K) and no library call;
-    prefill's attention is attention_rows (decode's split order), its LM head takes each
-    sequence's last row of x."""
+    the gemv kernels' gemm twins (gemm.cu on wgmma; a normed one is rms_prep then the GEMM; the
+    wide decode's split over K) and no library call; prefill's attention is attention_rows
+    (decode's split order), its LM head takes each sequence's last row of x."""
     env = {**sm90.constants, "tokens": 9, "prefill_seqs": 2, "seqs": 2, "wide_seqs": 12, "context": 512,
            "reach": 512}
-    layer = ["norm_gemm_rope_append", "attention_rows", "gemm_residual", "norm_gemm_swiglu", "gemm_residual"]
+    layer = ["rms_prep", "norm_gemm_rope_append", "attention_rows", "gemm_residual", "rms_prep", "norm_gemm_swiglu",
+             "gemm_residual"]
     items = _program(sm90, "prefill")[0].resolve(env)
     assert all(isinstance(i, PackedLaunch) for i in items)
-    assert [i.kernel.name for i in items] == ["embed", *layer * 2, "gather_last", "norm_gemm_f32", "sample_partial",
-                                              "argmax_final"]
-    assert items[1].grid == (-(-sm90.constants["qkv_dim"] // 128), 1, 1)  # 128 W rows and 128 rows a block
-    assert items[1].shared_mem > 48 << 10  # dynamic shared memory past the default: the function opts in
+    assert [i.kernel.name for i in items] == ["embed", *layer * 2, "gather_last", "rms_prep", "norm_gemm_f32",
+                                              "sample_partial", "argmax_final"]
+    assert items[2].grid == (-(-sm90.constants["qkv_dim"] // 128), 1, 1)  # 128 W rows and 128 rows a block
+    assert items[2].shared_mem > 48 << 10  # dynamic shared memory past the default: the function opts in
     wide = _program(sm90, "decode_wide")[0].resolve(env)
     layer = [n + "_split" if "gemm" in n else n for n in layer]
-    layer[1] = "attention_decode"  # and the projections split over K: 8 blocks a tile, one a partial
-    assert [i.kernel.name for i in wide] == ["embed", *layer * 2, "norm_gemm_f32", "sample_partial", "argmax_final"]
-    assert wide[1].grid == (-(-sm90.constants["qkv_dim"] // 64), 1, 8)
+    layer[2] = "attention_decode"  # and the projections split over K: 8 blocks a tile, one a partial
+    assert [i.kernel.name for i in wide] == ["embed", *layer * 2, "rms_prep", "norm_gemm_f32", "sample_partial",
+                                             "argmax_final"]
+    assert wide[2].grid == (-(-sm90.constants["qkv_dim"] // 128), 1, 8)
 
 
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90, sm90_cublas):
