@@ -141,3 +141,14 @@ def test_plain_requests_never_touch_the_constraint_machinery(tiny_llama, byte_to
     assert not plain.shaped and not plain.needs_logits
     biased = SamplingParams(max_tokens=4, logit_bias=((7, 5.0),))
     assert biased.needs_logits and not biased.device_samples  # a bias, like a grammar, draws on the host
+
+
+def test_the_host_copies_only_the_logits_of_the_rows_it_draws(tiny_llama):
+    """A step with one host-drawn row among device-drawn ones reads that row's logits alone
+    (Engine.read_rows): on a GPU the other rows' vocabularies never cross to the host."""
+    runner = make_loop(tiny_llama).runner
+    feeds = [runner.scratch_feed(p) for p in (0, 3, 5)]
+    tokens, every = runner.run(feeds, True)
+    again, some = runner.run(feeds, [2])
+    assert np.array_equal(again, tokens) and np.array_equal(some[2], every[2])
+    assert runner.run(feeds, [])[1] is None

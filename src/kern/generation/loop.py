@@ -208,8 +208,8 @@ class Loop:
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
-        need_logits = any(self._host_draws(seqs[i]) for i in emitting)
-        tokens, logits = self.runner.run(feeds, need_logits)
+        # only the rows the host draws copy their logits off the device
+        tokens, logits = self.runner.run(feeds, [i for i in emitting if self._host_draws(seqs[i])])
         for s in seqs:
             if s.snapshots and s.written == s.snapshots[0]:
                 self.paging.snapshot(s.lease)
