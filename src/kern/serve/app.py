@@ -142,13 +142,13 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
                 raise
             raise RequestError(str(e), param="messages") from None
 
-    @app.post("/tokenize")
-    async def tokenize_route(request: Request):
-        return await _tokens(request, tokenize)
+    def _tokens_route(fn):
+        async def route(request: Request):
+            return await _tokens(request, fn)
+        return route
 
-    @app.post("/detokenize")
-    async def detokenize_route(request: Request):
-        return await _tokens(request, detokenize)
+    for path, fn in (("/tokenize", tokenize), ("/detokenize", detokenize)):
+        app.post(path)(_tokens_route(fn))
 
     @app.get("/v1/models")
     async def models(request: Request):

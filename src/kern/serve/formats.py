@@ -98,6 +98,8 @@ def _functions(tools) -> list[dict]:
 def tool_plan(f: dict, tokenizer) -> tuple[ToolPlan | None, list | None, str | None]:
     """(how to read the output, the tools for the chat template, the grammar to decode under)
     for a chat request's tools fields; (None, None, None) where it has no tools to call."""
+    if f.get("tools") == []:  # some clients send an empty list for "no tools"
+        f = {k: v for k, v in f.items() if k != "tools"}
     choice = f.get("tool_choice", "auto" if "tools" in f else "none")
     parallel = f.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
