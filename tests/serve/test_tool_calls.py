@@ -10,11 +10,11 @@ import pytest
 from kern.serve.errors import RequestError
 from kern.serve.tools import CallIds, ToolPlan, ToolStream, parse, template_tools
 
-HERMES = ToolPlan("auto", "hermes")
-LLAMA = ToolPlan("auto", "llama3_json")
-MISTRAL = ToolPlan("auto", "mistral")
+TAGGED = ToolPlan("auto", "tagged")
+BARE = ToolPlan("auto", "bare_json")
+LISTED = ToolPlan("auto", "listed")
 
-HERMES_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+TAGGED_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
 
 
@@ -22,31 +22,31 @@ def _calls(calls) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
 
-def test_hermes_blocks_are_calls_and_the_text_around_them_content():
-    content, calls = parse(HERMES_TEXT, HERMES)
+def test_tagged_blocks_are_calls_and_the_text_around_them_content():
+    content, calls = parse(TAGGED_TEXT, TAGGED)
     assert content == "Let me look."
     assert _calls(calls) == [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
 
 
 def test_without_parallel_calls_only_the_first_is_kept():
-    _, calls = parse(HERMES_TEXT, ToolPlan("auto", "hermes", parallel=False))
+    _, calls = parse(TAGGED_TEXT, ToolPlan("auto", "tagged", parallel=False))
     assert _calls(calls) == [("get_weather", {"city": "Paris"})]
 
 
-def test_llama3_json_and_mistral_calls():
+def test_bare_json_and_listed_calls():
     text = '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}; {"name": "f", "parameters": {}}'
-    content, calls = parse(text, LLAMA)
+    content, calls = parse(text, BARE)
     assert content is None and _calls(calls) == [("get_time", {"zone": "UTC"}), ("f", {})]
-    content, calls = parse('Sure. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]', MISTRAL)
+    content, calls = parse('Sure. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]', LISTED)
     assert content == "Sure." and _calls(calls) == [("f", {"a": 1})]
 
 
 @pytest.mark.parametrize("plan,text", [
-    (HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>"),  # not JSON
-    (HERMES, "<tool_call>\n{\"arguments\": {}}\n</tool_call>"),  # no name
-    (LLAMA, "{this is prose in braces}"),
-    (MISTRAL, "[TOOL_CALLS] not a list"),
-    (HERMES, "Just words, no call."),
+    (TAGGED, "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>"),  # not JSON
+    (TAGGED, "<tool_call>\n{\"arguments\": {}}\n</tool_call>"),  # no name
+    (BARE, "{this is prose in braces}"),
+    (LISTED, "[TOOL_CALLS] not a list"),
+    (TAGGED, "Just words, no call."),
 ])
 def test_text_that_is_no_well_formed_call_stays_content(plan, text):
     assert parse(text, plan) == (text, [])
@@ -54,9 +54,9 @@ def test_text_that_is_no_well_formed_call_stays_content(plan, text):
 
 def test_required_and_named_texts_are_known_exactly():
     text = '[{"name": "get_time", "parameters": {"zone": "PST"}}, {"name": "f", "parameters": {"x": [1]}}]'
-    assert _calls(parse(text, ToolPlan("required", "hermes"))[1]) == [("get_time", {"zone": "PST"}),
+    assert _calls(parse(text, ToolPlan("required", "tagged"))[1]) == [("get_time", {"zone": "PST"}),
                                                                        ("f", {"x": [1]})]
-    assert _calls(parse('{"zone": "UTC"}', ToolPlan("named", "hermes", name="get_time"))[1]) == \
+    assert _calls(parse('{"zone": "UTC"}', ToolPlan("named", "tagged", name="get_time"))[1]) == \
         [("get_time", {"zone": "UTC"})]
 
 
@@ -71,9 +71,9 @@ def _stream(plan: ToolPlan, pieces: list[str]) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.parametrize("cut", [1, 2, 3, 5, 7, 11])
-def test_a_hermes_stream_cut_anywhere_sends_the_content_then_the_calls_whole(cut):
-    pieces = [HERMES_TEXT[i:i + cut] for i in range(0, len(HERMES_TEXT), cut)]
-    content, deltas = _stream(HERMES, pieces)
+def test_a_tagged_stream_cut_anywhere_sends_the_content_then_the_calls_whole(cut):
+    pieces = [TAGGED_TEXT[i:i + cut] for i in range(0, len(TAGGED_TEXT), cut)]
+    content, deltas = _stream(TAGGED, pieces)
     assert content.strip() == "Let me look."
     assert [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] == \
         [(0, "get_weather", {"city": "Paris"}), (1, "get_time", {"zone": "CET"})]
@@ -83,12 +83,12 @@ def test_a_hermes_stream_cut_anywhere_sends_the_content_then_the_calls_whole(cut
 
 def test_a_stream_that_only_looked_like_a_call_loses_nothing():
     text = "a <tool_ca b <tool_call> {broken"
-    content, deltas = _stream(HERMES, list(text))
+    content, deltas = _stream(TAGGED, list(text))
     assert content == text and deltas == []
 
 
 def test_a_named_function_streams_its_arguments_as_they_come():
-    content, deltas = _stream(ToolPlan("named", "hermes", name="get_time"), ['{"zone"', ': "UTC"', "}"])
+    content, deltas = _stream(ToolPlan("named", "tagged", name="get_time"), ['{"zone"', ': "UTC"', "}"])
     assert content == ""
     assert deltas[0] == {"index": 0, "id": CallIds("chatcmpl-1", 0)(0), "type": "function",
                          "function": {"name": "get_time", "arguments": ""}}
@@ -101,9 +101,9 @@ class _Tok:
 
 
 @pytest.mark.parametrize("template,fmt", [
-    ("{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>", "hermes"),
-    ("{% if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]", "mistral"),
-    ("{% if tools %}Environment: ipython{{ tools }}{% endif %}", "llama3_json"),
+    ("{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>", "tagged"),
+    ("{% if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]", "listed"),
+    ("{% if tools %}Environment: ipython{{ tools }}{% endif %}", "bare_json"),
 ])
 def test_the_call_format_is_read_from_the_template(template, fmt):
     assert template_tools(_Tok(template)) == fmt

@@ -1,12 +1,12 @@
 """Tool calls: which call format a checkpoint's chat template teaches its model, and the calls
 read back out of the model's text, whole or as a stream (OpenAI's `tool_calls` deltas).
 
-Formats recognised (docs/serve.md), each by a mark its template writes:
-- `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block a call
-  (Qwen2.5, Qwen3, Hermes 2 Pro / 3, SmolLM3 and others that copy them);
-- `llama3_json`: the message is `{"name": ..., "parameters": {...}}`, calls joined by `;`,
-  maybe after `<|python_tag|>` (Llama 3.1 / 3.2 / 3.3: their templates speak of `ipython`);
-- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
+Formats recognised (docs/serve.md says which models write each), each by a mark its template
+writes:
+- `tagged`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block a call;
+- `bare_json`: the message is `{"name": ..., "parameters": {...}}`, calls joined by `;`, maybe
+  after `<|python_tag|>` (such templates speak of the `ipython` role);
+- `listed`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
 tool_choice "required" and a named function are decoded under a grammar instead (formats.py),
 so their text is known exactly: a JSON array of `{"name", "parameters"}`, or the arguments."""
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .errors import RequestError
 
-MARKS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "{"}
+MARKS = {"tagged": "<tool_call>", "listed": "[TOOL_CALLS]", "bare_json": "{"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +38,13 @@ def template_tools(tokenizer) -> str:
                            "model cannot be told of them; send tool_choice \"none\" or leave tools out",
                            param="tools", code="unsupported_parameter")
     if "<tool_call>" in tpl:
-        return "hermes"
+        return "tagged"
     if "[TOOL_CALLS]" in tpl:
-        return "mistral"
+        return "listed"
     if "ipython" in tpl or "<|python_tag|>" in tpl:
-        return "llama3_json"
+        return "bare_json"
     raise RequestError("this model's chat template renders tools, but in a call format kern does not recognise "
-                       "(it reads hermes <tool_call>, llama3 JSON and mistral [TOOL_CALLS])", param="tools",
+                       "(it reads <tool_call> blocks, bare JSON calls and [TOOL_CALLS] lists)", param="tools",
                        code="unsupported_parameter")
 
 
@@ -98,18 +98,18 @@ def parse(text: str, plan: ToolPlan) -> tuple[str | None, list[Call]]:
         return (None, calls) if calls and None not in calls else (text, [])
     calls: list[Call] = []
     content = text
-    if plan.format == "hermes":
+    if plan.format == "tagged":
         blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S)
         got = [_json_values(b) for b in blocks]
         if blocks and all(g and len(g) == 1 for g in got):
             calls = [_call(g[0], "arguments") for g in got]
             content = re.sub(r"<tool_call>.*?(?:</tool_call>|$)", "", text, flags=re.S)
-    elif plan.format == "mistral" and "[TOOL_CALLS]" in text:
+    elif plan.format == "listed" and "[TOOL_CALLS]" in text:
         head, _, body = text.partition("[TOOL_CALLS]")
         got = _json_values(body)
         if got and isinstance(got[0], list):
             calls, content = [_call(c, "arguments") for c in got[0]], head
-    elif plan.format == "llama3_json":
+    elif plan.format == "bare_json":
         body = text.strip().removeprefix("<|python_tag|>")
         got = _json_values(body) if body.startswith("{") else None
         if got:
@@ -146,7 +146,7 @@ class ToolStream:
         if self.plan.mode == "required" or self.held:
             return "", []
         mark = MARKS[self.plan.format]
-        if self.plan.format == "llama3_json":  # a call is the whole message: held from its first '{'
+        if self.plan.format == "bare_json":  # a call is the whole message: held from its first '{'
             if self.text.lstrip().startswith(("{", "<|python_tag|>")):
                 self.held = True
                 return "", []
