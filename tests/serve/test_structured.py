@@ -119,3 +119,22 @@ def test_completions_decode_under_a_schema_too_and_sampled_choices_validate(smol
                                            temperature=1.0, seed=5, n=3, extra_body={"response_format": {
                                                "type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
     assert [c.text for c in again.choices] == [c.text for c in out.choices]  # seeded: the same draws
+
+
+def test_the_clients_parse_helper_gets_its_pydantic_model_back(smol_client, smol_name):
+    """`client.chat.completions.parse(response_format=Model)`: the client sends the model's strict
+    schema ($defs, $ref, anyOf with null, additionalProperties false) and parses the answer."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=10)
+        legs: int = pydantic.Field(ge=0, le=8)
+
+    class Owner(pydantic.BaseModel):
+        pets: list[Pet] = pydantic.Field(max_length=2)
+        nickname: str | None = pydantic.Field(max_length=10)
+
+    out = smol_client.chat.completions.parse(model=smol_name, response_format=Owner, temperature=0, max_tokens=80,
+                                             messages=[{"role": "user", "content": "Describe a pet owner."}])
+    assert out.choices[0].finish_reason == "stop"
+    assert isinstance(out.choices[0].message.parsed, Owner)
