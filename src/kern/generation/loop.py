@@ -90,6 +90,11 @@ class Loop:
         self._tokenizer, self._loaded = tok, True
 
     @property
+    def reads_logits(self) -> bool:
+        """Whether every program outputs its logits (a bias or a grammar needs them)."""
+        return all("logits" in st.outputs for st in self.protocol.steppers)
+
+    @property
     def grammars(self) -> Grammars:
         """Constrained decoding's side of the tokenizer, made on the first request with a grammar."""
         if self._grammars is None:
@@ -151,7 +156,7 @@ class Loop:
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
-        if params.shaped and not all("logits" in st.outputs for st in self.protocol.steppers):
+        if params.shaped and not self.reads_logits:
             raise BoundsError(f"request {request_id!r}: logit_bias and grammars need the logits, which this "
                               "deployment's programs do not output")
         constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
