@@ -85,3 +85,14 @@ def test_tokenize_and_detokenize_refuse_bad_input_naming_the_field(server, model
     code, out = post(server, path, body)
     assert code == (404 if param == "model" else 400)
     assert out["error"]["param"] == param and says in out["error"]["message"]
+
+
+def test_a_grammar_over_a_tokenizer_llguidance_cannot_read_is_refused_saying_so(server, model_name):
+    """The word tokenizer has no byte-level decoder: the server starts all the same, and a
+    request with a schema gets one line naming why, not a failure of the engine."""
+    code, out = post(server, "/v1/completions", {"model": model_name, "prompt": "w5", "max_tokens": 2,
+                                                 "response_format": {"type": "json_object"}})
+    assert code == 400 and out["error"]["param"] == "prompt"
+    assert "structured output cannot read this checkpoint's tokenizer" in out["error"]["message"]
+    code, _ = post(server, "/v1/completions", {"model": model_name, "prompt": "w5", "max_tokens": 2})
+    assert code == 200

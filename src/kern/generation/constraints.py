@@ -61,6 +61,7 @@ class Grammars:
         self.tokenizer, self.width, self.eos = tokenizer, width, sorted(eos)
         self._lt = None
         self._exec = None
+        self._problem: str | None = None  # why the vocabulary's side cannot be built, once known
 
     @property
     def words(self) -> int:
@@ -68,16 +69,27 @@ class Grammars:
 
     def _tok(self):
         if self._lt is None:
-            if self.tokenizer is None:
-                raise BoundsError("a grammar needs the checkpoint's tokenizer.json, which this one lacks")
+            if self._problem is None and self.tokenizer is None:
+                self._problem = "a grammar needs the checkpoint's tokenizer.json, which this one lacks"
+            if self._problem is not None:
+                raise BoundsError(self._problem)
             llg = _llg()
-            self._lt = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.width, eos_token=self.eos)
+            try:
+                self._lt = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.width, eos_token=self.eos)
+            except (ValueError, RuntimeError) as e:  # one llguidance cannot read (no byte-level decoder, say)
+                self._problem = f"structured output cannot read this checkpoint's tokenizer: {e}"
+                raise BoundsError(self._problem) from None
             self._exec = llg.LLExecutor()
         return self._lt
 
-    def prepare(self) -> None:
-        """Build the vocabulary's side now (a server does at start-up: ~0.6 s for 49k tokens)."""
-        self._tok()
+    def prepare(self) -> str | None:
+        """Build the vocabulary's side now (a server does at start-up: ~0.6 s for 49k tokens).
+        Returns why it cannot be built (then every grammar request is refused with that), or None."""
+        try:
+            self._tok()
+        except BoundsError as e:
+            return str(e)
+        return None
 
     def matcher(self, grammar: str):
         """A fresh matcher at the grammar's start; BoundsError naming the problem otherwise."""
