@@ -48,13 +48,14 @@ def test_several_prompts_give_each_prompt_its_own_choices(client, model_name):
 
 
 def test_echo_starts_each_text_with_its_prompt(client, model_name):
-    plain = client.completions.create(model=model_name, prompt=[words(3, 20), [70, 71]], max_tokens=3, **GREEDY)
-    out = client.completions.create(model=model_name, prompt=[words(3, 20), [70, 71]], max_tokens=3, echo=True,
+    # prompts apart from the other tests' (the server is shared: a common prefix would be cached)
+    plain = client.completions.create(model=model_name, prompt=[words(3, 160), [70, 71]], max_tokens=3, **GREEDY)
+    out = client.completions.create(model=model_name, prompt=[words(3, 160), [70, 71]], max_tokens=3, echo=True,
                                     **GREEDY)
-    assert [c.text for c in out.choices] == [words(3, 20) + plain.choices[0].text, "w70 w71" + plain.choices[1].text]
-    parts = list(client.completions.create(model=model_name, prompt=words(3, 20), max_tokens=3, echo=True,
+    assert [c.text for c in out.choices] == [words(3, 160) + plain.choices[0].text, "w70 w71" + plain.choices[1].text]
+    parts = list(client.completions.create(model=model_name, prompt=words(3, 160), max_tokens=3, echo=True,
                                            stream=True, **GREEDY))
-    assert parts[0].choices[0].text == words(3, 20)
+    assert parts[0].choices[0].text == words(3, 160)
     assert "".join(p.choices[0].text for p in parts) == out.choices[0].text
 
 
