@@ -33,7 +33,9 @@ def penalize(logits: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[
     output tokens (divide positive logits, multiply negative ones); frequency (per occurrence)
     and presence (once) penalties over the output. A NaN logit never wins (as on the device):
     it counts as -inf."""
-    z = np.nan_to_num(logits.astype(np.float64), nan=-np.inf, posinf=LIMIT)
+    z = logits.astype(np.float64)
+    if not np.isfinite(z).all():  # in place: a second vocabulary-wide array costs its page faults (~2 ms a row)
+        np.nan_to_num(z, copy=False, nan=-np.inf, posinf=LIMIT)
     for i, p in enumerate(params):
         if p.logit_bias:
             ids, bias = zip(*p.logit_bias)
@@ -83,7 +85,7 @@ def sample(logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[Uniform],
 def mask(z: np.ndarray, allowed: np.ndarray) -> None:
     """Rule out, in place, the tokens a row may not draw. A row whose allowed tokens all sit at
     -inf (NaN logits, say) draws among them evenly rather than a forbidden token."""
-    z[~allowed] = -np.inf
+    np.putmask(z, ~allowed, -np.inf)  # cheaper than a boolean index over the vocabulary
     dead = ~np.isfinite(z.max(axis=1)) & allowed.any(axis=1)
     if dead.any():
         z[dead] = np.where(allowed[dead], 0.0, -np.inf)
