@@ -310,43 +310,56 @@ def bench_cublaslt(gpu: Gpu, rng, lines: list[str]) -> None:
         lines.append(f"{f'cublaslt bf16 TN {M}x{N}x{K}':<44} {us:9.2f} us  {2 * M * N * K / us / 1e6:8.1f} TFLOP/s")
 
 
-def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(32, 128, 2048)) -> None:
-    """The batch-invariant projections of a Llama-3.2-1B layer as the programs run them (gemm.cu:
-    the normed qkv and gate/up stand-ins and the residual o and down; split over K up to 256
-    rows, as the wide decode program runs them) beside cuBLASLt's bf16 TN GEMM at the same
-    (M, N, K): a line a projection, then the layer's four summed."""
+GEMM_LAYERS = {  # a layer's projections: (N, K, normed); normed ones are rms_prep + the GEMM
+    "llama-3.2-1b": [(3072, 2048, True), (2048, 2048, False), (16384, 2048, True), (2048, 8192, False)],
+    "llama-3.1-8b": [(6144, 4096, True), (4096, 4096, False), (28672, 4096, True), (4096, 14336, False)],
+}
+
+
+def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(8, 32, 128, 512, 2048)) -> None:
+    """The batch-invariant projections of a layer as the programs run them (table.ops(): the
+    normed qkv and gate/up with rms_prep, the residual o and down; the split variant up to the
+    wide decode's 256 rows; the gemv at the decode program's 8 rows) beside cuBLASLt's bf16 TN
+    GEMM at the same (M, N, K) (the --no-batch-invariance build's call): a line a projection,
+    then the layer's four summed, kern's best over cuBLASLt's."""
+    from cuda_gpu import op_launches
     from kern.runtime.devices.cuda.cublaslt import CublasLt
+    from kern_models.llama.kernels.cuda import table
     lt = CublasLt()
+    ops = table.ops()
     eps = 1e-5
-    from kern_models.llama.kernels.cuda.table import TILES
-    big_tiles, big_rows = TILES["GEMM_BIG_TILES"], TILES["GEMM_BIG_ROWS"]
-    for M in row_counts:
-        sums = {"split": 0.0, "big": 0.0, "cublaslt": 0.0}
-        for N, K, normed in [(3072, 2048, True), (2048, 2048, False), (16384, 2048, True), (2048, 8192, False)]:
-            x, nw, W = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (N, K))), gpu.put(rand_weights(rng, (N, K)))
-            y = gpu.empty(M * N * 4)
-            base = "norm_gemm_bf16" if normed else "gemm_residual"
-            for kind in ("split", "big"):
-                if kind == "split":
-                    if M > 256:
-                        continue
-                    grid, block, smem, name = (-(-N // 64), -(-M // 64), 8), 128, TILES["GEMM_SMEM"], base + "_split"
-                    extra = (gpu.empty(grid[0] * grid[1] * 8 * TILES["GEMM_PART"] * 4),
-                             gpu.put(np.zeros(grid[0] * grid[1], np.int32)))
-                else:
-                    grid, block, smem, name = (-(-N // (16 * big_tiles)), -(-M // big_rows)), 256, TILES["GEMM_BIG_SMEM"], base
-                    extra = ()
-                args = (x, nw, W, y, *extra, M, N, K, eps) if normed else (x, W, y, *extra, M, N, K)
-                us = time_graph(gpu, [gpu.make(name, grid, block, *args, shared_mem=smem) for _ in range(REPS)])
-                lines.append(row(f"{name} {M}x{N}x{K}", us, N * K * 2) + f" {2 * M * N * K / us / 1e6:7.1f} TFLOP/s")
-                sums[kind] += us
-            us_lt = cublaslt_us(lt, gpu, x, W, y, M, N, K)
-            lines.append(row(f"cublaslt {M}x{N}x{K}", us_lt, N * K * 2) + f" {2 * M * N * K / us_lt / 1e6:7.1f} TFLOP/s")
-            sums["cublaslt"] += us_lt
-        lib = sums["cublaslt"]
-        lines.append(f"{f'layer projections at {M} rows':<44} " + "  ".join(
-            f"{k} {v:8.1f} us ({v / lib:5.2f})" for k, v in sums.items() if v))
-        print(lines[-1], flush=True)
+    for model, layer in GEMM_LAYERS.items():
+        for M in row_counts:
+            sums = {"gemv": 0.0, "split": 0.0, "big": 0.0, "cublaslt": 0.0}
+            for N, K, normed in layer:
+                n_copies = copies(N * K * 2)
+                Ws = [gpu.put(rand_weights(rng, (N, K))) for _ in range(n_copies)]
+                x, nw, y = gpu.put(R.rand_bf16(rng, (M, K))), gpu.put(R.rand_bf16(rng, (K,))), gpu.empty(M * N * 4)
+                kinds = {"big": "norm_gemm" if normed else "gemm_residual"}
+                if M <= 256:
+                    kinds["split"] = kinds["big"] + "_split"
+                if M <= 32:
+                    kinds["gemv"] = "norm_gemv" if normed else "gemv_residual"
+                for kind, op in kinds.items():
+                    named = dict(W=Ws[0], rows=M, N=N, K=K)
+                    named.update(dict(res=x, nw=nw, y=y, eps=eps) if normed else dict(x=x, res=y))
+                    launches = []
+                    for i in range(REPS):
+                        named["W"] = Ws[i % n_copies]
+                        launches += op_launches(gpu, ops[op], named)
+                    us = time_graph(gpu, launches)
+                    lines.append(row(f"{model} {op} {M}x{N}x{K}", us, N * K * 2)
+                                 + f" {2 * M * N * K / us / 1e6:7.1f} TFLOP/s")
+                    sums[kind] += us
+                us_lt = cublaslt_us(lt, gpu, x, Ws[0], y, M, N, K)
+                lines.append(row(f"{model} cublaslt {M}x{N}x{K}", us_lt, N * K * 2)
+                             + f" {2 * M * N * K / us_lt / 1e6:7.1f} TFLOP/s")
+                sums["cublaslt"] += us_lt
+            lib = sums["cublaslt"]
+            best = min(v for k, v in sums.items() if v and k != "cublaslt")
+            lines.append(f"{f'{model} layer projections at {M} rows':<44} " + "  ".join(
+                f"{k} {v:8.1f} us ({v / lib:5.2f})" for k, v in sums.items() if v) + f"  best/cublaslt {best / lib:5.2f}")
+            print(lines[-1], flush=True)
 
 
 def main() -> None:

@@ -14,6 +14,39 @@ from kern.runtime.devices.cuda.launch import Kernel, Module, PackedLaunch, launc
 from kern.runtime.devices.cuda.memory import DeviceBuffer, Stream
 
 
+def _value(e, named: dict) -> int:
+    """A launch's grid expression (the manifest's closed set) over an op's named arguments."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return named[e]
+    (kind, args), = e.items()
+    a, b = (_value(x, named) for x in args)
+    return {"ceil_div": -(-a // b), "mul": a * b, "add": a + b}[kind]
+
+
+def op_launches(gpu, spec: dict, named: dict) -> list:
+    """The launches of a manifest op (spec: its JSON, e.g. a family table's ops()[name]) with its
+    parameters bound by name in `named`; the llama gemm twins' scratch (xn and rs of rms_prep,
+    part and sem of a split variant) is made here and added to `named` when absent."""
+    from kern_models.llama.kernels.cuda import table
+    params = [p.split(":")[0] for p in spec["params"]]
+    if "xn" in params:
+        named.setdefault("xn", gpu.empty(named["rows"] * named["K"] * 2))
+        named.setdefault("rs", gpu.empty(named["rows"] * 4))
+    out = []
+    for la in spec["impl"]["launches"]:
+        grid = tuple(_value(g, named) for g in la["grid"])
+        names = la.get("args") or params
+        if "part" in names and "part" not in named:
+            tiles = grid[0] * grid[1]
+            named["part"] = gpu.empty(tiles * table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"] * 4)
+            named["sem"] = gpu.put(np.zeros(tiles, np.int32))
+        out.append(gpu.make(la["entry"], grid, tuple(la["block"]), *(named[n] for n in names),
+                            shared_mem=la.get("shared_mem", 0)))
+    return out
+
+
 def launch_all(launches, stream: Stream) -> None:
     for l in launches:
         launch(l, stream)

@@ -127,8 +127,9 @@ SPLIT_BELOW_TILES = 132
 def _wide_family(s: Shape) -> tuple[dict, int]:
     """The wide decode's projections for shape s, and the most column tiles of its split ones
     (0: none split)."""
-    tiles = {"qkv": -(-(s.q_dim + 2 * s.kv_dim) // 64), "norm": -(-(s.q_dim + 2 * s.kv_dim) // 64),
-             "residual": -(-s.hidden // 64), "swiglu": -(-s.inter // 32)}
+    bn = table.TILES["WG_BN"]  # W rows a block (gemm.cu), or half as many pairs
+    tiles = {"qkv": -(-(s.q_dim + 2 * s.kv_dim) // bn), "norm": -(-(s.q_dim + 2 * s.kv_dim) // bn),
+             "residual": -(-s.hidden // bn), "swiglu": -(-s.inter // (bn // 2))}
     split = {k: n for k, n in tiles.items() if n < SPLIT_BELOW_TILES}
     return {k: op + "_split" if k in split else op for k, op in GEMM_FAMILY.items()}, max(split.values(), default=0)
 
@@ -143,11 +144,8 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     q, k, vv = _qkv_slices(p)
     calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
 
-    def proj(key: str, args: list) -> dict:  # the split variants take their scratch after the pointers
-        if ops[key].endswith("_split"):
-            n = next(i for i, a in enumerate(args) if "value" in a)
-            args = [*args[:n], b(p + "gpart"), b(p + "gsem"), *args[n:]]
-        return {"op": ops[key], "args": args}
+    def proj(key: str, args: list) -> dict:
+        return _proj(p, ops[key], args)
     for l in range(s.layers):
         append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
                   v(rows), v(seqs), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
@@ -169,6 +167,16 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     return calls
 
 
+def _proj(p: str, op: str, args: list) -> dict:
+    """A projection call: the gemm twins take their scratch after the pointers (a normed one
+    rms_prep's x and 1/rms a row, a split one its partials and counters)."""
+    n = next(i for i, a in enumerate(args) if "value" in a)
+    scratch = [b(p + "xn"), b(p + "rs")] if op.startswith("norm_gemm") else []
+    if op.endswith("_split"):
+        scratch += [b(p + "gpart"), b(p + "gsem")]
+    return {"op": op, "args": [*args[:n], *scratch, *args[n:]]}
+
+
 def _decode_attention(s: Shape, p: str, rows: str, pages, split: int, heads_a_block: int):
     q, _, _ = _qkv_slices(p)
     return lambda l: {"op": "attention_decode", "args": [
@@ -186,8 +194,8 @@ def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, 
     leave at once. ops = GEMM_FAMILY: the wide decode program, the same bits for every row
     (heads_a_block: WIDE_GROUP_HEADS there; the grouping does not change a bit)."""
     calls = _fused_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, heads_a_block), ops)
-    calls.append({"op": ops["logits"], "args": [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
-                                                v(rows), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_proj(p, ops["logits"], [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                          v(rows), v("vocab"), v("hidden"), v(s.eps)]))
     calls.append(_argmax(p, rows))
     return calls
 
@@ -204,8 +212,8 @@ def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
         v(split), v("qkv_dim")]}, GEMM_FAMILY)
     calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
                                                 v("hidden")]})
-    calls.append({"op": GEMM_FAMILY["logits"], "args": [b(p + "last"), b("final_norm"), b("lm_head"),
-                                                        b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]})
+    calls.append(_proj(p, GEMM_FAMILY["logits"], [b(p + "last"), b("final_norm"), b("lm_head"),
+                                                  b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]))
     calls.append(_argmax(p, seqs))
     return calls
 
@@ -300,6 +308,9 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         if prog == "decode" or invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _fused_layers
+        if prog != "decode" and invariant:  # rms_prep's x and 1/rms a row, for the normed gemm twins
+            buffers[p + "xn"] = bw([rows, "hidden"])
+            buffers[p + "rs"] = bw([rows], dtype="f32")
         if prog == "decode":
             calls = _decode_calls(s, p, pages, decode_split)
         elif prog == "decode_wide":
@@ -308,7 +319,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                      else _wide_calls(s, p, pages, decode_split))
             if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
-                buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["GEMM_PART"]]}], dtype="f32")
+                buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"]]}],
+                                          dtype="f32")
                 buffers[p + "gsem"] = buf([tiles], "carry", "i32")
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])

@@ -3,14 +3,17 @@
 //
 // One block per 16 output columns (grid ceil_div(N, 16), block 256 = 8 warps). The block's
 // 16 W rows are cut along K into units of 256 elements; warp w takes units w, w+8, ...
-// Each lane issues all 16 of its 16-byte W loads of a unit (rows g and g+8, g = lane/4)
+// Each lane issues all 32 of its 8-byte W loads of a unit (rows g and g+8, g = lane/4)
 // before using any, then feeds them straight into tensor-core mma.m16n8k16 (bf16 in, fp32
 // accumulate) with x as the 8-column operand: W is read from memory exactly once for up to
 // 32 rows (rows in tiles of 8; rows > 32 go in passes of 32, re-reading W).
-// The trick: a dot product may take its K elements in any order as long as W and x agree, so
-// lane (g, t = lane%4) maps its own 8 consecutive elements k0..k0+7 (k0 = unit + 32u + 8t) onto
-// the mma's k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps: no shuffles, no shared memory
-// for W, and every warp load covers whole 32-byte sectors (8 rows x 64 contiguous bytes).
+// The k16 sets: a tensor-core step's sum depends on which 16 k it takes, not on which k slot
+// holds which (measured: bench/probes/mma_sums.cu), so each step takes 16 consecutive elements,
+// as wgmma does from shared memory: lane (g, t = lane%4) loads the 4 elements 4t..4t+3 of each
+// half of a 32-element step (8-byte loads, k0 = unit + 32u + 4t and k0 + 16) into the mma's k
+// slots {2t, 2t+1, 2t+8, 2t+9} of that half's k16 step: no shuffles, no shared memory for W,
+// and every warp load covers whole 32-byte sectors (8 rows x 2 x 32 contiguous bytes). So a
+// many-row kernel on wgmma (gemm.cu) walking K in the same sets and partials gets the same bits.
 // The 8 warps' partial sums are added in warp order through shared memory: fixed order, no
 // atomics, bitwise deterministic for a given (rows, N, K).
 // Variants (one template: how x is formed, how y is stored): gemv_bf16 / gemv_f32 store y;
@@ -43,10 +46,9 @@ static_assert(GEMV_COLS == 16, "a block's columns are the 16 W rows of one mma t
 static_assert(8 * GEMV_XLD * 2 <= GEMV_WARP_SMEM && GEMV_MAX_NT * 4 * 32 * 4 <= GEMV_WARP_SMEM, "");
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
-__device__ __forceinline__ uint4 ld_stream(const bf16 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+__device__ __forceinline__ uint2 ld_stream8(const bf16 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
 // Activations (x, the residual) are written by the previous kernel, which under PDL may still
@@ -62,6 +64,19 @@ __device__ __forceinline__ uint4 ld_act(const bf16 *p) {
     asm("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+}
+__device__ __forceinline__ uint2 ld_act8(const bf16 *p) {
+    uint2 r;
+    asm("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+// A lane's mma operand of one 32-element step from a row at `p` (the step's first element):
+// elements 4t..4t+3 (x, y) and 16+4t..16+4t+3 (z, w), zero past K (k: the step's index of p).
+template <class Ld>
+__device__ __forceinline__ uint4 step_operand(const Ld &ld, const bf16 *p, int k, int t, int K) {
+    const uint2 lo = k + 4 * t < K ? ld(p + 4 * t) : make_uint2(0, 0);
+    const uint2 hi = k + 16 + 4 * t < K ? ld(p + 16 + 4 * t) : make_uint2(0, 0);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 template <typename T>
 __device__ __forceinline__ T *after_wait(T *p) {
@@ -84,6 +99,10 @@ struct XPlain {
     const bf16 *x;
     __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
+    // this lane's operand of the 32-element step at k of row `row` (step_operand)
+    __device__ uint4 operand(int row, int k, int t, int K) const {
+        return step_operand([](const bf16 *p) { return ld_act8(p); }, x + (size_t)row * K + k, k, t, K);
+    }
 };
 
 // x = rmsnorm(res) * nw with 1/rms deferred: 1/rms is one number a row, so it commutes with
@@ -134,6 +153,10 @@ struct YAddRes {
     __device__ void put(size_t i, float v) const {
         res[i] = to_bf(to_f(__ldcg(res + i)) + rbf(v));
     }
+    // The same add split in two, for an epilogue that reads all its residuals before it stores
+    // any (the loads then overlap instead of waiting one by one behind the stores).
+    __device__ float old(size_t i) const { return to_f(__ldcg(res + i)); }
+    __device__ void put_old(size_t i, float v, float o) const { res[i] = to_bf(o + rbf(v)); }
 };
 
 // Paired outputs: mma rows g and g + 8 are two W rows one output needs together. wrows names
@@ -208,12 +231,12 @@ __device__ __forceinline__ YRopeAppend rope_append_y(bf16 *y, char *kv_state, co
 
 __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, const bf16 *w1,
                                         bool ok0, bool ok1, int kb, int t, int K) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const auto ld = [](const bf16 *p) { return ld_stream8(p); };
 #pragma unroll
     for (int u = 0; u < GEMV_KU; ++u) {
-        const int k = kb + 32 * u + 8 * t;
-        a[u] = (ok0 && k < K) ? ld_stream(w0 + k) : zero;
-        b[u] = (ok1 && k < K) ? ld_stream(w1 + k) : zero;
+        const int k = kb + 32 * u;
+        a[u] = step_operand(ld, w0 + k, ok0 ? k : K, t, K);
+        b[u] = step_operand(ld, w1 + k, ok1 ? k : K, t, K);
     }
 }
 
@@ -301,7 +324,9 @@ __device__ __forceinline__ void gemv_tile(const X &xs0, const bf16 *__restrict__
                 // the epilogue drops.
 #pragma unroll
                 for (int u = 0; u < GEMV_KU; ++u) {
-                    const uint4 xv = *reinterpret_cast<const uint4 *>(xw + g * GEMV_XLD + 32 * u + 8 * t);
+                    const bf16 *xs8 = xw + g * GEMV_XLD + 32 * u + 4 * t;  // step_operand's elements
+                    const uint2 lo = *reinterpret_cast<const uint2 *>(xs8), hi = *reinterpret_cast<const uint2 *>(xs8 + 16);
+                    const uint4 xv = make_uint4(lo.x, lo.y, hi.x, hi.y);
                     mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                     mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
                 }
@@ -309,11 +334,11 @@ __device__ __forceinline__ void gemv_tile(const X &xs0, const bf16 *__restrict__
         } else {  // plain x: each lane loads its own operands (rows g, 8 + g, ...) straight from L2
 #pragma unroll
             for (int u = 0; u < GEMV_KU; ++u) {
-                const int k = kb + 32 * u + 8 * t;
+                const int k = kb + 32 * u;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const int row = nt * 8 + g;
-                    const uint4 xv = (row < R && k < K) ? xs.fetch(r0 + row, k, K) : make_uint4(0, 0, 0, 0);
+                    const uint4 xv = row < R ? xs.operand(r0 + row, k, t, K) : make_uint4(0, 0, 0, 0);
                     mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                     mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
                 }

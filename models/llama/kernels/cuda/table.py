@@ -23,12 +23,10 @@ TILES = {
     "PF_BM": 64,          # prefill_attention: query rows a tile
     "PF_THREADS": 128,    # prefill_attention: 4 warps of 16 query rows
     "DEC_THREADS": 128,   # attention_decode: 4 warps
-    "GEMM_TILES": 4,      # gemm: gemv tiles (16 W rows or 8 pairs) a block, beside 64 x rows
-    "GEMM_PART": 4160,    # gemm *_split: scratch floats a (tile, partial): 32 x 128 accumulators, 64 row sums
-    "GEMM_SMEM": 41744,   # gemm *_split: dynamic shared memory (3 stages of 64 + 64 rows, the rows' lane sums)
-    "GEMM_BIG_TILES": 8,  # prefill's gemm: gemv tiles a block, beside GEMM_BIG_ROWS x rows, 8 warps
-    "GEMM_BIG_ROWS": 128,
-    "GEMM_BIG_SMEM": 165392,  # 4 stages of 2 steps of 128 + 128 rows, the rows' lane sums (gemm.cu's GemmCfg)
+    "WG_BN": 128,         # gemm.cu (wgmma): W rows a block (or WG_BN / 2 pairs)
+    "WG_BIG_SMEM": 197744,    # prefill's entries: 6 stages of 128 x rows + 128 W rows, 64 K elements
+    "WG_SPLIT_SMEM": 197776,  # the wide decode's *_split: 8 stages of 64 x rows + 128 W rows
+    "WG_SPLIT_PART": 8192,    # *_split: scratch floats a (tile, partial): 64 rows x 128 columns
 }
 
 class Pdl(Enum):
@@ -70,23 +68,37 @@ EPS = "eps: f32"
 GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
 GEMV_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"]]},)
 PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2]},)  # a block takes pairs of W rows
-# gemm.cu: prefill's entries take GEMM_BIG_TILES gemv tiles and GEMM_BIG_ROWS rows a block, 8
-# warps; the split variants GEMM_TILES tiles and 64 rows, 4 warps.
-GEMM_BIG_BLOCK = (256,)
-GEMM_BIG_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_BIG_TILES"]]},
-                 {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
-GEMM_BIG_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_BIG_TILES"]]},
-                        {"ceil_div": ["rows", TILES["GEMM_BIG_ROWS"]]})
-GEMM_BLOCK = (128,)
-GEMM_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
-GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["GEMV_COLS"] // 2 * TILES["GEMM_TILES"]]}, {"ceil_div": ["rows", 64]})
-GEMM_SPLIT = 8  # the split variants' grid z: one block a partial (gemm.cu)
+# gemm.cu (wgmma, gemm_wg.cuh): prefill's entries take WG_BN W rows (or WG_BN / 2 pairs) beside
+# 128 x rows a block, a producer and two consumer warpgroups; the split variants 64 x rows, one
+# consumer, grid z = GEMM_SPLIT partials.
+GEMM_BIG_BLOCK = (384,)
+GEMM_BIG_GRID = ({"ceil_div": ["N", TILES["WG_BN"]]}, {"ceil_div": ["rows", 128]})
+GEMM_BIG_PAIRED_GRID = ({"ceil_div": ["N", TILES["WG_BN"] // 2]}, {"ceil_div": ["rows", 128]})
+GEMM_BLOCK = (256,)
+GEMM_GRID = ({"ceil_div": ["N", TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]})
+GEMM_PAIRED_GRID = ({"ceil_div": ["N", TILES["WG_BN"] // 2]}, {"ceil_div": ["rows", 64]})
+GEMM_SPLIT = 8  # the split variants' grid z: one block a partial (gemm_wg.cuh)
 
 
 def _split(params: tuple[str, ...]) -> tuple[str, ...]:
     """A gemm kernel's parameters with the split variant's scratch and counters after its pointers."""
     n = sum(1 for p in params if "buffer" in p or "state" in p)
     return (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
+def _wg_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
+    """A gemm twin's parameters from its gemv's: a normed one reads rms_prep's x and 1/rms
+    (xn, rs) in place of res and nw, and takes no eps."""
+    if not gemv_params[0].startswith("res"):
+        return gemv_params
+    return (_buf("xn"), _buf("rs", "f32"), *(p for p in gemv_params[2:] if p != EPS))
+
+
+def _prep_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
+    """A normed gemm op's parameters: its gemv's, with rms_prep's outputs after the pointers."""
+    n = sum(1 for p in gemv_params if "buffer" in p or "state" in p)
+    return (*gemv_params[:n], _buf("xn", direction="out"), _buf("rs", "f32", "out"), *gemv_params[n:])
+
+
+GEMM_TWINS = ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")
 HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
 ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
 _APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
@@ -161,18 +173,22 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
         _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
                                            "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride")),
            ("rows", "n_kv_heads"), (TILES["DEC_THREADS"],)),
-    # gemm.cu: the gemv projections' twins for many rows, the same bits for every row.
-    *(Kernel("gemm", e.replace("gemv", "gemm"), BY_GEMV[e].params,
+    # gemm.cu: the gemv projections' twins for many rows, the same bits for every row: a normed
+    # one is rms_prep (x = bf16(nw * res) and 1/rms a row, the gemv's arithmetic) then the GEMM.
+    Kernel("gemm", "rms_prep", (_buf("res"), _buf("nw"), _buf("xn", direction="out"), _buf("rs", "f32", "out"),
+                                *_ints("rows", "K"), EPS), ("rows",), (256,)),
+    *(Kernel("gemm", e.replace("gemv", "gemm"), _wg_params(BY_GEMV[e].params),
              GEMM_BIG_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_BIG_GRID, GEMM_BIG_BLOCK,
-             shared_mem=TILES["GEMM_BIG_SMEM"])
-      for e in ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
+             shared_mem=TILES["WG_BIG_SMEM"])
+      for e in GEMM_TWINS),
     # ... and split over K for the wide decode's few rows (8 blocks a tile, the last adds them
     # in order); sem: zero between launches, as attention_decode's.
-    *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(BY_GEMV[e].params),
+    *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(_wg_params(BY_GEMV[e].params)),
              (*(GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID), GEMM_SPLIT), GEMM_BLOCK,
-             shared_mem=TILES["GEMM_SMEM"], writes=tuple(p.split(":")[0] for p in _split(BY_GEMV[e].params)
-                          if (" out " in p or " inout " in p) and not p.startswith("sem")))
-      for e in ("norm_gemv_bf16", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")),
+             shared_mem=TILES["WG_SPLIT_SMEM"], writes=tuple(
+                 p.split(":")[0] for p in _split(_wg_params(BY_GEMV[e].params))
+                 if (" out " in p or " inout " in p) and not p.startswith("sem")))
+      for e in GEMM_TWINS if e != "norm_gemv_f32"),
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
                                         _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
                                         *_ints("vocab", "n_rows", "chunks")),
@@ -214,6 +230,16 @@ class Op:
         return {"params": list(params), "impl": {"launches": launches}}
 
 
+def _normed_gemm(gemv: str, gemm: str) -> Op:
+    """rms_prep then the gemm twin, with the gemv's parameters plus the scratch between them
+    (the split variants' part and sem after xn and rs)."""
+    params = _prep_params(BY_GEMV[gemv].params)
+    if gemm.endswith("_split"):
+        n = params.index(_buf("rs", "f32", "out")) + 1
+        params = (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
+    return Op(("rms_prep", gemm), params)
+
+
 _ATTN = BY_ENTRY["attention_decode"].params
 _SAMPLE = BY_ENTRY["sample_partial"].params
 OPS = {
@@ -226,12 +252,15 @@ OPS = {
     "norm_gemv": Op(("norm_gemv_bf16",)), "norm_gemv_logits": Op(("norm_gemv_f32",)),
     "gemv_residual": Op(("gemv_residual",)), "norm_gemv_swiglu": Op(("norm_gemv_swiglu",)),
     "norm_gemv_rope_append": Op(("norm_gemv_rope_append",)), "gemv_logits": Op(("gemv_f32",)),
-    "norm_gemm": Op(("norm_gemm_bf16",)), "norm_gemm_logits": Op(("norm_gemm_f32",)),
-    "gemm_residual": Op(("gemm_residual",)), "norm_gemm_swiglu": Op(("norm_gemm_swiglu",)),
-    "norm_gemm_rope_append": Op(("norm_gemm_rope_append",)), "attention_rows": Op(("attention_rows",)),
-    "norm_gemm_split": Op(("norm_gemm_bf16_split",)), "gemm_residual_split": Op(("gemm_residual_split",)),
-    "norm_gemm_swiglu_split": Op(("norm_gemm_swiglu_split",)),
-    "norm_gemm_rope_append_split": Op(("norm_gemm_rope_append_split",)),
+    **{op: _normed_gemm(gemv, gemm) for op, gemv, gemm in (
+        ("norm_gemm", "norm_gemv_bf16", "norm_gemm_bf16"), ("norm_gemm_logits", "norm_gemv_f32", "norm_gemm_f32"),
+        ("norm_gemm_swiglu", "norm_gemv_swiglu", "norm_gemm_swiglu"),
+        ("norm_gemm_rope_append", "norm_gemv_rope_append", "norm_gemm_rope_append"),
+        ("norm_gemm_split", "norm_gemv_bf16", "norm_gemm_bf16_split"),
+        ("norm_gemm_swiglu_split", "norm_gemv_swiglu", "norm_gemm_swiglu_split"),
+        ("norm_gemm_rope_append_split", "norm_gemv_rope_append", "norm_gemm_rope_append_split"))},
+    "gemm_residual": Op(("gemm_residual",)), "attention_rows": Op(("attention_rows",)),
+    "gemm_residual_split": Op(("gemm_residual_split",)),
     "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).

@@ -1,0 +1,29 @@
+# One device call for a session's close: the whole GPU suite on this tree, then what the
+# tensor-core issue measures end to end (prefill of 2,040 tokens and decode at 1 / 16 / 64
+# sequences on the default, batch-invariant build: bench/decode.py), the gemv decode kernel
+# against a copy of an earlier one (tests/cuda/_variants/<label>/, if present) and the GEMM's
+# probe variants (bench/probes/gemm_variants.py, if bench/probes/var_* exist).
+# From the repository root, $OUT set, .whl carried (the wheels the image lacks).
+: "${OUT:?set OUT, the folder whose files come back from the device call}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+  > "$OUT/pip.log" 2>&1 || { tail -3 "$OUT/pip.log"; exit 1; }
+mkdir -p /tmp/km && ln -sfn "$PWD/models" /tmp/km/kern_models
+export PYTHONPATH="/tmp/site:$PWD/src:/tmp/km" PYTHONUNBUFFERED=1 KERN_CACHE=/tmp/kern-cache
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout "${SUITE_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests > "$OUT/suite.txt" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite.txt" | tail -12
+timeout "${DECODE_S:-120}" python3 bench/decode.py --shapes llama-3.2-1b --batch 1,16,64 > "$OUT/decode.json" \
+  2> "$OUT/decode.err" || tail -3 "$OUT/decode.err"
+python3 -c "
+import json,sys
+for l in open('$OUT/decode.json'):
+    l=l.strip()
+    if l.startswith('{'): print(l[:1500])" 2>/dev/null
+if ls bench/probes/var_* > /dev/null 2>&1; then
+  PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda" timeout 90 python3 bench/probes/gemm_variants.py 2>&1 | tail -4
+fi
+if [ -d tests/cuda/_variants ]; then
+  PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda" timeout 120 python3 tests/cuda/bench_cuda_kernels.py bench_gemv \
+    > "$OUT/gemv.txt" 2>&1
+  grep -E "^gemv (llama-1b|smollm2)" "$OUT/gemv.txt" | head -16
+fi
