@@ -117,3 +117,19 @@ def test_a_template_kern_cannot_use_for_tools_is_a_400_saying_why(template, says
     with pytest.raises(RequestError, match=says) as e:
         template_tools(_Tok(template))
     assert e.value.status == 400 and e.value.param == "tools"
+
+
+def test_a_forced_call_whose_schema_cannot_be_decoded_is_a_400_naming_the_tool():
+    from kern.serve.formats import tool_plan
+
+    tok = _Tok("{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "g", "parameters": {"type": "array", "uniqueItems": True}}}]
+    with pytest.raises(RequestError, match=r'tools\[1\]\.function\.parameters: unsupported JSON schema: '
+                                           r'Unimplemented keys: \["uniqueItems"\]') as e:
+        tool_plan({"tools": tools, "tool_choice": "required"}, tok)
+    assert e.value.status == 400 and e.value.param == "tools"
+    plan, rendered, grammar = tool_plan({"tools": tools}, tok)  # "auto" decodes freely: g's schema is not used
+    assert plan.mode == "auto" and rendered == tools and grammar is None
+    plan, _, grammar = tool_plan({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}, tok)
+    assert plan.name == "f" and grammar is not None

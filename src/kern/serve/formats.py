@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from ..generation.constraints import cached_problem, json_schema_grammar
 from .tools import ToolPlan, template_tools
@@ -16,17 +17,20 @@ from .errors import RequestError, kind
 
 
 def _schema_grammar(schema, where: str) -> str:
+    """The grammar of a schema at `where` (a field path: response_format.json_schema.schema,
+    tools[1].function.parameters), or a 400 naming the path and the keyword at fault."""
+    param = re.match(r"[a-z_]+", where).group()  # the request field: response_format, tools
     if not isinstance(schema, (dict, bool)):
-        raise RequestError(f"{where} must be a JSON schema (an object), got {kind(schema)}", param=where.split(".")[0],
+        raise RequestError(f"{where} must be a JSON schema (an object), got {kind(schema)}", param=param,
                            code="invalid_type")
     try:
         grammar = json_schema_grammar(schema)
     except (ValueError, RuntimeError) as e:
-        raise RequestError(f"{where}: not a JSON schema kern can decode by: {e}", param=where.split(".")[0],
+        raise RequestError(f"{where}: not a JSON schema kern can decode by: {e}", param=param,
                            code="unsupported_schema") from None
     problem = cached_problem(grammar)
     if problem is not None:
-        raise RequestError(f"{where}: unsupported JSON schema: {_short(problem)}", param=where.split(".")[0],
+        raise RequestError(f"{where}: unsupported JSON schema: {_short(problem)}", param=param,
                            code="unsupported_schema")
     return grammar
 
