@@ -23,6 +23,12 @@ def _chat_template(path: Path, value) -> str | None:
                     f"got a {type(value).__name__}")
 
 
+def _tojson(x, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    import json
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class Tokenizer:
     def __init__(self, folder: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -80,19 +86,23 @@ class Tokenizer:
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = _tojson  # Hugging Face's: plain JSON, no HTML escaping of < > &
             self._compiled = env.from_string(self.chat_template)
         return self._compiled
 
-    def chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The messages through the chat template; `tools` (OpenAI's function tools) reach its
+        tool section, where it has one."""
         if not self.chat_template:
             raise KernError(f"{self.config_path}: this checkpoint's tokenizer has no chat template "
                             "(tokenizer_config.json chat_template)")
         from jinja2.exceptions import TemplateError
 
         try:
+            extra = {} if tools is None else {"tools": tools}
             return self._template().render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self._special("bos_token"), eos_token=self._special("eos_token"))
+                bos_token=self._special("bos_token"), eos_token=self._special("eos_token"), **extra)
         except TemplateError as exc:
             raise KernError(f"{self.config_path}: the chat template fails: {exc}") from None
 

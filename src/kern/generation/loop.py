@@ -22,6 +22,7 @@ import numpy as np
 
 from ..runtime.errors import BoundsError, KernError
 from ..runtime.paging import Paging
+from .constraints import Grammars
 from .detok import TextStream
 from .limits import Limits
 from .outputs import Delta, LoopStats, TokenLogprob
@@ -54,6 +55,7 @@ class Loop:
         self.scheduler = Scheduler(paging, limits, self.runner.decode_groups, self.runner.mixed_groups,
                                    self.protocol.max_chunk, self.runner.decode_max)
         self._ids: set[str] = set()
+        self._grammars: Grammars | None = None
         self._aborted: list[Delta] = []
         self._steps = 0
 
@@ -86,6 +88,19 @@ class Loop:
     @tokenizer.setter
     def tokenizer(self, tok) -> None:
         self._tokenizer, self._loaded = tok, True
+
+    @property
+    def reads_logits(self) -> bool:
+        """Whether every program outputs its logits (a bias or a grammar needs them)."""
+        return all("logits" in st.outputs for st in self.protocol.steppers)
+
+    @property
+    def grammars(self) -> Grammars:
+        """Constrained decoding's side of the tokenizer, made on the first request with a grammar."""
+        if self._grammars is None:
+            width = self.engine.shapes[self.runner.decode.outputs["logits"]][1]
+            self._grammars = Grammars(self.tokenizer, width, self.eos)
+        return self._grammars
 
     def _scratch(self):
         """A page of each paged state and a slot of each per-sequence state that padding rows
@@ -141,9 +156,13 @@ class Loop:
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
+        if params.shaped and not self.reads_logits:
+            raise BoundsError(f"request {request_id!r}: logit_bias and grammars need the logits, which this "
+                              "deployment's programs do not output")
+        constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         seed = params.seed if params.seed is not None else _seed_of(request_id)
         self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params,
-                                               TextStream(self.tokenizer, params.stop), seed))
+                                               TextStream(self.tokenizer, params.stop), seed, constraint=constraint))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -194,8 +213,8 @@ class Loop:
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
-        need_logits = any(self._host_draws(seqs[i]) for i in emitting)
-        tokens, logits = self.runner.run(feeds, need_logits)
+        # only the rows the host draws copy their logits off the device
+        tokens, logits = self.runner.run(feeds, [i for i in emitting if self._host_draws(seqs[i])])
         for s in seqs:
             if s.snapshots and s.written == s.snapshots[0]:
                 self.paging.snapshot(s.lease)
@@ -260,10 +279,11 @@ class Loop:
         if logits is not None:
             pick = [i for i, s in enumerate(seqs) if self._host_draws(s)]
             sub = logits[pick]
-            if any(not seqs[i].params.greedy or seqs[i].params.penalized for i in pick):
-                toks, lp = sample(sub, [seqs[i].params for i in pick],
-                                  [HostDraw(draw_key(seqs[i].seed, len(seqs[i].out))) for i in pick],
-                                  [seqs[i].prompt for i in pick], [seqs[i].out for i in pick])
+            p = [seqs[i].params for i in pick]
+            if any(not q.greedy or q.penalized or q.shaped for q in p):
+                toks, lp = sample(sub, p, [HostDraw(draw_key(seqs[i].seed, len(seqs[i].out))) for i in pick],
+                                  [seqs[i].prompt for i in pick], [seqs[i].out for i in pick],
+                                  self._allowed([seqs[i] for i in pick], sub.shape))
             else:
                 toks = [chosen[i] for i in pick]
                 lp = logprobs_of(sub, toks, [seqs[i].params for i in pick])
@@ -272,8 +292,22 @@ class Loop:
         out = []
         for s, t, lp in zip(seqs, chosen, lps):
             _, text, finish = self._append(s, [t], [])
+            if s.constraint is not None:
+                ok = s.constraint.consume_token(t)  # a masked draw is always allowed: ok unless the grammar ended
+                if finish is None and (not ok or s.constraint.is_stopped()):
+                    finish = "stop"  # the grammar is complete (with ignore_eos its end token would not end it)
             out.append(self._close(s, [t], text, [lp] if lp is not None else [], finish))
         return out
+
+    def _allowed(self, seqs: list[Sequence], shape: tuple[int, int]) -> np.ndarray | None:
+        """The tokens each row may draw: its grammar's mask, all of a step's constrained rows
+        computed in one batched call; None where no row has a grammar."""
+        rows = [j for j, s in enumerate(seqs) if s.constraint is not None]
+        if not rows:
+            return None
+        allowed = np.ones(shape, bool)
+        allowed[rows] = self.grammars.allowed([seqs[j].constraint for j in rows])
+        return allowed
 
     def _append(self, s: Sequence, new: list[int], lps: list[TokenLogprob]) -> tuple[int, str, str | None]:
         """Append tokens until one ends the request: (tokens used, new text, finish reason)."""

@@ -29,6 +29,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus the top k
+    # (token id, bias) pairs added to the logits before penalties and the draw (OpenAI's logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # an llguidance grammar (generation/constraints.py): every token drawn is one it allows
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -40,17 +44,23 @@ class SamplingParams:
                 or self.presence_penalty != 0.0)
 
     @property
+    def shaped(self) -> bool:
+        """Whether the logits are changed before the draw (a bias or a grammar's mask): the
+        host draws such a row, also a greedy one."""
+        return bool(self.logit_bias) or self.grammar is not None
+
+    @property
     def device_samples(self) -> bool:
         """Whether a device that draws at a temperature (kern's sample op) can make this row's
         token from the logits alone: greedy, or plain temperature sampling (no truncation, no
         penalty, no logprobs)."""
         plain = self.top_p >= 1.0 and self.top_k == 0 and self.min_p == 0.0
-        return self.logprobs is None and not self.penalized and (self.greedy or plain)
+        return self.logprobs is None and not self.penalized and not self.shaped and (self.greedy or plain)
 
     @property
     def needs_logits(self) -> bool:
         """Whether the host must read this row's logits (the device's argmax token suffices otherwise)."""
-        return not self.greedy or self.penalized or self.logprobs is not None
+        return not self.greedy or self.penalized or self.shaped or self.logprobs is not None
 
     def check(self) -> None:
         """Raise BoundsError naming the first field outside its domain."""
@@ -72,6 +82,11 @@ def _strs(v) -> bool:
     return isinstance(v, tuple) and all(isinstance(s, str) and s for s in v)
 
 
+def _bias(v) -> bool:
+    return isinstance(v, tuple) and all(isinstance(p, tuple) and len(p) == 2 and _int(p[0]) and p[0] >= 0
+                                        and _num(p[1]) and -100 <= p[1] <= 100 for p in v)
+
+
 def _ids(v) -> bool:
     return isinstance(v, tuple) and all(_int(t) and t >= 0 for t in v)
 
@@ -90,4 +105,6 @@ _RULES = (
     ("stop_token_ids", _ids, "a tuple of token ids >= 0"),
     ("ignore_eos", lambda v: isinstance(v, bool), "a bool"),
     ("logprobs", lambda v: v is None or (_int(v) and 0 <= v <= 20), "None or an integer in [0, 20]"),
+    ("logit_bias", _bias, "a tuple of (token id >= 0, bias in [-100, 100]) pairs"),
+    ("grammar", lambda v: v is None or (isinstance(v, str) and bool(v)), "None or a non-empty grammar"),
 )

@@ -133,8 +133,10 @@ class Runner:
             return next(d for d in self.decoders if d.groups_max >= n)
         return self.ragged
 
-    def run(self, feeds: list[Feed], logits: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Each sequence's next token (its last row's argmax) and, when asked, its logits.
+    def run(self, feeds: list[Feed], logits: bool | list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each sequence's next token (its last row's argmax) and, when asked, its logits:
+        `logits` True for every feed's, or the feeds whose logits the host reads (only their
+        rows are copied off the device; the other rows of the array returned hold nothing).
         Where decode graphs exist, one-row feeds always take them (in slices of the decode
         bound) and only longer chunks take the ragged program: a step of many decode rows and
         a prefill chunk is then a few graph replays and one ragged run, not one ragged run of
@@ -149,9 +151,11 @@ class Runner:
         parts = [(idx, [feeds[i] for i in idx]) for idx in parts if idx]
         steppers = [self.stepper_for(sub) for _, sub in parts]
         got = []  # each part's read, made at once where a later run is of its program
-        for j, (st, (_, sub)) in enumerate(zip(steppers, parts)):
+        wanted = logits if isinstance(logits, bool) else set(logits)
+        for j, (st, (idx, sub)) in enumerate(zip(steppers, parts)):
             apart = self._apart(st, steppers[j + 1:])
-            read = self._launch(st, sub, logits, wait=not apart)
+            want = wanted if isinstance(wanted, bool) else [k for k, i in enumerate(idx) if i in wanted]
+            read = self._launch(st, sub, want, wait=not apart)
             got.append(read if apart else read())
         tokens = np.empty(len(feeds), np.int64)
         out = None
@@ -202,9 +206,10 @@ class Runner:
         sizes = self.sizes if steps == 1 else self.ahead_sizes
         return feeds + [self.scratch_feed(0, steps)] * (bucket(len(feeds), sizes) - len(feeds))
 
-    def _launch(self, st: Stepper, feeds: list[Feed], logits: bool, wait: bool = True
+    def _launch(self, st: Stepper, feeds: list[Feed], logits: bool | list[int], wait: bool = True
                 ) -> Callable[[], tuple[np.ndarray, np.ndarray | None]]:
-        """Launch st's program on these feeds; the read of its tokens (and logits) to call."""
+        """Launch st's program on these feeds; the read of its tokens (and logits: every row's,
+        or these rows' into an array of every row) to call."""
         feeds = self._pad(st, feeds)
         n = len(feeds)
         rows = sum(len(f.tokens) for f in feeds)
@@ -213,7 +218,12 @@ class Runner:
 
         def read() -> tuple[np.ndarray, np.ndarray | None]:
             tokens = self.engine.read(st.outputs["tokens"], env)
-            return tokens, self.engine.read(st.outputs["logits"], env) if logits else None
+            if logits is True or logits is False or not logits:
+                return tokens, self.engine.read(st.outputs["logits"], env) if logits else None
+            some = self.engine.read_rows(st.outputs["logits"], env, logits)
+            out = np.empty((n, some.shape[1]), some.dtype)
+            out[logits] = some
+            return tokens, out
         return read
 
     def run_ahead(self, feeds: list[Feed], k: int, keys: list[list[int]] | None = None,

@@ -23,6 +23,7 @@ class Sequence:
     admitted: bool = False
     snapshots: list[int] = field(default_factory=list)  # prefill chunks end at these lengths, checkpointed there
     finish: str | None = None
+    constraint: object | None = None  # its grammar's matcher (llguidance.LLMatcher), fed every token drawn
 
     @property
     def tokens(self) -> list[int]:

@@ -361,6 +361,18 @@ class Engine:
         b = self.m.buffers[buffer]
         return self.device.read(self.buffers[buffer], b.dtype, self.shape(buffer, env))
 
+    def read_rows(self, buffer: str, env: dict[str, int], rows: list[int]) -> np.ndarray:
+        """Some rows of an output, a copy each: [len(rows), *row shape]. A step whose host reads
+        the logits of a few rows (a grammar's, a logprobs request's) copies only theirs, not
+        every row's vocabulary."""
+        b = self.m.buffers[buffer]
+        shape = self.shape(buffer, env)
+        width = prod(shape[1:])
+        out = np.empty((len(rows), *shape[1:]), NP[b.dtype])
+        for j, r in enumerate(rows):
+            out[j] = self.device.read(self.buffers[buffer], b.dtype, shape[1:], r * width)
+        return out
+
     def remap_state(self, state: str, unmap: list[int], map: list[tuple[int, int]]) -> None:
         """Unmap chunks of a state's virtual range, then map (physical chunk, place) pairs."""
         self.device.remap(self.states[state], unmap, map)

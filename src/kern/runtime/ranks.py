@@ -179,6 +179,9 @@ class RankedEngine:
     def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
         return self.workers.on(0, lambda: self.ranks[0].read(buffer, env))
 
+    def read_rows(self, buffer: str, env: dict[str, int], rows: list[int]) -> np.ndarray:
+        return self.workers.on(0, lambda: self.ranks[0].read_rows(buffer, env, rows))
+
     def shape(self, buffer: str, env: dict[str, int]) -> tuple[int, ...]:
         return self.ranks[0].shape(buffer, env)
 

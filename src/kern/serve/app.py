@@ -19,7 +19,9 @@ from starlette.requests import ClientDisconnect
 from . import replies
 from .driver import Driver
 from .metrics import Metrics
+from ..errors import KernError
 from .schemas import RequestError, parse, parse_body
+from .tokenize import detokenize, tokenize
 from .sse import ClientGone, Flight, gather, stream
 
 _STATUS_WORDS = {404: "no such route", 405: "method not allowed on this route"}
@@ -118,6 +120,35 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _complete(request, False)
+
+    async def _tokens(request: Request, fn) -> Response:
+        """/tokenize and /detokenize: parsed and run off the event loop (a long text takes a while)."""
+        try:
+            if not _authorized(request):
+                raise RequestError("missing or wrong API key (send the header Authorization: Bearer <key>)",
+                                   status=401, code="invalid_api_key")
+            body = parse_body(await request.body())
+            out = await asyncio.get_running_loop().run_in_executor(None, partial(_tokenized, fn, body))
+        except RequestError as e:
+            return _error(e)
+        return JSONResponse(out)
+
+    def _tokenized(fn, body: dict) -> dict:
+        kw = dict(tokenizer=tokenizer, vocab=vocab, model_name=model_name, aliases=aliases)
+        try:
+            return fn(body, context=context, **kw) if fn is tokenize else fn(body, **kw)
+        except KernError as e:
+            if isinstance(e, RequestError):
+                raise
+            raise RequestError(str(e), param="messages") from None
+
+    def _tokens_route(fn):
+        async def route(request: Request):
+            return await _tokens(request, fn)
+        return route
+
+    for path, fn in (("/tokenize", tokenize), ("/detokenize", detokenize)):
+        app.post(path)(_tokens_route(fn))
 
     @app.get("/v1/models")
     async def models(request: Request):

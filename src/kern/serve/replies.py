@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..generation.outputs import Delta, TokenLogprob
+from . import tools as tool_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +46,13 @@ class Choice:
                                                                          d.completion_tokens)
 
 
-def usage(choices: list[Choice]) -> dict:
-    """The prompt counts once (the n choices share it); completions add up."""
-    first = choices[0]
+def usage(choices: list[Choice], n: int = 1) -> dict:
+    """Each prompt counts once (its n choices share it); completions add up."""
+    firsts = choices[::n]
+    prompt, cached = sum(c.prompt_tokens for c in firsts), sum(c.cached_tokens for c in firsts)
     done = sum(c.completion_tokens for c in choices)
-    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": done,
-            "total_tokens": first.prompt_tokens + done,
-            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _token(decode, t: int) -> tuple[str, list[int]]:
@@ -84,8 +85,10 @@ def completion_logprobs(decode, lps, offset: int) -> dict:
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def body(head: Head, choices: list[Choice], decode, with_logprobs: bool) -> dict:
-    """The whole response of a stream=false request."""
+def body(head: Head, choices: list[Choice], decode, with_logprobs: bool, n: int = 1,
+         echo: tuple[str, ...] | None = None, tools: tool_calls.ToolPlan | None = None) -> dict:
+    """The whole response of a stream=false request. `echo`: each prompt's text, which its
+    choices' text starts with; `tools`: how a chat message's tool calls are read."""
     out = []
     for i, c in enumerate(choices):
         text = "".join(c.text)
@@ -93,23 +96,33 @@ def body(head: Head, choices: list[Choice], decode, with_logprobs: bool) -> dict
         if with_logprobs:
             lp = chat_logprobs(decode, c.logprobs) if head.chat else completion_logprobs(decode, c.logprobs, 0)
         if head.chat:
-            out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                        "finish_reason": c.finish_reason})
+            message, finish = {"role": "assistant", "content": text}, c.finish_reason
+            if tools is not None:
+                content, calls = tool_calls.parse(text, tools)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": tool_calls.message_calls(calls, tool_calls.CallIds(head.id, i))}
+                    finish = "tool_calls" if finish == "stop" and tools.mode != "named" else finish
+            out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         else:
-            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
+            out.append({"index": i, "text": (echo[i // n] if echo else "") + text, "logprobs": lp,
+                        "finish_reason": c.finish_reason})
     return {"id": head.id, "object": head.object, "created": head.created, "model": head.model, "choices": out,
-            "usage": usage(choices)}
+            "usage": usage(choices, n)}
 
 
 def chunk(head: Head, index: int, *, text: str | None = None, role: bool = False, finish: str | None = None,
-          logprobs: dict | None = None, with_usage: bool = False) -> dict:
-    """One streamed choice update; finish_reason stays null until the choice's last chunk."""
+          logprobs: dict | None = None, with_usage: bool = False, calls: list[dict] | None = None) -> dict:
+    """One streamed choice update; finish_reason stays null until the choice's last chunk.
+    `calls`: tool-call deltas (OpenAI's `delta.tool_calls`)."""
     if head.chat:
         delta = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     else:
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
@@ -120,10 +133,10 @@ def chunk(head: Head, index: int, *, text: str | None = None, role: bool = False
     return out
 
 
-def usage_chunk(head: Head, choices: list[Choice]) -> dict:
+def usage_chunk(head: Head, choices: list[Choice], n: int = 1) -> dict:
     """The last chunk under stream_options.include_usage: no choices, the usage."""
     return {"id": head.id, "object": head.chunk_object, "created": head.created, "model": head.model,
-            "choices": [], "usage": usage(choices)}
+            "choices": [], "usage": usage(choices, n)}
 
 
 _COMPACT = (",", ":")

@@ -10,48 +10,40 @@ import sys
 from dataclasses import dataclass, replace
 
 from ..generation.params import SamplingParams
-from ..errors import KernError
+from . import formats, prompts as prompts_in
+from .errors import HugeInt, RequestError, kind as _kind
+from .tools import ToolPlan
 from ..runtime.errors import BoundsError
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the loop
 
 
-class RequestError(KernError):
-    """A request the server refuses: the HTTP status and the OpenAI error object's fields."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One checked request: `n` sequences of `prompt_ids` under `params` (choice i seeded seed + i)."""
+    """One checked request: `n` sequences of each prompt under `params`; choice i is prompt
+    i // n's (i % n)-th, seeded seed + i % n (so a prompt's choices are those it gets alone)."""
 
     chat: bool
-    prompt_ids: list[int]
+    prompts: tuple[list[int], ...]
     params: SamplingParams
     n: int
     stream: bool
     include_usage: bool
     logprobs: bool  # the response carries logprobs (params.logprobs holds how many alternatives)
+    echo: tuple[str, ...] | None = None  # completions with echo: each prompt's text, which its choices start with
+    tools: ToolPlan | None = None  # chat with tools: how the output is read (serve/tools.py)
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def choice_prompt(self, i: int) -> list[int]:
+        return self.prompts[i // self.n]
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice i's params: distinct seeds, so n seeded choices differ yet each reproduces."""
-        seed = self.params.seed
-        return self.params if seed is None or i == 0 else replace(self.params, seed=seed + i)
-
-
-class HugeInt:
-    """A JSON integer of more digits than Python converts (sys.get_int_max_str_digits): refused
-    by the field that holds it, not as unparsable JSON."""
-
-    def __init__(self, digits: str):
-        self.digits = len(digits.lstrip("-"))
+        seed, k = self.params.seed, i % self.n
+        return self.params if seed is None or k == 0 else replace(self.params, seed=seed + k)
 
 
 def _int_or_huge(text: str):
@@ -59,24 +51,6 @@ def _int_or_huge(text: str):
         return int(text)
     except ValueError:
         return HugeInt(text)
-
-
-def _kind(v) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, HugeInt):
-        return f"an integer of {v.digits} digits"
-    if isinstance(v, float):
-        return "a number" if math.isfinite(v) else str(v).replace("inf", "Infinity").replace("nan", "NaN")
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    return "an object"
 
 
 def _is_int(v) -> bool:
@@ -116,20 +90,25 @@ TYPES = {
     "ignore_eos": (lambda v: isinstance(v, bool), "a boolean"),
     "user": (lambda v: isinstance(v, str), "a string"),
     "messages": (lambda v: isinstance(v, list), "an array of messages"),
-    "prompt": (lambda v: isinstance(v, str) or _is_ids(v) or (isinstance(v, list) and len(v) == 1),
-               "a string or an array of token ids"),
+    "prompt": (lambda v: isinstance(v, (str, list)), "a string, an array of token ids or an array of prompts"),
     "top_logprobs": (_is_int, "an integer"),
+    "response_format": (lambda v: isinstance(v, dict), "an object"),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object"),
+    "tools": (lambda v: isinstance(v, list), "an array"),
+    "tool_choice": (lambda v: isinstance(v, (str, dict)), "a string or an object"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "a boolean"),
+    "echo": (lambda v: isinstance(v, bool), "a boolean"),
 }
 COMMON = ("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
           "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "n",
-          "ignore_eos", "user")
+          "ignore_eos", "user", "response_format", "logit_bias")
 FIELDS = {
-    True: frozenset(COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")),
-    False: frozenset(COMMON + ("prompt", "logprobs")),
+    True: frozenset(COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                              "parallel_tool_calls")),
+    False: frozenset(COMMON + ("prompt", "logprobs", "echo")),
 }
 # Fields kern does not implement, accepted only at the value that changes nothing.
-INERT = {"echo": False, "best_of": 1, "logit_bias": {}, "tools": [], "parallel_tool_calls": True,
-         "response_format": {"type": "text"}}
+INERT = {"best_of": 1, "echo": False, "tools": []}
 
 
 def parse_body(raw: bytes) -> dict:
@@ -195,70 +174,6 @@ def _fields(body: dict, chat: bool) -> dict:
     return out
 
 
-def _messages(messages: list) -> list[dict]:
-    """Chat messages for the template: role and text content (text parts joined)."""
-    if not messages:
-        raise RequestError("messages must hold at least one message", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise RequestError(f"{where} must be an object, got {_kind(m)}", param=where, code="invalid_type")
-        extra = set(m) - {"role", "content", "name"}
-        if extra:
-            raise RequestError(f"{where}: unsupported field {sorted(extra)[0]!r}", param=where,
-                               code="unsupported_parameter")
-        role, content = m.get("role"), m.get("content")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise RequestError(f"{where}.role must be one of system, developer, user, assistant; got {role!r}",
-                               param=f"{where}.role")
-        if isinstance(content, list):
-            parts = []
-            for j, p in enumerate(content):
-                if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                    raise RequestError(f"{where}.content[{j}]: only text parts are supported",
-                                       param=f"{where}.content", code="unsupported_parameter")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None and role == "assistant":
-            content = ""
-        if not isinstance(content, str):
-            raise RequestError(f"{where}.content must be a string or an array of text parts, got {_kind(content)}",
-                               param=f"{where}.content", code="invalid_type")
-        msg = {"role": "system" if role == "developer" else role, "content": content}
-        if "name" in m:
-            msg["name"] = m["name"]
-        out.append(msg)
-    return out
-
-
-def _prompt_ids(f: dict, chat: bool, tokenizer, vocab: int) -> list[int]:
-    if chat:
-        from jinja2.exceptions import TemplateError
-
-        try:
-            text = tokenizer.chat(_messages(f["messages"]))
-        except TemplateError as e:
-            raise RequestError(f"the model's chat template refused these messages: {e}", param="messages") from None
-        except KernError as e:
-            if isinstance(e, RequestError):
-                raise
-            raise RequestError(str(e), param="messages") from None
-        return tokenizer.encode(text)
-    prompt = f["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
-        prompt = prompt[0]  # a batch of one prompt
-        if not (isinstance(prompt, str) or _is_ids(prompt)):
-            raise RequestError(f"prompt[0] must be a string or an array of token ids, got {_kind(prompt)}",
-                               param="prompt", code="invalid_type")
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise RequestError(f"prompt holds token id {bad[0]}, outside the vocabulary [0, {vocab})", param="prompt")
-    return list(prompt)
-
-
 def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_name: str,
           aliases: tuple[str, ...] = ()) -> Job:
     """A checked Job from a request body, or RequestError naming the first field at fault.
@@ -281,22 +196,22 @@ def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_
     if set(opts) - {"include_usage"} or not isinstance(opts.get("include_usage", False), bool):
         raise RequestError("stream_options accepts only include_usage, a boolean", param="stream_options")
 
-    ids = _prompt_ids(f, chat, tokenizer, vocab)
-    if not ids:
-        raise RequestError(f"{required} is empty after tokenizing", param=required)
-    room = context - len(ids)
-    if room < 1:
-        raise RequestError(f"the prompt is {len(ids)} tokens; this model's context is {context} positions, "
-                           f"so a prompt may hold at most {context - 1}", param=required,
-                           code="context_length_exceeded")
+    plan, grammar = None, f.get("response_format") and formats.response_format(f["response_format"])
+    if chat:
+        plan, tools, tool_grammar = formats.tool_plan(f, tokenizer)
+        if tool_grammar is not None and grammar is not None:
+            raise RequestError("response_format json_object or json_schema and a tool_choice that forces a call "
+                               "both constrain the output: send one", param="response_format")
+        grammar = grammar or tool_grammar
+        prompts = [(prompts_in.chat_ids(tokenizer, f["messages"], tools), None)]
+    else:
+        prompts = prompts_in.completion_prompts(f["prompt"], tokenizer, vocab)
+    if f.get("echo") and f.get("logprobs") is not None:
+        raise RequestError("echo with logprobs asks for the prompt's logprobs, which kern does not compute",
+                           param="echo", code="unsupported_parameter")
     budget = "max_completion_tokens" if "max_completion_tokens" in f else "max_tokens"
-    max_tokens = f.get(budget, room if chat else min(16, room))
-    if max_tokens < 1:
-        raise RequestError(f"{budget} must be at least 1, got {max_tokens}", param=budget)
-    if max_tokens > room:
-        raise RequestError(f"{budget} is {max_tokens}, but the prompt's {len(ids)} tokens leave room for at most "
-                           f"{room} in this model's context of {context} positions", param=budget,
-                           code="context_length_exceeded")
+    max_tokens = min(_room(ids, i, len(prompts), required, context, f, budget, chat) for i, (ids, _) in
+                     enumerate(prompts))
 
     if chat:
         if "top_logprobs" in f and not f.get("logprobs", False):
@@ -314,10 +229,34 @@ def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_
             frequency_penalty=float(f.get("frequency_penalty", 0.0)),
             presence_penalty=float(f.get("presence_penalty", 0.0)), seed=f.get("seed"),
             stop=(stop,) if isinstance(stop, str) else tuple(stop), stop_token_ids=tuple(f.get("stop_token_ids", ())),
-            ignore_eos=f.get("ignore_eos", False), logprobs=logprobs)
+            ignore_eos=f.get("ignore_eos", False), logprobs=logprobs,
+            logit_bias=formats.logit_bias(f["logit_bias"], vocab) if "logit_bias" in f else (), grammar=grammar)
         params.check()
     except BoundsError as e:
         field = str(e).split(" ", 1)[0]
         param = "top_logprobs" if chat and field == "logprobs" else field
         raise RequestError(str(e).replace(field, param, 1), param=param) from None
-    return Job(chat, ids, params, n, stream, stream and opts.get("include_usage", False), logprobs is not None)
+    echo = tuple(text if text is not None else tokenizer.decode(ids) for ids, text in prompts) \
+        if f.get("echo") else None
+    return Job(chat, tuple(ids for ids, _ in prompts), params, n, stream, stream and opts.get("include_usage", False),
+               logprobs is not None, echo, plan)
+
+
+def _room(ids: list[int], i: int, count: int, required: str, context: int, f: dict, budget: str, chat: bool) -> int:
+    """The max_tokens prompt i allows (its default where the request gives none), or a 400."""
+    where = required if count == 1 else f"{required}[{i}]"
+    if not ids:
+        raise RequestError(f"{where} is empty after tokenizing", param=required)
+    room = context - len(ids)
+    if room < 1:
+        raise RequestError(f"the prompt is {len(ids)} tokens; this model's context is {context} positions, "
+                           f"so a prompt may hold at most {context - 1}", param=required,
+                           code="context_length_exceeded")
+    max_tokens = f.get(budget, room if chat else min(16, room))
+    if max_tokens < 1:
+        raise RequestError(f"{budget} must be at least 1, got {max_tokens}", param=budget)
+    if max_tokens > room:
+        raise RequestError(f"{budget} is {max_tokens}, but the prompt's {len(ids)} tokens leave room for at most "
+                           f"{room} in this model's context of {context} positions", param=budget,
+                           code="context_length_exceeded")
+    return max_tokens

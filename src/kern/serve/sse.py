@@ -17,6 +17,7 @@ from . import replies
 from .driver import Accepted, Driver, Refused
 from .metrics import Metrics
 from .schemas import Job, RequestError
+from .tools import CallIds, ToolStream
 
 
 class _Gone:
@@ -55,7 +56,7 @@ class Inbox:
 class Flight:
     def __init__(self, driver: Driver, metrics: Metrics, job: Job, request_id: str, arrival: float):
         self.driver, self.metrics, self.job, self.arrival = driver, metrics, job, arrival
-        self.ids = [f"{request_id}-{i}" for i in range(job.n)]
+        self.ids = [f"{request_id}-{i}" for i in range(job.choices)]
         self.index = {rid: i for i, rid in enumerate(self.ids)}
         self.open = set(self.ids)  # sequences the loop may still be running
         self.inbox = Inbox()
@@ -69,7 +70,7 @@ class Flight:
         rest and raises RequestError. `receive`: the ASGI receive, watched for a disconnect."""
         sink = self.inbox.put
         for i, rid in enumerate(self.ids):
-            self.driver.submit(rid, self.job.prompt_ids, self.job.choice_params(i), sink)
+            self.driver.submit(rid, self.job.choice_prompt(i), self.job.choice_params(i), sink)
         self._watcher = asyncio.create_task(self._watch(receive))
         pending, refused = set(self.ids), None
         try:
@@ -161,7 +162,8 @@ async def gather(flight: Flight, head: replies.Head, decode) -> dict:
                 choices[i].add(d)
     finally:
         flight.close()
-    return replies.body(head, choices, decode, flight.job.logprobs)
+    job = flight.job
+    return replies.body(head, choices, decode, job.logprobs, job.n, job.echo, job.tools)
 
 
 async def stream(flight: Flight, head: replies.Head, decode) -> AsyncIterator[bytes]:
@@ -173,14 +175,22 @@ async def stream(flight: Flight, head: replies.Head, decode) -> AsyncIterator[by
     offsets = [0] * len(choices)
     usage = job.include_usage
     text_chunk = replies.TextChunks(head, usage)
+    calls = [ToolStream(job.tools, CallIds(head.id, i)) for i in range(len(choices))] if job.tools else None
     tail = []
     try:
         if head.chat:
             yield b"".join(replies.sse(replies.chunk(head, i, role=True, text="", with_usage=usage))
-                           for i in range(job.n))
+                           for i in range(job.choices))
+        elif job.echo:  # each choice's text starts with its prompt's
+            yield b"".join(text_chunk(i, job.echo[i // job.n]) for i in range(job.choices))
         async for batch in flight.batches():
             out = []
             for i, d in batch:
+                if calls is not None:
+                    out += _tool_chunks(head, i, d, calls[i], job, decode, usage)
+                    if d.finish_reason is not None:
+                        choices[i].add(d)
+                    continue
                 if d.text or d.logprobs:
                     if job.logprobs:
                         lp = (replies.chat_logprobs(decode, d.logprobs) if head.chat
@@ -196,7 +206,7 @@ async def stream(flight: Flight, head: replies.Head, decode) -> AsyncIterator[by
             if out:
                 yield b"".join(out)
         if usage:
-            tail.append(replies.sse(replies.usage_chunk(head, choices)))
+            tail.append(replies.sse(replies.usage_chunk(head, choices, job.n)))
     except ClientGone:
         return
     except RequestError as e:
@@ -204,3 +214,23 @@ async def stream(flight: Flight, head: replies.Head, decode) -> AsyncIterator[by
     finally:
         flight.close()
     yield b"".join([*tail, replies.DONE])
+
+
+def _tool_chunks(head: replies.Head, i: int, d: Delta, calls: ToolStream, job: Job, decode, usage: bool) -> list[bytes]:
+    """A chat choice's chunks under tools: content while the text cannot be a call, the calls as
+    `tool_calls` deltas (a named function's arguments as they come, the others' whole at the
+    end), the last chunk's finish_reason "tool_calls" where the model called."""
+    text, deltas = calls.push(d.text)
+    out, called = [], bool(deltas)
+    lp = replies.chat_logprobs(decode, d.logprobs) if job.logprobs and d.logprobs else None
+    if text or deltas or lp:
+        out.append(replies.sse(replies.chunk(head, i, text=text or None, calls=deltas, logprobs=lp,
+                                             with_usage=usage)))
+    if d.finish_reason is not None:
+        text, deltas = calls.finish()
+        if text or deltas:
+            out.append(replies.sse(replies.chunk(head, i, text=text or None, calls=deltas, with_usage=usage)))
+        called = bool(deltas) or called
+        finish = "tool_calls" if called and d.finish_reason == "stop" and job.tools.mode != "named" else d.finish_reason
+        out.append(replies.sse(replies.chunk(head, i, finish=finish, with_usage=usage)))
+    return out
