@@ -56,6 +56,7 @@ class Loop:
         self._ids: set[str] = set()
         self._aborted: list[Delta] = []
         self._steps = 0
+        self.speculator = None  # speculative.Speculator: decode steps as rounds where it has proposals
 
     @property
     def limits(self) -> Limits:
@@ -181,6 +182,9 @@ class Loop:
         plan = self.scheduler.next(self._host_draws)
         if not plan.rows:
             return deltas
+        if self.speculator is not None and (out := self.speculator.round(self, plan, emit)) is not None:
+            self._steps += 1
+            return deltas + out
         self._steps += plan.ahead
         if plan.ahead > 1:
             return deltas + self._run_ahead(plan, emit)
