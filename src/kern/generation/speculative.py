@@ -115,8 +115,8 @@ class Proposer(Protocol):
     def settle(self, seqs: list[Sequence], kept: list[int]) -> None:
         """The round kept kept[i] of seqs[i]'s proposed tokens."""
 
-    def release(self, live: set[str]) -> None:
-        """Sequences not in `live` have ended or left: what they held goes back."""
+    def release(self, live: set[Sequence]) -> None:
+        """Sequences not in `live` (the running ones) have ended or left: what they held goes back."""
 
 
 class NgramProposer:
@@ -132,20 +132,27 @@ class NgramProposer:
 
 @dataclass
 class SpecStats:
-    """Counters since start: rounds run, tokens proposed and kept, tokens the rounds made."""
+    """Counters since start: rounds (a sequence's proposal verified), tokens proposed and kept,
+    tokens those rounds made, and verify steps (one runs the rounds of many sequences)."""
 
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
     tokens: int = 0
+    steps: int = 0
 
     @property
     def acceptance(self) -> float:
+        """Proposed tokens kept, of those proposed."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
     def tokens_per_round(self) -> float:
+        """Tokens a sequence's round makes, on average (plain decoding: 1)."""
         return self.tokens / self.rounds if self.rounds else 0.0
+
+
+SPEC_FIELDS = ("rounds", "proposed", "accepted", "tokens", "steps")
 
 
 @dataclass
@@ -165,7 +172,7 @@ class Speculator:
             return None
         verify = loop.protocol.verify
         seqs = [s for s, _ in rows]
-        self.proposer.release({s.id for s in loop.running})
+        self.proposer.release(set(loop.running))
         self._wait = {i: w for i, w in self._wait.items() if i in {s.id for s in seqs}}
         k = round_k(len(seqs), self.spec.k, min(loop.runner.decode_max, verify.rows_max))
         if k == 0 or len(seqs) > verify.groups_max:
@@ -199,10 +206,11 @@ class Speculator:
             out.append(loop._close(s, new[:used], text, [], finish))
         self.proposer.settle(seqs, kept)
         st = self.stats
-        st.rounds += 1
+        st.steps += 1
+        st.rounds += sum(1 for p in props if p)
         st.proposed += sum(len(p) for p in props)
-        st.accepted += sum(min(a, len(p)) for a, p in zip(kept, props))
-        st.tokens += sum(len(d.token_ids) for d in out)
+        st.accepted += sum(a for a, p in zip(kept, props) if p)
+        st.tokens += sum(len(d.token_ids) for d, p in zip(out, props) if p)
         if emit is not None:
             emit(out)
             return []
