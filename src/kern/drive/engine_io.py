@@ -147,7 +147,7 @@ class EngineIO:
                       single[0].groups_max if single else any_st.groups_max, context, width, pages)
 
     def table_widths(self) -> dict[str, int]:
-        return {pt.buffer: self.e.shapes[pt.buffer][-1] for st in self.e.protocol.steppers for pt in st.page_tables}
+        return {pt.buffer: self.e.shapes[pt.buffer][-1] for st in self.e.protocol.every for pt in st.page_tables}
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:

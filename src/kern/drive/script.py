@@ -146,6 +146,7 @@ def _schedule(seqs: list[Seq], lim: Bounds, decode_steps: int) -> tuple[ScriptSt
 def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str, int]) -> tuple[dict, dict]:
     """The vars and the role-filled input buffers of one step for one engine's stepper."""
     groups = len(step.chunks)
+    draws = step.rows if "accepted" in st.outputs else groups
     vars = st.vars_for(groups, step.rows, reach=max(c.start + len(c.tokens) for c in step.chunks))
     ins: dict[str, np.ndarray] = {}
     roles = {
@@ -154,8 +155,9 @@ def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str,
         "cu_seqlens": np.cumsum([0] + [len(c.tokens) for c in step.chunks]).astype(np.int32),
         "seq_len": np.array([c.start + len(c.tokens) for c in step.chunks], np.int32),
         "slot": np.array([c.seq for c in step.chunks], np.int32),
-        "temperature": np.zeros(groups, np.float32),  # greedy: the judged tokens are each side's argmax
-        "rng": np.zeros((groups, 2), np.int32),
+        # greedy: the judged tokens are each side's argmax (a verify program draws a token a row)
+        "temperature": np.zeros(draws, np.float32),
+        "rng": np.zeros((draws, 2), np.int32),
     }
     for role, buf in st.inputs.items():
         ins[buf] = roles[role]

@@ -114,6 +114,11 @@ class Protocol:
         return sorted((s for s in self.steppers if s.rows == rows_per_group), key=lambda s: s.groups_max)
 
     @property
+    def every(self) -> tuple[Stepper, ...]:
+        """Every program that steps a batch, the verify program included."""
+        return self.steppers + ((self.verify,) if self.verify else ())
+
+    @property
     def max_chunk(self) -> int:
         return max((s.rows_max for s in self.steppers if s.ragged), default=1)
 
