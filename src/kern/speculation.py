@@ -5,7 +5,6 @@ line naming why, a deployment that cannot verify rounds."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .deployments import deployment_for
 from .generation.draft import DraftProposer, check_pair
@@ -13,15 +12,13 @@ from .generation.speculative import NgramProposer, Speculate, SpeculateError, Sp
 from .manifest import load_verified
 from .runtime.stepping import open_engine
 
-if TYPE_CHECKING:
-    from .api import Model
-
 # The draft's state memory: its own pool beside the target's (a draft is the smaller model; its
 # sequences are the target's, at the same lengths).
 DRAFT_MEMORY = 256 << 20
 
 
-def speculator_for(speculate: str | Speculate, model: Model) -> Speculator:
+def speculator_for(speculate: str | Speculate, model) -> Speculator:
+    """`model`: an api.Model (its protocol, pool, engine, checkpoint and loop)."""
     spec = Speculate.parse(speculate) if isinstance(speculate, str) else speculate
     name = model.verified.manifest.model
     if model.protocol.verify is None:
@@ -36,7 +33,7 @@ def speculator_for(speculate: str | Speculate, model: Model) -> Speculator:
     return Speculator(spec, _draft(spec, model))
 
 
-def _draft(spec: Speculate, model: Model) -> DraftProposer:
+def _draft(spec: Speculate, model) -> DraftProposer:
     folder = spec.draft
     if not folder.is_dir():
         raise SpeculateError(f"--speculate {spec}: the draft {folder} is not a folder")

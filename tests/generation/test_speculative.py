@@ -225,7 +225,7 @@ def test_keyed_rounds_follow_the_targets_distribution(tiny_llama):
 def test_a_deployment_without_a_verify_program_is_refused_in_one_line(tiny_llama, tmp_path):
     ckpt, manifest = tiny_llama
     m = json.loads(manifest.read_text())
-    del m["programs"]["verify"]
+    del m["programs"]["verify_round"]
     for name in [n for n in m["buffers"] if n.startswith("v_")]:
         del m["buffers"][name]
     del m["ops"]["accept"]

@@ -2,7 +2,7 @@
 
 Layers are unrolled into calls. Three stepping programs share the weights, the rope table and
 the paged KV state: `prefill` (several sequences, ragged rows with cu_seqlens, logits of each
-sequence's last row), `decode` (one row per sequence) and `verify` (a speculative round: ragged
+sequence's last row), `decode` (one row per sequence) and `verify_round` (a speculative round: ragged
 rows like prefill, a token drawn at every row and each sequence's accepted count). A row costs
 the same arithmetic in all three (every kernel reduces a row alone), so a verify row's token is
 the one a decode step would draw."""
@@ -84,9 +84,9 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
             b("rope"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high), v(s.rope_orig_max)]}]},
     }
-    for prog, rows in (("prefill", "tokens"), ("decode", "seqs"), ("verify", "tokens")):
+    for prog, rows in (("prefill", "tokens"), ("decode", "seqs"), ("verify_round", "tokens")):
         p = prog[0] + "_"
-        decode, verify = prog == "decode", prog == "verify"
+        decode, verify = prog == "decode", prog == "verify_round"
         per = rows if verify else "seqs"  # what a token is drawn for: each sequence, or each row
         buffers.update({
             p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),

@@ -38,11 +38,11 @@ def _ragged(protocol: Protocol) -> Stepper | None:
 def _stepper(protocol: Protocol, shape: Shape) -> Stepper:
     """The program that steps a shape: a round's is the verify program (its rows ragged, the
     groups' rows laid end to end), any other's the one for_rows picks."""
-    if not shape.verify:
+    if not shape.round:
         return protocol.for_rows(shape.groups, shape.rows)
     st = protocol.verify
     if st is None:
-        raise ProtocolError("a speculative round (verify = true) needs a verify program; this manifest has none")
+        raise ProtocolError("a speculative round (round = true) needs a verify program; this manifest has none")
     if shape.groups > st.groups_max or shape.groups * shape.rows > st.rows_max:
         raise ProtocolError(f"program {st.program!r}: a round of {shape.groups} sequences of {shape.rows} rows is "
                             f"outside its bounds ({st.groups_max} sequences, {st.rows_max} rows)")

@@ -33,9 +33,12 @@ DEFAULT_K = 8
 # NGRAM_MAX tokens down to NGRAM_MIN (a one-token match proposes from any repeated token: too
 # often wrong on text that does not repeat itself, and each wrong row is paid for).
 NGRAM_MAX, NGRAM_MIN = 4, 2
-# After a round that kept nothing, a sequence decodes this many plain steps before it proposes
-# again, doubling while rounds keep failing (up to BACKOFF_MAX): text that does not repeat pays
-# for few wrong rows. Counted in steps, never in time: the tokens do not depend on it anyway.
+# How much a sequence proposes follows how its rounds went (each wrong row is paid for; on the
+# cpu a verify row costs about a fifth of a decode step): after a round that kept every proposed
+# token its bound doubles (up to K), after one that kept a of them it is a + 1, and after one
+# that kept nothing the sequence also decodes BACKOFF plain steps before it proposes again,
+# doubling while rounds keep failing (up to BACKOFF_MAX). Counted in steps, never in time: the
+# tokens do not depend on it anyway. (bench/speculative.py's workloads chose these.)
 BACKOFF, BACKOFF_MAX = 1, 16
 
 
@@ -162,7 +165,8 @@ class Speculator:
     spec: Speculate
     proposer: Proposer
     stats: SpecStats = field(default_factory=SpecStats)
-    _wait: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (steps to skip, next backoff)
+    # sequence id -> [its proposal bound, plain steps before it proposes again, the next backoff]
+    _pace: dict[str, list[int]] = field(default_factory=dict)
 
     def round(self, loop, plan: Plan, emit: Callable[[list[Delta]], None] | None) -> list[Delta] | None:
         """This step as a round, or None where it is better run plainly (prefill rows in it,
@@ -173,7 +177,7 @@ class Speculator:
         verify = loop.protocol.verify
         seqs = [s for s, _ in rows]
         self.proposer.release(set(loop.running))
-        self._wait = {i: w for i, w in self._wait.items() if i in {s.id for s in seqs}}
+        self._pace = {i: w for i, w in self._pace.items() if i in {s.id for s in loop.running}}
         k = round_k(len(seqs), self.spec.k, min(loop.runner.decode_max, verify.rows_max))
         if k == 0 or len(seqs) > verify.groups_max:
             return None
@@ -198,7 +202,7 @@ class Speculator:
         for s, p, a in zip(seqs, props, kept):
             new = [int(t) for t in tokens[at:at + a + 1]]
             at += len(p) + 1
-            self._learn(s, p, a)
+            self._learn(s, len(p), a)
             used, text, finish = loop._append(s, new, [])
             committed = p[:min(a, used - 1)]  # the rows whose state a plain decode would hold now
             loop.paging.extend(s.lease, committed)
@@ -217,22 +221,24 @@ class Speculator:
         return out
 
     def _k(self, s: Sequence, k: int, context: int) -> int:
-        """s's proposal bound this round: k, less while it backs off, never past its
-        max_tokens (a round makes at most k + 1 tokens) or the context."""
-        skip, _ = self._wait.get(s.id, (0, BACKOFF))
-        if skip > 0:
-            self._wait[s.id] = (skip - 1, self._wait[s.id][1])
+        """s's proposal bound this round: k, less while its rounds go badly (or 0 while it backs
+        off), never past its max_tokens (a round makes at most k + 1 tokens) or the context."""
+        pace = self._pace.setdefault(s.id, [self.spec.k, 0, BACKOFF])
+        if pace[1] > 0:
+            pace[1] -= 1
             return 0
-        return max(0, min(k, s.max_tokens - len(s.out) - 1, context - s.written - 1))
+        return max(0, min(k, pace[0], s.max_tokens - len(s.out) - 1, context - s.written - 1))
 
-    def _learn(self, s: Sequence, proposed: list[int], kept: int) -> None:
-        if not proposed:
+    def _learn(self, s: Sequence, proposed: int, kept: int) -> None:
+        if not proposed or s.id not in self._pace:
             return
-        if kept == 0:
-            _, back = self._wait.get(s.id, (0, BACKOFF))
-            self._wait[s.id] = (back, min(2 * back, BACKOFF_MAX))
+        pace = self._pace[s.id]
+        if kept == proposed:
+            pace[0], pace[2] = min(self.spec.k, 2 * max(pace[0], proposed)), BACKOFF
+        elif kept:
+            pace[0], pace[2] = kept + 1, BACKOFF
         else:
-            self._wait.pop(s.id, None)
+            pace[0], pace[1], pace[2] = 1, pace[2], min(2 * pace[2], BACKOFF_MAX)
 
 
 def _key(s: Sequence, j: int) -> int:
