@@ -5,6 +5,7 @@ n-gram proposals and with a draft model; what cannot speculate is refused in one
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -309,3 +310,21 @@ def test_a_draft_of_another_vocabulary_is_refused_in_one_line(draft_pair, tmp_pa
     with pytest.raises(Exception) as e:
         _model(target, f"draft:{tmp_path}")
     assert "vocabulary" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_kern_run_speculates_and_says_how_it_went(draft_pair, capsys):
+    from kern.cli import main
+
+    target, small = draft_pair
+    prompt = " ".join(f"w{t}" for t in _repetitive(1, seed=9)[0])
+    run = ["run", str(target), "--prompt", prompt, "--max-tokens", "24", "--target", "cpu"]
+    assert main(run) == 0
+    plain = capsys.readouterr()
+    for spec in ("ngram:4", f"draft:{small}:3"):
+        assert main([*run, "--speculate", spec]) == 0
+        got = capsys.readouterr()
+        assert got.out == plain.out
+        assert re.search(rf"\| speculative \({re.escape(spec)}\): \d+\.\d\d tokens a round, \d+% of \d+ proposed kept",
+                         got.err), got.err
+    assert main([*run, "--speculate", f"draft:{target / 'nothing'}"]) == 1
+    assert "is not a folder" in capsys.readouterr().err
