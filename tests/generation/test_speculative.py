@@ -328,3 +328,23 @@ def test_kern_run_speculates_and_says_how_it_went(draft_pair, capsys):
                          got.err), got.err
     assert main([*run, "--speculate", f"draft:{target / 'nothing'}"]) == 1
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_rounds_under_a_budget_that_preempts_give_the_same_tokens_and_give_memory_back(tiny_llama):
+    """One chunk of state for 16 requests promised 16 tokens past their prompts: rounds bind
+    their rows' pages before they run (a proposal the budget cannot hold is dropped), the
+    youngest requests are preempted and resume from their checkpoints, and every request gets
+    the tokens plain decoding gives it; afterwards only the scratch page is leased."""
+    prompts = _repetitive(16, seed=11)  # up to 45 + 300 tokens each: more than the chunk's 4,096 together
+    params = [SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.8 if i % 3 == 0 else 0.0, seed=i)
+              for i in range(16)]
+    plain = _generate(make_loop(tiny_llama, headroom=None), prompts, params)
+    loop = make_loop(tiny_llama, state_budget=1, headroom=16)
+    loop.speculator = spec = Speculator(Speculate("ngram", 8), Oracle(plain, prompts))
+    preempted = []
+    real = loop.scheduler.preempt
+    loop.scheduler.preempt = lambda s: (preempted.append(s.id), real(s))
+    assert _generate(loop, prompts, params) == plain
+    assert preempted and spec.stats.rounds > 0 and spec.stats.accepted > 0
+    loop.paging.pool.check()
+    assert len(loop.paging.pool.leases) == 1
