@@ -10,6 +10,7 @@ from .deployments import deployment_for
 from .generation.draft import DraftProposer, check_pair
 from .generation.speculative import NgramProposer, Speculate, SpeculateError, Speculator
 from .manifest import load_verified
+from .manifest.protocol import verify_problem
 from .runtime.stepping import open_engine
 
 # The draft's state memory: its own pool beside the target's (a draft is the smaller model; its
@@ -24,6 +25,8 @@ def speculator_for(speculate: str | Speculate, model) -> Speculator:
     if model.protocol.verify is None:
         raise SpeculateError(f"--speculate {spec}: the deployment of {name} declares no verify program (a ragged "
                              "program with an `accepted` output, docs/speculative.md), so it cannot speculate")
+    if (why := verify_problem(model.protocol.verify)) is not None:
+        raise SpeculateError(f"--speculate {spec}: {why}")
     slots = [k.name for k in model.paging.pool.layout.kinds if not k.paged]
     if slots:
         raise SpeculateError(f"--speculate {spec}: {name} keeps per-sequence state ({', '.join(slots)}); rounds that "

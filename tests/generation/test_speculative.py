@@ -348,3 +348,18 @@ def test_rounds_under_a_budget_that_preempts_give_the_same_tokens_and_give_memor
     assert preempted and spec.stats.rounds > 0 and spec.stats.accepted > 0
     loop.paging.pool.check()
     assert len(loop.paging.pool.leases) == 1
+
+
+def test_a_verify_program_without_a_role_it_needs_is_named_where_rounds_are_asked_for(tiny_llama):
+    from dataclasses import replace as swap
+
+    from kern.manifest.protocol import verify_problem
+
+    loop = make_loop(tiny_llama)
+    st = loop.protocol.verify
+    assert verify_problem(st) is None
+    no_rng = swap(st, inputs={r: b for r, b in st.inputs.items() if r != "rng"})
+    assert verify_problem(no_rng) == (
+        "program 'verify_round' has an `accepted` output, so it verifies speculative rounds: it must be ragged (rows a "
+        "var) with roles accepted, cu_seqlens, position, rng, temperature, token, tokens (missing: rng)")
+    assert "must be ragged" in verify_problem(swap(st, rows=1, rows_var=None))

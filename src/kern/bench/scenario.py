@@ -12,7 +12,7 @@ import numpy as np
 
 from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed
 from ..manifest.expr import evaluate
-from ..manifest.protocol import Protocol, ProtocolError, Stepper
+from ..manifest.protocol import Protocol, ProtocolError, Stepper, verify_problem
 from ..manifest.verify import Verified
 from ..runtime.engine import Engine
 from .workload import Shape
@@ -43,6 +43,8 @@ def _stepper(protocol: Protocol, shape: Shape) -> Stepper:
     st = protocol.verify
     if st is None:
         raise ProtocolError("a speculative round (round = true) needs a verify program; this manifest has none")
+    if (why := verify_problem(st)) is not None:
+        raise ProtocolError(why)
     if shape.groups > st.groups_max or shape.groups * shape.rows > st.rows_max:
         raise ProtocolError(f"program {st.program!r}: a round of {shape.groups} sequences of {shape.rows} rows is "
                             f"outside its bounds ({st.groups_max} sequences, {st.rows_max} rows)")

@@ -196,14 +196,19 @@ def _verifier(steppers: list[Stepper]) -> Stepper | None:
     if len(found) > 1:
         raise ProtocolError(f"programs {found[0].program!r} and {found[1].program!r} both have an `accepted` output: "
                             "a manifest declares one verify program")
-    st = found[0]
+    return found[0]
+
+
+def verify_problem(st: Stepper) -> str | None:
+    """Why a verify program cannot run rounds (None: it can). Checked where rounds are asked
+    for, not at derive: a pipeline stage's slice of it (kern cut) carries only some roles."""
     ins, outs = VERIFY_ROLES
     missing = sorted((ins - st.inputs.keys()) | (outs - st.outputs.keys()))
-    if not st.ragged or missing:
-        raise ProtocolError(f"program {st.program!r} has an `accepted` output, so it verifies speculative rounds: it "
-                            "must be ragged (rows a var) with roles " + ", ".join(sorted(ins | outs)) +
-                            (f" (missing: {', '.join(missing)})" if missing else ""))
-    return st
+    if st.ragged and not missing:
+        return None
+    return (f"program {st.program!r} has an `accepted` output, so it verifies speculative rounds: it must be ragged "
+            "(rows a var) with roles " + ", ".join(sorted(ins | outs)) +
+            (f" (missing: {', '.join(missing)})" if missing else ""))
 
 
 def _slot_state(name: str, b, per_seq: list[str]) -> str:
