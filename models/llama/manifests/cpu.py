@@ -103,8 +103,9 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             p + "gate_up": buf([rows, {"mul": [2, "inter"]}]),
             p + "act": buf([rows, "inter"]),
             p + "mlp_out": buf([rows, "hidden"]),
-            # a verify program's logits stay on the device: its tokens and accepted counts are read
-            p + "logits": buf([per, "vocab"]) if verify else buf(["seqs", "vocab"], "output", fill="logits"),
+            # a verify program's logits are a row each (a round reads only its tokens and accepted
+            # counts; kern test compares the logits)
+            p + "logits": buf([per, "vocab"], "output", fill="logits"),
             p + "next": buf([per], "output", "i32", fill="tokens"),
             **sampling_inputs(p, per),
         })

@@ -110,7 +110,7 @@ def plan(shape: Shape, protocol: Protocol, lim: Bounds, seed: int) -> Scenario |
                     done[i] += k
                     budget -= k
             prefix.append(ScriptStep(True, tuple(chunks)))
-    measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)))
+    measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)), shape.round)
     return Scenario(shape, st, seqs, tuple(prefix), measured)
 
 
