@@ -77,9 +77,8 @@ def test_a_verify_row_computes_the_bits_of_a_decode_row(tiny_llama):
     tokens, accepted = runner.verify([Feed([7, 8, 9, 10, 11], len(prompt), Units.of(lease))], [[0] * 5])
     v_logits = e.read(_logits_buffer(loop, st.program), e.env(st.program, st.vars_for(1, 5)))[:5].copy()
     for j, t in enumerate([7, 8, 9, 10, 11]):
-        got, _ = runner.run([Feed([t], len(prompt) + j, Units.of(lease))], logits=True)
-        d_logits = runner.run([Feed([t], len(prompt) + j, Units.of(lease))], logits=True)[1][0]
-        assert np.array_equal(v_logits[j].view(np.uint32), d_logits.view(np.uint32)), j
+        got, d_logits = runner.run([Feed([t], len(prompt) + j, Units.of(lease))], logits=True)
+        assert np.array_equal(v_logits[j].view(np.uint32), d_logits[0].view(np.uint32)), j
         assert int(tokens[j]) == int(got[0])
     # the proposal [8, 9, 10, 11] kept while it equals the target's argmax after each row
     want = next((j for j, t in enumerate([8, 9, 10, 11]) if t != int(tokens[j])), 4)
