@@ -21,6 +21,10 @@ Presets (comma-separated, run in order):
             kern test of the sm_90a deployment against the cpu one on those weights
   serve     kern serve (no flags) against a peer over HTTP (bench/serve_gpu.sh; PEER=vllm|transformers|none,
             SERVE_S its time limit)
+  speculative  one stream, the real embedded model (its wheel joined in /tmp/smol beforehand):
+            kern serve plain and --speculate ngram:K beside vLLM plain and with its n-gram
+            speculation, bench/speculative.py's editing and summarising workloads over HTTP
+            (bench/speculative_gpu.sh; PEER=vllm|none, K, SPECULATIVE_S its time limit)
   crossover the gemv decode program against the wide one at each batch both hold (bench/crossover.py;
             CROSSOVER its arguments)
   toolset   kern installed as a user installs it: kern bench, kern cut + kern test of the stages and
@@ -48,7 +52,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("tests", "decode", "final", "peers", "step", "split", "reach", "variants", "fused", "embedded", "serve",
-           "toolset", "verdict", "crossover")
+           "toolset", "verdict", "crossover", "speculative")
 TWO_SHAPES = "llama-3.2-1b,smollm2-135m"
 
 
@@ -279,6 +283,11 @@ def main() -> int:
             emb = installed_env(site, Path("/tmp/kern-cache-serve"))
             text = r.step("serve", ["bash", str(ROOT / "bench/serve_gpu.sh")], int(os.environ.get("SERVE_S", 560)), emb)
             r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", " {", "["))]
+        elif p == "speculative":
+            emb = installed_env(site, Path("/tmp/kern-cache-embedded"))
+            text = r.step("speculative", ["bash", str(ROOT / "bench/speculative_gpu.sh")],
+                          int(os.environ.get("SPECULATIVE_S", 580)), emb)
+            r.summary += [ln for ln in text.splitlines() if ln.startswith(("{", "kern_speculative"))]
         elif p == "crossover":
             text = r.step("crossover", [sys.executable, "bench/crossover.py", *os.environ.get("CROSSOVER", "").split()],
                           args.timeout)

@@ -18,6 +18,8 @@ from .generation.limits import limits_for
 from .generation.loop import Loop
 from .generation.outputs import Delta
 from .generation.params import SamplingParams
+from .generation.speculative import SPEC_FIELDS, SpecStats, Speculate
+from .speculation import speculator_for
 from .manifest import load_verified
 from .runtime.stepping import open_engine
 from .errors import KernError
@@ -37,6 +39,7 @@ class Generation:
     finish_reason: str
     decode_steps: int = field(default=0)
     cached_tokens: int = field(default=0)
+    speculation: SpecStats | None = field(default=None)  # the rounds this generation ran (speculating models)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -56,7 +59,7 @@ RUN_AHEAD = 8
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int | None = None,
                  run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
-                 host_bytes: int = 0, device=None):
+                 host_bytes: int = 0, device=None, speculate: str | Speculate | None = None):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
         the device) when one sequence runs alone. Default: RUN_AHEAD where the device runs them
         as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
@@ -64,7 +67,9 @@ class Model:
         clipped to what the state budget holds for one sequence). `max_seqs`: sequences
         running at once (default: what the state budget holds, up to the programs' bound).
         `state_budget`: bytes of state memory (None: 90% of a GPU less what the weights take,
-        512 MiB on the cpu; Engine's auto_budget)."""
+        512 MiB on the cpu; Engine's auto_budget). `speculate`: `ngram[:K]` or `draft:DIR[:K]`
+        (docs/speculative.md): decode steps become rounds of proposed tokens verified at once,
+        the tokens unchanged."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -90,6 +95,7 @@ class Model:
                          self.verified.manifest.model)
         self.context = self.loop.context
         self._n = 0
+        self.loop.speculator = speculator_for(speculate, self) if speculate is not None else None
 
     @property
     def run_ahead(self) -> int:
@@ -142,7 +148,13 @@ class Model:
         rid = self._request_id()
         self.loop.add(rid, ids, params)
         self.loop.warm_up(sizes=[1], reach=min(len(ids) + params.max_tokens, self.loop.context), progress=False)
-        return self._drive({rid: on_text})[rid]
+        spec = self.loop.speculator
+        before = replace(spec.stats) if spec else None
+        out = self._drive({rid: on_text})[rid]
+        if spec:
+            now = spec.stats
+            out.speculation = SpecStats(*(getattr(now, f) - getattr(before, f) for f in SPEC_FIELDS))
+        return out
 
     def generate_batch(self, prompts: list[str | list[int]],
                        params: SamplingParams | list[SamplingParams] | None = None, *,
@@ -218,7 +230,8 @@ class _Acc:
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
-         progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True, **model_kw) -> Model:
+         progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True,
+         speculate: str | Speculate | None = None, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); or a deployment folder's manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
@@ -228,7 +241,8 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     a deployment generated for it, or the rank manifest given with manifest=. `ep`: expert-
     parallel ranks, a mixture of experts' experts split over that many devices
     (docs/expert-parallel.md), likewise. `batch_invariant=False`: a generated GPU deployment
-    whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md)."""
+    whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md).
+    `speculate`: `"ngram[:K]"` or `"draft:DIR[:K]"` (docs/speculative.md)."""
     for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp), ("ep", ep)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
@@ -244,4 +258,4 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
                                                                   batch_invariant=batch_invariant)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
-                 state_budget=memory, **model_kw)
+                 state_budget=memory, speculate=speculate, **model_kw)

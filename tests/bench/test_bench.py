@@ -153,3 +153,33 @@ def test_the_state_is_sized_for_the_workload_or_by_memory(tiny_a, tiny_ckpt):
     assert [(s["groups"], s["context"]) for s in short["scenarios"]] == [(1, 200)]
     (dr,) = short["dropped"]
     assert (dr["groups"], dr["why"]) == (4, "4 sequences need 52 pages, the paged state holds 51 (--memory)")
+
+
+def test_a_workload_carries_speculative_rounds_through_the_verify_program(tiny_a, tiny_ckpt):
+    """`round = true`: each step is a round of `rows` rows a sequence (its last token and the
+    proposed ones) through the manifest's verify program, priced call by call like any step; a
+    round past the program's bounds is dropped with the reason."""
+    wl = parse("""
+samples = 2
+[[sweep]]
+groups = [1, 2]
+rows = [1, 5]
+context = [20]
+round = true
+[[sweep]]
+groups = [4]
+rows = [9]
+context = [0]
+round = true
+""", "rounds.toml")
+    doc = bench(tiny_a, tiny_ckpt, wl, progress=False)
+    assert [(s["program"], s["groups"], s["rows"], s.get("round")) for s in doc["scenarios"]] == [
+        ("verify_round", 1, 1, True), ("verify_round", 1, 5, True), ("verify_round", 2, 1, True),
+        ("verify_round", 2, 5, True)]
+    calls = {c["op"] for c in doc["scenarios"][-1]["calls"]}
+    assert {"accept", "sample"} <= calls  # the round's own calls are priced, acceptance included
+    (drop,) = doc["dropped"]
+    assert (drop["groups"], drop["rows"], drop["round"]) == (4, 9, True) and "'verify_round'" in drop["why"]
+    with pytest.raises(Exception) as e:
+        parse("[[sweep]]\ngroups = 1\nrows = 2\ncontext = 0\nround = 1\n", "bad.toml")
+    assert "bad.toml: sweep[0].round: expected true or false" in str(e.value)

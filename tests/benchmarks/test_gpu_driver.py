@@ -17,7 +17,7 @@ def test_an_unknown_preset_is_refused_in_one_line_naming_the_presets():
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stdout.strip() == ("--preset: unknown fast (presets: tests, decode, final, peers, step, split, "
-                                   "reach, variants, fused, embedded, serve, toolset, verdict, crossover)")
+                                   "reach, variants, fused, embedded, serve, toolset, verdict, crossover, speculative)")
 
 
 def test_the_summary_has_one_line_per_result():

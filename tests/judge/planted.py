@@ -49,6 +49,12 @@ def _calls(m: dict, program: str):
     return m["programs"][program]["calls"]
 
 
+def _stepping(m: dict) -> list[str]:
+    """The programs that step a batch (prefill, decode and, where there is one, the verify
+    program of speculative rounds): a change meant for every step changes them all."""
+    return [name for name, p in m["programs"].items() if p.get("batch")]
+
+
 def _bufs(call: dict) -> list:
     return [a.get("buf") for a in call["args"]]
 
@@ -66,7 +72,7 @@ def rope_theta(base: Path, out: Path) -> Path:
 def residual_dropped(base: Path, out: Path, layer: int = 1) -> Path:
     """The attention residual of one layer: add_rms_norm(x, attn_out, ln2) -> rms_norm(attn_out, ln2)."""
     def edit(m):
-        for prog in ("prefill", "decode"):
+        for prog in _stepping(m):
             for c in _calls(m, prog):
                 if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":
                     c["op"] = "rms_norm"
@@ -146,7 +152,7 @@ def bf16(base: Path, out: Path) -> Path:
                             for p in op["params"]]
         m["ops"]["linear_logits"] = {"params": ["x: in buffer<bf16>", "w: in buffer<f32>", "y: out buffer<f32>"],
                                      "impl": {"launches": [{"module": "kernels", "entry": "linear"}]}}
-        for prog in ("prefill", "decode"):
+        for prog in _stepping(m):
             for c in _calls(m, prog):
                 if any(str(x).endswith("_logits") for x in _bufs(c)) and c["op"] == "linear":
                     c["op"] = "linear_logits"
@@ -191,7 +197,7 @@ def split_norm(base: Path, out: Path, layer: int = 1) -> Path:
     def edit(m):
         m["ops"]["add"] = {"params": ["res: inout buffer<f32>", "x: in buffer<f32>"],
                            "impl": {"launches": [{"module": "split", "entry": "add"}]}}
-        for prog in ("prefill", "decode"):
+        for prog in _stepping(m):
             calls = _calls(m, prog)
             for i, c in enumerate(calls):
                 if c["op"] == "add_rms_norm" and _bufs(c)[2] == f"ln2.{layer}":

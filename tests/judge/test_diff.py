@@ -51,7 +51,7 @@ def test_changed_call_is_one_span_with_its_io(tiny_a, tmp_path):
 def test_changed_implementation_never_matches(tiny_a, tmp_path):
     d = diff(load_verified(tiny_a), load_verified(planted.kv_off_by_one(tiny_a, tmp_path / "b")))
     assert d.ops_changed == ("kv_append", "kv_append_decode")
-    assert len(d.spans) == 2 * 2  # 2 layers x 2 programs, one call each
+    assert len(d.spans) == 2 * 3  # 2 layers x 3 programs (prefill, verify_round: kv_append), one call each
     assert all(s.a[1] - s.a[0] == 1 and s.states == ("kv",) for s in d.spans)
 
 

@@ -105,7 +105,8 @@ def test_a_candidate_decoding_more_sequences_a_step_is_fed_a_wide_step(smollm2, 
     r = reports["beside"]
     wide = next(ln for ln in lines["sequence"] if ln.startswith("wide: "))
     assert "5 sequences of natural-ish text" in wide and "3 decode steps" in wide
-    assert r.facts.e2e.rows == 2 * (1 + 2) + 5 * (1 + 3)  # main: a prefill and two decode rows each; wide: 1 + 3
+    # main: a prefill row, two decode rows and a round of 3 rows each; wide: 1 + 3 + 3
+    assert r.facts.e2e.rows == 2 * (1 + 2 + 3) + 5 * (1 + 3 + 3)
     assert r.verdict.status == "PASS"
 
 

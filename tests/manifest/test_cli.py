@@ -33,7 +33,7 @@ def deployment(tmp_path, tiny_dict):
 def test_verify_ok(deployment, capsys):
     path = str(deployment / "ok")
     assert main(["verify", path]) == 0
-    assert capsys.readouterr().out == f"{path}: ok, 3 programs, 50 calls, 50 launches\n"
+    assert capsys.readouterr().out == f"{path}: ok, 4 programs, 75 calls, 75 launches\n"
 
 
 def test_verify_failure_lists_every_problem(deployment, capsys):
@@ -48,7 +48,7 @@ def test_verify_failure_lists_every_problem(deployment, capsys):
 def test_verify_json(deployment, capsys):
     assert main(["verify", "--json", str(deployment / "ok"), str(deployment / "bad.json")]) == 1
     ok, bad = json.loads(capsys.readouterr().out)
-    assert ok == {"path": str(deployment / "ok"), "ok": True, "programs": 3, "calls": 50, "launches": 50}
+    assert ok == {"path": str(deployment / "ok"), "ok": True, "programs": 4, "calls": 75, "launches": 75}
     assert bad["ok"] is False
     assert {"where": "vars.tokens.max", "what": "must be >= 1, got 0"} in bad["problems"]
 
@@ -66,4 +66,4 @@ def test_the_kern_command(deployment):
     assert r.returncode == 1 and r.stderr == "" and "manifest failed verification:" in r.stdout
     r = subprocess.run([sys.executable, "-m", "kern.cli", "verify", str(deployment / "ok")], capture_output=True,
                        text=True)
-    assert r.returncode == 0 and r.stdout.endswith("ok, 3 programs, 50 calls, 50 launches\n")
+    assert r.returncode == 0 and r.stdout.endswith("ok, 4 programs, 75 calls, 75 launches\n")

@@ -18,7 +18,7 @@ SMALL = Options(seed=0, seqs=3, decode_steps=2, max_prompt=40)
 
 def test_kern_verify_accepts_the_deployment(moe_dep, capsys):
     assert main(["verify", str(moe_dep)]) == 0
-    assert capsys.readouterr().out.startswith(f"{moe_dep}: ok, 3 programs, ")
+    assert capsys.readouterr().out.startswith(f"{moe_dep}: ok, 4 programs, ")  # prefill, decode, verify_round, rope
 
 
 def router_skips_the_best_expert(base, out):

@@ -71,7 +71,7 @@ CASES = [
     ("a var max past 32 bits is refused", _set(("vars", "seqs", "max"), 2**62),
      [("vars.seqs.max", "must be <= 2147483647")]),
     ("buffers past the target's memory are refused, naming the largest", _set(("constants", "vocab"), 2**31 - 1),
-     [("buffers.embed", "over the cpu budget")]),
+     [("buffers.v_logits", "over the cpu budget")]),  # the verify program's logits, a row each: the largest
     ("NaN is refused naming the field", _raw('"max": 32', '"max": NaN'), [("vars.seqs.max", "NaN is not a number")]),
     ("Infinity is refused naming the field", _raw('"max": 32', '"max": Infinity'),
      [("vars.seqs.max", "Infinity is not a number")]),

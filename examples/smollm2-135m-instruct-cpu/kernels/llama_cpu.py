@@ -202,3 +202,19 @@ def sample(logits, temperature, key, tokens):
                 row = row * (np.float32(1) / t) - np.log(-np.log(u))
             nan = np.isnan(row)  # NaN never wins, as on the device; a row of only NaN gives -1
             tokens[r] = -1 if nan.all() else np.argmax(np.where(nan, np.float32(-np.inf), row))
+
+
+def accept(ids, cu_seqlens, tokens, accepted):
+    """A speculative round's acceptance: a sequence's rows are its last token and the tokens
+    proposed after it, and tokens[r] is the target's token after row r (its argmax, or its
+    draw keyed by the request). The proposal's first n tokens are kept while each equals the
+    target's token before it: accepted[g] = that n. Keyed draws make this rejection sampling
+    of a proposal that is one token a position (kept with the target's probability of it,
+    else the target's draw among the rest), and the tokens a round keeps are those plain
+    decoding would have drawn."""
+    for g in range(accepted.shape[0]):
+        lo, hi = int(cu_seqlens[g]), int(cu_seqlens[g + 1])
+        n = 0
+        while lo + n + 1 < hi and ids[lo + n + 1] == tokens[lo + n]:
+            n += 1
+        accepted[g] = n

@@ -1,8 +1,11 @@
 """The llama family's manifest for the cpu target (fp32 compute from the checkpoint's weights).
 
-Layers are unrolled into calls. Two stepping programs share the weights, the rope table and
+Layers are unrolled into calls. Three stepping programs share the weights, the rope table and
 the paged KV state: `prefill` (several sequences, ragged rows with cu_seqlens, logits of each
-sequence's last row) and `decode` (one row per sequence)."""
+sequence's last row), `decode` (one row per sequence) and `verify_round` (a speculative round: ragged
+rows like prefill, a token drawn at every row and each sequence's accepted count). A row costs
+the same arithmetic in all three (every kernel reduces a row alone), so a verify row's token is
+the one a decode step would draw."""
 
 from __future__ import annotations
 
@@ -41,15 +44,23 @@ def ops_cpu() -> dict:
         "gather_last": ("x: in buffer<f32>", "cu_seqlens: in buffer<i32>", "y: out buffer<f32>"),
         "sample": ("logits: in buffer<f32>", "temperature: in buffer<f32>", "key: in buffer<i32>",
                    "tokens: out buffer<i32>"),
+        "accept": ("ids: in buffer<i32>", "cu_seqlens: in buffer<i32>", "tokens: in buffer<i32>",
+                   "accepted: out buffer<i32>"),
     }
     return {name: op(*params, name=name) for name, params in table.items()}
 
 
-def head_calls(p: str, decode: bool, eps: float) -> list[dict]:
+def head_calls(p: str, decode: bool, eps: float, verify: bool = False) -> list[dict]:
     """After the last layer: the final norm (adding the last MLP's output into the residual),
-    each sequence's last row (prefill), the LM head and sampling."""
+    each sequence's last row (prefill), the LM head and sampling; a verify program samples
+    every row and then accepts each sequence's longest proposed prefix that matches."""
     calls = [{"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"), v(eps)]}]
     last = p + "h"
+    if verify:
+        return calls + [
+            {"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
+            {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]},
+            {"op": "accept", "args": [b(p + "ids"), b(p + "cu_seqlens"), b(p + "next"), b(p + "accepted")]}]
     if not decode:
         calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
         last = p + "last"
@@ -73,9 +84,10 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
             b("rope"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high), v(s.rope_orig_max)]}]},
     }
-    for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
+    for prog, rows in (("prefill", "tokens"), ("decode", "seqs"), ("verify_round", "tokens")):
         p = prog[0] + "_"
-        decode = prog == "decode"
+        decode, verify = prog == "decode", prog == "verify_round"
+        per = rows if verify else "seqs"  # what a token is drawn for: each sequence, or each row
         buffers.update({
             p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
@@ -91,14 +103,19 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             p + "gate_up": buf([rows, {"mul": [2, "inter"]}]),
             p + "act": buf([rows, "inter"]),
             p + "mlp_out": buf([rows, "hidden"]),
-            p + "logits": buf(["seqs", "vocab"], "output", fill="logits"),
-            p + "next": buf(["seqs"], "output", "i32", fill="tokens"),
-            **sampling_inputs(p, "seqs"),
+            # a verify program's logits are a row each (a round reads only its tokens and accepted
+            # counts; kern test compares the logits)
+            p + "logits": buf([per, "vocab"], "output", fill="logits"),
+            p + "next": buf([per], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, per),
         })
+        if verify:
+            buffers[p + "accepted"] = buf(["seqs"], "output", "i32", fill="accepted")
         if not decode:
             buffers[p + "cu_seqlens"] = buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
                                              domain={"range": [0, {"add": ["tokens", 1]}]})
-            buffers[p + "last"] = buf(["seqs", "hidden"])
+            if not verify:
+                buffers[p + "last"] = buf(["seqs", "hidden"])
         attn_scalars = lambda l: [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens")]
         kv = {"state": "kv"}
         calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x")]}]
@@ -131,7 +148,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             calls.append({"op": "linear", "args": [b(p + "h"), b(f"gate_up_w.{l}"), b(p + "gate_up")]})
             calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act")]})
             calls.append({"op": "linear", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "mlp_out")]})
-        programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
+        programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps, verify), decode)
 
     ops = ops_cpu()
     if not s.qk_norm:

@@ -52,7 +52,8 @@ def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, iso
     for shape in wl.shapes:
         sc = scenario.plan(shape, engine.protocol, lim, wl.seed)
         if isinstance(sc, str):
-            dropped.append({"groups": shape.groups, "rows": shape.rows, "context": shape.context, "why": sc})
+            dropped.append({"groups": shape.groups, "rows": shape.rows, "context": shape.context,
+                            **({"round": True} if shape.round else {}), "why": sc})
         else:
             scenarios.append(sc)
     out = []
@@ -65,7 +66,7 @@ def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, iso
             vars, ins = scenario.prepare(engine, sc)
             engine.run(sc.program, vars, ins)
             row = {"groups": sc.shape.groups, "rows": sc.shape.rows, "context": sc.shape.context,
-                   "weight": sc.shape.weight}
+                   "weight": sc.shape.weight, **({"round": True} if sc.shape.round else {})}
             row.update(measure(timer, engine, sc.program, vars, n, ceiling, lambda: bar.update(1)))
             if isolate:
                 pages = sum(len(s.pages) for s in sc.seqs)

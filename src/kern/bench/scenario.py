@@ -12,7 +12,7 @@ import numpy as np
 
 from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed
 from ..manifest.expr import evaluate
-from ..manifest.protocol import Protocol, ProtocolError, Stepper
+from ..manifest.protocol import Protocol, ProtocolError, Stepper, verify_problem
 from ..manifest.verify import Verified
 from ..runtime.engine import Engine
 from .workload import Shape
@@ -35,6 +35,22 @@ def _ragged(protocol: Protocol) -> Stepper | None:
     return next((s for s in protocol.steppers if s.ragged), None)
 
 
+def _stepper(protocol: Protocol, shape: Shape) -> Stepper:
+    """The program that steps a shape: a round's is the verify program (its rows ragged, the
+    groups' rows laid end to end), any other's the one for_rows picks."""
+    if not shape.round:
+        return protocol.for_rows(shape.groups, shape.rows)
+    st = protocol.verify
+    if st is None:
+        raise ProtocolError("a speculative round (round = true) needs a verify program; this manifest has none")
+    if (why := verify_problem(st)) is not None:
+        raise ProtocolError(why)
+    if shape.groups > st.groups_max or shape.groups * shape.rows > st.rows_max:
+        raise ProtocolError(f"program {st.program!r}: a round of {shape.groups} sequences of {shape.rows} rows is "
+                            f"outside its bounds ({st.groups_max} sequences, {st.rows_max} rows)")
+    return st
+
+
 def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> int:
     """Bytes each state needs to hold the largest shape of the workload (every sequence of it
     at its context plus its rows), over the shapes a program accepts and a page table can
@@ -46,7 +62,7 @@ def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> 
     need = 0
     for sh in shapes:
         try:
-            protocol.for_rows(sh.groups, sh.rows)
+            _stepper(protocol, sh)
         except ProtocolError:
             continue
         for name, st in m.states.items():
@@ -64,7 +80,7 @@ def plan(shape: Shape, protocol: Protocol, lim: Bounds, seed: int) -> Scenario |
     """The scenario for a shape, or the reason no program of this manifest accepts it."""
     g, r, c = shape.groups, shape.rows, shape.context
     try:
-        st = protocol.for_rows(g, r)
+        st = _stepper(protocol, shape)
     except ProtocolError as exc:
         return str(exc)
     if c + r > lim.context:
@@ -94,12 +110,12 @@ def plan(shape: Shape, protocol: Protocol, lim: Bounds, seed: int) -> Scenario |
                     done[i] += k
                     budget -= k
             prefix.append(ScriptStep(True, tuple(chunks)))
-    measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)))
+    measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)), shape.round)
     return Scenario(shape, st, seqs, tuple(prefix), measured)
 
 
 def widths(engine: Engine) -> dict[str, int]:
-    return {pt.buffer: engine.shapes[pt.buffer][-1] for st in engine.protocol.steppers for pt in st.page_tables}
+    return {pt.buffer: engine.shapes[pt.buffer][-1] for st in engine.protocol.every for pt in st.page_tables}
 
 
 def prepare(engine: Engine, sc: Scenario) -> tuple[dict[str, int], dict[str, np.ndarray]]:

@@ -8,6 +8,9 @@
     rows = [1]             # rows each sequence steps (1 is a decode step)
     context = [0, 512]     # tokens each sequence already holds, built by the model's prefill
     weight = 1.0           # optional: the weight of each of its shapes in totals and kern cut --times
+    round = false          # optional: each step is a speculative round, its rows (the last token and
+                           # rows - 1 proposed ones) through the manifest's verify program
+
 
 Every problem is one line naming the file and the field."""
 
@@ -30,9 +33,10 @@ class Shape:
     rows: int  # per group
     context: int  # tokens already held by each sequence
     weight: float
+    round: bool = False  # a speculative round through the verify program
 
     def label(self) -> str:
-        return f"{self.groups}x{self.rows} @ {self.context}"
+        return f"{self.groups}x{self.rows} @ {self.context}" + (" (round)" if self.round else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class Workload:
 
 
 TOP = {"samples", "seed", "sweep"}
-SWEEP = {"groups", "rows", "context", "weight"}
+SWEEP = {"groups", "rows", "context", "weight", "round"}
 
 
 def _ints(where: str, x: object, lo: int) -> list[int]:
@@ -79,7 +83,7 @@ def parse(text: str, path: str = "workload") -> Workload:
     sweeps = doc.get("sweep")
     if not isinstance(sweeps, list) or not sweeps or not all(isinstance(s, dict) for s in sweeps):
         raise WorkloadError(f"{path}: needs at least one [[sweep]] table (groups, rows, context)")
-    shapes: dict[tuple[int, int, int], Shape] = {}
+    shapes: dict[tuple[int, int, int, bool], Shape] = {}
     for i, s in enumerate(sweeps):
         where = f"{path}: sweep[{i}]"
         unknown = sorted(set(s) - SWEEP)
@@ -91,8 +95,11 @@ def parse(text: str, path: str = "workload") -> Workload:
         weight = s.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             raise WorkloadError(f"{where}.weight: expected a number > 0, got {weight!r}")
+        rnd = s.get("round", False)
+        if not isinstance(rnd, bool):
+            raise WorkloadError(f"{where}.round: expected true or false, got {rnd!r}")
         for g, r, c in product(_ints(f"{where}.groups", s["groups"], 1), _ints(f"{where}.rows", s["rows"], 1),
                                _ints(f"{where}.context", s["context"], 0)):
-            shapes.setdefault((g, r, c), Shape(g, r, c, float(weight)))
+            shapes.setdefault((g, r, c, rnd), Shape(g, r, c, float(weight), rnd))
     return Workload(path, samples, seed, tuple(shapes.values()), tuple(sweeps))
 

@@ -69,6 +69,17 @@ def memory(text: str) -> int:
     return int(n)
 
 
+def speculate(text: str) -> str:
+    """A --speculate value, checked here (its draft folder is checked at load)."""
+    from ..generation.speculative import Speculate, SpeculateError
+
+    try:
+        Speculate.parse(text)
+    except SpeculateError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--speculate {text!r}: ")) from None
+    return text
+
+
 def model_arguments(p: argparse.ArgumentParser) -> None:
     """The model a command loads (kern run, kern serve): a folder, or the embedded default."""
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
@@ -91,6 +102,11 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                    help="cuda: prefill and many-row decode through cuBLASLt, faster, but a request's tokens "
                         "then depend on what else is in its batch (docs/determinism.md says what it costs "
                         "either way); the cpu build is batch-invariant with or without it")
+    p.add_argument("--speculate", type=speculate, default=None, metavar="ngram[:K]|draft:DIR[:K]",
+                   help="speculative decoding: decode steps become rounds of up to K proposed tokens (default 8) "
+                        "verified in one step, the tokens exactly those without it; ngram looks them up in the "
+                        "sequence's own tokens, draft:DIR runs a smaller model of the same tokenizer "
+                        "(docs/speculative.md)")
     p.add_argument("--ep", type=positive, default=1,
                    help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
                         "a rank (default 1)")

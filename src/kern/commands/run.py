@@ -44,7 +44,7 @@ def main(args) -> int:
         target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, target=target, context=args.context,
                      max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead, tp=args.tp, ep=args.ep,
-                     batch_invariant=args.batch_invariant)
+                     batch_invariant=args.batch_invariant, speculate=args.speculate)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "") + \
             (f" x {args.ep} (expert parallel)" if args.ep > 1 else "")
         print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",
@@ -60,7 +60,10 @@ def main(args) -> int:
         print(f"kern run: {exc}", file=sys.stderr)
         return 1
     print()
+    sp = gen.speculation
+    spec = (f" | speculative ({args.speculate}): {sp.tokens_per_round:.2f} tokens a round, "
+            f"{sp.acceptance:.0%} of {sp.proposed} proposed kept" if sp is not None else "")
     print(f"[kern] prefill {gen.prompt_tokens} tokens: {gen.prefill_tok_s:.1f} tok/s | "
-          f"decode {len(gen.tokens)} tokens: {gen.decode_tok_s:.1f} tok/s | finish: {gen.finish_reason}",
+          f"decode {len(gen.tokens)} tokens: {gen.decode_tok_s:.1f} tok/s{spec} | finish: {gen.finish_reason}",
           file=sys.stderr)
     return 0

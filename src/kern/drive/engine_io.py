@@ -16,6 +16,7 @@ from ..runtime.device import Program
 from ..runtime.dtypes import NP
 from ..runtime.engine import Engine
 from ..runtime.lower import LoweredLaunch, StateRef, View
+from ..manifest.protocol import verify_problem
 from .script import Bounds
 
 
@@ -142,12 +143,14 @@ class EngineIO:
         width = min((self.e.shapes[pt.buffer][-1] for pt in tables), default=1 << 20)
         page_tokens = tables[0].page_tokens if tables else 1 << 20
         pages = min((self.e.pages[pt.state] for pt in tables), default=1 << 20)
+        v = p.verify if p.verify is not None and verify_problem(p.verify) is None else None
         return Bounds(vocab, page_tokens, ragged[0].rows_max if ragged else 1,
                       ragged[0].groups_max if ragged else 1,
-                      single[0].groups_max if single else any_st.groups_max, context, width, pages)
+                      single[0].groups_max if single else any_st.groups_max, context, width, pages,
+                      v.groups_max if v else 0, v.rows_max if v else 0)
 
     def table_widths(self) -> dict[str, int]:
-        return {pt.buffer: self.e.shapes[pt.buffer][-1] for st in self.e.protocol.steppers for pt in st.page_tables}
+        return {pt.buffer: self.e.shapes[pt.buffer][-1] for st in self.e.protocol.every for pt in st.page_tables}
 
 
 def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -3,7 +3,8 @@ chunked prefill, decode steps, page tables.
 
 Pure. Half of the prompt lengths are uniform, half sit on boundaries (a page +/- 1, the
 prefill chunk +/- 1, the rows bound); prompts are cut into chunks that several sequences share
-in one ragged step; every sequence then decodes a few rows, one per step (teacher-forced).
+in one ragged step; every sequence then decodes a few rows, one per step (teacher-forced), and,
+where the manifest has a verify program, ends with a speculative round of ROUND_ROWS rows.
 Tokens are random from the token domain, or, given a corpus (a tokenized text), windows of it
 at seeded offsets: natural-ish prompts, whose predictions are decisive where random tokens
 leave near-ties everywhere. Pages are a shuffled permutation of [0, pages_used), so page
@@ -31,6 +32,8 @@ class Bounds:
     context: int  # positions domain: prompt + decode rows fit below it
     table_width: int  # pages one sequence may hold
     pages: int  # pages of the paged state
+    round_groups: int = 0  # sequences one verify step takes (0: no verify program)
+    round_rows: int = 0  # rows one verify step takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class Chunk:
 class ScriptStep:
     ragged: bool  # through the ragged (prefill) stepper, else one row per sequence
     chunks: tuple[Chunk, ...]
+    round: bool = False  # a speculative round: through the verify program (ragged)
 
     @property
     def rows(self) -> int:
@@ -68,10 +72,12 @@ class Script:
 
     def describe(self) -> str:
         lens = ", ".join(f"{len(s.prompt)} ({s.why})" for s in self.seqs)
-        n_pre = sum(s.ragged for s in self.steps)
+        n_pre = sum(s.ragged and not s.round for s in self.steps)
+        n_round = sum(s.round for s in self.steps)
         return (f"workload: seed {self.seed}, {len(self.seqs)} sequences of "
                 f"{_KIND[self.natural]}, prompts {lens}; "
-                f"{n_pre} prefill steps, {len(self.steps) - n_pre} decode steps; {self.pages_used} pages")
+                f"{n_pre} prefill steps, {len(self.steps) - n_pre - n_round} decode steps"
+                f"{f', {n_round} speculative round steps' if n_round else ''}; {self.pages_used} pages")
 
 
 _KIND = {"": "random tokens", "all": "natural-ish text", "half": "natural-ish text (uniform lengths) and random tokens"}
@@ -83,11 +89,17 @@ def boundaries(lim: Bounds) -> dict[str, int]:
             "chunk-1": c - 1, "chunk": c, "chunk+1": c + 1}
 
 
+# Rows a sequence feeds in the workload's speculative round (its last token and 2 proposed).
+ROUND_ROWS = 3
+
+
 def make(seed: int, lim: Bounds, *, seqs: int = 6, decode_steps: int = 4, max_prompt: int | None = None,
          corpus: tuple[int, ...] | None = None, mixed: bool = False) -> Script:
     """mixed: with a corpus, only the uniform-length sequences take its text; the boundary
     ones keep random tokens, whose near-ties are where a subtle bug flips the argmax."""
     rng = np.random.Generator(np.random.PCG64(seed))
+    rounds = ROUND_ROWS if lim.round_groups and lim.round_rows >= ROUND_ROWS else 0
+    steps_in, decode_steps = decode_steps, decode_steps + rounds  # a round's rows follow the decode rows
     top = min(lim.context - decode_steps, lim.table_width * lim.page_tokens - decode_steps)
     # default cap: past one chunk and two pages, so chunked prefill and page crossings are fed,
     # without prompts as long as the context (minutes on a cpu reference)
@@ -121,10 +133,10 @@ def make(seed: int, lim: Bounds, *, seqs: int = 6, decode_steps: int = 4, max_pr
         out.append(Seq(prompt, dec, tuple(perm[at:at + k]), why))
         at += k
     natural = "" if not text else "half" if mixed and any(why != "uniform" for _, why in picks) else "all"
-    return Script(seed, tuple(out), _schedule(out, lim, decode_steps), sum(need), natural)
+    return Script(seed, tuple(out), _schedule(out, lim, steps_in, rounds), sum(need), natural)
 
 
-def _schedule(seqs: list[Seq], lim: Bounds, decode_steps: int) -> tuple[ScriptStep, ...]:
+def _schedule(seqs: list[Seq], lim: Bounds, decode_steps: int, rounds: int) -> tuple[ScriptStep, ...]:
     steps: list[ScriptStep] = []
     done = [0] * len(seqs)
     while any(d < len(s.prompt) for d, s in zip(done, seqs)):
@@ -140,12 +152,19 @@ def _schedule(seqs: list[Seq], lim: Bounds, decode_steps: int) -> tuple[ScriptSt
         rows = [Chunk(i, len(s.prompt) + d, (s.decode[d],)) for i, s in enumerate(seqs)]
         for g in range(0, len(rows), lim.decode_groups):
             steps.append(ScriptStep(False, tuple(rows[g:g + lim.decode_groups])))
+    if rounds:  # each sequence's next rows as one round's (teacher-forced, like the decode rows)
+        rows = [Chunk(i, len(s.prompt) + decode_steps, s.decode[decode_steps:decode_steps + rounds])
+                for i, s in enumerate(seqs)]
+        per = max(1, min(lim.round_groups, lim.round_rows // rounds))
+        for g in range(0, len(rows), per):
+            steps.append(ScriptStep(True, tuple(rows[g:g + per]), round=True))
     return tuple(steps)
 
 
 def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str, int]) -> tuple[dict, dict]:
     """The vars and the role-filled input buffers of one step for one engine's stepper."""
     groups = len(step.chunks)
+    draws = step.rows if "accepted" in st.outputs else groups
     vars = st.vars_for(groups, step.rows, reach=max(c.start + len(c.tokens) for c in step.chunks))
     ins: dict[str, np.ndarray] = {}
     roles = {
@@ -154,8 +173,9 @@ def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str,
         "cu_seqlens": np.cumsum([0] + [len(c.tokens) for c in step.chunks]).astype(np.int32),
         "seq_len": np.array([c.start + len(c.tokens) for c in step.chunks], np.int32),
         "slot": np.array([c.seq for c in step.chunks], np.int32),
-        "temperature": np.zeros(groups, np.float32),  # greedy: the judged tokens are each side's argmax
-        "rng": np.zeros((groups, 2), np.int32),
+        # greedy: the judged tokens are each side's argmax (a verify program draws a token a row)
+        "temperature": np.zeros(draws, np.float32),
+        "rng": np.zeros((draws, 2), np.int32),
     }
     for role, buf in st.inputs.items():
         ins[buf] = roles[role]

@@ -58,6 +58,7 @@ class Loop:
         self._grammars: Grammars | None = None
         self._aborted: list[Delta] = []
         self._steps = 0
+        self.speculator = None  # speculative.Speculator: decode steps as rounds where it has proposals
 
     @property
     def limits(self) -> Limits:
@@ -189,8 +190,10 @@ class Loop:
         states = tuple((k.name, "page" if k.paged else "slot", use[k.name]["held"], use[k.name]["mapped"],
                         use[k.name]["mapped"] // k.per_chunk, use[k.name]["cached"])
                        for k in self.paging.pool.layout.kinds)
+        sp = self.speculator.stats if self.speculator is not None else None
         return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
-                         u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"])
+                         u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"],
+                         *((sp.rounds, sp.proposed, sp.accepted, sp.tokens) if sp else ()))
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, emit: Callable[[list[Delta]], None] | None = None) -> list[Delta]:
@@ -200,6 +203,9 @@ class Loop:
         plan = self.scheduler.next(self._host_draws)
         if not plan.rows:
             return deltas
+        if self.speculator is not None and (out := self.speculator.round(self, plan, emit)) is not None:
+            self._steps += 1
+            return deltas + out
         self._steps += plan.ahead
         if plan.ahead > 1:
             return deltas + self._run_ahead(plan, emit)

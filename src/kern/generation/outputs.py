@@ -41,3 +41,9 @@ class LoopStats:
     pool_states: tuple[tuple[str, str, int, int, int, int], ...] = ()
     pool_chunks: int = 0
     pool_chunks_free: int = 0
+    # speculative rounds so far (speculative.SpecStats): sequences' rounds, tokens proposed, kept,
+    # and made by the rounds; all 0 where the loop does not speculate
+    spec_rounds: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_tokens: int = 0

@@ -226,6 +226,19 @@ class Runner:
             return tokens, out
         return read
 
+    def verify(self, feeds: list[Feed], keys: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """A speculative round through the verify program, one host wait: each feed's rows are
+        its last token and the tokens proposed after it, `keys[i]` the draw keys of feed i's
+        rows (a row draws at its feed's temperature). Each row's token (the target's next token
+        after that row) and each feed's accepted count (its proposal's matching prefix)."""
+        st = self.protocol.verify
+        inputs = self._inputs(st, feeds)
+        inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds for _ in f.tokens], np.float32)
+        inputs[st.inputs["rng"]] = _keys([k for ks in keys for k in ks])
+        rows = sum(len(f.tokens) for f in feeds)
+        env = self.engine.run(st.program, st.vars_for(len(feeds), rows), inputs)
+        return self.engine.read(st.outputs["tokens"], env)[:rows], self.engine.read(st.outputs["accepted"], env)
+
     def run_ahead(self, feeds: list[Feed], k: int, keys: list[list[int]] | None = None,
                   each: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
         """k decode steps of these one-row feeds with one host wait, each step's token fed back

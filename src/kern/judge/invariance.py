@@ -53,18 +53,25 @@ class Invariance:
 
 def alone(wl: Script, s: int) -> Script:
     """The workload's steps of sequence s only (its chunks and decode rows, in order)."""
-    steps = tuple(ScriptStep(st.ragged, tuple(c for c in st.chunks if c.seq == s)) for st in wl.steps)
+    steps = tuple(ScriptStep(st.ragged, tuple(c for c in st.chunks if c.seq == s), st.round) for st in wl.steps)
     return Script(wl.seed, wl.seqs, tuple(st for st in steps if st.chunks), wl.pages_used, wl.natural)
 
 
-def _row(o: StepOut, g: int) -> np.ndarray | None:
-    """Group g's output of a step: its logits, or its token where the program gives no logits."""
-    return o.logits[g] if o.logits is not None else None if o.tokens is None else o.tokens[g:g + 1]
+def _row(o: StepOut, st: ScriptStep, g: int) -> np.ndarray | None:
+    """Group g's output of a step: its logits, or its token where the program gives no logits
+    (a speculative round's: every row of the group)."""
+    out = o.logits if o.logits is not None else o.tokens
+    if out is None:
+        return None
+    if st.round:
+        lo = sum(len(c.tokens) for c in st.chunks[:g])
+        return out[lo:lo + len(st.chunks[g].tokens)]
+    return out[g] if o.logits is not None else out[g:g + 1]
 
 
 def _rows(out: list[StepOut], wl: Script, s: int) -> list[tuple[int, np.ndarray]]:
     """Sequence s's rows inside the batched run, with their step."""
-    rows = [(t, _row(o, g)) for t, (o, st) in enumerate(zip(out, wl.steps))
+    rows = [(t, _row(o, st, g)) for t, (o, st) in enumerate(zip(out, wl.steps))
             for g, c in enumerate(st.chunks) if c.seq == s]
     return [(t, r) for t, r in rows if r is not None]
 
@@ -76,7 +83,8 @@ def check(io: EngineIO, wl: Script, batched: list[StepOut], workload: str = "wor
     differ, rows = [], 0
     for s in range(len(wl.seqs)):
         inside = _rows(batched, wl, s)
-        lone = [r for r in (_row(o, 0) for o in free_run(io, alone(wl, s))[0]) if r is not None]
+        one = alone(wl, s)
+        lone = [r for r in (_row(o, st, 0) for o, st in zip(free_run(io, one)[0], one.steps)) if r is not None]
         rows += len(inside)
         bad = [(t, float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else float("inf"))
                for (t, a), b in zip(inside, lone) if a.tobytes() != b.tobytes()]

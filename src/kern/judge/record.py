@@ -57,6 +57,8 @@ def outputs(io: EngineIO, st, env) -> tuple[np.ndarray | None, np.ndarray | None
 
 
 def stepper_for(io: EngineIO, step: ScriptStep):
+    if step.round:
+        return io.e.protocol.verify
     return io.e.protocol.for_rows(len(step.chunks), None if step.ragged else 1)
 
 

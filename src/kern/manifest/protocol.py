@@ -90,6 +90,9 @@ class Protocol:
     paged_states: dict[str, int]  # paged state -> tokens per page
     max_positions: int | None = None  # positions a sequence may reach: the position inputs' domain
     slot_buffers: dict[str, str] | None = None  # a `slot` input -> the per-sequence state whose slots it holds
+    # the program that verifies speculative rounds (an `accepted` output): kept apart from the
+    # steppers, so that no plain step ever takes it (None: the manifest offers no rounds)
+    verify: Stepper | None = None
 
     def for_rows(self, groups: int, rows_per_group: int | None) -> Stepper:
         """The program that steps `groups` sequences of rows_per_group rows each (None: ragged).
@@ -109,6 +112,11 @@ class Protocol:
     def fixed(self, rows_per_group: int) -> list[Stepper]:
         """The fixed-rows programs of rows_per_group rows a sequence, fewest sequences first."""
         return sorted((s for s in self.steppers if s.rows == rows_per_group), key=lambda s: s.groups_max)
+
+    @property
+    def every(self) -> tuple[Stepper, ...]:
+        """Every program that steps a batch, the verify program included."""
+        return self.steppers + ((self.verify,) if self.verify else ())
 
     @property
     def max_chunk(self) -> int:
@@ -166,10 +174,41 @@ def derive(v: Verified) -> Protocol:
             inputs=inputs, outputs=outputs, page_tables=tuple(tables), slots=tuple(slots),
             reach_var=reach, reach_max=env_max[reach] if reach else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
+    verify = _verifier(steppers)
+    steppers = [s for s in steppers if s is not verify]
     bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
-    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers)
+    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers, verify)
+
+
+# What a verify program reads and writes: each sequence's rows are its last token and the k
+# tokens proposed after it (token, position, cu_seqlens), each row's own draw (temperature,
+# rng), the target's token a row (tokens) and how many proposed tokens each sequence keeps
+# (accepted: the longest prefix of its proposal equal to the target's tokens).
+VERIFY_ROLES = ({"token", "position", "cu_seqlens", "temperature", "rng"}, {"tokens", "accepted"})
+
+
+def _verifier(steppers: list[Stepper]) -> Stepper | None:
+    found = [s for s in steppers if "accepted" in s.outputs]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ProtocolError(f"programs {found[0].program!r} and {found[1].program!r} both have an `accepted` output: "
+                            "a manifest declares one verify program")
+    return found[0]
+
+
+def verify_problem(st: Stepper) -> str | None:
+    """Why a verify program cannot run rounds (None: it can). Checked where rounds are asked
+    for, not at derive: a pipeline stage's slice of it (kern cut) carries only some roles."""
+    ins, outs = VERIFY_ROLES
+    missing = sorted((ins - st.inputs.keys()) | (outs - st.outputs.keys()))
+    if st.ragged and not missing:
+        return None
+    return (f"program {st.program!r} has an `accepted` output, so it verifies speculative rounds: it must be ragged "
+            "(rows a var) with roles " + ", ".join(sorted(ins | outs)) +
+            (f" (missing: {', '.join(missing)})" if missing else ""))
 
 
 def _slot_state(name: str, b, per_seq: list[str]) -> str:

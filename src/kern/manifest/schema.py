@@ -85,8 +85,8 @@ DTYPE_BYTES: dict[str, int] = {
     "bf16": 2, "f16": 2, "f32": 4, "i8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8,
 }
 INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng")
-OUTPUT_ROLES = ("tokens", "logits")
-Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "tokens", "logits"]
+OUTPUT_ROLES = ("tokens", "logits", "accepted")
+Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "tokens", "logits", "accepted"]
 BufferKind = Literal["input", "output", "weight", "workspace", "carry", "peer", "pointers"]
 
 

@@ -69,6 +69,11 @@ class Metrics:
                                   ["state", "unit"], registry=r)
         self.chunks = Gauge("kern_pool_chunks", "Chunks of the one state budget mapped to each state "
                             "(state=\"unmapped\": to none)", ["state"], registry=r)
+        self.spec_acceptance = Gauge("kern_speculative_acceptance_rate", "Proposed tokens kept by speculative "
+                                     "rounds, over all proposed so far (0 without --speculate)", registry=r)
+        self.spec_tokens = Gauge("kern_speculative_tokens_per_round", "Tokens a sequence's speculative round made, "
+                                 "on average so far (plain decoding makes 1 a step)", registry=r)
+        self.spec_rounds = Gauge("kern_speculative_rounds", "Sequences' speculative rounds so far", registry=r)
         self.chunks_total = Gauge("kern_pool_chunks_total", "Chunks in the one state budget every paged and "
                                   "per-sequence state draws on", registry=r)
 
@@ -85,6 +90,9 @@ class Metrics:
             self.units_cached.labels(state, unit).set(cached)
             self.units_mapped.labels(state, unit).set(mapped)
             self.chunks.labels(state).set(chunks)
+        self.spec_acceptance.set(s.spec_accepted / s.spec_proposed if s.spec_proposed else 0.0)
+        self.spec_tokens.set(s.spec_tokens / s.spec_rounds if s.spec_rounds else 0.0)
+        self.spec_rounds.set(s.spec_rounds)
         if s.pool_states:
             self.chunks.labels("unmapped").set(s.pool_chunks_free)
             self.chunks_total.set(s.pool_chunks)

@@ -89,10 +89,11 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
 
 
 # What the first axis of a role buffer counts: the batch's groups, its rows in all (groups x rows
-# when rows is fixed; the rows var when ragged), or groups + 1 (offsets).
+# when rows is fixed; the rows var when ragged), or groups + 1 (offsets). A verify program draws
+# a token a row (temperature, rng and tokens by rows) and keeps an accepted count a group.
 _ROLE_AXIS = {"token": ("rows",), "position": ("rows",), "cu_seqlens": ("groups + 1",), "slot": ("groups",),
-              "seq_len": ("groups",), "temperature": ("groups",), "rng": ("groups",), "tokens": ("groups", "rows"),
-              "logits": ("groups", "rows")}
+              "seq_len": ("groups",), "temperature": ("groups", "rows"), "rng": ("groups", "rows"),
+              "tokens": ("groups", "rows"), "logits": ("groups", "rows"), "accepted": ("groups",)}
 
 
 def _role_axes(c: Context, pname: str, accesses) -> Iterator[Problem]:
