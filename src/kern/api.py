@@ -56,7 +56,7 @@ RUN_AHEAD = 8
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int | None = None,
                  run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
-                 host_bytes: int = 0, device=None):
+                 host_bytes: int | None = 0, device=None):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
         the device) when one sequence runs alone. Default: RUN_AHEAD where the device runs them
         as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
@@ -64,7 +64,9 @@ class Model:
         clipped to what the state budget holds for one sequence). `max_seqs`: sequences
         running at once (default: what the state budget holds, up to the programs' bound).
         `state_budget`: bytes of state memory (None: 90% of a GPU less what the weights take,
-        512 MiB on the cpu; Engine's auto_budget)."""
+        512 MiB on the cpu; Engine's auto_budget). `host_bytes`: host memory that idle
+        sessions' cached prefixes park in under pressure and wake from (None: twice the state
+        budget, at most a quarter of the machine's memory; 0: none, they are dropped)."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -86,6 +88,10 @@ class Model:
         note = getattr(self.engine, "memory_note", "state memory")  # a split deployment's ranks: their own
         print(f"[kern] {note}: {self.paging.capacity():,} tokens, up to {limits.max_seqs} sequences of up to "
               f"{limits.context:,} positions", file=sys.stderr)
+        lay = self.paging.pool.layout
+        if lay.host_chunks:
+            print(f"[kern] host memory {lay.host_chunks * lay.chunk_bytes / 2**30:.1f} GiB: idle sessions park "
+                  "there under pressure and wake without recomputing", file=sys.stderr)
         self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
                          self.verified.manifest.model)
         self.context = self.loop.context

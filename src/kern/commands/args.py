@@ -69,6 +69,11 @@ def memory(text: str) -> int:
     return int(n)
 
 
+def host_memory(text: str) -> int:
+    """--host-memory: a size like --memory's, or 0 for none."""
+    return 0 if text.strip() == "0" else memory(text)
+
+
 def model_arguments(p: argparse.ArgumentParser) -> None:
     """The model a command loads (kern run, kern serve): a folder, or the embedded default."""
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
