@@ -222,11 +222,22 @@ class _Acc:
                           d.finish_reason, max(len(self.tokens) - 1, 0), cached_tokens=d.cached_tokens)
 
 
-def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
+def _repo_hint(text: str) -> str:
+    """What to say when a model that is not a folder reads like a Hugging Face repo id."""
+    if text.count("/") != 1 or text.startswith((".", "/", "~")):
+        return ""
+    return (f" (kern reads models from local folders only and never downloads one: fetch it first, "
+            f"e.g. `hf download {text} --local-dir DIR`, then give DIR)")
+
+
+def load(model: str | Path | None = None, *, manifest: str | Path | None = None, weights: str | Path | None = None,
+         target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
          progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
-    manifest.json); or a deployment folder's manifest given with manifest=. `context`:
+    manifest.json); a deployment folder (manifest.json and kernels, no weights) binding the
+    checkpoint folder `weights` (default: the embedded model's); or a deployment folder's
+    manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
     to what the memory holds);
     `max_seqs`: sequences running at once; `memory`: the state budget in bytes (each rank's).
@@ -243,7 +254,18 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
         raise BoundsError(f"memory {memory / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
-        raise KernError(f"{ckpt}: not a folder")
+        raise KernError(f"{ckpt}: not a folder{_repo_hint(str(model)) if model is not None else ''}")
+    if (ckpt / "manifest.json").is_file() and not any(ckpt.glob("*.safetensors")):
+        # a deployment folder: a manifest and its kernels, binding another folder's weights
+        if manifest:
+            raise KernError(f"{ckpt}: a deployment folder (manifest.json, no weights) and --manifest {manifest}: "
+                            "give one manifest")
+        manifest, ckpt = ckpt / "manifest.json", Path(weights) if weights else default_model(progress)
+        if not ckpt.is_dir():
+            raise KernError(f"--weights {ckpt}: not a folder")
+    elif weights:
+        raise KernError(f"--weights {weights}: {ckpt} holds its own weights (--weights goes with a deployment "
+                        "folder: manifest.json and kernels, no .safetensors)")
     if manifest and not batch_invariant and target != "cpu":  # a given manifest's programs are what they are
         raise KernError(f"{manifest}: a manifest is given; --no-batch-invariance chooses a generated deployment's "
                         "programs (leave out --manifest, or give a manifest built with invariant=False)")

@@ -30,13 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1, ep: int = 1,
-               batch_invariant: bool = True, host_memory: int | None = None):
+               batch_invariant: bool = True, host_memory: int | None = None, weights: str | None = None):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
     from ..runtime.target import pick_target
 
-    model = load(model, manifest=manifest, target=pick_target(target, "serving"), context=context,
+    model = load(model, manifest=manifest, weights=weights, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, memory=memory, progress=True, tp=tp, ep=ep,
                  batch_invariant=batch_invariant, host_bytes=host_memory)
     loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
@@ -65,7 +65,7 @@ def main(args) -> int:
               "leave it out or give 0", file=sys.stderr)
         return 1
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory)
+                        args.memory, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory, args.weights)
     try:
         # the model id a request gives: the served name, or the path exactly as given here
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
