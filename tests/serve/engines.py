@@ -26,6 +26,22 @@ def leased_pages(loop) -> int:
     return u["held"] - u["cached"]
 
 
+def slow_model_loop(checkpoint, context: int, delay: float):
+    """model_loop whose every step takes `delay` seconds more: a stream that outlives a short
+    shutdown grace on a model that is otherwise done in milliseconds."""
+    import time
+
+    loop = model_loop(checkpoint, context, 4)
+    step = loop.step
+
+    def slow(emit=None):
+        time.sleep(delay)
+        return step(emit)
+
+    loop.step = slow
+    return loop
+
+
 def capacity(loop) -> int:
     """Tokens the state memory holds in all."""
     return loop.paging.capacity()
