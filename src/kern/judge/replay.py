@@ -46,12 +46,15 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording | Live, prec: Pre
     carried = prec.carried if prec is not None else frozenset()
     simulate = side == "a" and prec is not None and rng is not None
     started: set[str] = set()
+    have: dict[str, int] = {}  # state -> the tape version this side's bytes are known to equal
     out: list[SpanRun] = []
     bufs, states = io.e.m.buffers, io.e.states
     own: dict[int, dict[str, int]] = {}
+    fed: dict[int, dict[str, np.ndarray]] = {}  # B's own inputs a step, for those A does not have
     if side == "b" and wl is not None:
         widths = io.table_widths()
-        own = {i: feed(step, stepper_for(io, step), wl.seqs, widths)[0] for i, step in enumerate(wl.steps)}
+        for i, step in enumerate(wl.steps):
+            own[i], fed[i] = feed(step, stepper_for(io, step), wl.seqs, widths)
     for r in rec.records:
         span = diff.spans[r.span]
         program = span.program
@@ -62,9 +65,14 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording | Live, prec: Pre
             pre = {b: compare.rounded(x, prec.dtypes[b], rng) if prec.rounds(b) else x for b, x in r.pre.items()}
         else:
             pre = r.pre
+        for b, host in fed.get(r.step, {}).items():
+            if b not in pre:
+                io.e.write_input(program, b, host, env)
         before = {b: io.write(b, x) for b, x in pre.items() if b in bufs}
         for b in io.written(launches, env):
-            if b not in before:
+            if b not in before and not (bufs[b].kind == "carry" and b not in r.masks):  # B's own: kept
+                before[b] = io.read(b, io.extent(b, env, launches)).copy()
+            elif b not in before:
                 before[b] = io.write(b, poison(io.dtype(b), io.extent(b, env, launches)))
         for s, v in r.state_pre.items():
             if s not in states:
@@ -74,7 +82,9 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording | Live, prec: Pre
                     io.write_state(s, _reader(readers, rec, s).at(v) if side == "a" else start[s])
                     started.add(s)
                 continue
-            io.write_state(s, _reader(readers, rec, s).at(v))
+            if have.get(s) != v:  # restoring a state is a copy of all its used pages: only when it differs
+                io.write_state(s, _reader(readers, rec, s).at(v))
+                have[s] = v
         if simulate:
             run_rounded(io, prec, program, lo, hi, env, rng)
         else:
@@ -95,7 +105,11 @@ def replay(io: EngineIO, side: str, diff: Diff, rec: Recording | Live, prec: Pre
             if s in carried:
                 continue
             a_post = _reader(readers, rec, s).at(v)
-            run.errs[f"state:{s}"] = compare.state_bytes(a_post, io.read_state(s, a_post.size))
+            err = run.errs[f"state:{s}"] = compare.state_bytes(a_post, io.read_state(s, a_post.size))
+            if err.differ == 0:
+                have[s] = v  # this side's bytes are A's version v: the next span starting there needs no restore
+            else:
+                have.pop(s, None)
         out.append(run)
     return out, time.perf_counter() - t0
 
