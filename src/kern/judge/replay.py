@@ -7,7 +7,9 @@ them in B's precision (precision.py) gives the floor a faithful port stays withi
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,3 +162,24 @@ def _one_step(io: EngineIO, wl: Script, step: ScriptStep, widths: dict[str, int]
         env = io.e.run(st.program, vars, ins)
         io.e.device.synchronize()
     return StepOut(st.program, *outputs(io, st, env))
+
+
+def floors_where_b_departs(open_a: Callable[[], EngineIO], diff: Diff, rec: Recording, prec: Precision,
+                           runs: list[SpanRun], seed: int) -> tuple[list[SpanRun], list[SpanRun], float, float, int]:
+    """A's own noise and A in B's precision, replayed (on a fresh A, after B) only for the span
+    records B's replay departed from: a span B reproduced byte for byte is within any floor, so
+    its floors decide nothing. With a carried state every record replays, in order (each side
+    carries it from its first version). Returns both, their seconds and the records replayed."""
+    t0 = time.perf_counter()
+    if prec.carried:
+        keep = rec.records
+    else:
+        off = {(r.span, r.step) for r in runs if r.outside or r.absent or any(not e.identical for e in r.errs.values())}
+        keep = [r for r in rec.records if (r.span, r.step) in off]
+    if not keep:
+        return [], [], 0.0, 0.0, 0
+    sub = dataclasses.replace(rec, records=keep)
+    io = open_a()
+    noise, tn = replay(io, "a", diff, sub, prec)
+    sim, ts = replay(io, "a", diff, sub, prec, np.random.Generator(np.random.PCG64(seed)))
+    return noise, sim, time.perf_counter() - t0 - ts, ts, len(keep)
