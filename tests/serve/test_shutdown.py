@@ -17,7 +17,7 @@ from kern.serve.server import start
 
 from . import engines
 from .conftest import API_KEY, CONTEXT, post, words
-from .test_cli import free_port
+from .test_cli import free_port, wait_up
 
 
 def events(resp) -> list:
@@ -80,16 +80,7 @@ def test_ctrl_c_on_kern_serve_with_a_stream_in_flight_exits_cleanly():
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "kern serve did not come up"
-            try:
-                with urllib.request.urlopen(base + "/v1/models", timeout=2) as r:
-                    model = json.load(r)["data"][0]["id"]
-                    break
-            except OSError:
-                time.sleep(0.5)
+        model = wait_up(proc, base, 180)["id"]
         resp = open_stream(base, model, 2000, key=None)  # far more than the grace lets it make
         assert resp.readline().startswith(b"data: ")
     finally:
