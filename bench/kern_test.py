@@ -3,7 +3,9 @@
     python bench/kern_test.py [--candidates identical,reduction_reordered,kv_off_by_one] [--json]
 
 A is the generated cpu manifest of the embedded model; each B is a planted candidate from
-tests/judge/planted.py. Prints one line per verdict (seconds, verdict) and, with --json, the
+tests/judge/planted.py, or from tests/judge/fused.py (`fused`: the same arithmetic, its calls
+fused as the sm_90a build fuses them; `fused_o_proj_swapped`, `fused_post_norm_is_pre_norm`:
+bugs planted in it). Prints one line per verdict (seconds, verdict) and, with --json, the
 phase timings. Targets: <= 60 s per verdict on the 2-core CPU machine, <= 10 s on the H200."""
 
 from __future__ import annotations
@@ -43,8 +45,16 @@ def main() -> int:
     ckpt = prepare(progress=False)
     tmp = Path(tempfile.mkdtemp(prefix="kern-test-bench-"))
     a = generate(json.loads((ckpt / "config.json").read_text()), tmp / "a", model="SmolLM2-135M-Instruct").parent
+    sys.path.insert(0, str(ROOT))  # tests/judge/fused.py: programs fused differently, as a GPU build's are
+    from tests.judge import fused
+
+    def fused_bug(bug):
+        return lambda base, out: bug(fused.fused(base, out.with_name(out.name + "-base")), out)
+
     makers = {"identical": lambda base, out: base, **planted.FAILS,
-              "embed_swapped": planted.embed_swapped, "reduction_reordered": planted.reduction_reordered}
+              "embed_swapped": planted.embed_swapped, "reduction_reordered": planted.reduction_reordered,
+              "fused": fused.fused, "fused_o_proj_swapped": fused_bug(fused.o_proj_swapped),
+              "fused_post_norm_is_pre_norm": fused_bug(fused.post_norm_is_pre_norm)}
     rows = []
     print(f"# {platform.node()} {os.cpu_count()} cpus, python {platform.python_version()}", file=sys.stderr)
     for name in args.candidates.split(","):

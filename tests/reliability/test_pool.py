@@ -115,7 +115,7 @@ CASES = [
 ]
 
 # Public operations with no handle and no arguments that must agree: nothing to refuse.
-NOTHING_TO_REFUSE = {"match", "shared", "evict_one", "clear", "leases", "checkpoints", "usage", "check"}
+NOTHING_TO_REFUSE = {"match", "shared", "evict_one", "clear", "leases", "checkpoints", "usage", "host_traffic", "check"}
 
 
 @pytest.mark.parametrize("op, case, call, named", CASES, ids=[f"{op}: {case}" for op, case, _, _ in CASES])

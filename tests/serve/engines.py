@@ -9,10 +9,12 @@ from kern.generation.outputs import LoopStats
 from kern.tokenizer import Tokenizer
 
 
-def model_loop(checkpoint, context: int, max_seqs: int | None = None, target: str = "cpu", warm: bool = False):
+def model_loop(checkpoint, context: int, max_seqs: int | None = None, target: str = "cpu", warm: bool = False,
+               memory: int | None = None, host_bytes: int | None = 0):
     import kern
 
-    loop = kern.load(checkpoint, target=target, context=context, max_seqs=max_seqs, progress=False).loop
+    loop = kern.load(checkpoint, target=target, context=context, max_seqs=max_seqs, progress=False, memory=memory,
+                     host_bytes=host_bytes).loop
     if warm:
         loop.warm_up(progress=False)
     return loop
@@ -22,6 +24,27 @@ def leased_pages(loop) -> int:
     """Pool pages held by leases, not by cached prefixes (LoopStats counts both)."""
     u = loop.paging.pool.usage()[loop.paging.state]
     return u["held"] - u["cached"]
+
+
+def slow_model_loop(checkpoint, context: int, delay: float):
+    """model_loop whose every step takes `delay` seconds more: a stream that outlives a short
+    shutdown grace on a model that is otherwise done in milliseconds."""
+    import time
+
+    loop = model_loop(checkpoint, context, 4)
+    step = loop.step
+
+    def slow(emit=None):
+        time.sleep(delay)
+        return step(emit)
+
+    loop.step = slow
+    return loop
+
+
+def capacity(loop) -> int:
+    """Tokens the state memory holds in all."""
+    return loop.paging.capacity()
 
 
 def check_pool(loop) -> None:

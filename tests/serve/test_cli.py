@@ -39,6 +39,20 @@ def alive(pids: set[int], timeout: float = 10.0) -> set[int]:
     return left
 
 
+def wait_up(proc: subprocess.Popen, base: str, timeout: float) -> dict:
+    """Once `kern serve` (proc) answers on base: its one model, as /v1/models lists it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "kern serve did not come up"
+        try:
+            with urllib.request.urlopen(base + "/v1/models", timeout=2) as r:
+                (model,) = json.load(r)["data"]
+                return model
+        except OSError:
+            time.sleep(0.2)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
 def test_kern_serve_a_checkpoint_folder_then_stop_it(checkpoint, stop):
     port = free_port()
@@ -47,18 +61,7 @@ def test_kern_serve_a_checkpoint_folder_then_stop_it(checkpoint, stop):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "kern serve did not come up"
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        with urllib.request.urlopen(base + "/v1/models") as r:
-            (model,) = json.load(r)["data"]
+        model = wait_up(proc, base, 90)
         assert model["max_model_len"] == 128
         req = urllib.request.Request(base + "/v1/completions", json.dumps(
             {"model": model["id"], "prompt": "w5 w6 w7", "max_tokens": 3, "temperature": 0}).encode(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 from ..drive.engine_io import EngineIO
@@ -62,7 +63,12 @@ def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, iso
             bar.total += k
             bar.refresh()
 
-        for sc in scenarios:
+        t0 = time.monotonic()
+        for i, sc in enumerate(scenarios):
+            if progress:  # a line a shape, terminal or not: a CPU run of a few shapes takes minutes
+                bar.write(f"[kern] bench: shape {i + 1} of {len(scenarios)}, {sc.program} {sc.shape.groups} x "
+                          f"{sc.shape.rows} rows at context {sc.shape.context} ({time.monotonic() - t0:.0f} s so far)",
+                          file=sys.stderr)
             vars, ins = scenario.prepare(engine, sc)
             engine.run(sc.program, vars, ins)
             row = {"groups": sc.shape.groups, "rows": sc.shape.rows, "context": sc.shape.context,

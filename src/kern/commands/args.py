@@ -69,6 +69,11 @@ def memory(text: str) -> int:
     return int(n)
 
 
+def host_memory(text: str) -> int:
+    """--host-memory: a size like --memory's, or 0 for none."""
+    return 0 if text.strip() == "0" else memory(text)
+
+
 def speculate(text: str) -> str:
     """A --speculate value, checked here (its draft folder is checked at load)."""
     from ..generation.speculative import Speculate, SpeculateError
@@ -83,8 +88,11 @@ def speculate(text: str) -> str:
 def model_arguments(p: argparse.ArgumentParser) -> None:
     """The model a command loads (kern run, kern serve): a folder, or the embedded default."""
     p.add_argument("model", nargs="?", metavar="MODEL_DIR",
-                   help="a deployment folder (manifest.json) or a Hugging Face checkpoint folder")
+                   help="a local Hugging Face checkpoint folder, or a deployment folder (manifest.json and its "
+                        "kernels) whose weights --weights gives (default: the embedded model)")
     p.add_argument("--manifest", help="manifest to use with a checkpoint folder")
+    p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR",
+                   help="the checkpoint folder a deployment folder's manifest binds (default: the embedded model)")
 
 
 def loop_options(p: argparse.ArgumentParser) -> None:

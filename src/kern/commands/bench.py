@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR", help="default: the embedded model")
     p.add_argument("--isolate", action="store_true", help="also time each distinct call alone, cold and warm")
     p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
-    p.add_argument("--samples", type=positive, default=None, help="override the workload's samples")
+    p.add_argument("--samples", type=positive, default=None,
+                   help="timed samples of each shape (default: the workload's `samples`, else 5)")
     p.add_argument("--memory", type=memory, default=None,
                    help="state (KV cache) budget, e.g. 2G (default: what the workload's largest shape needs)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
@@ -104,5 +105,13 @@ def main(args) -> int:
         print(f"kern bench: isolate gate failed ({bad[0]['program']} {bad[0]['groups']} x {bad[0]['rows']} @ "
               f"{bad[0]['context']}): {bad[0]['isolate']['gate']['what']}; the isolated times are not trustworthy",
               file=sys.stderr)
+        return 1
+    off = [sc for sc in doc["scenarios"] if not sc["step"]["check"]["ok"]]
+    if off:  # the table says NOT within; the exit code says it too, so no script takes the numbers
+        sc, ck = off[0], off[0]["step"]["check"]
+        print(f"kern bench: for {len(off)} of {len(doc['scenarios'])} shapes the calls do not add up to the step "
+              f"within {ck['within']:.0%} (first: {sc['program']} {sc['groups']} x {sc['rows']} at context "
+              f"{sc['context']}: {ck['ratio']:.1%}); their per-call times are not trustworthy (a busy machine: "
+              "run again with more --samples)", file=sys.stderr)
         return 1
     return 0

@@ -18,7 +18,9 @@ HELP = "slice a manifest into pipeline stages"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("manifest", metavar="MANIFEST", help="manifest.json or a folder holding one")
-    p.add_argument("--stages", type=positive, required=True, metavar="N")
+    p.add_argument("--stages", type=positive, required=True, metavar="N",
+                   help="pipeline stages to cut the model into (required): each a verified manifest owning a "
+                        "contiguous run of the weights")
     p.add_argument("--out", default=None, metavar="DIR", help="default: <manifest folder>.stages<N>")
     p.add_argument("--times", default=None, metavar="BENCH_JSON",
                    help="balance by kern bench times instead of weight bytes")

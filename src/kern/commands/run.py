@@ -42,7 +42,7 @@ def main(args) -> int:
         return 1
     try:
         target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
-        model = load(args.model, manifest=args.manifest, target=target, context=args.context,
+        model = load(args.model, manifest=args.manifest, weights=args.weights, target=target, context=args.context,
                      max_seqs=args.max_seqs, memory=args.memory, run_ahead=args.run_ahead, tp=args.tp, ep=args.ep,
                      batch_invariant=args.batch_invariant, speculate=args.speculate)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "") + \

@@ -20,12 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the manifest judged (a manifest, a folder, or kern cut's stages folder)")
     p.add_argument("--weights", default=None, metavar="CHECKPOINT_DIR",
                    help="the checkpoint both run (default: the embedded model)")
-    p.add_argument("--seed", type=non_negative, default=0, help="workload seed, a whole number >= 0")
+    p.add_argument("--seed", type=non_negative, default=0, help="workload seed, a whole number >= 0 (default 0)")
     p.add_argument("--json", action="store_true", help="the verdict as JSON on stdout")
     p.add_argument("--seqs", type=positive, default=None, help="sequences in the workload (default 6)")
     p.add_argument("--decode-steps", type=non_negative, default=None,
                    help="decode steps per sequence (default 10; 0 judges prefill only)")
-    p.add_argument("--max-prompt", type=positive, default=None, help="cap on prompt lengths (a smaller workload)")
+    p.add_argument("--max-prompt", type=positive, default=None, help="cap on prompt lengths, a smaller workload (default: one prefill chunk plus two "
+                        "pages)")
     p.add_argument("--kl-limit", type=non_negative_real, default=None,
                    help="KL(A||B) limit in nats (default 0.01; a larger measured floor raises it)")
     p.add_argument("--time-cap", type=non_negative_real, default=None,

@@ -190,10 +190,11 @@ class Loop:
         states = tuple((k.name, "page" if k.paged else "slot", use[k.name]["held"], use[k.name]["mapped"],
                         use[k.name]["mapped"] // k.per_chunk, use[k.name]["cached"])
                        for k in self.paging.pool.layout.kinds)
+        host = self.paging.pool.host_traffic()
         sp = self.speculator.stats if self.speculator is not None else None
         return LoopStats(len(sch.waiting), len(sch.running), self._steps, sch.prompt_tokens, sch.cached_tokens,
                          u["held"], u["mapped"], states, use["chunks"]["dynamic"], use["chunks"]["unmapped"],
-                         *((sp.rounds, sp.proposed, sp.accepted, sp.tokens) if sp else ()))
+                         host["parked"], host["woken"], *((sp.rounds, sp.proposed, sp.accepted, sp.tokens) if sp else ()))
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, emit: Callable[[list[Delta]], None] | None = None) -> list[Delta]:

@@ -41,6 +41,10 @@ class LoopStats:
     pool_states: tuple[tuple[str, str, int, int, int, int], ...] = ()
     pool_chunks: int = 0
     pool_chunks_free: int = 0
+    # tokens so far of idle conversations' checkpoints parked in host memory, and of leases
+    # woken from such a copy (their prefix not recomputed)
+    parked_tokens: int = 0
+    woken_tokens: int = 0
     # speculative rounds so far (speculative.SpecStats): sequences' rounds, tokens proposed, kept,
     # and made by the rounds; all 0 where the loop does not speculate
     spec_rounds: int = 0

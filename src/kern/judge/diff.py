@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..manifest.schema import BufArg, Call, StateArg
 from ..manifest.verify import Verified
+from .boundaries import OWN, Flow, shared_cuts
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +22,9 @@ class Side:
     """What one side of a span does: its calls' ops, what they read and write."""
 
     ops: tuple[str, ...]
-    reads: tuple[str, ...]  # non-weight buffers read through in/inout params
+    reads: tuple[str, ...]  # non-weight buffers read before the side writes them whole: restored from A
     writes: tuple[str, ...]  # buffers written through out/inout params
-    live_writes: tuple[str, ...]  # writes read after the span (or not workspace): the compare set
+    live_writes: tuple[str, ...]  # writes read after the span before rewritten (or not workspace): compared
     states_read: tuple[str, ...]
     states_written: tuple[str, ...]
 
@@ -203,46 +204,44 @@ def _ranges(v_a: Verified, v_b: Verified, program: str) -> tuple[list, int, int]
 # ---- span I/O -----------------------------------------------------------------------------
 
 
-def _side(v: Verified, program: str, lo: int, hi: int) -> Side:
-    m = v.manifest
-    calls = m.programs[program].calls
-    reads: dict[str, None] = {}
-    writes: dict[str, None] = {}
-    sr: dict[str, None] = {}
-    sw: dict[str, None] = {}
-    for c in calls[lo:hi]:
-        for p, a in zip(v.params[c.op], c.args):
-            if isinstance(a, BufArg):
-                if p.direction in ("in", "inout") and m.buffers[a.buf].kind != "weight":
-                    reads[a.buf] = None
-                if p.writes:
-                    writes[a.buf] = None
-            elif isinstance(a, StateArg):
-                if p.direction in ("in", "inout"):
-                    sr[a.state] = None
-                if p.writes:
-                    sw[a.state] = None
-    later: set[str] = set()
-    for c in calls[hi:]:
-        for p, a in zip(v.params[c.op], c.args):
-            if isinstance(a, BufArg) and p.direction in ("in", "inout"):
-                later.add(a.buf)
-    live = tuple(b for b in writes if m.buffers[b].kind != "workspace" or b in later)
-    return Side(tuple(c.op for c in calls[lo:hi]), tuple(reads), tuple(writes), live, tuple(sr), tuple(sw))
+def _side(f: Flow, ops: tuple[str, ...], lo: int, hi: int, compare: tuple[str, ...] | None = None) -> Side:
+    reads, writes, live, sr, sw = f.io(lo, hi)
+    return Side(ops, reads, writes, live if compare is None else compare, sr, sw)
 
 
 def _missing(v_a: Verified, v_b: Verified, sa: Side, sb: Side) -> tuple[str, ...]:
+    """What keeps a span from replaying: a buffer B reads that A cannot hand it (B's own inputs
+    aside: each side is fed from the workload), one A's replay compares that B lacks, a state
+    one side lacks. A's reads that B lacks, and B's writes that A lacks, are each side's own."""
     ma, mb = v_a.manifest, v_b.manifest
     out = []
-    for name in dict.fromkeys(sa.reads + sa.live_writes + sb.reads + sb.live_writes):
-        for m, side in ((ma, "A"), (mb, "B")):
-            if name not in m.buffers:
-                out.append(f"buffer {name!r} (not in {side})")
+    for name in sb.reads:
+        if name not in ma.buffers and mb.buffers[name].kind not in OWN:
+            out.append(f"buffer {name!r} (not in A)")
+    for name in sa.live_writes:
+        if name not in mb.buffers:
+            out.append(f"buffer {name!r} (not in B)")
     for name in dict.fromkeys(sa.states_read + sa.states_written + sb.states_read + sb.states_written):
         for m, side in ((ma, "A"), (mb, "B")):
             if name not in m.states:
                 out.append(f"state {name!r} (not in {side})")
     return tuple(out)
+
+
+def _spans(v_a: Verified, v_b: Verified, fa: Flow, fb: Flow, program: str, a: tuple[int, int],
+           b: tuple[int, int]) -> list[Span]:
+    """The span A[a) ~ B[b), cut where both sides share a boundary (boundaries.py): its pieces
+    compare, at each inner boundary, what B computed there and reads after it."""
+    ca, cb = v_a.manifest.programs[program].calls, v_b.manifest.programs[program].calls
+    cuts = shared_cuts(fa, fb, a, b) if a[1] - a[0] > 1 and b[1] - b[0] > 1 else []
+    out = []
+    for (alo, blo, _), (ahi, bhi, made) in zip([(a[0], b[0], ()), *cuts], [*cuts, (a[1], b[1], None)]):
+        if made is not None:  # compared where both sides wrote it in this piece
+            made = tuple(n for n in made if fa.written(n, alo, ahi) and fb.written(n, blo, bhi))
+        ops_a, ops_b = tuple(c.op for c in ca[alo:ahi]), tuple(c.op for c in cb[blo:bhi])
+        sa, sb = _side(fa, ops_a, alo, ahi, made), _side(fb, ops_b, blo, bhi, made)
+        out.append(Span(program, (alo, ahi), (blo, bhi), sa, sb, _missing(v_a, v_b, sa, sb)))
+    return out
 
 
 def diff(v_a: Verified, v_b: Verified) -> Diff:
@@ -255,9 +254,9 @@ def diff(v_a: Verified, v_b: Verified) -> Diff:
         ranges, r, a = _ranges(v_a, v_b, program)
         removed += r
         added += a
-        for (alo, ahi), (blo, bhi) in ranges:
-            sa, sb = _side(v_a, program, alo, ahi), _side(v_b, program, blo, bhi)
-            spans.append(Span(program, (alo, ahi), (blo, bhi), sa, sb, _missing(v_a, v_b, sa, sb)))
+        fa, fb = Flow(v_a, program), Flow(v_b, program)
+        for ra, rb in ranges:
+            spans += _spans(v_a, v_b, fa, fb, program, ra, rb)
     only_a = tuple(p for p in ma.programs if p not in mb.programs)
     only_b = tuple(p for p in mb.programs if p not in ma.programs)
     removed += sum(len(ma.programs[p].calls) for p in only_a)

@@ -27,7 +27,7 @@ from .diff import diff
 from .facts import end_to_end, span_facts
 from .invariance import Invariance
 from .record import Live, Recording, StepOut, record
-from .replay import SpanRun, free_run, replay
+from .replay import SpanRun, floors_where_b_departs, free_run, replay
 from .verdict import GROWABLE, EndToEnd, Facts, Verdict, decide
 
 
@@ -212,10 +212,10 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     def wide_floor() -> list[StepOut]:
         return _floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []
 
-    def noise_of(r: Recording | Live) -> tuple[list[SpanRun], float]:
+    def noise_of(r: Live) -> tuple[list[SpanRun], float]:  # forked: every record, as it is made
         return replay(io_a, "a", d, r, prec)
 
-    def floor_of(r: Recording | Live) -> tuple[list[SpanRun], float]:
+    def floor_of(r: Live) -> tuple[list[SpanRun], float]:
         return replay(io_a, "a", d, r, prec, np.random.Generator(np.random.PCG64(opts.seed)))
 
     feed = forked.Feed() if fork else None
@@ -239,11 +239,8 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     fact(f"record A: {len(wl.steps)} steps, {len(rec.records)} span records, "
          f"{rec.stored_bytes / 2**20:.1f} MiB kept, {rec.seconds:.2f} s")
     if feed is None:  # in sequence; the floors last: they round the tables A's once programs wrote
-        noise_part = forked.Part(lambda: noise_of(rec), False)
-        sim_part = forked.Part(lambda: floor_of(rec), False)
-        free_part = forked.Part(wide_free, False)
-        floors_e2e = forked.Part(e2e_floor, False)
-        wide_parts = (free_part, forked.Part(wide_floor, False))
+        wide_parts, floors_e2e = (forked.Part(wide_free, False),), forked.Part(e2e_floor, False)
+        wide_parts += (forked.Part(wide_floor, False),)
     del io_a, eng_a
     gc.collect()
 
@@ -255,8 +252,11 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         secs["wait_b"] = time.perf_counter() - t
     err, runs = b.error, b.runs
     t = time.perf_counter()
-    noise, secs["noise"] = noise_part.result()
-    sim, secs["floor"] = sim_part.result()
+    if feed is None:  # span floors where B departs from A's record, on A loaded again (B released)
+        noise, sim, secs["noise"], secs["floor"], floored = floors_where_b_departs(
+            lambda: EngineIO(Engine(v_a, weights)), d, rec, prec, runs, opts.seed)
+    else:
+        (noise, secs["noise"]), (sim, secs["floor"]), floored = noise_part.result(), sim_part.result(), -1
     a_sim, secs["floor_e2e"] = floors_e2e.result()
     rows = Rows(a=list(rec.outputs) + wide_parts[0].result(), b=b.out + b.wide_out,
                 a_sim=a_sim + wide_parts[1].result())
@@ -273,8 +273,9 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         del io_a
         gc.collect()
     else:
-        fact(f"noise floor: A replayed {len(noise)} span records against itself: bit-identical"
-             if noise else "noise floor: no spans to replay")
+        fact(f"noise floor: A replayed {len(noise)} span records against itself: bit-identical" if noise else
+             f"noise floor: not needed: B's replays of all {len(rec.records)} span records are A's bytes"
+             if floored == 0 and rec.records else "noise floor: no spans to replay")
 
     facts_spans = span_facts(d, runs, noise, sim, rec.programs_run)
     _say_spans(facts_spans, fact)

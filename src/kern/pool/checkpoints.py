@@ -29,6 +29,7 @@ class Checkpoints:
         self.index = index
         self.leases = leases
         self.layout = device.layout
+        self.parked_tokens = 0  # tokens of checkpoints copied into the host tier
 
     def checkpoint(self, lease: Lease) -> Checkpoint | None:
         if lease.ahead:
@@ -106,6 +107,7 @@ class Checkpoints:
                 return NeverFits(whole, self.layout.host_chunks)
             return Evict(tuple((self.device.books[k].kind.name, len(us)) for k, us in enumerate(ckpt.units)))
         ckpt.host, copies = self.host.copy(ckpt.units)
+        self.parked_tokens += len(ckpt.tokens)
         kinds = self.layout.kinds
         to_host = tuple(ToHost(kinds[k].name, u, self.layout.offset(kinds[k], h)) for k, u, h in copies)
         self.drop_device(ckpt)

@@ -29,6 +29,7 @@ class Leases:
         self.pt = device.layout.page_tokens
         self.live: dict[int, Lease] = {}
         self.ids = 0
+        self.woken_tokens = 0  # tokens leases started from host copies (woken, not recomputed)
 
     def check(self, lease: Lease, where: str) -> None:
         """PoolError unless `lease` is a live lease of this pool."""
@@ -83,6 +84,8 @@ class Leases:
         self.ids += 1
         lease = Lease(self.ids, tokens, units, pages - bound, self.device.kinds)
         self.live[lease.id] = lease
+        if from_host:
+            self.woken_tokens += n
         if isinstance(src, Checkpoint):
             self.index.touch(self.index.nodes[src.id])
         return Granted(lease, n, Plan(copies=tuple(copies), from_host=tuple(from_host)))

@@ -155,11 +155,16 @@ class Pool:
                 "reserved": b.reserved,
                 "cached": b.cached,
                 "held": mapped - len(b.free),
-                "host_held": sum(1 for r in hb.refs if r),
+                "host_held": hb.opened * hb.per_chunk - len(hb.free),  # no walk of the units: every step asks
             }
         d = self._device
         out["chunks"] = {"dynamic": self.layout.dynamic, "unmapped": len(d.unmapped), "in_flight": d.in_flight}
         return out
+
+    def host_traffic(self) -> dict[str, int]:
+        """Tokens so far: `parked` (checkpoints copied into the host tier to give their device
+        units back) and `woken` (leases that started from a host copy instead of recomputing)."""
+        return {"parked": self._ckpts.parked_tokens, "woken": self._leases.woken_tokens}
 
     def check(self) -> None:
         """Raise IntegrityError listing every violation `check(pool)` finds."""

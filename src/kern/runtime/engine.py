@@ -21,7 +21,7 @@ from ..pool import Pool
 from .device import Device, Program
 from .errors import BoundsError, DeviceError
 from .lower import LoweredLaunch, lower_program
-from .paging import Paging, plan_pool, state_sizes
+from .paging import Paging, host_budget, plan_pool, state_sizes
 from .pointers import fill_pointers, pointer_tables
 from .modules import fetch
 from .safetensors import WeightFiles
@@ -104,10 +104,11 @@ def auto_budget(device: Device, asked: int | None) -> tuple[int, str]:
 
 class Engine:
     def __init__(self, v: Verified, weights: str | Path | None, *, device: Device | None = None,
-                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int = 0,
+                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False, host_bytes: int | None = 0,
                  own_paging: bool = True):
         """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
-        chunks its plans map, `host_bytes` of host tier) and the engine owns `paging`, the pool
+        chunks its plans map, `host_bytes` of host tier, None: paging.host_budget's default) and
+        the engine owns `paging`, the pool
         bound to its states. Else each state is what the budget holds, fully backed.
         `state_budget` None: the device's share (auto_budget), decided once the weights and
         buffers are placed; `memory_note` says what was taken. own_paging False: the pool is
@@ -142,7 +143,7 @@ class Engine:
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
         self.state_budget, self.memory_note = auto_budget(self.device, state_budget)
-        pool = self._plan_pool(self.state_budget, host_bytes) if paged else None
+        pool = self._plan_pool(self.state_budget, host_budget(self.state_budget, host_bytes)) if paged else None
         self._alloc_states(self.state_budget, state_sizes(pool) if pool else {},
                            pool.layout.chunk_bytes if pool else None)
         fill_pointers(pointer_tables(self.m, self.shapes),

@@ -8,6 +8,7 @@ budget in 2 MiB chunks would be ~60,000 chunks to create at start-up and keep bo
 
 from __future__ import annotations
 
+import os
 from math import lcm
 from typing import Protocol
 
@@ -22,6 +23,8 @@ from ..errors import KernError
 MIN_CHUNK = 2 << 20
 MAX_CHUNK = 64 << 20
 TARGET_CHUNKS = 2048
+HOST_SHARE = 4  # the host tier's default is at most a quarter of this machine's memory...
+HOST_OVER_DEVICE = 2  # ...and twice the device's state budget: idle sessions outnumber running ones
 
 
 class States(Protocol):
@@ -76,6 +79,16 @@ def state_sizes(pool: Pool) -> dict[str, int]:
     bytes of a fixed one."""
     lay = pool.layout
     return {**{k.name: lay.range_bytes(k) for k in lay.kinds}, **{f.name: f.bytes for f in lay.fixed}}
+
+
+def host_budget(state_budget: int, asked: int | None) -> int:
+    """Bytes of host memory idle sessions' checkpoints may park in: `asked`, else twice the
+    state budget, at most a quarter of this machine's memory. The host tier is zero-filled
+    memory the system commits only as pages are written, so an idle server costs nothing."""
+    if asked is not None:
+        return asked
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(HOST_OVER_DEVICE * state_budget, ram // HOST_SHARE)
 
 
 class Paging:

@@ -56,12 +56,13 @@ class StepEngine(Protocol):
 
 def open_engine(v: Verified, weights: str | Path | None, *, device: Device | None = None,
                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False,
-                host_bytes: int = 0) -> StepEngine:
+                host_bytes: int | None = 0) -> StepEngine:
     """The engine of the verified deployment `v`. A split deployment (a topology of more than
     one rank, docs/tensor-parallel.md) opens every rank (its sibling rank manifests verified
-    once each, `v` not again) and refuses a host tier; `device` is for one-device deployments."""
+    once each, `v` not again) and refuses a host tier (the default, None, is none there);
+    `device` is for one-device deployments. `host_bytes` None: the host tier's default size."""
     if v.manifest.topology.ranks > 1:
         from .ranks import load_split
 
-        return load_split(v, weights, state_budget=state_budget, paged=paged, host_bytes=host_bytes)
+        return load_split(v, weights, state_budget=state_budget, paged=paged, host_bytes=host_bytes or 0)
     return Engine(v, weights, device=device, state_budget=state_budget, paged=paged, host_bytes=host_bytes)

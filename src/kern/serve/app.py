@@ -86,6 +86,8 @@ def make_app(driver: Driver, tokenizer, *, model_name: str, context: int, vocab:
                                    status=401, code="invalid_api_key")
             if driver.failure is not None:
                 raise RequestError(driver.failure, status=503, kind="server_error", code="engine_failed")
+            if driver.closing is not None:
+                raise RequestError(driver.closing, status=503, kind="server_error", code="shutting_down")
             try:
                 raw = await request.body()
             except ClientDisconnect:  # gone before its body arrived: nothing to answer

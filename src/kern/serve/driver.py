@@ -44,7 +44,8 @@ class Refused:
 
     request_id: str
     message: str
-    engine_failed: bool = False
+    engine_failed: bool = False  # a 503: the server cannot serve it (`code` says why), not a bad request
+    code: str = "engine_failed"
 
 
 Sink = Callable[[list], None]  # called on the event loop with one step's items for a request, in order
@@ -62,6 +63,7 @@ class Driver:
         self.info: wire.Ready | None = None  # model name, context, tokenizer, vocab: set by start()
         self.stats: LoopStats | None = None  # the latest, replaced whole after each step
         self.failure: str | None = None  # set once the engine has failed; the server then refuses work
+        self.closing: str | None = None  # set once the server stops: new requests are refused with it
         self._sinks: dict[str, Sink] = {}
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._queries: dict[int, Future] = {}
@@ -133,8 +135,27 @@ class Driver:
         if self._gone:
             sink([Refused(request_id, self.failure, engine_failed=True)])
             return
+        if self.closing is not None:
+            sink([Refused(request_id, self.closing, engine_failed=True, code="shutting_down")])
+            return
         self._sinks[request_id] = sink
         self._outbox.put(wire.Add(request_id, prompt_ids, params))
+
+    @property
+    def in_flight(self) -> int:
+        """Sequences submitted and not finished."""
+        return len(self._sinks)
+
+    def close_streams(self, message: str) -> int:
+        """The server is stopping: refuse new requests with `message` from now on and end every
+        open one with it (a 503 body, or an error event and [DONE] in a stream), its sequences
+        aborted. Returns how many sequences were cut."""
+        self.closing = self.closing or message
+        sinks, self._sinks = self._sinks, {}
+        for rid, sink in sinks.items():
+            self._outbox.put(wire.Abort(rid))
+            sink([Refused(rid, message, engine_failed=True, code="shutting_down")])
+        return len(sinks)
 
     def abort(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)

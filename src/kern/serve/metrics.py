@@ -7,7 +7,7 @@ from math import inf
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from ..generation.outputs import LoopStats
@@ -38,6 +38,18 @@ class Histogram:
             total += n
             cumulative.append((floatToGoString(bound), total))
         yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
+
+
+class Total:
+    """A Prometheus counter whose total the engine process keeps (set from each step's stats:
+    the API process only shows it)."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry):
+        self.name, self.documentation, self.value = name, documentation, 0
+        registry.register(self)
+
+    def collect(self):
+        yield CounterMetricFamily(self.name, self.documentation, value=self.value)
 
 
 class Metrics:
@@ -76,6 +88,10 @@ class Metrics:
         self.spec_rounds = Gauge("kern_speculative_rounds", "Sequences' speculative rounds so far", registry=r)
         self.chunks_total = Gauge("kern_pool_chunks_total", "Chunks in the one state budget every paged and "
                                   "per-sequence state draws on", registry=r)
+        self.parked = Total("kern_host_parked_tokens", "Tokens of idle conversations' cached prefixes parked in "
+                            "host memory to give device memory back (kern serve --host-memory)", r)
+        self.woken = Total("kern_host_woken_tokens", "Prompt tokens woken from host memory into a request "
+                           "instead of recomputed", r)
 
     def observe_stats(self, s: LoopStats) -> None:
         """From a LoopStats (called on the event loop after each step)."""
@@ -90,6 +106,7 @@ class Metrics:
             self.units_cached.labels(state, unit).set(cached)
             self.units_mapped.labels(state, unit).set(mapped)
             self.chunks.labels(state).set(chunks)
+        self.parked.value, self.woken.value = s.parked_tokens, s.woken_tokens
         self.spec_acceptance.set(s.spec_accepted / s.spec_proposed if s.spec_proposed else 0.0)
         self.spec_tokens.set(s.spec_tokens / s.spec_rounds if s.spec_rounds else 0.0)
         self.spec_rounds.set(s.spec_rounds)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
@@ -22,6 +23,36 @@ from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..generation.loop import Loop
+
+
+GRACE_S = 5.0  # on stopping, what the requests in flight get to finish before they are cut
+STOPPING = "the server is shutting down"
+CUT = "the server is shutting down: this request was cut short"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, stopping kern's way: stop admitting (a 503 `shutting_down`), let the
+    requests in flight finish for up to `grace` seconds (a second Ctrl-C cuts at once), end
+    the rest with an error (a stream's error event and [DONE]), and only then close the
+    connections; no response task is ever cancelled under a client."""
+
+    def __init__(self, config: uvicorn.Config, driver: Driver, grace: float):
+        super().__init__(config)
+        self.driver, self.grace = driver, grace
+
+    async def shutdown(self, sockets=None) -> None:
+        d = self.driver
+        d.closing = STOPPING
+        if d.in_flight:
+            print(f"[kern] stopping: {d.in_flight} sequence(s) in flight get {self.grace:g} s to finish "
+                  "(Ctrl-C again cuts them now)", file=sys.stderr)
+        deadline = time.monotonic() + self.grace  # a wait for people, never part of a result
+        while d.in_flight and not self.force_exit and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if cut := d.close_streams(CUT):
+            print(f"[kern] cut {cut} sequence(s) short with an error event", file=sys.stderr)
+        await asyncio.sleep(0)  # their handlers write the error and [DONE] before connections close
+        await super().shutdown(sockets)
 
 
 @dataclass
@@ -54,7 +85,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | None, log_level: str,
-           aliases: tuple[str, ...] = ()):
+           aliases: tuple[str, ...] = (), grace: float = GRACE_S):
     """Start the engine process (it builds the loop), then the app over it, served on `sock`."""
     metrics = Metrics()
     driver = Driver(make_loop, on_step=metrics.observe_stats)
@@ -66,18 +97,19 @@ def _setup(make_loop: Callable[[], Loop], sock: socket.socket, api_key: str | No
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
-    return metrics, driver, uvicorn.Server(config)
+    return metrics, driver, Server(config, driver, grace)
 
 
 def start(make_loop: Callable[[], Loop], *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-          log_level: str = "warning", timeout: float = 30.0, aliases: tuple[str, ...] = ()) -> LiveServer:
+          log_level: str = "warning", timeout: float = 30.0, aliases: tuple[str, ...] = (),
+          grace: float = GRACE_S) -> LiveServer:
     """Serve the loop `make_loop()` builds (in the engine process; it must pickle) from a
     background thread; port 0 picks a free one. Returns once listening. The engine process is
     spawned, so it imports the caller's main module: a script calling this keeps its work
     under `if __name__ == "__main__":`."""
     sock = listen(host, port)
     try:
-        metrics, driver, server = _setup(make_loop, sock, api_key, log_level, aliases)
+        metrics, driver, server = _setup(make_loop, sock, api_key, log_level, aliases, grace)
     except BaseException:
         sock.close()
         raise

@@ -91,7 +91,7 @@ class Flight:
         if refused is not None:
             self.close()
             if refused.engine_failed:
-                raise RequestError(refused.message, status=503, kind="server_error", code="engine_failed")
+                raise RequestError(refused.message, status=503, kind="server_error", code=refused.code)
             raise RequestError(refused.message, param="messages" if self.job.chat else "prompt",
                                code="cannot_run")
 
@@ -129,7 +129,7 @@ class Flight:
                 elif item is GONE:
                     raise ClientGone
                 elif isinstance(item, Refused):
-                    raise RequestError(item.message, status=503, kind="server_error", code="engine_failed")
+                    raise RequestError(item.message, status=503, kind="server_error", code=item.code)
             items = []
             self._observe(batch)
             yield batch

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from kern.runtime.devices.cuda.errors import CudaError, CudaUnavailable
+
+
+NO_GPU = ("this machine has no NVIDIA GPU (no NVIDIA driver device, /dev/nvidiactl or WSL's /dev/dxg): "
+          "run on the cpu (leave out --target, or give --target cpu and a cpu deployment)")
+
+
+def gpu_present() -> bool:
+    """Whether the NVIDIA driver exposes a device here (Linux, or WSL's GPU bridge): without
+    one, installing CUDA packages would not help, so no error advises it."""
+    return Path("/dev/nvidiactl").exists() or Path("/dev/dxg").exists()
 
 
 @cache
@@ -19,6 +30,8 @@ def drv() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as e:
+        if not gpu_present():
+            raise CudaUnavailable(NO_GPU) from e
         raise CudaUnavailable(
             "the CUDA device needs NVIDIA's cuda-bindings package, which is not installed: "
             "pip install 'kern-engine[cuda]'"
