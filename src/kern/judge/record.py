@@ -134,7 +134,10 @@ class Recorder:
             lo, hi = span.a
             self._run(program, at, lo, env)
             launches = io.launches(program, lo, hi)
-            pre = {b: self._read(b, io.extent(b, env, launches)) for b in span.inputs}
+            # the span's reads A has (a buffer only B has is one of B's own inputs: the replay
+            # feeds it from B's own stepper)
+            bufs = io.e.m.buffers
+            pre = {b: self._read(b, io.extent(b, env, launches)) for b in span.inputs if b in bufs}
             st_pre = {s: self._snap(s) for s in span.states}
             self._run(program, lo, hi, env)
             masks = io.written(launches, env)
