@@ -224,6 +224,11 @@ def _prefill_calls(m: dict, op: str) -> list[dict]:
     return [c for c in _calls(m, "prefill") if c["op"] == op]
 
 
+def _param_index(m: dict, op: str, name: str) -> int:
+    """Where op's parameter `name` sits in a call's arguments."""
+    return [p.split(":")[0] for p in m["ops"][op]["params"]].index(name)
+
+
 def cuda_rope_theta(base: Path, out: Path) -> Path:
     """The rope table built with theta / 10 (the largest float argument of rope_table)."""
     def edit(m):
@@ -249,7 +254,8 @@ def cuda_kv_off_by_one(base: Path, out: Path) -> Path:
     does not look. (Positions cannot be shifted by one in a manifest: views are 16-byte aligned.)"""
     def edit(m):
         for c in _prefill_calls(m, "norm_gemm_rope_append"):
-            c["args"][9] = {"value": {"add": [c["args"][9]["value"], 1]}}  # pages_per_seq
+            i = _param_index(m, c["op"], "pages_per_seq")
+            c["args"][i] = {"value": {"add": [c["args"][i]["value"], 1]}}
     return variant(base, out, edit)
 
 
@@ -270,8 +276,8 @@ def cuda_lm_head_prenorm(base: Path, out: Path) -> Path:
         for prog, normed, plain in (("prefill", "norm_gemm_logits", "gemm_logits"),
                                     ("decode", "norm_gemv_logits", "gemv_logits")):
             for c in _calls(m, prog):
-                if c["op"] == normed:
-                    x, _norm, w, y, rows, n, k, _eps = c["args"]
+                if c["op"] == normed:  # (x, norm, W, y, [rms_prep's scratch,] rows, N, K, eps)
+                    x, _norm, w, y, *_, rows, n, k, _eps = c["args"]
                     c["op"], c["args"] = plain, [x, w, y, rows, n, k]
             m["ops"][plain] = table.ops()[plain]
         for normed in ("norm_gemm_logits", "norm_gemv_logits"):
