@@ -4,12 +4,7 @@
 # against a copy of an earlier one (tests/cuda/_variants/<label>/, if present) and the GEMM's
 # probe variants (bench/probes/gemm_variants.py, if bench/probes/var_* exist).
 # From the repository root, $OUT set, .whl carried (the wheels the image lacks).
-: "${OUT:?set OUT, the folder whose files come back from the device call}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-  > "$OUT/pip.log" 2>&1 || { tail -3 "$OUT/pip.log"; exit 1; }
-mkdir -p /tmp/km && ln -sfn "$PWD/models" /tmp/km/kern_models
-export PYTHONPATH="/tmp/site:$PWD/src:/tmp/km" PYTHONUNBUFFERED=1 KERN_CACHE=/tmp/kern-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source bench/device_env.sh
 timeout "${SUITE_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests > "$OUT/suite.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite.txt" | tail -12
 timeout "${DECODE_S:-120}" python3 bench/decode.py --shapes llama-3.2-1b --batch 1,16,64 > "$OUT/decode.json" \
