@@ -108,8 +108,7 @@ class Engine:
                  own_paging: bool = True):
         """`paged`: the states take the layout of a pool under `state_budget` (virtual ranges of
         chunks its plans map, `host_bytes` of host tier, None: paging.host_budget's default) and
-        the engine owns `paging`, the pool
-        bound to its states. Else each state is what the budget holds, fully backed.
+        the engine owns `paging`, the pool bound to its states. Else each state is what the budget holds, fully backed.
         `state_budget` None: the device's share (auto_budget), decided once the weights and
         buffers are placed; `memory_note` says what was taken. own_paging False: the pool is
         planned (`pool`) but bound to nothing yet; a split's RankedEngine binds rank 0's to
