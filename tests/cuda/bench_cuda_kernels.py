@@ -181,6 +181,37 @@ def bench_attention_groups(gpus: dict, rng, lines: list[str]) -> None:
             gpus["new"]._bufs = [b for b in gpus["new"]._bufs if not b.freed]
 
 
+def bench_rows(gpus: dict, rng, lines: list[str]) -> None:
+    """A prompt's attention, one layer: attention_rows (decode's order, the default build) beside
+    prefill_attention (the --no-batch-invariance build's), prompts of 2,040 and 4 x 512 rows,
+    split 128; a _variants version's attention_rows takes its old grid (a row and kv head)."""
+    pt = 16
+    for model, nq, nkv, hd in [("llama-1b", 32, 8, 64), ("llama-8b", 32, 8, 128)]:
+        for lens in ([2040], [512] * 4):
+            rows, pps = sum(lens), -(-max(lens) // pt)
+            n_pages = len(lens) * pps
+            state = gpus["new"].put(rand_weights(rng, (n_pages, 1, 2, nkv, pt, hd), 1.0))
+            table = gpus["new"].put(rng.permutation(n_pages).reshape(len(lens), pps).astype(np.int32))
+            cu = gpus["new"].put(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+            pos = gpus["new"].put(np.concatenate([np.arange(n) for n in lens]).astype(np.int32))
+            width = (nq + 2 * nkv) * hd
+            q, o = gpus["new"].put(R.rand_bf16(rng, (rows, width))), gpus["new"].empty(rows * nq * hd * 2)
+            flops = 4 * sum(n * (n + 1) / 2 for n in lens) * nq * hd
+            res = []
+            for label, gpu in gpus.items():
+                grid = (nq, -(-rows // 64) + len(lens)) if label == "new" else (rows, nkv)
+                ls = [gpu.make("attention_rows", grid, 128, q, state, table, cu, pos, o, rows, len(lens), pps, 0, 1,
+                               nq, nkv, hd, pt, 128, width) for _ in range(REPS)]
+                us = time_graph(gpu, ls)
+                res.append(f"{label} rows {us:8.1f} us ({flops / us / 1e6:.0f} TFLOP/s)")
+            ls = [gpus["new"].make("prefill_attention", (nq, -(-rows // 64) + len(lens)), 128, q, state, table, cu, pos,
+                                   o, rows, len(lens), pps, 0, 1, nq, nkv, hd, pt, width) for _ in range(REPS)]
+            us = time_graph(gpus["new"], ls)
+            res.append(f"prefill_attention {us:8.1f} us")
+            lines.append(f"rows {model:<9} {'+'.join(map(str, lens)):<15} " + " | ".join(res))
+            print(lines[-1], flush=True)
+
+
 def ncu_attention(gpus: dict, rng, lines: list[str]) -> None:
     """One launch of each version and head grouping at Qwen3-30B-A3B's shape, 1 row, context
     160, no graph: the target of `ncu -k attention_decode`."""
@@ -392,14 +423,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     only = sys.argv[1:]
     lines: list[str] = [f"device: {gpu.device.name}, {gpu.device.multiprocessors} SMs"]
-    for f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, bench_launch_overheads, bench_small,
-              bench_cublaslt, bench_gemm, ncu_attention):
+    for f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, bench_rows, bench_launch_overheads,
+              bench_small, bench_cublaslt, bench_gemm, ncu_attention):
         if only and f.__name__ not in only or not only and f is ncu_attention:
             continue
         try:
             if f is bench_launch_overheads:
                 f(gpu, lines)
-            elif f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, ncu_attention):
+            elif f in (bench_gemv, bench_fused, bench_attention, bench_attention_groups, bench_rows, ncu_attention):
                 f(gpus, rng, lines)
             else:
                 f(gpu, rng, lines)

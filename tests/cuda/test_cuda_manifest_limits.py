@@ -35,7 +35,7 @@ def test_large_decode_batches_step_through_the_wide_decode_program(sm90):
 
 def test_the_prefill_grids_resolve_over_256_sequences(sm90):
     """The launches whose grids run over rows and sequences: one block a sequence
-    (gather_last), a row and kv head (attention_rows), 128 rows (the projections), its logits
+    (gather_last), a query head and 64 rows (attention_rows), 128 rows (the projections), its logits
     rows (argmax)."""
     from kern.manifest.expr import evaluate
 
@@ -50,7 +50,7 @@ def test_the_prefill_grids_resolve_over_256_sequences(sm90):
                         if hasattr(a, "value") and not isinstance(a.value, float)}
                 grids[la.entry] = tuple(evaluate(g, {**env, **vals}) for g in la.grid)
     assert grids["gather_last"] == (256,)
-    assert grids["attention_rows"] == (256, 2)
+    assert grids["attention_rows"] == (4, 256 // 64 + 256)  # a block a query head and 64 rows of a sequence
     assert grids["gemm_residual"] == (1, 256 // 128)  # hidden 64: one block of 128 W rows beside 128 rows
     assert grids["sample_partial"] == (128, 256) and grids["argmax_final"] == (256,)
 

@@ -239,16 +239,17 @@ def _argmax(p: str, seqs: str) -> dict:
 def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
     """What these kernels support (cuda/KERNELS.md); every problem at once, as a ConfigError."""
     problems = []
-    if s.head_dim not in (64, 128, 256):
-        problems.append(f"head_dim {s.head_dim}: the attention kernels take 64, 128 or 256")
+    if s.head_dim not in (64, 128):
+        problems.append(f"head_dim {s.head_dim}: the attention kernels take 64 or 128")
     if s.heads % s.kv_heads or s.heads // s.kv_heads > 8:
         problems.append(f"{s.heads} query heads over {s.kv_heads} kv heads: the attention kernels need a "
                         "whole group of at most 8 query heads a kv head")
     for name, n in (("hidden_size", s.hidden), ("intermediate_size", s.inter)):
         if n % 8:
             problems.append(f"{name} {n}: the gemv kernels need a multiple of 8")
-    if decode_split < 1:
-        problems.append(f"decode_split {decode_split}: must be at least 1")
+    if decode_split < 1 or (s.head_dim in (64, 128) and decode_split % (4096 // s.head_dim)):
+        problems.append(f"decode_split {decode_split}: the attention kernels cut a chunk in tiles of "
+                        f"{4096 // s.head_dim} keys at head_dim {s.head_dim}: a positive multiple of it")
     if problems:
         raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
 

@@ -1,72 +1,21 @@
-// Decode attention over the paged KV state (GQA, causal, fp32 softmax, scale 1/sqrt(head_dim)).
-//
-// One block per (query row r, kv head h, head group hg, context split z), one query row per
-// sequence (rows = sequences): the G = n_q_heads / n_kv_heads query heads that share kv head h
-// (query head h*G + g, as transformers' repeat_kv) are served by HG = gridDim.y / n_kv_heads
-// blocks of G / HG heads each (block hg: heads h*G + hg*G/HG + g), over context positions
-// [z*split_tokens, min(pos[r]+1, (z+1)*split_tokens)) of sequence r. Every head's arithmetic
-// is the same whatever HG (its scores, its warp's softmax, its P.V slices, the merge): HG
-// shortens a block's serial chain at large G and does not change a bit.
-// Only the n_used = ceil((pos[r] + 1) / split_tokens) splits that hold context work: with one
-// the block writes o directly; with more, each writes its partial and the last block to arrive
-// (counter sem[r, h*HG + hg], i32, zero between launches, reset by that block) merges them in order
-// z = 0, 1, ...: one launch, the same bits whichever block arrives last.
-// Layout: q [rows, q_stride] (query head hq at column hq*head_dim), o [rows,
-// n_q_heads*head_dim], both bf16. head_dim in {64, 128, 256}; G <= 8.
-// Grid (rows, n_kv_heads * HG, n_splits), block DEC_THREADS (128, from table.py).
-#include "common.cuh"
+// Attention over the paged KV state on tensor cores (GQA, causal, scale 1/sqrt(head_dim)), in
+// the one order of models/common/cuda/attention_tc.cuh for every query row: a prompt's rows
+// (attention_rows) get the bits the same tokens get decoded (attention_decode), alone or in
+// any batch. Query head hq reads kv head hq / G (G = n_q_heads / n_kv_heads, as transformers'
+// repeat_kv). q [rows, q_stride] (query head hq at column hq * head_dim, a column slice of qkv),
+// o [rows, n_q_heads * head_dim], both bf16. head_dim 64 or 128; split_tokens (the chunk of
+// attention_tc.cuh) a multiple of 4096 / head_dim; G <= 8.
+#include "attention_tc.cuh"
 
 #if !defined(DEC_THREADS)
 #error "DEC_THREADS comes from the family's TILES (kern_models.common.cubins passes it as -D)"
 #endif
-
-#define ATTN_WARPS 4
+static_assert(DEC_THREADS == 128, "the attention blocks are 4 warps");
 #define ATTN_MAX_G 8
-static_assert(DEC_THREADS == 32 * ATTN_WARPS && DEC_THREADS == 128, "the decode tiles are laid out for 4 warps");
-
-// ---- decode: tiled over tokens --------------------------------------------------------
-// The block (r, h, z) takes its split's tokens in tiles of DEC_TT = 8192 / head_dim tokens
-// (128, 64, 32): a split of up to DEC_TT tokens is one pass. Per tile: the K and V rows of the
-// tile are loaded (8 independent 16-byte copies per thread, K and V each) into shared memory;
-// scores S[g][t] are computed token-parallel (thread = one token and a subset of the G query
-// heads, all of head_dim in a thread: no shuffles); one warp per head takes the tile's max,
-// exponentiates and sums (fixed order); then P.V with a thread per (token slice, dim pair) and
-// all G heads in the thread: 256 / head_dim slices, 32 tokens each at most, added in slice
-// order at the end. All threads share one running max per head.
-#define DEC_TILE_ELEMS 8192                       // DEC_TT * head_dim
-#define DEC_K_BYTES (128 * (64 + 8) * 2)          // largest padded K tile (head_dim 64)
-#define DEC_V_BYTES (DEC_TILE_ELEMS * 2)
-#define DEC_Q_FLOATS (ATTN_MAX_G * 256)
-#define DEC_P_FLOATS (ATTN_MAX_G * 128)
-
-struct DecSmem {
-    alignas(16) unsigned char kv[DEC_K_BYTES + DEC_V_BYTES];  // K tile, V tile; later the merge
-    alignas(16) float q[DEC_Q_FLOATS];                          // q * scale * log2(e)
-    float p[DEC_P_FLOATS];                                       // scores, then probabilities
-    float m[ATTN_MAX_G], l[ATTN_MAX_G], corr[ATTN_MAX_G];
-    int merge;                                                   // this block merges the splits
-};
-static_assert(sizeof(DecSmem) <= 48 * 1024, "attention_decode's shared memory is static: 48 KB at most");
-
-// (head, dim) outputs a thread: i = tid + 128 j, j < DEC_PER_THREAD(HD)
-#define DEC_PER_THREAD(HD) (ATTN_MAX_G * (HD) / 128)
-
-// Folds split z's partial (its running max m in log2 units, its sum l, its unnormalised output
-// a) into the merged (M, L, A) of splits 0 .. z-1. Every row's output is the fold of its splits
-// in order z = 0, 1, ... from (-inf, 0, 0), then A / L: the decode merge (splits in other
-// blocks), a decode row with one split and attention_rows (splits in turn in one block) run
-// this same arithmetic, so a token's attention has the same bits in prefill and in decode.
-// Explicit roundings: no contraction may differ between the kernels that inline it.
-__device__ __forceinline__ void fold_split(float &M, float &L, float &A, float m, float l, float a) {
-    const float Mn = fmaxf(M, m);
-    const float co = exp2f(__fsub_rn(M, Mn)), cz = exp2f(__fsub_rn(m, Mn));
-    L = __fadd_rn(__fmul_rn(L, co), __fmul_rn(l, cz));
-    A = __fadd_rn(__fmul_rn(A, co), __fmul_rn(a, cz));
-    M = Mn;
-}
+#define ATTN_SMEM (4 * 64 * 72 * 2)  // 2 stages x {K, V} tiles, the larger of head_dim 64 and 128
 
 // This block's query heads: gridDim.y = n_kv_heads * HG blocks share the kv heads, HG a kv head,
-// each serving G of its heads from hq0 on (G = n_q_heads / n_kv_heads / HG), as the header says.
+// each serving G of its heads from hq0 on (G = n_q_heads / n_kv_heads / HG).
 struct HeadGroup {
     int h, G, hq0;  // kv head, query heads, the first of them
 };
@@ -74,7 +23,6 @@ __device__ __forceinline__ HeadGroup head_group(int n_q_heads, int n_kv_heads) {
     const int HG = gridDim.y / n_kv_heads, G = n_q_heads / n_kv_heads / HG, h = blockIdx.y / HG;
     return {h, G, h * (G * HG) + (int)blockIdx.y % HG * G};
 }
-
 // Whether the launch's grid suits the heads: a whole group of at most ATTN_MAX_G query heads a
 // kv head, gridDim.y a multiple of n_kv_heads that divides each group evenly.
 __device__ __forceinline__ bool head_groups_fit(int n_q_heads, int n_kv_heads) {
@@ -82,280 +30,134 @@ __device__ __forceinline__ bool head_groups_fit(int n_q_heads, int n_kv_heads) {
     return G <= ATTN_MAX_G && HG >= 1 && gridDim.y % n_kv_heads == 0 && G % HG == 0;
 }
 
-// One split of row r's context, positions [t0, t1), for the block's query heads (of kv head
-// heads.h): leaves each thread's unnormalised outputs in A[j] ((head, dim) i = tid + 128 j,
-// i < G * head_dim) and the split's running max and sum in sm.m, sm.l. page0: the first tile's
-// page numbers, read by the caller (decode reads them before its PDL wait); pdl: wait for the
-// previous kernel before the row at p_last and q are read.
+// Copies keys kb .. kb + BN - 1 of kv head h (those < kend; the rest zero-filled) into a stage
+// with cp.async: which = 0 every key but `skip`, 1 only `skip`, 2 every key.
 template <int HD>
-__device__ void attend_split(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                             const int *__restrict__ pt_row, const int (&page0)[DEC_TILE_ELEMS / HD * (HD / 8) / 128],
-                             int r, HeadGroup heads, int p_last, int t0, int t1, int layer, int n_layers,
-                             int n_kv_heads, int page_tokens, int q_stride, bool pdl,
-                             float (&A)[DEC_PER_THREAD(HD)], DecSmem &sm) {
-    constexpr int TT = DEC_TILE_ELEMS / HD;   // tokens per tile
-    constexpr int KP = HD + 8;                // padded K row (bf16): conflict-free 16-byte reads
-    constexpr int CH = HD / 8;                // 16-byte chunks per row
-    constexpr int NSETS = 128 / TT;           // QK: head subsets
-    constexpr int LOADS = TT * CH / 128;      // 16-byte loads per thread per tile, K and V each
-    constexpr int DP = HD / 2;                // P.V: dim pairs, one a thread
-    constexpr int TS = 128 / DP;              // P.V: token slices
-    const int h = heads.h, G = heads.G;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    bf16 *sK = reinterpret_cast<bf16 *>(sm.kv);
-    bf16 *sV = reinterpret_cast<bf16 *>(sm.kv + DEC_K_BYTES);
+__device__ __forceinline__ void attn_load(bf16 *sK, bf16 *sV, const char *__restrict__ kv_state,
+                                          const int *__restrict__ pt_row, int kb, int kend, int h, int layer,
+                                          int n_layers, int n_kv_heads, int page_tokens, int which, int skip) {
+    using T = AttnTile<HD>;
     const size_t v_shift = (size_t)n_kv_heads * page_tokens * HD * 2;  // kv = 1
-
-    // P.V roles: dims 2 dp, 2 dp + 1 of every head, tokens slice, slice + TS, ...
-    const int dp = tid % DP, slice = tid / DP;
-    float acc[ATTN_MAX_G][2];
 #pragma unroll
-    for (int g = 0; g < ATTN_MAX_G; ++g) acc[g][0] = acc[g][1] = 0.f;
-
-    // Copy a tile's K and V rows into shared memory (cp.async, at L2): which = 0 all rows but
-    // the one at p_last, 1 only that one (the previous kernel writes it), 2 all.
-    auto load_tile = [&](int tb, int nt, int which) {
-#pragma unroll
-        for (int i = 0; i < LOADS; ++i) {
-            const int c = tid + i * 128, tt = c / CH, ch = c % CH;
-            const int t = tb + tt;
-            if (tt < nt && (which == 2 || (t == p_last) == (which == 1))) {
-                const int page = tb == t0 ? page0[i] : pt_row[t / page_tokens];
-                const size_t off = kv_offset(page, layer, 0, h, t % page_tokens,
-                                             n_layers, n_kv_heads, HD, page_tokens) + ch * 16;
-                cp_async16(sK + tt * KP + ch * 8, kv_state + off);
-                cp_async16(sV + tt * HD + ch * 8, kv_state + off + v_shift);
-            }
-        }
-        cp_async_commit();
-    };
-    load_tile(t0, min(TT, t1 - t0), 0);
-    if (pdl) pdl_wait();
-    load_tile(t0, min(TT, t1 - t0), 1);
-
-    for (int tb = t0; tb < t1; tb += TT) {
-        const int nt = min(TT, t1 - tb);
-        if (tb != t0) load_tile(tb, nt, 2);
-        if (tb == t0) {
-            const float qscale = (1.f / sqrtf((float)HD)) * LOG2E;
-            const bf16 *qh = q + (size_t)r * q_stride + (size_t)heads.hq0 * HD;
-            for (int i = tid; i < G * HD; i += 128) sm.q[i] = to_f(__ldcg(qh + i)) * qscale;
-            if (tid < ATTN_MAX_G) { sm.m[tid] = -INFINITY; sm.l[tid] = 0.f; }
-        }
-        cp_async_wait<0>();
-        __syncthreads();
-
-        // Scores (log2 units): thread = token tt, heads gs, gs + NSETS, ...
-        {
-            const int tt = tid % TT, gs = tid / TT;
-            for (int g = gs; g < G; g += NSETS) {
-                float d = -INFINITY;
-                if (tt < nt) {
-                    d = 0.f;
-                    const float *qg = sm.q + g * HD;
-#pragma unroll 4
-                    for (int ch = 0; ch < CH; ++ch) {
-                        float kf[8];
-                        unpack8(*reinterpret_cast<const uint4 *>(sK + tt * KP + ch * 8), kf);
-                        const float4 qa = *reinterpret_cast<const float4 *>(qg + ch * 8);
-                        const float4 qb = *reinterpret_cast<const float4 *>(qg + ch * 8 + 4);
-                        d += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                             qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                    }
-                }
-                sm.p[g * TT + tt] = d;
-            }
-        }
-        __syncthreads();
-
-        // Softmax over the tile: one warp per head.
-        for (int g = warp; g < G; g += ATTN_WARPS) {
-            float mx = -INFINITY;
-            for (int i = lane; i < TT; i += 32) mx = fmaxf(mx, sm.p[g * TT + i]);
-            mx = warp_max(mx);
-            const float m_old = sm.m[g], m_new = fmaxf(m_old, mx);
-            float sum = 0.f;
-            for (int i = lane; i < TT; i += 32) {
-                const float pr = exp2f(sm.p[g * TT + i] - m_new);
-                sm.p[g * TT + i] = pr;
-                sum += pr;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float corr = exp2f(m_old - m_new);
-                sm.corr[g] = corr;
-                sm.l[g] = sm.l[g] * corr + sum;
-                sm.m[g] = m_new;
-            }
-        }
-        __syncthreads();
-
-        // P.V: this thread's dim pair of every head over its token slice (probabilities are
-        // read as warp-wide broadcasts: a warp's threads share the slice).
-#pragma unroll
-        for (int g = 0; g < ATTN_MAX_G; ++g) {
-            if (g >= G) break;
-            const float corr = sm.corr[g];
-            acc[g][0] *= corr;
-            acc[g][1] *= corr;
-        }
-#pragma unroll 4
-        for (int tt = slice; tt < nt; tt += TS) {
-            const __nv_bfloat162 v2 = *reinterpret_cast<const __nv_bfloat162 *>(sV + tt * HD + 2 * dp);
-            const float v0 = __low2float(v2), v1 = __high2float(v2);
-#pragma unroll
-            for (int g = 0; g < ATTN_MAX_G; ++g) {
-                if (g >= G) break;
-                const float pr = sm.p[g * TT + tt];
-                acc[g][0] += pr * v0;
-                acc[g][1] += pr * v1;
-            }
-        }
-        __syncthreads();  // the next tile overwrites K, V and p
-    }
-
-    // Merge the token slices in order: s_acc[slice][g][HD] (8 KB for every head_dim).
-    float *s_acc = reinterpret_cast<float *>(sm.kv);
-#pragma unroll
-    for (int g = 0; g < ATTN_MAX_G; ++g) {
-        if (g >= G) break;
-        *reinterpret_cast<float2 *>(s_acc + (slice * ATTN_MAX_G + g) * HD + 2 * dp) = make_float2(acc[g][0], acc[g][1]);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
-        const int i = tid + 128 * j;
-        if (i >= G * HD) break;
-        const int g = i / HD, d = i % HD;
-        float a = 0.f;
-#pragma unroll
-        for (int sl = 0; sl < TS; ++sl) a += s_acc[(sl * ATTN_MAX_G + g) * HD + d];
-        A[j] = a;
+    for (int i = 0; i < T::BN * T::CH / DEC_THREADS; ++i) {
+        const int c = threadIdx.x + i * DEC_THREADS, tt = c / T::CH, ch = c % T::CH, t = kb + tt;
+        if (which != 2 && (t == skip) != (which == 1)) continue;
+        const bool ok = t < kend;
+        const size_t off = ok ? kv_offset(pt_row[t / page_tokens], layer, 0, h, t % page_tokens, n_layers,
+                                          n_kv_heads, HD, page_tokens) + ch * 16
+                              : 0;
+        cp_async16_zfill(sK + tt * T::KP + ch * 8, kv_state + off, ok ? 16 : 0);
+        cp_async16_zfill(sV + tt * T::KP + ch * 8, kv_state + off + (ok ? v_shift : 0), ok ? 16 : 0);
     }
 }
 
-// The first tile's page numbers of split [t0, ...) of the row whose page-table row is pt_row.
-template <int HD>
-__device__ __forceinline__ void first_pages(int (&page0)[DEC_TILE_ELEMS / HD * (HD / 8) / 128],
-                                            const int *__restrict__ pt_row, int t0, int pages_per_seq,
-                                            int page_tokens) {
-    constexpr int CH = HD / 8, LOADS = DEC_TILE_ELEMS / HD * CH / 128;
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-        const int t = t0 + (threadIdx.x + i * 128) / CH;
-        page0[i] = t < pages_per_seq * page_tokens ? pt_row[t / page_tokens] : 0;
-    }
-}
-
+// ---- decode ---------------------------------------------------------------------------------
+// One block per (row r, kv head h, head group hg, chunk z): the chunk's keys
+// [z * split_tokens, min(pos[r] + 1, (z + 1) * split_tokens)) for the block's query heads, the
+// mma's rows (rows past them repeat the last head and are never stored). Its 4 warps compute
+// the same scores and softmax and each a quarter of the output's dims. Only the n_used =
+// ceil((pos[r] + 1) / split_tokens) chunks that hold context work: with one, the block writes o
+// directly; with more, each writes its partial and the last block to arrive (counter sem[r,
+// h * HG + hg], i32, zero between launches, reset by that block) folds them in order. Grid
+// (rows, n_kv_heads * HG, n_splits), block DEC_THREADS.
 template <int HD>
 __device__ void attend_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                              const int *__restrict__ page_table, int r,
-                              const int *__restrict__ pos, float *__restrict__ part_o, float *__restrict__ part_ml,
-                              int *__restrict__ sem, bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers,
-                              int n_q_heads, int n_kv_heads, int page_tokens, int split_tokens,
-                              int q_stride, DecSmem &sm) {
-    const int z = blockIdx.z, n_splits = gridDim.z, tid = threadIdx.x;
+                              const int *__restrict__ page_table, int r, const int *__restrict__ pos,
+                              float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
+                              bf16 *__restrict__ o, int pages_per_seq, int layer, int n_layers, int n_q_heads,
+                              int n_kv_heads, int page_tokens, int split_tokens, int q_stride,
+                              unsigned char *smem, int &merge) {
+    using T = AttnTile<HD>;
+    constexpr int ND = T::DT / 4;
+    const int z = blockIdx.z, n_splits = gridDim.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
     const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
-    const int G = heads.G;
-    const int t0 = z * split_tokens;
     const int *pt_row = page_table + (size_t)r * pages_per_seq;
     // Under PDL this runs before griddepcontrol.wait: pos and the page table are inputs of the
-    // step, and the K/V rows of positions before pos[r] were written by earlier steps. The first
-    // tile's page numbers are read together with pos (one round trip, not two); the table row
-    // has pages_per_seq entries, so indexes past it are not read.
-    int page0[DEC_TILE_ELEMS / HD * (HD / 8) / 128];
-    first_pages<HD>(page0, pt_row, t0, pages_per_seq, page_tokens);
+    // step and the K/V rows before pos[r] were written by earlier steps; the row at pos[r] and
+    // q come from the kernels this one waits on.
     const int p_last = pos[r];
-    // Splits that hold context: the others leave at once and take no part in the merge.
     const int n_used = min(n_splits, (p_last + split_tokens) / split_tokens);
     if (z >= n_used) return;
-    const int t1 = min(p_last + 1, t0 + split_tokens);
-    float A[DEC_PER_THREAD(HD)];
-    attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads, page_tokens,
-                     q_stride, true, A, sm);
+    const int t0 = z * split_tokens, t1 = min(p_last + 1, t0 + split_tokens);
+    const int n_kt = (t1 - t0 + T::BN - 1) / T::BN;
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + 2 * T::BN * T::KP;
+    attn_load<HD>(sK, sV, kv_state, pt_row, t0, t1, heads.h, layer, n_layers, n_kv_heads, page_tokens, 0, p_last);
+    cp_async_commit();
+    pdl_wait();
+    attn_load<HD>(sK, sV, kv_state, pt_row, t0, t1, heads.h, layer, n_layers, n_kv_heads, page_tokens, 1, p_last);
+    cp_async_commit();
+    unsigned qf[T::KC][4];
+    {
+        const bf16 *qr = q + (size_t)r * q_stride + (size_t)heads.hq0 * HD;
+        attn_load_q<HD>(qf, qr + min(g, heads.G - 1) * HD, qr + min(g + 8, heads.G - 1) * HD);
+    }
+    AttnRun<ND> st;
+    st.reset();
+    const int d0 = warp * ND;
+    for (int kt = 0; kt < n_kt; ++kt) {
+        const int stage = kt & 1, kb = t0 + kt * T::BN;
+        if (kt + 1 < n_kt)
+            attn_load<HD>(sK + (stage ^ 1) * T::BN * T::KP, sV + (stage ^ 1) * T::BN * T::KP, kv_state, pt_row,
+                          kb + T::BN, t1, heads.h, layer, n_layers, n_kv_heads, page_tokens, 2, 0);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        attn_tile<HD, ND>(st, qf, sK + stage * T::BN * T::KP, sV + stage * T::BN * T::KP, kb, p_last, p_last, d0);
+        __syncthreads();  // the next iteration's loads overwrite this stage
+    }
+    float lr[2];
 #pragma unroll
-    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
-        const int i = tid + 128 * j;
-        if (i >= G * HD) break;
-        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
+    for (int h = 0; h < 2; ++h) lr[h] = st.row_l(h);
+    const size_t o_row = (size_t)r * n_q_heads * HD;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int gg = g + 8 * h;
+        if (gg >= heads.G) continue;
+        const int hq = heads.hq0 + gg;
         if (n_used == 1) {
-            float M = -INFINITY, L = 0.f, a = 0.f;
-            fold_split(M, L, a, sm.m[g], sm.l[g], A[j]);
-            o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(a / L);
+            float M = -INFINITY, L = 0.f, co, cz;
+            attn_fold(M, L, st.m[h], lr[h], co, cz);
+#pragma unroll
+            for (int d = 0; d < ND; ++d) {
+                const float a0 = attn_fold_out(0.f, st.acc[d][2 * h], co, cz);
+                const float a1 = attn_fold_out(0.f, st.acc[d][2 * h + 1], co, cz);
+                *reinterpret_cast<unsigned *>(o + o_row + (size_t)hq * HD + 8 * (d0 + d) + 2 * t4) =
+                    pack_bf2(a0 / L, a1 / L);
+            }
         } else {
             const size_t slot = ((size_t)r * n_q_heads + hq) * n_splits + z;
-            part_o[slot * HD + d] = A[j];
-            if (d == 0) { part_ml[slot * 2] = sm.m[g]; part_ml[slot * 2 + 1] = sm.l[g]; }
+#pragma unroll
+            for (int d = 0; d < ND; ++d)
+                *reinterpret_cast<float2 *>(part_o + slot * HD + 8 * (d0 + d) + 2 * t4) =
+                    make_float2(st.acc[d][2 * h], st.acc[d][2 * h + 1]);
+            if (warp == 0 && t4 == 0) { part_ml[slot * 2] = st.m[h]; part_ml[slot * 2 + 1] = lr[h]; }
         }
     }
     if (n_used == 1) return;
 
-    // The last of the n_used blocks of (r, h, hg) to finish merges them: fold_split over z = 0,
-    // 1, ... in order (the same bits whichever block is last). sem[r, h*HG + hg] counts arrivals
-    // and is reset by the merging block.
+    // The last of the n_used blocks of (r, h, hg) to finish folds them in order z = 0, 1, ...
+    // (the same bits whichever block is last); it resets the counter.
     __threadfence();
     __syncthreads();
     if (tid == 0) {
         int *cnt = sem + (size_t)r * gridDim.y + blockIdx.y;
         const bool last = atomicAdd(cnt, 1) == n_used - 1;
         if (last) atomicExch(cnt, 0);
-        sm.merge = last;
+        merge = last;
     }
     __syncthreads();
-    if (!sm.merge) return;
+    if (!merge) return;
     __threadfence();
-    for (int i = tid; i < G * HD; i += 128) {
-        const int g = i / HD, d = i % HD, hq = heads.hq0 + g;
+    for (int i = tid; i < heads.G * HD; i += DEC_THREADS) {
+        const int hq = heads.hq0 + i / HD, d = i % HD;
         const size_t base = ((size_t)r * n_q_heads + hq) * n_splits;
-        float M = -INFINITY, L = 0.f, a = 0.f;
-        for (int zz = 0; zz < n_used; ++zz)
-            fold_split(M, L, a, __ldcg(part_ml + (base + zz) * 2), __ldcg(part_ml + (base + zz) * 2 + 1),
-                       __ldcg(part_o + (base + zz) * HD + d));
-        o[(size_t)r * n_q_heads * HD + (size_t)hq * HD + d] = to_bf(a / L);
-    }
-}
-
-// attention_rows: a prompt row's attention in decode's order. Row r of sequence s (cu_seqlens)
-// attends to positions 0 .. pos[r] of s, split by split_tokens as attention_decode splits a
-// decode row's context; this block (r, h, hg) takes the splits in turn, each exactly as decode's
-// block z computes it, and folds them in order as decode's merge does: the same bits as the
-// token decoded. Every row re-reads its own context (no K/V tile is shared among the rows of a
-// prompt), the price of that order: docs/determinism.md.
-template <int HD>
-__device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
-                            const int *__restrict__ page_table, const int *__restrict__ cu_seqlens,
-                            const int *__restrict__ pos, bf16 *__restrict__ o, int r, int n_seqs,
-                            int pages_per_seq, int layer, int n_layers, int n_q_heads, int n_kv_heads,
-                            int page_tokens, int split_tokens, int q_stride, DecSmem &sm) {
-    const HeadGroup heads = head_group(n_q_heads, n_kv_heads);
-    const int G = heads.G, tid = threadIdx.x;
-    const int *pt_row = page_table + (size_t)seq_of_row(cu_seqlens, n_seqs, r) * pages_per_seq;
-    const int p_last = pos[r];
-    const int n_used = (p_last + split_tokens) / split_tokens;
-    float M[DEC_PER_THREAD(HD)], L[DEC_PER_THREAD(HD)], Acc[DEC_PER_THREAD(HD)], A[DEC_PER_THREAD(HD)];
-#pragma unroll
-    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) M[j] = -INFINITY, L[j] = Acc[j] = 0.f;
-    for (int z = 0; z < n_used; ++z) {
-        const int t0 = z * split_tokens, t1 = min(p_last + 1, t0 + split_tokens);
-        int page0[DEC_TILE_ELEMS / HD * (HD / 8) / 128];
-        first_pages<HD>(page0, pt_row, t0, pages_per_seq, page_tokens);
-        attend_split<HD>(q, kv_state, pt_row, page0, r, heads, p_last, t0, t1, layer, n_layers, n_kv_heads,
-                         page_tokens, q_stride, false, A, sm);
-#pragma unroll
-        for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
-            const int i = tid + 128 * j;
-            if (i >= G * HD) break;
-            const int g = i / HD;
-            fold_split(M[j], L[j], Acc[j], sm.m[g], sm.l[g], A[j]);
+        float M = -INFINITY, L = 0.f, a = 0.f, co, cz;
+        for (int zz = 0; zz < n_used; ++zz) {
+            attn_fold(M, L, __ldcg(part_ml + (base + zz) * 2), __ldcg(part_ml + (base + zz) * 2 + 1), co, cz);
+            a = attn_fold_out(a, __ldcg(part_o + (base + zz) * HD + d), co, cz);
         }
-        __syncthreads();  // the next split resets sm.m and sm.l
-    }
-#pragma unroll
-    for (int j = 0; j < DEC_PER_THREAD(HD); ++j) {
-        const int i = tid + 128 * j;
-        if (i >= G * HD) break;
-        const int g = i / HD, d = i % HD;
-        o[(size_t)r * n_q_heads * HD + (size_t)(heads.hq0 + g) * HD + d] = to_bf(Acc[j] / L[j]);
+        o[o_row + (size_t)hq * HD + d] = to_bf(a / L);
     }
 }
 
@@ -366,40 +168,131 @@ attention_decode(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
                  bf16 *__restrict__ o, int rows, int pages_per_seq, int layer, int n_layers,
                  int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int split_tokens,
                  int q_stride) {
-    __shared__ DecSmem sm;
+    __shared__ alignas(16) unsigned char smem[ATTN_SMEM];
+    __shared__ int merge;
     // The next kernel (the o projection) may launch at once: before its own wait it only streams
     // its weights, so it can overlap this kernel and the qkv projection that this one waits on.
-    // This kernel waits (in attend_decode, once its first tile's older K/V rows are on their way)
-    // before it reads q or writes anything, so the chain's order holds: the o projection's wait
-    // returns after this kernel, which finished after the qkv projection.
+    // This kernel waits before it reads q or the newest K/V row or writes anything, so the
+    // chain's order holds.
     pdl_launch_dependents();
     const int r = blockIdx.x;
     if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
 #define DEC_ARGS q, kv_state, page_table, r, pos, part_o, part_ml, sem, o, pages_per_seq, layer, \
-                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+                 n_layers, n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, smem, merge
     switch (head_dim) {
         case 64: attend_decode<64>(DEC_ARGS); break;
         case 128: attend_decode<128>(DEC_ARGS); break;
-        case 256: attend_decode<256>(DEC_ARGS); break;
         default: break;
     }
 #undef DEC_ARGS
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4)
+// ---- attention_rows: a prompt's rows -----------------------------------------------------------
+// Tiles of 64 query rows of one sequence (rows packed by cu_seqlens; a tile never crosses a
+// sequence), a block per (query head, tile): block (x, y) takes head x and tile T - 1 - y of the
+// T tiles numbered over the sequences in order (later tiles see more keys: the heavy ones start
+// first); y >= T exits at once, hence grid (n_q_heads, ceil(rows / 64) + n_seqs). Warp w owns
+// rows 16 w .. 16 w + 15 (rows past the tile's end repeat its last row, never stored). Keys 0 ..
+// the tile's last position are walked in tiles shared by the block's rows (cp.async, two stages),
+// chunk by chunk as decode splits them, each chunk folded into the row's output in order.
+template <int HD>
+__device__ void attend_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state,
+                            const int *__restrict__ pt_row, const int *__restrict__ pos, bf16 *__restrict__ o,
+                            int r0, int nrows, int hq, int hkv, int layer, int n_layers, int n_q_heads,
+                            int n_kv_heads, int page_tokens, int split_tokens, int q_stride, unsigned char *smem,
+                            int *s_max) {
+    using T = AttnTile<HD>;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int ra = 16 * warp + g, rb = ra + 8;
+    const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
+    const int pa = pos[rra], pb = pos[rrb];
+    const int wmax = warp_max(max(pa, pb));
+    if (lane == 0) s_max[warp] = wmax;
+    __syncthreads();
+    int kmax = s_max[0];
+#pragma unroll
+    for (int w = 1; w < DEC_THREADS / 32; ++w) kmax = max(kmax, s_max[w]);
+    kmax += 1;  // keys [0, kmax) are read
+    unsigned qf[T::KC][4];
+    attn_load_q<HD>(qf, q + (size_t)rra * q_stride + (size_t)hq * HD, q + (size_t)rrb * q_stride + (size_t)hq * HD);
+
+    bf16 *sK = reinterpret_cast<bf16 *>(smem), *sV = sK + 2 * T::BN * T::KP;
+    AttnRun<T::DT> st;
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f}, A[T::DT][4];
+#pragma unroll
+    for (int d = 0; d < T::DT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) A[d][e] = 0.f;
+    const int n_kt = (kmax + T::BN - 1) / T::BN;
+    attn_load<HD>(sK, sV, kv_state, pt_row, 0, kmax, hkv, layer, n_layers, n_kv_heads, page_tokens, 2, 0);
+    cp_async_commit();
+    for (int kt = 0; kt < n_kt; ++kt) {
+        const int stage = kt & 1, kb = kt * T::BN;
+        if (kt + 1 < n_kt)
+            attn_load<HD>(sK + (stage ^ 1) * T::BN * T::KP, sV + (stage ^ 1) * T::BN * T::KP, kv_state, pt_row,
+                          kb + T::BN, kmax, hkv, layer, n_layers, n_kv_heads, page_tokens, 2, 0);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (kb % split_tokens == 0) st.reset();
+        if (kb <= wmax)  // some row of this warp sees a key of the tile
+            attn_tile<HD, T::DT>(st, qf, sK + stage * T::BN * T::KP, sV + stage * T::BN * T::KP, kb, pa, pb, 0);
+        if ((kb + T::BN) % split_tokens == 0 || kt == n_kt - 1) {  // the chunk ends: fold it in
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float co, cz;
+                attn_fold(M[h], L[h], st.m[h], st.row_l(h), co, cz);
+#pragma unroll
+                for (int d = 0; d < T::DT; ++d) {
+                    A[d][2 * h] = attn_fold_out(A[d][2 * h], st.acc[d][2 * h], co, cz);
+                    A[d][2 * h + 1] = attn_fold_out(A[d][2 * h + 1], st.acc[d][2 * h + 1], co, cz);
+                }
+            }
+        }
+        __syncthreads();  // the next iteration's loads overwrite this stage
+    }
+    const size_t o_stride = (size_t)n_q_heads * HD;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int rr = h ? rb : ra;
+        if (rr >= nrows) continue;
+        bf16 *orow = o + (size_t)(r0 + rr) * o_stride + (size_t)hq * HD + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < T::DT; ++d)
+            *reinterpret_cast<unsigned *>(orow + 8 * d) = pack_bf2(A[d][2 * h] / L[h], A[d][2 * h + 1] / L[h]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 attention_rows(const bf16 *__restrict__ q, const char *__restrict__ kv_state, const int *__restrict__ page_table,
                const int *__restrict__ cu_seqlens, const int *__restrict__ pos, bf16 *__restrict__ o, int rows,
                int n_seqs, int pages_per_seq, int layer, int n_layers, int n_q_heads, int n_kv_heads, int head_dim,
                int page_tokens, int split_tokens, int q_stride) {
-    __shared__ DecSmem sm;
-    const int r = blockIdx.x;
-    if (r >= rows || !head_groups_fit(n_q_heads, n_kv_heads)) return;
-#define ROW_ARGS q, kv_state, page_table, cu_seqlens, pos, o, r, n_seqs, pages_per_seq, layer, n_layers, \
-                 n_q_heads, n_kv_heads, page_tokens, split_tokens, q_stride, sm
+    __shared__ alignas(16) unsigned char smem[ATTN_SMEM];
+    __shared__ int s_max[DEC_THREADS / 32];
+    constexpr int BM = 64;  // query rows a tile
+    const int hq = blockIdx.x;
+    if (hq >= n_q_heads || n_q_heads % n_kv_heads != 0) return;
+    int total = 0;
+    for (int s = 0; s < n_seqs; ++s) total += (cu_seqlens[s + 1] - cu_seqlens[s] + BM - 1) / BM;
+    if ((int)blockIdx.y >= total) return;
+    const int tile = total - 1 - (int)blockIdx.y;
+    int s = 0, first = 0;
+    for (;; ++s) {
+        const int n = (cu_seqlens[s + 1] - cu_seqlens[s] + BM - 1) / BM;
+        if (tile < first + n) break;
+        first += n;
+    }
+    const int r0 = cu_seqlens[s] + (tile - first) * BM;
+    const int nrows = min(BM, cu_seqlens[s + 1] - r0);
+    if (r0 + nrows > rows) return;
+    const int hkv = hq / (n_q_heads / n_kv_heads);
+    const int *pt_row = page_table + (size_t)s * pages_per_seq;
+#define ROW_ARGS q, kv_state, pt_row, pos, o, r0, nrows, hq, hkv, layer, n_layers, n_q_heads, n_kv_heads, \
+                 page_tokens, split_tokens, q_stride, smem, s_max
     switch (head_dim) {
         case 64: attend_rows<64>(ROW_ARGS); break;
         case 128: attend_rows<128>(ROW_ARGS); break;
-        case 256: attend_rows<256>(ROW_ARGS); break;
         default: break;
     }
 #undef ROW_ARGS

@@ -166,13 +166,14 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
            ("n_q_heads", {"add": [{"ceil_div": ["rows", TILES["PF_BM"]]}, "n_seqs"]}), (TILES["PF_THREADS"],)),
     Kernel("mlp", "silu_mul", (_buf("gate_up"), _buf("h", direction="out"), *_ints("rows", "inter")),
            ("rows", {"ceil_div": ["inter", 8 * 256]}), (256,)),  # 8 elements a thread, any block size
-    # attention_rows: a prompt row's attention in attention_decode's order (one block a row and
-    # kv head, its splits in turn): what makes prefill and decode agree bit for bit.
+    # attention_rows: a prompt's rows in attention_decode's order (attention_tc.cuh: a block a
+    # query head and 64 rows of a sequence, decode's splits folded in turn): what makes prefill
+    # and decode agree bit for bit.
     Kernel("attention", "attention_rows", (
         _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
         _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
                                            "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride")),
-           ("rows", "n_kv_heads"), (TILES["DEC_THREADS"],)),
+           ("n_q_heads", {"add": [{"ceil_div": ["rows", 64]}, "n_seqs"]}), (TILES["DEC_THREADS"],)),
     # gemm.cu: the gemv projections' twins for many rows, the same bits for every row: a normed
     # one is rms_prep (x = bf16(nw * res) and 1/rms a row, the gemv's arithmetic) then the GEMM.
     Kernel("gemm", "rms_prep", (_buf("res"), _buf("nw"), _buf("xn", direction="out"), _buf("rs", "f32", "out"),
