@@ -35,14 +35,13 @@ WIDE_SEQS = 256
 # this (the decode partials and the rope table grow with it; longer is untested).
 MAX_CONTEXT = 32768
 # Query heads a decode attention block serves at most, by program: a kv head's group of G heads
-# is split over the fewest blocks that leave each a whole number of at most this many. A block
-# is one warp a scheduler walking its heads' scores and P.V in a chain, so fewer heads a block
-# is a shorter chain, until the blocks no longer fit on the GPU at once. The gemv decode program
-# (GEMV_SEQS rows by default) takes one head a block; the wide one (up to WIDE_SEQS) four. Measured
-# on the H200 at Qwen3-30B-A3B's G = 8 (cuda/KERNELS.md): 1 row 34.2 / 22.1 / 15.1 / 11.8 us
-# at 8 / 4 / 2 / 1 heads a block, 64 rows 58.6 / 50.5 / 61.9 / 88.3. The bits do not change.
+# is split over the fewest blocks that leave each a whole number of at most this many. The
+# block's heads are the rows of its mma, so more heads a block cost little more a block and
+# launch fewer blocks: at 1 row one head a block is fastest, past a few rows the whole group
+# (measured on the H200, cuda/KERNELS.md: Qwen3-30B-A3B's G = 8, 64 rows, 18.1 / 21.4 / 37.0 /
+# 67.4 us at 8 / 4 / 2 / 1 heads a block). The bits do not change.
 DECODE_GROUP_HEADS = 1
-WIDE_GROUP_HEADS = 4
+WIDE_GROUP_HEADS = 8
 
 
 def head_groups(s: Shape, heads_a_block: int) -> int:
