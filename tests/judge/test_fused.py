@@ -69,3 +69,19 @@ def test_a_bug_planted_in_a_fused_candidate_names_its_layers_span(bug, weight, s
     r = judge(smol_a, cand, smollm2, SMALL)
     assert r.verdict.status == "FAIL" and "failing span " in r.verdict.line, r.verdict.line
     assert _span_at(r.verdict.line, smol_a, weight), r.verdict.line
+
+
+def test_a_candidate_without_a_verify_program_is_judged_without_rounds(smol_a, smol_fused, smollm2, tmp_path):
+    """A reference that declares a verify program against a candidate that does not (an sm_90a
+    build without one): the workload leaves speculative rounds out instead of failing the
+    candidate on rows it has no program for."""
+    def edit(m):
+        m["programs"].pop("verify_round")
+        used = {a["buf"] for p in m["programs"].values() for c in p["calls"] for a in c["args"] if "buf" in a}
+        m["buffers"] = {n: b for n, b in m["buffers"].items() if n in used}
+        ops = {c["op"] for p in m["programs"].values() for c in p["calls"]}
+        m["ops"] = {n: op for n, op in m["ops"].items() if n in ops}
+
+    cand = fusing.variant(smol_fused, tmp_path / "no_verify", edit)
+    r = judge(smol_a, cand, smollm2, SMALL)
+    assert (r.verdict.status, r.verdict.kind) == ("PASS", "bit-identical"), r.verdict.line

@@ -191,7 +191,7 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         raise JudgeError(f"reference {reference} does not load: {exc}") from exc
     io_a = EngineIO(eng_a)
     secs["load_a"] = time.perf_counter() - t
-    lim = limits(io_a, opts)
+    lim = limits(io_a, opts, v_b)
     wl = script.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt,
                        corpus=text, mixed=True)
     fact(wl.describe())
@@ -313,9 +313,14 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     return Report(lines, decide(facts), facts, secs, b.alone)
 
 
-def limits(io: EngineIO, opts: Options) -> script.Bounds:
+def limits(io: EngineIO, opts: Options, candidate: Verified | None = None) -> script.Bounds:
+    """A's bounds for the workload; speculative rounds only where the candidate also declares a
+    verify program (else its rows would have no program to run in: they are A's alone)."""
     lim = io.limits()
-    return dataclasses.replace(lim, chunk=min(lim.chunk, opts.chunk))
+    lim = dataclasses.replace(lim, chunk=min(lim.chunk, opts.chunk))
+    if candidate is not None and derive(candidate).verify is None:
+        lim = dataclasses.replace(lim, round_groups=0, round_rows=0)
+    return lim
 
 
 def _times(n: int) -> str:
