@@ -6,7 +6,7 @@
                three-sentence summary: little to look up
 
     python bench/speculative.py [--speculate ngram:8] [--workload editing,summarising]
-                                [--max-tokens N] [--json OUT]
+                                [--max-tokens N] [--json OUT] [--target cuda]
     python bench/speculative.py --url http://127.0.0.1:8000 --label vllm   (any OpenAI server)
 
 In-process (no --url): the model loaded twice, plainly and with --speculate, each prompt
@@ -48,7 +48,12 @@ def in_process(args) -> list[dict]:
 
     # two loads of the model, one speculating: their steps alternate, so that both see the same
     # machine (on a shared machine the load changes from minute to minute)
-    plain, fast = kern.load(context=args.context), kern.load(context=args.context, speculate=args.speculate)
+    kw = dict(target=args.target, context=args.context)
+    if args.target != "cpu":  # two models on one GPU: a state budget each, not 90% of the device each
+        kw["memory"] = 2 << 30
+    plain, fast = kern.load(**kw), kern.load(**kw, speculate=args.speculate)
+    for model in (plain, fast):  # a lone stream's graphs (decode at each reach, rounds of each width)
+        model.loop.warm_up(sizes=[1], reach=args.context, progress=False)
     rows = []
     for workload in args.workload.split(","):
         n = args.max_tokens or MAX_TOKENS[workload]
@@ -126,6 +131,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None, help="per prompt (default: editing 512, summarising 160)")
     ap.add_argument("--prompts", type=int, default=3, help="prompts of each workload (at most 3)")
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--target", default="cpu", help="in-process: where the model runs (cpu, cuda)")
     ap.add_argument("--url", default=None, help="measure this OpenAI-compatible server instead")
     ap.add_argument("--label", default="server")
     ap.add_argument("--json", default=None, help="append the JSON lines to this file too")

@@ -9,6 +9,11 @@
 #   vllm-ngram  vLLM with its n-gram speculation: --speculative-config
 #               '{"method":"ngram","num_speculative_tokens":K,"prompt_lookup_max":4}'
 #
+# First, in process (bench/speculative.py --target cuda): the model loaded twice on the GPU, plain
+# and speculating, each prompt decoded by both, the tokens checked the same, the ratio of their
+# decode tok/s (one JSON line a workload with "same_tokens"). Last, one line a workload: each
+# server's tok/s over kern plain's.
+#
 # K: tokens a round (default 8). PEER=vllm|none (default vllm). vLLM 0.26 comes as wheel parts
 # copied to /tmp/vw by earlier calls (joined and installed here, in the background while kern
 # runs), as bench/serve_gpu.sh does. JSON lines (tok/s a workload, from each request's first
@@ -31,6 +36,9 @@ CKPT=$(python3 -c "from kern.deployments import default_model; print(default_mod
   || { echo "the embedded model is not available (its wheel in /tmp/smol?)"; exit 1; }
 
 . bench/servers.sh  # up, stop, served
+
+timeout ${INPROCESS_S:-150} python3 bench/speculative.py --target cuda --speculate ngram:$K \
+  >> $OUT/speculative.jsonl 2> $OUT/inprocess_bench.log || tail -5 $OUT/inprocess_bench.log
 
 measure() {  # $1 label, $2 url
   timeout ${MEASURE_S:-150} python3 bench/speculative.py --url $2 --label $1 >> $OUT/speculative.jsonl \
@@ -69,6 +77,16 @@ fi
 
 echo "speculative, one stream, the embedded model (tok/s a workload):"
 cat $OUT/speculative.jsonl
+python3 - $OUT/speculative.jsonl <<'EOF'
+import json, sys
+rows = [json.loads(ln) for ln in open(sys.argv[1]) if ln.startswith("{")]
+tok = {(r["workload"], r["label"]): r["tok_s"] for r in rows if "label" in r and "workload" in r}
+for w in dict.fromkeys(w for w, _ in tok):
+    base = tok.get((w, "kern"))
+    if base:
+        print(json.dumps({"workload": w, "over_kern_plain": {lab: round(v / base, 2) for (ww, lab), v in tok.items()
+                                                             if ww == w and lab != "kern"}}))
+EOF
 cat $OUT/kern-ngram_metrics.txt 2> /dev/null
 # what comes back is at most 8 files: the logs travel as one archive
 tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt 2>/dev/null) && (cd $OUT && rm -f *.log *_metrics.txt)

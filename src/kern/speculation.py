@@ -23,7 +23,9 @@ def speculator_for(speculate: str | Speculate, model) -> Speculator:
     spec = Speculate.parse(speculate) if isinstance(speculate, str) else speculate
     name = model.verified.manifest.model
     if model.protocol.verify is None:
-        raise SpeculateError(f"--speculate {spec}: the deployment of {name} declares no verify program (a ragged "
+        t = model.verified.manifest.target
+        where = f"{t.arch or t.device} deployment"  # a family may verify on one target and not another
+        raise SpeculateError(f"--speculate {spec}: the {where} of {name} declares no verify program (a ragged "
                              "program with an `accepted` output, docs/speculative.md), so it cannot speculate")
     if (why := verify_problem(model.protocol.verify)) is not None:
         raise SpeculateError(f"--speculate {spec}: {why}")

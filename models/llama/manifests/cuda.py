@@ -42,6 +42,11 @@ MAX_CONTEXT = 32768
 # 67.4 us at 8 / 4 / 2 / 1 heads a block). The bits do not change.
 DECODE_GROUP_HEADS = 1
 WIDE_GROUP_HEADS = 8
+# The verify program (speculative rounds, docs/speculative.md; invariant builds only): at most
+# this many sequences and rows a round. A lone stream's round is its last token and up to k
+# proposed ones; the bounds also hold kern test's rounds (3 rows for each of up to 32 sequences).
+VERIFY_SEQS = 32
+VERIFY_ROWS = 128
 
 
 def head_groups(s: Shape, heads_a_block: int) -> int:
@@ -199,21 +204,43 @@ def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, 
     return calls
 
 
+def _rows_attention(p: str, rows: str, seqs: str, pages, split: int):
+    """Ragged rows' attention in decode's split order (attention_rows), layer by layer."""
+    q, _, _ = _qkv_slices(p)
+    return lambda l: {"op": "attention_rows", "args": [
+        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
+        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
+        v(split), v("qkv_dim")]}
+
+
 def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
     """Prefill as decode computes each row: the gemm twins of decode's projections and
     attention_rows (decode's split order), so a prompt's last token gets the same logits here
     as decoded after a cache hit; the LM head takes each sequence's last row of x."""
     rows, seqs = "tokens", "prefill_seqs"
-    q, _, _ = _qkv_slices(p)
-    calls = _fused_layers(s, p, rows, seqs, pages, lambda l: {"op": "attention_rows", "args": [
-        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
-        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-        v(split), v("qkv_dim")]}, GEMM_FAMILY)
+    calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), GEMM_FAMILY)
     calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
                                                 v("hidden")]})
     calls.append(_proj(p, GEMM_FAMILY["logits"], [b(p + "last"), b("final_norm"), b("lm_head"),
                                                   b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]))
     calls.append(_argmax(p, seqs))
+    return calls
+
+
+def _verify_calls(s: Shape, p: str, pages, split: int) -> list:
+    """A speculative round: each sequence's last token and its proposed tokens as ragged rows,
+    every row computed as a decode row (the wide decode's gemm twins, split over K where a
+    projection is narrow, and attention_rows), each row's K/V appended at its position; the LM
+    head and the draw over every row, then `accept` (a thread a sequence) counts the proposed
+    tokens kept. What rows past the kept ones wrote lies past the sequence's length: never read."""
+    rows, seqs = "verify_tokens", "verify_seqs"
+    family, _ = _wide_family(s)
+    calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), family)
+    calls.append(_proj(p, family["logits"], [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
+                                             v(rows), v("vocab"), v("hidden"), v(s.eps)]))
+    calls.append(_argmax(p, rows))
+    calls.append({"op": "accept", "args": [b(p + "ids"), b(p + "cu_seqlens"), b(p + "next"), b(p + "accepted"),
+                                           v(seqs)]})
     return calls
 
 
@@ -276,10 +303,14 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             b("rope"), v("context"), v("head_dim"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high),
             v(s.rope_orig_max)]}]},
     }
-    for prog, rows, gseqs in (("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
-                              ("decode_wide", "wide_seqs", "wide_seqs")):
-        p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_"}[prog]
-        decode = prog != "prefill"
+    steppers = [("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
+                ("decode_wide", "wide_seqs", "wide_seqs")]
+    if invariant:  # a verify row is a decode row's bits only where every program is invariant
+        steppers.append(("verify_round", "verify_tokens", "verify_seqs"))
+    for prog, rows, gseqs in steppers:
+        p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_", "verify_round": "v_"}[prog]
+        decode, verify = prog.startswith("decode"), prog == "verify_round"
+        per = rows if verify else gseqs  # what a token is drawn for: each sequence, or each row (verify)
         bw = lambda shape, kind="workspace", dtype=BF, **kw: buf(shape, kind, dtype, **kw)
         buffers.update({
             p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
@@ -294,12 +325,14 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             p + "attn": bw([rows, "q_dim"]), p + "attn_out": bw([rows, "hidden"]),
             p + "gate_up": bw([rows, {"mul": [2, "inter"]}]), p + "act": bw([rows, "inter"]),
             p + "mlp_out": bw([rows, "hidden"]),
-            p + "logits": buf([gseqs, "vocab"], "output", "f32", fill="logits"),
-            p + "argmax_val": bw([gseqs, ARGMAX_CHUNKS], dtype="f32"),
-            p + "argmax_idx": bw([gseqs, ARGMAX_CHUNKS], dtype="i32"),
-            p + "next": buf([gseqs], "output", "i32", fill="tokens"),
-            **sampling_inputs(p, gseqs),
+            p + "logits": buf([per, "vocab"], "output", "f32", fill="logits"),
+            p + "argmax_val": bw([per, ARGMAX_CHUNKS], dtype="f32"),
+            p + "argmax_idx": bw([per, ARGMAX_CHUNKS], dtype="i32"),
+            p + "next": buf([per], "output", "i32", fill="tokens"),
+            **sampling_inputs(p, per),
         })
+        if verify:
+            buffers[p + "accepted"] = buf([gseqs], "output", "i32", fill="accepted")
         if decode:
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
@@ -313,9 +346,10 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             buffers[p + "rs"] = bw([rows], dtype="f32")
         if prog == "decode":
             calls = _decode_calls(s, p, pages, decode_split)
-        elif prog == "decode_wide":
+        elif prog in ("decode_wide", "verify_round"):
             family, tiles_x = _wide_family(s)
-            calls = (_decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if invariant
+            calls = (_verify_calls(s, p, pages, decode_split) if verify else
+                     _decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if invariant
                      else _wide_calls(s, p, pages, decode_split))
             if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
@@ -326,9 +360,11 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             buffers[p + "last"] = bw([gseqs, "hidden"])
             calls = (_invariant_prefill_calls(s, p, pages, decode_split) if invariant
                      else _prefill_calls(s, p, pages))
-        programs[prog] = {"calls": calls, "graph": decode,
+        # decode and verify are CUDA graphs (one a batch size and reach bucket; a round's one a
+        # (sequences, rows) pair, captured as first met): their launches cost more than their rows
+        programs[prog] = {"calls": calls, "graph": decode or verify,
                           "batch": {"groups": gseqs, "rows": 1, "reach": "reach"} if decode
-                          else {"groups": "prefill_seqs", "rows": "tokens"}}
+                          else {"groups": gseqs, "rows": rows}}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {name: op for name, op in table.ops().items() if name in used}
@@ -344,7 +380,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         },
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
                  "wide_seqs": {"max": WIDE_SEQS}, "context": {"max": context},
-                 "reach": {"max": context}},
+                 "reach": {"max": context},
+                 **({"verify_tokens": {"max": VERIFY_ROWS}, "verify_seqs": {"max": VERIFY_SEQS}} if invariant else {})},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
         "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in modules},

@@ -137,7 +137,7 @@ class Loop:
             else:
                 self.runner.run_ahead([feed(r - steps, steps)] + [feed(0, steps)] * (n - 1), steps)
             self._warm.add((n, r, steps))
-        return len(todo)
+        return len(todo) + (self.speculator.warm_up(self) if self.speculator is not None else 0)
 
     # ---- requests ------------------------------------------------------------------------
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -12,7 +12,7 @@ and the pages past a sequence's length are overwritten by its next rows."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -219,6 +219,21 @@ class Speculator:
             emit(out)
             return []
         return out
+
+    def warm_up(self, loop) -> int:
+        """Run a lone stream's rounds of every width (2 to k + 1 rows) once on the scratch page,
+        so that where the verify program is a CUDA graph (one a width) its rounds replay graphs
+        and never capture one; the loop's warm_up calls it. Returns the rounds run."""
+        verify = loop.protocol.verify
+        if verify is None:
+            return 0
+        k = round_k(1, self.spec.k, min(loop.runner.decode_max, verify.rows_max))
+        todo = [n for n in range(2, k + 2) if ("verify", n) not in loop._warm]
+        for n in todo:
+            scratch = loop.runner.scratch_feed(0, n)
+            loop.runner.verify([replace(scratch, tokens=[0] * n)], [[0] * n])
+            loop._warm.add(("verify", n))
+        return len(todo)
 
     def _k(self, s: Sequence, k: int, context: int) -> int:
         """s's proposal bound this round: k, less while its rounds go badly (or 0 while it backs

@@ -196,6 +196,10 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
            ("chunks", "n_rows"), (256,), Pdl.LATE),
     Kernel("argmax", "argmax_final", (_buf("part_val", "f32"), _buf("part_idx", "i32"), _buf("tokens", "i32", "out"),
                                       *_ints("n_rows", "chunks")), ("n_rows",), (32,), Pdl.LATE),
+    # a speculative round's accepted counts (the verify program's last launch): a thread a sequence
+    Kernel("accept", "accept", (_buf("ids", "i32"), _buf("cu_seqlens", "i32"), _buf("tokens", "i32"),
+                                _buf("accepted", "i32", "out"), *_ints("n_seqs")),
+           ({"ceil_div": ["n_seqs", 32]},), (32,)),
 )
 
 BY_ENTRY = {k.entry: k for k in KERNELS}
@@ -263,6 +267,7 @@ OPS = {
     "gemm_residual": Op(("gemm_residual",)), "attention_rows": Op(("attention_rows",)),
     "gemm_residual_split": Op(("gemm_residual_split",)),
     "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
+    "accept": Op(("accept",)),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
 EXTERN_OPS = {
