@@ -49,9 +49,9 @@ def expert_problems(hidden: int, moe_inter: int, top_k: int) -> list[str]:
     return problems
 
 
-def build(s: MoeShape, model: str, **limits) -> dict:
+def build(s: MoeShape, model: str, *, invariant: bool = True, **limits) -> dict:
     check_shape(s)
-    m = dense.build(s.dense, model, **{"invariant": False, **limits})  # its programs are cuBLASLt's (make_sparse)
+    m = dense.build(s.dense, model, invariant=False, **limits)  # its programs are cuBLASLt's (make_sparse)
     m["ops"].update(table.ops())
     m["ops"].update({k: op for k, op in dense_table.ops().items() if k in ("rms_norm", "gemv_logits", "gemm_logits")})
     bm = table.TILES["MOE_BM"]
