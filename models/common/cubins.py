@@ -57,11 +57,14 @@ class Pin:
 
 @dataclass(frozen=True)
 class Cubins:
-    """The cubins of one family: every .cu of `folder`, built for `arch` with `defines` (-D)."""
+    """The cubins of one family: every .cu of `folder`, built for `arch` with `defines` (-D).
+    includes: other families' kernel folders whose headers these sources include (Qwen3-MoE's
+    include llama's gemv.cuh), on the include path and in every cubin's input digest."""
 
     folder: Path
     arch: str
     defines: dict = field(default_factory=dict)
+    includes: tuple[Path, ...] = ()
 
     @property
     def shipped(self) -> Path:
@@ -80,7 +83,8 @@ class Cubins:
 
     def headers(self) -> list[Path]:
         """Every header a source may include: the family's and the shared ones, by name."""
-        return sorted([*self.folder.glob("*.cuh"), *COMMON_CUDA.glob("*.cuh")], key=lambda p: p.name)
+        return sorted([*self.folder.glob("*.cuh"), *COMMON_CUDA.glob("*.cuh"),
+                       *(h for d in self.includes for h in d.glob("*.cuh"))], key=lambda p: (p.name, str(p)))
 
     def input_digest(self, src: Path, build_flags: tuple[str, ...] | None = None) -> str:
         """SHA-256 of what a cubin is made from: the flags, the source and every header."""
@@ -95,7 +99,8 @@ class Cubins:
         out_dir.mkdir(parents=True, exist_ok=True)
         cubin = (out_dir / f"{src.stem}.cubin").resolve()
         # relative paths: the cubin must not depend on where the tree is checked out
-        includes = [a for d in (self.folder, COMMON_CUDA) for a in ("-I", os.path.relpath(d, src.parent))]
+        includes = [a for d in (self.folder, COMMON_CUDA, *self.includes)
+                    for a in ("-I", os.path.relpath(d, src.parent))]
         cmd = [nvcc, *self.flags(extra), *includes, src.name, "-o", str(cubin)]
         done = subprocess.run(cmd, cwd=src.parent, capture_output=True, text=True)
         if done.returncode != 0:

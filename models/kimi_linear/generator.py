@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
-from kern_models.common.errors import ConfigError
+from kern_models.common.errors import ConfigError, invariant_option, refuse
 from kern_models.common.generator import FamilyGenerator
 from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
 from kern_models.qwen3_moe.kernels.cuda import CUBINS as MOE_CUBINS
@@ -22,10 +22,11 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
              context: int | None = None, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path."""
     shape = shape_of(config)
-    limits.pop("invariant", None)  # its sm_90a build is not batch-invariant either way (docs/determinism.md)
+    # the cpu build is batch-invariant, the sm_90a one not (docs/determinism.md): each its only one
+    invariant_option(limits, "kimi_linear", target, has_faster=target != "cpu")
     for split in ("tp", "ep"):
-        if limits.pop(split, 1) != 1:
-            raise ConfigError(f"{split}: this generator builds Kimi-Linear on one device")
+        if (n := limits.pop(split, 1)) != 1:
+            raise refuse("kimi_linear", split, n, "runs on one device: it has no split build")
     if target not in ("cpu", "cuda", ARCH):
         raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
     if target != "cpu" and "kda_form" in limits:  # the cuda prefill is the chunked kernel, one form

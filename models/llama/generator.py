@@ -7,6 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
+from kern_models.common.errors import invariant_option, refuse
 
 from .config import ARCHITECTURES, ConfigError, shape_of
 from .kernels.cuda import CUBINS
@@ -27,10 +28,12 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support)."""
     shape = shape_of(config)
-    if limits.pop("ep", 1) != 1:
-        raise ConfigError(f"ep: {shape.arch} has no experts to split (expert parallel is for mixtures of experts)")
+    if (ep := limits.pop("ep", 1)) != 1:
+        raise refuse("llama", "ep", ep, f"({shape.arch}) has no experts to split (expert parallel is for mixtures "
+                     "of experts)")
     model = model or config.get("_name_or_path") or shape.arch
-    invariant = limits.pop("invariant", True)  # cuda's programs; the cpu's and mega's are what they are
+    # cuda's programs, invariant or not; the cpu's and mega's are batch-invariant, their only build
+    invariant = invariant_option(limits, "llama", target, has_faster=target in ("cuda", ARCH))
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     if target == "cpu":

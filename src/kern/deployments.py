@@ -117,10 +117,11 @@ def deployment_for(checkpoint: Path, target: str, context: int | None = None, tp
     for sequences of up to `context` positions (None: the generator's default). tp > 1 (tensor
     parallel) or ep > 1 (expert parallel): a split deployment of one manifest a rank; the path
     is rank 0's (rank0.json). Whether a model splits so is its generator's to say.
-    batch_invariant=False (a GPU target): the generator's faster build whose bytes depend on the
-    batch (`invariant=False`); the cpu builds are invariant either way."""
+    batch_invariant=False: the generator's faster build whose bytes depend on the batch
+    (`invariant=False`); a generator whose only build for the target is batch-invariant (every
+    cpu build) refuses it in one line naming its family, as it refuses any option it cannot honour."""
     split = {k: n for k, n in (("tp", tp), ("ep", ep)) if n != 1}
-    options = {} if batch_invariant or target == "cpu" else {"invariant": False}
+    options = {} if batch_invariant else {"invariant": False}
     if (checkpoint / "manifest.json").is_file():
         if split:
             flags = " ".join(f"--{k} {n}" for k, n in split.items())

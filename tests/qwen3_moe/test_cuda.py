@@ -51,22 +51,40 @@ def _ops(m: dict, program: str) -> list[str]:
 
 def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_expert(published):
     decode = _ops(published, "decode")
-    assert decode.count("moe_gemv_gate_up") == decode.count("moe_gemv_down_residual") == 2  # layers 0 and 2
+    assert decode.count("moe_gather_gate_up") == decode.count("moe_gather_down") == 2  # layers 0 and 2
     assert "moe_sort" not in decode and decode.count("norm_gemv_swiglu") == 1  # layer 1 stays dense
     for prog in ("prefill", "decode_wide"):
         ops = _ops(published, prog)
-        assert [ops.count(o) for o in ("moe_sort", "moe_group_gate_up", "moe_group_down", "moe_combine")] == [2] * 4
+        assert [ops.count(o) for o in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", "moe_router_gemm")] == [2] * 4
+    for prog in ("prefill", "decode", "decode_wide"):  # every program adds a row's MoE output into x alike
+        ops = _ops(published, prog)
+        assert ops.count("moe_combine_residual") == ops.count("rms_norm") == 2, prog
+        assert not any(o.startswith("gemm") and o != "gemm_residual" and not o.startswith("gemm_residual")
+                       or o in ("moe_group_gate_up", "moe_combine") for o in ops), prog  # no cuBLASLt, no wmma
     assert {k: published["constants"][k] for k in ("experts", "top_k", "moe_inter")} == \
         {"experts": 128, "top_k": 8, "moe_inter": 768}
 
 
-def test_the_kernel_table_matches_moe_cu():
+def test_the_faster_build_keeps_cublaslt_and_the_wmma_tiles(tmp_path):
+    """invariant=False (--no-batch-invariance): the dense chain's many-row programs through
+    cuBLASLt, the MoE block's tiles moe.cu's; narrow decode is the default build's."""
+    from kern_models.qwen3_moe.generator import generate
+
+    m = json.loads(generate(PUBLISHED, tmp_path, target="cuda", invariant=False).read_text())
+    for prog in ("prefill", "decode_wide"):
+        ops = _ops(m, prog)
+        assert [ops.count(o) for o in ("moe_sort", "moe_group_gate_up", "moe_group_down", "moe_combine")] == [2] * 4
+        assert "gemm" in ops and "moe_combine_residual" not in ops
+    assert _ops(m, "decode").count("moe_gather_gate_up") == 2
+
+
+def test_the_kernel_table_matches_moe_cu_and_moe_wg_cu():
     assert table_mismatches(CUBINS.folder, table.KERNELS) == []
 
 
 def test_the_narrow_gate_up_holds_every_pair_the_decode_program_can_step():
-    """moe_gemv_gate_up stages a launch's rows * top_k pairs in shared memory (MOE_GEMV_MAX_PAIRS
-    of them) to find each chosen expert's pairs: the most sequences the graph-captured decode
+    """moe_gemv_gate_up and moe_gather_* stage a launch's rows * top_k pairs in shared memory
+    (MOE_GEMV_MAX_PAIRS of them) to find each chosen expert's pairs: the most sequences the graph-captured decode
     program steps (this family's, and Kimi-Linear's that launches it too), times the most choices
     a router makes, must fit."""
     import re
@@ -74,28 +92,31 @@ def test_the_narrow_gate_up_holds_every_pair_the_decode_program_can_step():
     from kern_models.kimi_linear.manifests.cuda import DECODE_SEQS as KIMI_SEQS
     from kern_models.llama.manifests.cuda import DECODE_SEQS
 
-    src = (CUBINS.folder / "moe.cu").read_text()
+    src = (CUBINS.folder / "moe_pairs.cuh").read_text()
     assert int(re.search(r"#define MOE_GEMV_MAX_PAIRS (\d+)", src).group(1)) == table.GEMV_MAX_PAIRS
     assert int(re.search(r"#define MOE_MAX_EXPERTS (\d+)", src).group(1)) == table.MAX_EXPERTS
     assert max(DECODE_SEQS, KIMI_SEQS) * table.MAX_TOP_K <= table.GEMV_MAX_PAIRS
 
 
-def test_the_pin_is_of_this_tree_s_sources():
-    """moe.cubin's pin names the digest of its inputs (flags, moe.cu, the shared headers): a
-    change to any of them (common.cuh included) needs `python -m kern_models.common.cubins
-    qwen3_moe OUT --record`, or a machine without nvcc cannot generate the sm_90a deployment."""
+@pytest.mark.parametrize("name", ["moe", "moe_wg"])
+def test_the_pin_is_of_this_tree_s_sources(name):
+    """Each cubin's pin names the digest of its inputs (flags, its .cu, the family's, the shared
+    and llama's headers): a change to any of them (common.cuh, llama's gemv.cuh included) needs
+    `python -m kern_models.common.cubins qwen3_moe OUT --record`, or a machine without nvcc
+    cannot generate the sm_90a deployment."""
     _, pins = CUBINS.read_pins()
-    assert pins["moe.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / "moe.cu"), \
-        "moe.cubin's inputs changed since it was pinned: re-record it"
+    assert pins[f"{name}.cubin"].inputs == CUBINS.input_digest(CUBINS.folder / f"{name}.cu"), \
+        f"{name}.cubin's inputs changed since it was pinned: re-record it"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_the_pinned_cubin_is_what_nvcc_builds():
+@pytest.mark.parametrize("name", ["moe", "moe_wg"])
+def test_the_pinned_cubin_is_what_nvcc_builds(name):
     import hashlib
 
     _, pins = CUBINS.read_pins()
-    assert hashlib.sha256(CUBINS.rebuild("moe.cubin")).hexdigest() == pins["moe.cubin"].cubin == \
-        hashlib.sha256((CUBINS.shipped / "moe.cubin").read_bytes()).hexdigest()
+    assert hashlib.sha256(CUBINS.rebuild(f"{name}.cubin")).hexdigest() == pins[f"{name}.cubin"].cubin == \
+        hashlib.sha256((CUBINS.shipped / f"{name}.cubin").read_bytes()).hexdigest()
 
 
 @pytest.mark.gpu
@@ -121,10 +142,14 @@ def test_the_expert_parallel_sm90a_ranks_verify_and_combine_by_all_reduce(tmp_pa
     assert main(["verify", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")]) == 0
     for r in (0, 1):
         m = json.loads((tmp_path / f"rank{r}.json").read_text())
-        firsts = {c["args"][8]["value"] for c in m["programs"]["decode"]["calls"] if c["op"] == "moe_gemv_gate_up"}
+        at = {n: [p.split(":")[0] for p in op["params"]].index("first") for n, op in m["ops"].items()
+              if n.startswith("moe_") and any(p.startswith("first:") for p in op["params"])}
+        firsts = {c["args"][at[c["op"]]]["value"] for p in m["programs"].values() for c in p["calls"] if c["op"] in at}
+        assert {"moe_gather_gate_up", "moe_gather_down", "moe_wg_gate_up", "moe_wg_down", "moe_combine_push"} <= set(at)
         assert firsts == {64 * r} and m["constants"]["local_experts"] == 64
-        assert _ops(m, "decode").count("all_reduce_add_local") == _ops(m, "decode_wide").count("all_reduce") == 2
-        assert _ops(m, "prefill").count("all_reduce_nccl") == 2  # 2048 rows of bf16: past the peer kernel's 2 MiB
+        for prog in ("prefill", "decode", "decode_wide"):  # each rank's held choices pushed, added in rank order
+            assert _ops(m, prog).count("moe_combine_push") == _ops(m, prog).count("all_reduce_add_local") == 2
+            assert "moe_combine_residual" not in _ops(m, prog)
         assert "allreduce" in m["modules"] and m["topology"]["groups"] == {"ep": [[0, 1]]}
 
 

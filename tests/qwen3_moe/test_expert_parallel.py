@@ -69,8 +69,11 @@ def test_kern_run_ep_2_gives_the_unsplit_text(capsys, tiny_moe_dir):
 @pytest.mark.parametrize("flags,message", [
     (["--ep", "3"], "generator 'qwen3_moe' cannot build a cpu deployment: ep 3: num_experts 8 does not split "
                     "over 3 ranks"),
-    (["--tp", "2"], "generator 'qwen3_moe' cannot build a cpu deployment: tp 2: a Qwen3-MoE deployment splits its "
-                    "experts (ep), not its heads (tp)"),
+    (["--tp", "2"], "generator 'qwen3_moe' cannot build a cpu deployment: --tp 2: qwen3_moe splits its experts "
+                    "(--ep), not its heads: there is no tensor-parallel build of a mixture of experts"),
+    (["--no-batch-invariance"], "generator 'qwen3_moe' cannot build a cpu deployment: --no-batch-invariance: "
+                                "qwen3_moe has one cpu build, batch-invariant: there is no faster build to trade it "
+                                "for (docs/determinism.md)"),
 ])
 def test_a_split_the_model_cannot_take_is_one_line(capsys, tiny_moe_dir, flags, message):
     r = kern(capsys, "run", str(tiny_moe_dir), "--target", "cpu", *flags)
@@ -83,8 +86,9 @@ def test_a_dense_model_refuses_ep_in_one_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("KERN_CACHE", str(tmp_path / "cache"))
     r = kern(capsys, "run", str(make_tiny(tmp_path / "tiny")), "--target", "cpu", "--ep", "2")
     (line,) = r.err.strip().splitlines()
-    assert r.code == 1 and line.endswith("generator 'llama' cannot build a cpu deployment: ep: LlamaForCausalLM has "
-                                         "no experts to split (expert parallel is for mixtures of experts)"), line
+    assert r.code == 1 and line.endswith("generator 'llama' cannot build a cpu deployment: --ep 2: llama "
+                                         "(LlamaForCausalLM) has no experts to split (expert parallel is for "
+                                         "mixtures of experts)"), line
 
 
 @pytest.mark.parametrize("verb", ["run", "serve"])

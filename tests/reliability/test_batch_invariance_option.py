@@ -1,7 +1,8 @@
 """--no-batch-invariance (kern run, kern serve; load(batch_invariant=False)): the generated GPU
 deployment whose many-row programs run through cuBLASLt, cached apart from the default
-batch-invariant one; the cpu build is the same deployment either way; a folder that ships its
-own manifest.json, or a manifest given with it, is refused in one line that names it and the flag."""
+batch-invariant one; where a family's only build is batch-invariant (every cpu build, the
+megakernel) the flag is refused in one line naming the family, never ignored; a folder that ships
+its own manifest.json, or a manifest given with it, is refused in one line that names it and the flag."""
 
 from __future__ import annotations
 
@@ -35,13 +36,22 @@ def _cublaslt(manifest) -> bool:
     ("sm_90a", True, False),  # the default: every row in the gemv's order
     ("sm_90a", False, True),  # the faster build: prefill and the wide decode through cuBLASLt
     ("cpu", True, False),
-    ("cpu", False, False),    # the cpu build has no other: the flag changes nothing there
 ])
 def test_the_option_picks_the_deployment(tiny, target, invariant, cublaslt):
     got = deployments.deployment_for(tiny, target, batch_invariant=invariant)
     assert _cublaslt(got) == cublaslt
-    assert (got == deployments.deployment_for(tiny, target)) == (invariant or target == "cpu"), \
+    assert (got == deployments.deployment_for(tiny, target)) == invariant, \
         "the faster build is cached apart from the default one"
+
+
+def test_the_flag_is_refused_where_the_only_build_is_invariant(tiny):
+    """The cpu build has no faster variant: asking for one is one line naming the family and the
+    flag (it used to change nothing, silently)."""
+    with pytest.raises(KernError) as err:
+        deployments.deployment_for(tiny, "cpu", batch_invariant=False)
+    line = str(err.value)
+    assert "\n" not in line and "generator 'llama' cannot build a cpu deployment: --no-batch-invariance: llama " \
+        "has one cpu build, batch-invariant" in line, line
 
 
 def test_a_folder_with_its_own_manifest_is_refused_in_one_line(tiny):

@@ -2,16 +2,21 @@
 (kern_models.llama.manifests.cuda: attention, norms, rope, embeddings, LM head, sampling,
 graphs), each sparse layer's MLP made a MoE block of the kernels of kernels/cuda/table.py.
 
-Narrow decode (the graph-captured `decode` program, up to 32 rows) reads only the chosen
-experts' weights: the post-attention norm, the router's logits (the dense gemv), route, then
-moe_gemv_gate_up (a block a chosen expert: its [gate; up] rows read once for every row that
-chose it, SwiGLU) and
-moe_gemv_down_residual (the chosen experts' down rows, each row's choices weighted and summed
-in choice order, added into the residual stream). Wide decode and prefill group the (row,
-choice) pairs by expert: the router's logits (a cuBLASLt GEMM), route, moe_sort (a stable
-counting sort into tiles of one expert), the grouped GEMMs of gate/up + SwiGLU and of down,
-and moe_combine (weighted, in choice order) into the MLP's output, where the dense chain's
-residual add picks it up."""
+The default build is batch-invariant (docs/determinism.md): the dense programs are llama's
+invariant ones and every program's MoE block computes a row as the others do (moe_wg.cu): the
+post-attention rms_norm into h, the router's logits, moe_route (ties to the lower expert, the
+row alone decides), the experts' outputs by pair in the gemv's k order, and moe_combine_residual
+(each row's choices weighted in choice order, added into the residual stream x). Narrow decode
+(the graph-captured `decode` program, up to 32 rows) reads only the chosen experts' weights:
+gemv_logits, moe_gather_gate_up and moe_gather_down (a block a chosen expert, its rows read once
+for every row that chose it, on mma.sync). Wide decode and prefill group the (row, choice) pairs
+by expert: moe_router_gemm, moe_sort (a stable counting sort into tiles of one expert), then
+moe_wg_gate_up and moe_wg_down (wgmma over the tiles, their rows gathered on the fly).
+
+invariant=False (--no-batch-invariance): the dense chain's wide decode and prefill through
+cuBLASLt, their MoE block the router as a cuBLASLt GEMM and moe.cu's wmma tiles
+(moe_group_gate_up, moe_group_down, moe_combine into the MLP's output, where the dense chain's
+residual add picks it up); narrow decode is the default build's."""
 
 from __future__ import annotations
 
@@ -49,9 +54,12 @@ def expert_problems(hidden: int, moe_inter: int, top_k: int) -> list[str]:
     return problems
 
 
-def build(s: MoeShape, model: str, **limits) -> dict:
+def build(s: MoeShape, model: str, *, invariant: bool = True, **limits) -> dict:
+    """invariant (the default): the llama family's batch-invariant programs with the MoE block of
+    moe_wg.cu in every one (a row's bits its own: docs/determinism.md); False: the faster build,
+    the dense chain's prefill and wide decode through cuBLASLt, its MoE block moe.cu's wmma tiles."""
     check_shape(s)
-    m = dense.build(s.dense, model, **{"invariant": False, **limits})  # its programs are cuBLASLt's (make_sparse)
+    m = dense.build(s.dense, model, invariant=invariant, **limits)
     m["ops"].update(table.ops())
     m["ops"].update({k: op for k, op in dense_table.ops().items() if k in ("rms_norm", "gemv_logits", "gemm_logits")})
     bm = table.TILES["MOE_BM"]
@@ -67,37 +75,56 @@ def build(s: MoeShape, model: str, **limits) -> dict:
         rows = batch["rows"] if isinstance(batch["rows"], str) else batch["groups"]  # the var counting rows
         router, ids, w = ws(p + "router", [rows, "experts"], "f32"), ws(p + "topk_ids", [rows, "top_k"], "i32"), \
             ws(p + "topk_w", [rows, "top_k"], "f32")
-        gate_up, down = b(f"experts_gate_up.{l}"), b(f"experts_down.{l}")
+        gate_up, down, router_w = b(f"experts_gate_up.{l}"), b(f"experts_down.{l}"), b(f"router_w.{l}")
         route = {"op": "moe_route", "args": [router, ids, w, v(rows), v("experts"), v("top_k"), v(int(s.norm_topk))]}
-        act = ws(p + "moe_act", [rows, "top_k", "moe_inter"])
-        if first["op"] == "norm_gemv_swiglu":  # narrow decode: x, ln2 -> act; then down adds into x
-            x, ln2, eps = a[0], a[1], a[-1]
-            h = ws(p + "h", [rows, "hidden"])
-            return [
-                {"op": "rms_norm", "args": [x, ln2, h, v(rows), v("hidden"), eps]},
-                {"op": "gemv_logits", "args": [h, b(f"router_w.{l}"), router, v(rows), v("experts"), v("hidden")]},
-                route,
-                {"op": "moe_gemv_gate_up", "args": [h, ids, gate_up, act, v(rows), v("top_k"), v("moe_inter"),
-                                                    v("hidden"), v(0), v("local_experts")]},
-                {"op": "moe_gemv_down_residual", "args": [act, ids, w, down, last["args"][2], v(rows), v("top_k"),
-                                                          v("hidden"), v("moe_inter")]},
-            ]
-        h, out = a[0], last["args"][2]  # gemm(h, gate_up_w) .. gemm(act, down_w, mlp_out)
         pairs = {"mul": [rows, "top_k"]}
+        held = [v(0), v("local_experts")]  # first, count: every expert on one device (ep.py sets a rank's)
         tiles = {"add": [{"ceil_div": [pairs, bm]}, "experts"]}
-        sorted_, pos = ws(p + "moe_sorted", [pairs], "i32"), ws(p + "moe_pos", [pairs], "i32")
-        tile_buf = ws(p + "moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
+        sort = lambda: [{"op": "moe_sort", "args": [ids, ws(p + "moe_sorted", [pairs], "i32"),
+                                                    ws(p + "moe_pos", [pairs], "i32"), tile_buf(), v(pairs),
+                                                    v("experts")]}]
+        tile_buf = lambda: ws(p + "moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
+        if first["op"] in ("norm_gemv_swiglu", "norm_gemm_swiglu", "norm_gemm_swiglu_split"):
+            # x, ln2 -> the experts' outputs by pair (f32) -> weighted into x, in every program the
+            # same arithmetic a row: the narrow decode's gathers on mma.sync, the wide decode's and
+            # prefill's tiles on wgmma, in one k order (moe_wg.cu)
+            x, ln2, eps = a[0], a[1], a[-1]
+            h, y = ws(p + "h", [rows, "hidden"]), ws(p + "moe_y", [pairs, "hidden"], "f32")
+            act = ws(p + "moe_act", [pairs, "moe_inter"])
+            calls = [{"op": "rms_norm", "args": [x, ln2, h, v(rows), v("hidden"), eps]}]
+            if first["op"] == "norm_gemv_swiglu":  # narrow decode: only the chosen experts' rows are read
+                calls += [{"op": "gemv_logits", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+                          route,
+                          {"op": "moe_gather_gate_up", "args": [h, ids, gate_up, act, v(rows), v("top_k"),
+                                                                v("moe_inter"), v("hidden"), *held]},
+                          {"op": "moe_gather_down", "args": [act, ids, down, y, v(rows), v("top_k"), v("hidden"),
+                                                             v("moe_inter"), *held]}]
+            else:
+                sorted_ = b(p + "moe_sorted")
+                calls += [{"op": "moe_router_gemm", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+                          route, *sort(),
+                          {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, v("top_k"),
+                                                            v("moe_inter"), v("hidden"), *held, v(tiles)]},
+                          {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, v("hidden"),
+                                                         v("moe_inter"), *held, v(tiles)]}]
+            return calls + [{"op": "moe_combine_residual", "args": [y, ids, w, x, v(rows), v("top_k"), v("hidden"),
+                                                                    *held]}]
+        # the faster build's wide decode and prefill: gemm(h, gate_up_w) .. gemm(act, down_w, mlp_out)
+        h, out = a[0], last["args"][2]
+        act = ws(p + "moe_act", [pairs, "moe_inter"])
         y = ws(p + "moe_y", [pairs, "hidden"], "f32")
+        sorted_, pos = b(p + "moe_sorted"), b(p + "moe_pos")
         return [
-            {"op": "gemm_logits", "args": [h, b(f"router_w.{l}"), router, v(rows), v("experts"), v("hidden")]},
-            route,
-            {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, v(pairs), v("experts")]},
-            {"op": "moe_group_gate_up", "args": [h, sorted_, tile_buf, gate_up, act, v("top_k"), v("moe_inter"),
-                                                 v("hidden"), v(0), v("local_experts"), v(tiles)]},
-            {"op": "moe_group_down", "args": [act, tile_buf, down, y, v("hidden"), v("moe_inter"), v(0),
-                                              v("local_experts"), v(tiles)]},
+            {"op": "gemm_logits", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+            route, *sort(),
+            {"op": "moe_group_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, v("top_k"), v("moe_inter"),
+                                                 v("hidden"), *held, v(tiles)]},
+            {"op": "moe_group_down", "args": [act, tile_buf(), down, y, v("hidden"), v("moe_inter"), *held,
+                                              v(tiles)]},
             {"op": "moe_combine", "args": [y, pos, w, out, v(rows), v("top_k"), v("hidden")]},
         ]
 
-    m["modules"][table.MODULE] = {"source": f"kernels/{table.MODULE}.cubin", "sha256": ""}
+    used = {ln["module"] for op in m["ops"].values() for ln in op["impl"]["launches"] if "module" in ln}
+    for module in sorted(used - set(m["modules"])):  # the MoE's, and the dense ones its block adds (norm)
+        m["modules"][module] = {"source": f"kernels/{module}.cubin", "sha256": ""}
     return make_sparse(m, s, BF, block)

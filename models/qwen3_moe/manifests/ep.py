@@ -117,13 +117,15 @@ def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
     """On the GPUs every rank already holds every row (attention is whole on each), so rows need
     no dispatch: each rank runs its experts on the rows routed to them (the MoE kernels' `first`
     and `count`), and the combine is an all-reduce of the ranks' parts over NVLink peer buffers
-    (the tensor-parallel collectives: allreduce.cu): narrow decode's down projection pushes its
-    part into every rank's buffer and all_reduce_add_local adds the ranks' slots into the
-    residual; the wide decode's combine writes its part and all_reduce_bf16 sums them into the
-    MLP output; NCCL's all-reduce where a prefill's message is past the peer kernel's limit."""
+    (the tensor-parallel collectives: allreduce.cu). The default build's combine pushes its held
+    choices' sum (f32) into every rank's buffer (moe_combine_push) and all_reduce_add_local adds
+    the ranks' slots into the residual, in every program; the faster build's wide decode and
+    prefill combine writes its part and all_reduce_bf16 sums them into the MLP output, NCCL's
+    all-reduce where a prefill's message is past the peer kernel's limit. (The ranks' sums in
+    rank order are not the one device's sum in choice order: a split's bits are its own.)"""
     ops = m["ops"]
     params = {n: [p.split(":")[0] for p in op["params"]] for n, op in ops.items()}
-    ops.update({k: op for k, op in table.ops().items() if k in ("moe_gemv_down_push", "moe_combine_part")})
+    ops.update({k: op for k, op in table.ops().items() if k in ("moe_combine_push", "moe_combine_part")})
     first, count = {"value": rank * per}, {"value": "local_experts"}
     hidden = m["constants"]["hidden"]
     for name, prog in m["programs"].items():
@@ -136,39 +138,40 @@ def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
         calls, k = [], 0
         for call in prog["calls"]:
             a = list(call["args"])
+            if call["op"] == "moe_combine_residual":  # y, ids, w, res, rows, top_k, hidden, first, count
+                recv = _exported(m, f"ep_push.{name}", [2, "ranks", rows, "hidden"], "f32")
+                pushed = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
+                at = [{"value": rank}, {"value": ranks}, {"value": pushed}]
+                ops.setdefault("all_reduce_add_local", tensor_parallel.add_local_op(False))
+                calls += [{"op": "moe_combine_push", "args": [*a[:3], {"buf": recv}, {"buf": recv + "_peers"},
+                                                              *a[4:7], first, count, *at]},
+                          {"op": "all_reduce_add_local", "args": [{"buf": recv}, *_barrier(recv)[1:], a[3], *at,
+                                                                  {"value": n}]}]
+                k += 1
+                continue
             if "first" in params.get(call["op"], ()):
                 a[params[call["op"]].index("first")] = first
                 calls.append({**call, "args": a})
                 continue
-            if call["op"] not in ("moe_gemv_down_residual", "moe_combine"):
+            if call["op"] != "moe_combine":
                 calls.append(call)
                 continue
             p = a[0]["buf"].split("_", 1)[0] + "_"
             offset = {"mul": [k % 2, rows, "hidden"]} if k % 2 else 0
             scalars = [{"value": rank}, {"value": ranks}, {"value": offset}, {"value": n}]
-            if call["op"] == "moe_gemv_down_residual":  # act, ids, w, W, res, rows, top_k, hidden, inter
-                recv = _exported(m, f"ep_push.{name}", [2, "ranks", rows, "hidden"], "f32")
-                pushed = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
-                at = [{"value": rank}, {"value": ranks}, {"value": pushed}]
-                ops.setdefault("all_reduce_add_local", tensor_parallel.add_local_op(False))
-                calls += [{"op": "moe_gemv_down_push", "args": [*a[:4], {"buf": recv}, {"buf": recv + "_peers"},
-                                                                *a[5:], first, count, *at]},
-                          {"op": "all_reduce_add_local", "args": [{"buf": recv}, *_barrier(recv)[1:], a[4], *at,
-                                                                  {"value": n}]}]
-            else:  # moe_combine: y, pos, w, out, rows, top_k, hidden
-                y, pos, w, out = a[:4]
-                combine = lambda dst: {"op": "moe_combine_part", "args": [y, pos, {"buf": p + "topk_ids"}, w, dst,
-                                                                         *a[4:], first, count]}
-                if rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
-                    ops.setdefault("all_reduce_nccl", {"params": ["x: inout buffer<bf16>", "n: i32"], "impl": {
-                        "launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
-                    calls += [combine(out), {"op": "all_reduce_nccl", "args": [out, {"value": n}]}]
-                else:
-                    part = _exported(m, f"ep_part.{name}", [2, rows, "hidden"], "bf16")
-                    ops.setdefault("all_reduce", tensor_parallel._op(
-                        "allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", tensor_parallel.AR_THREADS))
-                    calls += [combine({"buf": part, "offset": offset, "shape": [rows, "hidden"]}),
-                              {"op": "all_reduce", "args": [*_barrier(part), out, *scalars]}]
+            y, pos, w, out = a[:4]  # moe_combine (the faster build's): y, pos, w, out, rows, top_k, hidden
+            combine = lambda dst: {"op": "moe_combine_part", "args": [y, pos, {"buf": p + "topk_ids"}, w, dst,
+                                                                     *a[4:], first, count]}
+            if rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
+                ops.setdefault("all_reduce_nccl", {"params": ["x: inout buffer<bf16>", "n: i32"], "impl": {
+                    "launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
+                calls += [combine(out), {"op": "all_reduce_nccl", "args": [out, {"value": n}]}]
+            else:
+                part = _exported(m, f"ep_part.{name}", [2, rows, "hidden"], "bf16")
+                ops.setdefault("all_reduce", tensor_parallel._op(
+                    "allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", tensor_parallel.AR_THREADS))
+                calls += [combine({"buf": part, "offset": offset, "shape": [rows, "hidden"]}),
+                          {"op": "all_reduce", "args": [*_barrier(part), out, *scalars]}]
             k += 1
         prog["calls"] = calls
 

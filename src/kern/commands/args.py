@@ -109,7 +109,8 @@ def loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",
                    help="cuda: prefill and many-row decode through cuBLASLt, faster, but a request's tokens "
                         "then depend on what else is in its batch (docs/determinism.md says what it costs "
-                        "either way); the cpu build is batch-invariant with or without it")
+                        "either way); refused, in one line naming the family, where its only build is "
+                        "batch-invariant (every cpu build, --mega)")
     p.add_argument("--speculate", type=speculate, default=None, metavar="ngram[:K]|draft:DIR[:K]",
                    help="speculative decoding: decode steps become rounds of up to K proposed tokens (default 8) "
                         "verified in one step, the tokens exactly those without it; ngram looks them up in the "

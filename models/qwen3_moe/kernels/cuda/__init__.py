@@ -1,13 +1,16 @@
-"""The Qwen3-MoE CUDA kernels (sm_90a): moe.cu, one cubin, pinned in cubins.sha256 and shipped
-in cubins/ (kern_models.common.cubins builds and pins it, with the tile defines of table.py);
-table.py types every kernel, KERNELS.md says what each computes."""
+"""The Qwen3-MoE CUDA kernels (sm_90a): moe.cu and moe_wg.cu, a cubin each, pinned in
+cubins.sha256 and shipped in cubins/ (kern_models.common.cubins builds and pins them, with the
+tile defines of table.py); table.py types every kernel, KERNELS.md says what each computes.
+moe_wg.cu includes the llama family's gemv.cuh (its k order is the one every row keeps), so
+llama's kernel folder is on the include path and its headers are in the pins' inputs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from kern_models.common.cubins import Cubins
+from kern_models.llama.kernels.cuda import CUBINS as DENSE
 
-from .table import ARCH, TILES
+from .table import ARCH, DEFINES
 
-CUBINS = Cubins(Path(__file__).resolve().parent, ARCH, TILES)
+CUBINS = Cubins(Path(__file__).resolve().parent, ARCH, DEFINES, includes=(DENSE.folder,))

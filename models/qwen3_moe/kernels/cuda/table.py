@@ -5,9 +5,10 @@ done, so the llama chain's early triggers around them stay safe."""
 
 from __future__ import annotations
 
-from kern_models.llama.kernels.cuda.table import ARCH, Kernel, Op, _buf, _ints
+from kern_models.llama.kernels.cuda.table import ARCH, TILES as DENSE_TILES, Kernel, Op, _buf, _ints
 
 MODULE = "moe"
+WG_MODULE = "moe_wg"  # the batch-invariant block (moe_wg.cu): llama's gemv order, on mma.sync and wgmma
 # Tile constants the grids below and moe.cu share (passed to nvcc as -D, as the llama table's).
 TILES = {
     "MOE_BM": 64,    # grouped GEMM: sorted (row, choice) pairs a tile (a tile never crosses an expert)
@@ -15,9 +16,12 @@ TILES = {
     "MOE_BK": 32,    # grouped GEMM: the reduction's step (K % MOE_BK == 0)
     "MOE_COLS": 8,   # gather gemv: output columns a block (a warp a column)
 }
-MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_EXPERTS
+# What nvcc gets: these, and the llama family's constants that gemv.cuh and gemm_wg.cuh read
+# (moe_wg.cu runs their arithmetic, so a row gets the gemv's bits).
+DEFINES = {**TILES, **{k: DENSE_TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_SPLIT_SMEM")}}
+MAX_EXPERTS = 1024  # moe_pairs.cuh's MOE_MAX_EXPERTS
 MAX_TOP_K = 32      # moe_route: one lane a choice
-GEMV_MAX_PAIRS = 1024  # moe.cu's MOE_GEMV_MAX_PAIRS: moe_gemv_gate_up's pairs a launch (rows * top_k)
+GEMV_MAX_PAIRS = 1024  # moe_pairs.cuh's MOE_GEMV_MAX_PAIRS: moe_gemv_gate_up's pairs a launch (rows * top_k)
 GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
 GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
 
@@ -53,6 +57,38 @@ KERNELS: tuple[Kernel, ...] = (
                                         *_ints("rows", "top_k", "hidden", "first", "count")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
+# moe_wg.cu: narrow decode's gather gemvs (a block a chosen expert and 8 pairs of W rows / 16 W
+# rows), the grouped projections over moe_sort's tiles on wgmma (a producer and one consumer
+# warpgroup, 64 positions beside WG_BN W rows), the router's many-row logits (the same shape,
+# 64 rows a block) and the combine into the residual (or, expert parallel, into every rank's slot).
+_GATHER_BLOCK = (32 * DENSE_TILES["GEMV_WARPS"],)
+_WG_BLOCK = (256,)
+_EXPERT_SMEM = DENSE_TILES["WG_SPLIT_SMEM"]
+_RANGE = _ints("first", "count")
+KERNELS += (
+    Kernel(WG_MODULE, "moe_gather_gate_up", (_buf("x"), _buf("ids", "i32"), _buf("W"), _buf("act", direction="out"),
+                                             *_ints("rows", "top_k", "inter", "hidden"), *_RANGE),
+           ({"ceil_div": ["inter", DENSE_TILES["GEMV_COLS"] // 2]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
+    Kernel(WG_MODULE, "moe_gather_down", (_buf("act"), _buf("ids", "i32"), _buf("W"), _buf("y", "f32", "out"),
+                                          *_ints("rows", "top_k", "hidden", "inter"), *_RANGE),
+           ({"ceil_div": ["hidden", DENSE_TILES["GEMV_COLS"]]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
+    Kernel(WG_MODULE, "moe_wg_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
+                                         _buf("act", direction="out"), *_ints("top_k", "inter", "hidden"), *_RANGE),
+           ({"ceil_div": ["inter", DENSE_TILES["WG_BN"] // 2]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+    Kernel(WG_MODULE, "moe_wg_down", (_buf("act"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
+                                      _buf("y", "f32", "out"), *_ints("hidden", "inter"), *_RANGE),
+           ({"ceil_div": ["hidden", DENSE_TILES["WG_BN"]]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+    Kernel(WG_MODULE, "moe_router_gemm", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+           ({"ceil_div": ["N", DENSE_TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]}), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+    Kernel(WG_MODULE, "moe_combine_residual", (_buf("y", "f32"), _buf("ids", "i32"), _buf("weights", "f32"),
+                                               _buf("res", direction="inout"), *_ints("rows", "top_k", "hidden"),
+                                               *_RANGE), ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    Kernel(WG_MODULE, "moe_combine_push", (_buf("y", "f32"), _buf("ids", "i32"), _buf("weights", "f32"),
+                                           _buf("recv", "f32", "out"), _buf("parts", "u64"),
+                                           *_ints("rows", "top_k", "hidden"), *_RANGE,
+                                           *_ints("rank", "ranks", "offset")),
+           ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+)
 BY_ENTRY = {k.entry: k for k in KERNELS}
 _TILED = ("max_tiles: i32",)  # a parameter only the grouped GEMMs' grid reads
 OPS = {
@@ -62,6 +98,11 @@ OPS = {
     "moe_group_down": Op(("moe_group_down",), (*BY_ENTRY["moe_group_down"].params, *_TILED)),
     "moe_combine": Op(("moe_combine",)), "moe_gemv_down_push": Op(("moe_gemv_down_push",)),
     "moe_combine_part": Op(("moe_combine_part",)),
+    "moe_gather_gate_up": Op(("moe_gather_gate_up",)), "moe_gather_down": Op(("moe_gather_down",)),
+    "moe_wg_gate_up": Op(("moe_wg_gate_up",), (*BY_ENTRY["moe_wg_gate_up"].params, *_TILED)),
+    "moe_wg_down": Op(("moe_wg_down",), (*BY_ENTRY["moe_wg_down"].params, *_TILED)),
+    "moe_router_gemm": Op(("moe_router_gemm",)), "moe_combine_residual": Op(("moe_combine_residual",)),
+    "moe_combine_push": Op(("moe_combine_push",)),
 }
 
 
@@ -70,4 +111,4 @@ def ops() -> dict:
     return {name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}
 
 
-__all__ = ["ARCH", "KERNELS", "MODULE", "TILES", "ops"]
+__all__ = ["ARCH", "DEFINES", "KERNELS", "MODULE", "TILES", "WG_MODULE", "ops"]

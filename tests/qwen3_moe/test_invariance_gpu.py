@@ -1,0 +1,83 @@
+"""Batch invariance of the Qwen3-MoE family on sm_90a (docs/determinism.md, issue 37): a request's
+tokens and logprobs against its run alone (batch 1: the narrow decode's gather gemvs, prefill's
+wgmma tiles), chunked by 16, beside 7 others (the narrow decode: other rows share its experts),
+beside 15 and 63 others (the wide decode's wgmma tiles over moe_sort's groups) and with its prompt
+cached (its last prompt token through the decode program, not prefill). Random weights of the
+`small` shape (16 experts, top 4): every expert is shared by many rows at 64.
+
+    python -m pytest -q tests/qwen3_moe/test_invariance_gpu.py   (on the H200; ~1 minute)"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kern.generation import SamplingParams
+from tests.generation.test_loop import _run
+
+pytestmark = pytest.mark.gpu
+
+PARAMS = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1)  # the host reads the logits' bytes
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from kern.api import Model
+    from kern_models.qwen3_moe.generator import generate
+    from kern_models.qwen3_moe.random_checkpoint import make
+
+    tmp = tmp_path_factory.mktemp("moe_invariance")
+    ckpt = make("small", tmp / "ckpt", max_positions=1024)
+    man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target="cuda", context=1024)
+    model = Model(man, ckpt, state_budget=1 << 30, run_ahead=1)
+    rng = np.random.default_rng(0)
+    vocab = model.engine.consts["vocab"]
+    prompt = rng.integers(0, vocab, 200).tolist()
+    others = [rng.integers(0, vocab, int(rng.integers(20, 300))).tolist() for _ in range(63)]
+    loop = model.loop
+    loop.paging.pool.clear()
+    alone = _bytes(_run(loop, {0: [("r", prompt, PARAMS)]})["r"])
+    assert len(alone[0]) == PARAMS.max_tokens
+    return loop, prompt, others, alone
+
+
+def _bytes(deltas) -> tuple:
+    return tuple(t for d in deltas for t in d.token_ids), tuple(x for d in deltas for x in d.logprobs)
+
+
+def _again(loop, arrivals, cache: bool = False, budget: int | None = None) -> tuple:
+    if not cache:
+        loop.paging.pool.clear()
+    base = loop.limits
+    loop.limits = base if budget is None else replace(base, budget=budget)
+    try:
+        return _bytes(_run(loop, arrivals)["r"])
+    finally:
+        loop.limits = base
+
+
+def _beside(prompt, others, n: int) -> dict:
+    arrivals = {s: [(f"o{i}", p, PARAMS) for i, p in enumerate(others[:n]) if i % 4 == s] for s in range(4)}
+    arrivals.setdefault(1, []).append(("r", prompt, PARAMS))
+    return arrivals
+
+
+def test_a_request_chunked_by_16_gets_its_bytes_alone(setup):
+    loop, prompt, _, alone = setup
+    assert _again(loop, {0: [("r", prompt, PARAMS)]}, budget=16) == alone
+
+
+@pytest.mark.parametrize("n", [7, 15, 63])
+def test_a_request_beside_others_gets_its_bytes_alone(setup, n):
+    loop, prompt, others, alone = setup
+    assert _again(loop, _beside(prompt, others, n)) == alone
+
+
+def test_a_request_with_its_prompt_cached_gets_its_bytes_alone(setup):
+    loop, prompt, _, alone = setup
+    loop.paging.pool.clear()
+    _run(loop, {0: [("warm", prompt, replace(PARAMS, max_tokens=1))]})  # the whole prompt into the cache
+    assert _again(loop, {0: [("r", prompt, PARAMS)]}, cache=True) == alone
