@@ -80,11 +80,16 @@ def test_a_build_that_is_not_invariant_declares_none_and_is_refused_in_one_line(
     assert "sm_90a deployment of tiny declares no verify program" in why and "\n" not in why
 
 
-def test_the_moe_family_on_sm90a_is_refused_in_one_line(tmp_path):
+def test_the_moe_family_verifies_rounds_on_sm90a_and_refuses_them_without_invariance(tmp_path):
+    """Qwen3-MoE's sm_90a default is the invariant build: its verify program runs the MoE block
+    like its other programs; its --no-batch-invariance build declares none and is refused."""
     from kern_models.qwen3_moe.generator import generate as moe_generate
     from tests.qwen3_moe.test_cuda import PUBLISHED
 
-    v = load_verified(moe_generate(PUBLISHED, tmp_path, target="cuda", model="qwen3-moe"))
+    v = load_verified(moe_generate(PUBLISHED, tmp_path / "inv", target="cuda", model="qwen3-moe"))
+    assert derive(v).verify is not None
+    assert "moe_route" in {c.op for c in v.manifest.programs["verify_round"].calls}
+    v = load_verified(moe_generate(PUBLISHED, tmp_path / "fast", target="cuda", model="qwen3-moe", invariant=False))
     assert derive(v).verify is None
     why = _refusal(v)
     assert "sm_90a deployment of qwen3-moe declares no verify program" in why and "\n" not in why

@@ -31,7 +31,7 @@ def test_the_published_shape_verifies(published, capsys):
     from kern.cli import main
 
     assert main(["verify", published["_path"]]) == 0
-    assert ": ok, 4 programs, " in capsys.readouterr().out
+    assert ": ok, 5 programs, " in capsys.readouterr().out  # with the verify program (speculative rounds)
 
 
 def test_every_layer_sparse_verifies_without_the_dense_mlp_module(tmp_path, capsys):
