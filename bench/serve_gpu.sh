@@ -91,4 +91,6 @@ fi
 
 python3 bench/serve_summary.py $OUT | tee $OUT/summary.json
 # what comes back is at most 8 files: the logs travel as one archive
-tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt *.jsonl *_startup.json 2>/dev/null) && (cd $OUT && rm -f *.log *.txt *.jsonl *_startup.json)
+# (serve.log is bench/gpu.py's own log of this step: it stays)
+LOGS=$(cd $OUT && ls *.log *.txt *.jsonl *_startup.json 2>/dev/null | grep -vx serve.log)
+tar czf $OUT/logs.tgz -C $OUT $LOGS && (cd $OUT && rm -f $LOGS)
