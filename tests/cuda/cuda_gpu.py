@@ -42,8 +42,10 @@ def op_launches(gpu, spec: dict, named: dict) -> list:
             tiles = grid[0] * grid[1]
             named["part"] = gpu.empty(tiles * table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"] * 4)
             named["sem"] = gpu.put(np.zeros(tiles, np.int32))
-        out.append(gpu.make(la["entry"], grid, tuple(la["block"]), *(named[n] for n in names),
-                            shared_mem=la.get("shared_mem", 0)))
+        tiles = la.get("tiles") or {}
+        out.append(gpu.make(la["entry"], grid, tuple(la["block"]),
+                            *(gpu.tensor_map(named[n], named["K"], tiles[n]) if n in tiles else named[n]
+                              for n in names), shared_mem=la.get("shared_mem", 0)))
     return out
 
 
@@ -84,6 +86,15 @@ class Gpu:
         out = np.empty(shape, dtype=dtype)
         self.stream.synchronize()
         return memory.copy_to_host(out, buf.ptr)
+
+    def tensor_map(self, buf: DeviceBuffer, cols: int, box, dtype: str = "bf16") -> int:
+        """The device address of a tensor map over buf's rows of `cols` elements (a launch's
+        `tiles` param, as kern's cuda device passes it)."""
+        from kern.runtime.devices.cuda.tensormap import TensorMaps
+
+        if not hasattr(self, "_maps"):
+            self._maps = TensorMaps()
+        return self._maps.address(buf.ptr, buf.nbytes // 2 // cols, cols, dtype, tuple(box), "a test's launch")
 
     def make(self, entry: str, grid, block, *args, shared_mem=0, cooperative=False, pdl=False) -> PackedLaunch:
         vals = tuple(a.ptr if isinstance(a, DeviceBuffer) else a for a in args)

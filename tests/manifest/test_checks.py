@@ -233,6 +233,16 @@ def test_7_write_through_an_in_param(m):
     reported(m, "ops.linear.impl.launches[0].writes", "writes through param 'x', declared in buffer<f32>")
 
 
+def test_7_tiles_only_a_buffer_the_launch_reads(m):
+    m["ops"]["linear"]["impl"]["launches"][0]["tiles"] = {"y": [32, 64]}
+    reported(m, "ops.linear.impl.launches[0].tiles.y", "reads in tiles only a buffer param it is passed and does not write")
+
+
+def test_7_tiles_in_boxes_a_tensor_map_takes(m):
+    m["ops"]["linear"]["impl"]["launches"][0]["tiles"] = {"w": [32, 64]}  # f32: 256 bytes a box row
+    reported(m, "ops.linear.impl.launches[0].tiles.w", "box [32, 64]: [rows, elements], 1 to 256 rows of at most 128")
+
+
 def test_7_out_param_never_written(m):
     m["ops"]["linear"]["impl"]["launches"][0]["writes"] = []
     reported(m, "ops.linear.params[2]", "out param 'y' is never written by a launch")

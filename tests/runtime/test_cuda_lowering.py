@@ -34,8 +34,18 @@ def _cuda_manifest(cfg: dict, out, model: str, **limits):
 
 
 class _Mem:
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+    def __init__(self, ptr: int, nbytes: int = 1 << 20):
+        self.ptr, self.nbytes = ptr, nbytes
+
+
+class _Maps:
+    """Tensor maps as the cuda device makes them (tensormap.py), recorded, at fake addresses."""
+
+    def __init__(self):
+        self.made: dict[tuple, int] = {}
+
+    def address(self, ptr, rows, cols, dtype, box, where):
+        return self.made.setdefault((ptr, rows, cols, dtype, box), 0xF000000 + 128 * len(self.made))
 
 
 class _Module:
@@ -47,6 +57,7 @@ class _Dev:
     def __init__(self, modules):
         self.modules = {n: _Module() for n in modules}
         self.stream = None
+        self.tensor_maps = _Maps()
 
 
 TINY = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -112,6 +123,23 @@ def test_prefill_and_wide_decode_are_decode_layers_of_gemm_twins(sm90):
     assert [i.kernel.name for i in wide] == ["embed", *layer * 2, "rms_prep", "norm_gemm_f32", "sample_partial",
                                              "argmax_final"]
     assert wide[2].grid == (-(-sm90.constants["qkv_dim"] // 128), 1, 8)
+
+
+def test_the_gemm_twins_read_x_and_w_through_tensor_maps(sm90):
+    """gemm.cu's entries take a tensor map of x (rms_prep's xn) and of W, each made once over the
+    whole buffer from the view's offset (rows of the last dimension's length, boxes of 32 rows of
+    64 elements); rms_prep, which writes xn, gets xn's address."""
+    prog, bufs = _program(sm90, "prefill")
+    items = prog.resolve({**sm90.constants, "tokens": 9, "prefill_seqs": 2, "context": 512, "reach": 512})
+    maps = prog.dev.tensor_maps.made
+    prep, qkv = items[1], items[2]
+    assert (prep.kernel.name, qkv.kernel.name) == ("rms_prep", "norm_gemm_rope_append")
+    xn, w = qkv.args[0], qkv.args[2]
+    by_addr = {a: k for k, a in maps.items()}
+    hidden = sm90.constants["hidden"]
+    assert by_addr[xn] == (bufs["p_xn"].ptr, (1 << 20) // 2 // hidden, hidden, "bf16", (32, 64))
+    assert by_addr[w][0] == bufs["qkv_w.0"].ptr and by_addr[w][2:] == (hidden, "bf16", (32, 64))
+    assert prep.args[2] == bufs["p_xn"].ptr  # rms_prep writes xn through its address
 
 
 def test_prefill_projections_are_library_calls_and_decode_ones_are_fused_gemvs(sm90, sm90_cublas):

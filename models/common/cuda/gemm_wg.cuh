@@ -98,6 +98,53 @@ __device__ __forceinline__ void wg_produce(const bf16 *__restrict__ x, const bf1
             }
 }
 
+// The producer through the tensor memory access unit: one thread issues, for every stage,
+// the x tile's and the W tile's boxes of WG_BOX rows (64 K elements, 128-byte swizzled: the
+// layout the cp.async producer writes, so the consumers and the sums are the same) on the
+// stage's `full` barrier, which expects the stage's bytes. xmap and wmap: tensor maps of x
+// [rows, K] and W [N', K] (kern's `tiles<32,64>` params). A paired Y's box of WG_BOX rows is
+// WG_BOX consecutive pairs' first (or partner) rows, consecutive in W: SwiGLU's gate and up
+// rows, rope's rows i and i + head_dim / 2 of one head (head_dim a multiple of 64).
+#define WG_BOX 32
+template <class C, class Y>
+__device__ __forceinline__ void wg_produce_tma(const void *xmap, const void *wmap, const Y &ys, char *ring,
+                                               uint64_t *full, uint64_t *empty, int m0, int q0, int N, int K,
+                                               int p0, int p1) {
+    if (threadIdx.x != 0) return;
+    static_assert(C::BM % WG_BOX == 0 && C::BN % (2 * WG_BOX) == 0, "whole boxes");
+    constexpr int AB = C::BM / WG_BOX, BB = C::BN / WG_BOX;
+    int wrow[BB];
+#pragma unroll
+    for (int j = 0; j < BB; ++j) {
+        const int b = WG_BOX * j;
+        if constexpr (Y::PAIRED) {
+            const int q = q0 + (b % (C::BN / 2));
+            int w0, w1;
+            ys.wrows(q >> 3, q & 7, N, w0, w1);
+            wrow[j] = b < C::BN / 2 ? w0 : w1;
+        } else {
+            wrow[j] = q0 + b;
+        }
+    }
+    tma_prefetch_map(xmap);
+    tma_prefetch_map(wmap);
+    const int nu = (K + WG_UNIT - 1) / WG_UNIT;
+    int i = 0;
+    for (int p = p0; p < p1; ++p)
+        for (int u = p; u < nu; u += WG_PARTS)
+            for (int sub = 0; sub < WG_UNIT / WG_BK; ++sub, ++i) {
+                const int s = i % C::STAGES, n = i / C::STAGES;
+                if (n > 0) mbar_wait(&empty[s], (n - 1) & 1);
+                const int k = u * WG_UNIT + sub * WG_BK;
+                char *a = ring + s * C::STAGE, *bt = a + C::A_BYTES;
+                mbar_expect_tx(&full[s], C::STAGE);
+#pragma unroll
+                for (int j = 0; j < AB; ++j) tma_load_2d(a + j * WG_BOX * 128, xmap, k, m0 + WG_BOX * j, &full[s]);
+#pragma unroll
+                for (int j = 0; j < BB; ++j) tma_load_2d(bt + j * WG_BOX * 128, wmap, k, wrow[j], &full[s]);
+            }
+}
+
 // A consumer warpgroup (wg = 0 .. NWG - 1): the chains of partials p0 .. p1 - 1 over its 64 x rows,
 // each added to tot in order (tot must start at 0).
 template <class C>
@@ -188,11 +235,13 @@ __device__ __forceinline__ void wg_store(const float (&tot)[C::ACC], const Y &ys
 
 // The whole projection. Grid: x the column tiles (BN W rows, or BN / 2 pairs, a block), y the
 // row tiles (BM rows), z 1 (or WG_PARTS when split, with part and sem). Dynamic shared memory
-// C::SMEM.
+// C::SMEM. x and W by address (the cp.async producer), or, with xmap and wmap set, through
+// their tensor maps (the TMA producer; x and W unused).
 template <class C, class Y>
 __device__ __forceinline__ void gemm_wg(const bf16 *__restrict__ x, const bf16 *__restrict__ W, const float *scale,
                                         const Y &ys, int rows, int N, int K, float *part = nullptr,
-                                        int *sem = nullptr) {
+                                        int *sem = nullptr, const void *xmap = nullptr,
+                                        const void *wmap = nullptr) {
     extern __shared__ char wg_smem_raw[];
     char *ring = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(wg_smem_raw) + 1023) & ~uintptr_t(1023));
     uint64_t *full = reinterpret_cast<uint64_t *>(ring + C::STAGES * C::STAGE), *empty = full + C::STAGES;
@@ -216,7 +265,7 @@ __device__ __forceinline__ void gemm_wg(const bf16 *__restrict__ x, const bf16 *
     const int q0 = tile_n * (Y::PAIRED ? C::BN / 2 : C::BN);
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(&full[s], 128);           // the producer's threads, each once its copies landed
+            mbar_init(&full[s], xmap ? 1 : 128);  // the TMA thread, or every cp.async thread once its copies landed
             mbar_init(&empty[s], 128 * C::NWG);  // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -224,8 +273,12 @@ __device__ __forceinline__ void gemm_wg(const bf16 *__restrict__ x, const bf16 *
     __syncthreads();
     const int wg = threadIdx.x / 128 - 1;
     if (wg < 0) {
-        wg_produce<C>(x, W, ys, ring, full, empty, m0, q0, rows, N, K, p0, p1);
-        asm volatile("cp.async.wait_all;" ::: "memory");
+        if (xmap) {
+            wg_produce_tma<C>(xmap, wmap, ys, ring, full, empty, m0, q0, N, K, p0, p1);
+        } else {
+            wg_produce<C>(x, W, ys, ring, full, empty, m0, q0, rows, N, K, p0, p1);
+            asm volatile("cp.async.wait_all;" ::: "memory");
+        }
     } else {
         float tot[C::ACC];
 #pragma unroll

@@ -163,6 +163,9 @@ class Launch(_Strict):
     """Param names or literal values, in the kernel's order. Default: all params in order."""
     writes: list[str] | None = None
     """The params this launch writes. Default: every out/inout param it is passed."""
+    tiles: dict[str, list[int]] | None = None
+    """Buffer params this launch reads in boxes of [rows, elements] through the GPU's tensor memory
+    access unit: on cuda the kernel gets the address of a tensor map of the view, not the view's."""
 
 
 class Impl(_Strict):

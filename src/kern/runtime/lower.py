@@ -21,6 +21,7 @@ class View:
     dtype: str
     offset: Expr
     shape: tuple[Expr, ...]
+    tile: tuple[int, int] | None = None  # read in tensor-map boxes (rows, elements): Launch.tiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +104,12 @@ def lower_program(v: Verified, program: str) -> list[LoweredLaunch]:
         for li, l in enumerate(op.impl.launches):
             names_ = l.args if l.args is not None else [p.name for p in params]
             args: list[View | StateRef | Scalar] = []
+            tiles = l.tiles or {}
             for a in names_:
-                if isinstance(a, str):
+                if isinstance(a, str) and a in tiles:  # read through a tensor map (this launch only)
+                    vw = bound[a]
+                    args.append(View(vw.buffer, vw.dtype, vw.offset, vw.shape, (tiles[a][0], tiles[a][1])))
+                elif isinstance(a, str):
                     args.append(bound[a])
                 else:
                     args.append(Scalar("f32" if isinstance(a.value, float) else "i32", fold(a.value, consts)

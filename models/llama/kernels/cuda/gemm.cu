@@ -1,7 +1,7 @@
 // Row-invariant projections for many rows (prefill's rows, the wide decode program's):
 // y[M, N] = x[M, K] @ W[N, K]^T on Hopper's wgmma, through the common many-row kernel
-// (models/common/cuda/gemm_wg.cuh: a producer warpgroup filling a cp.async ring, consumer
-// warpgroups on wgmma), which reduces every output in the gemv's order: units of 256, partial p
+// (models/common/cuda/gemm_wg.cuh: a producer filling a ring of shared-memory stages through the
+// tensor memory access unit, consumer warpgroups on wgmma), which reduces every output in the gemv's order: units of 256, partial p
 // taking units p, p + 8, ..., k16 steps of consecutive elements, the 8 partials added in order.
 // So a row gets the same bits here, at any M, as from the gemv decode program (gemv.cuh).
 // The outputs are the gemv's (its Y: plain bf16 or f32, the residual add, SwiGLU, rope + KV
@@ -52,25 +52,26 @@ rms_prep(const bf16 *__restrict__ res, const bf16 *__restrict__ nw, bf16 *__rest
 }
 
 // Prefill's entries: grid (column tiles of WG_BN W rows, or WG_BN / 2 pairs; ceil_div(rows, 128)),
-// block WgBig::THREADS, dynamic shared memory WG_BIG_SMEM. xn, rs: rms_prep's.
+// block WgBig::THREADS, dynamic shared memory WG_BIG_SMEM. xn, rs: rms_prep's. x (or xn) and W
+// are tensor maps (kern's `tiles<32,64>` params: 128-byte swizzled boxes of 32 rows), not arrays.
 extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
 norm_gemm_bf16(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
                    bf16 *__restrict__ y, int rows, int N, int K) {
-    gemm_wg<WgBig>(xn, W, rs, YBf16{y}, rows, N, K);
+    gemm_wg<WgBig>(nullptr, nullptr, rs, YBf16{y}, rows, N, K, nullptr, nullptr, xn, W);
 }
 extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
 norm_gemm_f32(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
                   float *__restrict__ y, int rows, int N, int K) {
-    gemm_wg<WgBig>(xn, W, rs, YF32{y}, rows, N, K);
+    gemm_wg<WgBig>(nullptr, nullptr, rs, YF32{y}, rows, N, K, nullptr, nullptr, xn, W);
 }
 extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
 gemm_residual(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, int rows, int N, int K) {
-    gemm_wg<WgBig>(x, W, nullptr, YAddRes{res}, rows, N, K);
+    gemm_wg<WgBig>(nullptr, nullptr, nullptr, YAddRes{res}, rows, N, K, nullptr, nullptr, x, W);
 }
 extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
 norm_gemm_swiglu(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
                      bf16 *__restrict__ act, int rows, int N, int K) {
-    gemm_wg<WgBig>(xn, W, rs, YSwiGLU{act}, rows, N, K);
+    gemm_wg<WgBig>(nullptr, nullptr, rs, YSwiGLU{act}, rows, N, K, nullptr, nullptr, xn, W);
 }
 extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
 norm_gemm_rope_append(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
@@ -78,9 +79,10 @@ norm_gemm_rope_append(const bf16 *__restrict__ xn, const float *__restrict__ rs,
                           const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
                           const float *__restrict__ table, int pages_per_seq, int rows, int n_seqs, int layer,
                           int n_layers, int n_q_heads, int n_kv_heads, int head_dim, int page_tokens, int N, int K) {
-    gemm_wg<WgBig>(xn, W, rs,
+    gemm_wg<WgBig>(nullptr, nullptr, rs,
                    rope_append_y(y, kv_state, page_table, cu_seqlens, pos, table, pages_per_seq, n_seqs, layer,
-                                 n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens), rows, N, K);
+                                 n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens),
+                   rows, N, K, nullptr, nullptr, xn, W);
 }
 
 // The wide decode program's (few rows, 8 blocks a tile, one a partial): part f32[tiles * 8 *
@@ -91,18 +93,18 @@ extern "C" __global__ void __launch_bounds__(WgSplit::THREADS, 1)
 norm_gemm_bf16_split(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
                            bf16 *__restrict__ y, float *__restrict__ part, int *__restrict__ sem, int rows, int N,
                            int K) {
-    gemm_wg<WgSplit>(xn, W, rs, YBf16{y}, rows, N, K, part, sem);
+    gemm_wg<WgSplit>(nullptr, nullptr, rs, YBf16{y}, rows, N, K, part, sem, xn, W);
 }
 extern "C" __global__ void __launch_bounds__(WgSplit::THREADS, 1)
 gemm_residual_split(const bf16 *__restrict__ x, const bf16 *__restrict__ W, bf16 *res, float *__restrict__ part,
                           int *__restrict__ sem, int rows, int N, int K) {
-    gemm_wg<WgSplit>(x, W, nullptr, YAddRes{res}, rows, N, K, part, sem);
+    gemm_wg<WgSplit>(nullptr, nullptr, nullptr, YAddRes{res}, rows, N, K, part, sem, x, W);
 }
 extern "C" __global__ void __launch_bounds__(WgSplit::THREADS, 1)
 norm_gemm_swiglu_split(const bf16 *__restrict__ xn, const float *__restrict__ rs, const bf16 *__restrict__ W,
                              bf16 *__restrict__ act, float *__restrict__ part, int *__restrict__ sem, int rows, int N,
                              int K) {
-    gemm_wg<WgSplit>(xn, W, rs, YSwiGLU{act}, rows, N, K, part, sem);
+    gemm_wg<WgSplit>(nullptr, nullptr, rs, YSwiGLU{act}, rows, N, K, part, sem, xn, W);
 }
 extern "C" __global__ void __launch_bounds__(WgSplit::THREADS, 1)
 norm_gemm_rope_append_split(const bf16 *__restrict__ xn, const float *__restrict__ rs,
@@ -112,7 +114,8 @@ norm_gemm_rope_append_split(const bf16 *__restrict__ xn, const float *__restrict
                                   float *__restrict__ part, int *__restrict__ sem, int pages_per_seq, int rows,
                                   int n_seqs, int layer, int n_layers, int n_q_heads, int n_kv_heads, int head_dim,
                                   int page_tokens, int N, int K) {
-    gemm_wg<WgSplit>(xn, W, rs,
+    gemm_wg<WgSplit>(nullptr, nullptr, rs,
                      rope_append_y(y, kv_state, page_table, cu_seqlens, pos, table, pages_per_seq, n_seqs, layer,
-                                   n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens), rows, N, K, part, sem);
+                                   n_layers, n_q_heads, n_kv_heads, head_dim, page_tokens),
+                     rows, N, K, part, sem, xn, W);
 }

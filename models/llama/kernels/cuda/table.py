@@ -50,6 +50,9 @@ class Kernel:
     before_wait: str = ""
     writes: tuple[str, ...] | None = None  # params it writes, when not every out/inout param
     shared_mem: int = 0  # dynamic shared memory, bytes
+    # params it reads through tensor maps: name -> (rows, elements) of a box (the manifest
+    # launch's `tiles`; the kernel gets the map's address)
+    tiles: tuple[tuple[str, tuple[int, int]], ...] = ()
 
     def c_kinds(self) -> tuple[str, ...]:
         """ptr, i32 or f32 for each parameter, as the cubin's layout has them."""
@@ -90,6 +93,13 @@ def _wg_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
     if not gemv_params[0].startswith("res"):
         return gemv_params
     return (_buf("xn"), _buf("rs", "f32"), *(p for p in gemv_params[2:] if p != EPS))
+
+
+def _wg_tiles(gemv_params: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """A gemm twin's x (or rms_prep's xn) and W, read through tensor maps in boxes of 32 rows of
+    64 elements (gemm_wg.cuh's WG_BOX and WG_BK)."""
+    return tuple((p.split(":")[0], (32, 64)) for p in _wg_params(gemv_params)[:3]
+                 if p.split(":")[0] in ("x", "xn", "W"))
 
 
 def _prep_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
@@ -180,13 +190,14 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
                                 *_ints("rows", "K"), EPS), ("rows",), (256,)),
     *(Kernel("gemm", e.replace("gemv", "gemm"), _wg_params(BY_GEMV[e].params),
              GEMM_BIG_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_BIG_GRID, GEMM_BIG_BLOCK,
-             shared_mem=TILES["WG_BIG_SMEM"])
+             shared_mem=TILES["WG_BIG_SMEM"], tiles=_wg_tiles(BY_GEMV[e].params),
+             writes=tuple(p.split(":")[0] for p in _wg_params(BY_GEMV[e].params) if " out " in p or " inout " in p))
       for e in GEMM_TWINS),
     # ... and split over K for the wide decode's few rows (8 blocks a tile, the last adds them
     # in order); sem: zero between launches, as attention_decode's.
     *(Kernel("gemm", e.replace("gemv", "gemm") + "_split", _split(_wg_params(BY_GEMV[e].params)),
              (*(GEMM_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_GRID), GEMM_SPLIT), GEMM_BLOCK,
-             shared_mem=TILES["WG_SPLIT_SMEM"], writes=tuple(
+             shared_mem=TILES["WG_SPLIT_SMEM"], tiles=_wg_tiles(BY_GEMV[e].params), writes=tuple(
                  p.split(":")[0] for p in _split(_wg_params(BY_GEMV[e].params))
                  if (" out " in p or " inout " in p) and not p.startswith("sem")))
       for e in GEMM_TWINS if e != "norm_gemv_f32"),
@@ -231,6 +242,8 @@ class Op:
             launch["block"] = list(k.block)
             if k.shared_mem:
                 launch["shared_mem"] = k.shared_mem
+            if k.tiles:
+                launch["tiles"] = {n: list(box) for n, box in k.tiles}
             launches.append(launch)
         return {"params": list(params), "impl": {"launches": launches}}
 

@@ -23,6 +23,7 @@ from .graphs import Graph, capture
 from .cooperative import check_coresident
 from .cublaslt import CUDA_R_16BF, CUDA_R_32F
 from .launch import Module, PackedLaunch, launch
+from .tensormap import TensorMaps
 
 # The manifest's cuBLASLt externs (kern.manifest.limits.EXTERNS): the data type of their y.
 EXTERN_OUT = {"extern:cublaslt_bf16_tn": CUDA_R_16BF, "extern:cublaslt_bf16_tn_f32": CUDA_R_32F}
@@ -48,6 +49,7 @@ class CudaDevice:
         self.stream = memory.Stream()
         self.modules: dict[str, Module] = {}
         self._blas = None
+        self.tensor_maps = TensorMaps()  # the tiled views' maps (tensormap.py), made as programs are
         self._bounce_bytes = 1 << 20  # reads up to this size go through pinned memory
         self._bounce = memory.PinnedHost(self._bounce_bytes, "read bounce")
         self.communicator = None  # NCCL, set by kern.runtime.ranks for a split deployment
@@ -201,6 +203,12 @@ class CudaProgram:
                 if isinstance(a, View) and isinstance(buffers[a.buffer], memory.StagedBuffer):
                     self._views.setdefault(a.buffer, []).append(a)
         self._uploads: dict[tuple, list] = {}
+        # tiled views (read through tensor maps): each map made now, before any graph capture
+        self._maps: dict[int, int] = {}
+        for l in launches:
+            for a in l.args:
+                if isinstance(a, View) and a.tile is not None:
+                    self._maps[id(a)] = self._tensor_map(a, l.where)
         self._mark_buf: memory.DeviceBuffer | None = None
         self._old_marks: list[memory.DeviceBuffer] = []
         self._progress: memory.PinnedHost | None = None  # made by the first run_steps
@@ -220,8 +228,22 @@ class CudaProgram:
         for b, n in ups:
             b.upload(self.dev.stream, n)
 
+    def _tensor_map(self, v: View, where: str) -> int:
+        """The device address of the map of tiled view v: columns its last dimension, rows every
+        row of its buffer from its offset on (so one map serves every step's row count)."""
+        if not isinstance(v.offset, int) or not isinstance(v.shape[-1], int):
+            raise DeviceError(f"{where}: buffer {v.buffer!r} is read in tiles, so its view's offset and last "
+                              "dimension must not depend on a var")
+        b, esize = self.buffers[v.buffer], DTYPE_BYTES[v.dtype]
+        cols = v.shape[-1]
+        rows = (b.nbytes // esize - v.offset) // cols
+        return self.dev.tensor_maps.address(b.ptr + v.offset * esize, rows, cols, v.dtype, v.tile,
+                                            f"{where}, buffer {v.buffer!r}")
+
     def _value(self, a, env):
         if isinstance(a, View):
+            if a.tile is not None:
+                return self._maps[id(a)]
             return self.buffers[a.buffer].ptr + evaluate(a.offset, env) * DTYPE_BYTES[a.dtype]
         if isinstance(a, StateRef):
             return self.states[a.state].ptr
