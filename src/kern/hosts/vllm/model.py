@@ -24,7 +24,7 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 
-from ...manifest.load import load_verified
+from ...manifest.verify import load_verified
 from ...manifest.protocol import derive
 from ...runtime.engine import Engine
 from ...runtime.hosted import HostMemory, adopt_states
