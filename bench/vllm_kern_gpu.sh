@@ -11,7 +11,7 @@
 #
 # Results: $OUT/<label>.jsonl and <label>_lone.jsonl (bench/serve.py's lines), the servers' logs
 # and start-up times; labels vllm_kern and vllm. docs/vllm.md says how to read them.
-: "${OUT:?set OUT (the device call's output folder)}"
+: "${OUT:?set OUT, the folder whose files come back from the device call}"
 . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree (its entry points)
 CKPT=/tmp/vllm-ckpt
 CONC=${CONC:-32,128}
