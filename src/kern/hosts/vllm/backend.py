@@ -55,7 +55,7 @@ class KernMetadataBuilder(AttentionMetadataBuilder[KernMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> KernMetadata:
+              fast_build: bool = False, **model_specific) -> KernMetadata:
         return KernMetadata(common_attn_metadata)
 
 
