@@ -280,6 +280,12 @@ def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
         raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
 
 
+# The page a host (vLLM) allocating the KV state must lay out: kv_offset's order in common.cuh.
+HOST_KV = {"dtype": "bf16", "page": [{"axis": "layer", "size": "layers"}, {"axis": "kv", "size": 2},
+                                     {"axis": "kv_head", "size": "kv_heads"}, {"axis": "token", "size": "page_tokens"},
+                                     {"axis": "dim", "size": "head_dim"}]}
+
+
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, prefill_seqs: int = PREFILL_SEQS,
           context: int | None = None, decode_split: int = DECODE_SPLIT, invariant: bool = True) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
@@ -383,7 +389,8 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                  "reach": {"max": context},
                  **({"verify_tokens": {"max": VERIFY_ROWS}, "verify_seqs": {"max": VERIFY_SEQS}} if invariant else {})},
         "buffers": buffers,
-        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
+        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]},
+                          "host": HOST_KV}},
         "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in modules},
         "ops": ops, "programs": programs,
     }

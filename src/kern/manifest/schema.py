@@ -133,10 +133,26 @@ class Buffer(_Strict):
     """Pointers buffers: the buffers whose device addresses fill the table, in order."""
 
 
+class PageAxis(_Strict):
+    axis: str
+    size: Expr
+
+
+class HostLayout(_Strict):
+    """How a host that allocates a paged state (an inference server kern runs inside) must lay
+    out one page: its element dtype and its axes, outermost first; exactly one axis is `token`
+    (its size is the page's tokens). Sizes times the dtype's bytes make bytes_per_token a token."""
+
+    dtype: DType
+    page: list[PageAxis] = Field(min_length=1)
+
+
 class State(_Strict):
     bytes_per_token: Expr | None = None
     bytes_per_seq: Expr | None = None
     bytes: Expr | None = None
+    host: HostLayout | None = None
+    """A paged state a host may allocate itself: the page layout its memory must have."""
 
 
 class Module(_Strict):
