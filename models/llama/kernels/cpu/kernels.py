@@ -191,8 +191,8 @@ def sample(logits, temperature, key, mask, mask_row, tokens):
     Gumbel-max trick with noise hashed from the row's 64-bit key and the token index (the same
     formula as cuda/argmax.cu's sample_partial, so a key reproduces its draw). mask_row[r] = m > 0:
     row r draws only among the tokens set in row m - 1 of `mask` (bit t % 32 of word t // 32),
-    as cuda/argmax.cu does: where every allowed logit is -inf or NaN, among those as if at 0;
-    where none is allowed, token 0."""
+    as cuda/argmax.cu does (where no allowed logit is above -inf: among the -inf ones, else the
+    NaN ones, as if at 0; where none is allowed, token 0)."""
     vocab = logits.shape[1]
     with np.errstate(over="ignore"):
         for r in range(logits.shape[0]):
@@ -222,16 +222,18 @@ def _allowed(words, vocab: int) -> np.ndarray:
 
 
 def _masked_pick(row, t, g, allowed) -> int:
-    """The draw among the allowed tokens: the live ones (logit above -inf) at their logits, ties to
-    the lowest; where none is live, every allowed one at logit 0; token 0 where none is allowed."""
+    """The draw among the allowed tokens: those whose logit is above -inf at their logits (ties to
+    the lowest); where there are none, the -inf ones, else the NaN ones, as if at logit 0 (greedy:
+    the lowest, sampled: the noise alone); token 0 where none is allowed."""
     live = np.flatnonzero(allowed & (row > -np.inf))  # NaN compares false
     if live.size:
         val = row[live] * (np.float32(1) / t) + g[live] if g is not None else row[live]
         return int(live[np.argmax(val)])
-    some = np.flatnonzero(allowed)
-    if not some.size:
-        return 0
-    return int(some[np.argmax(g[some])]) if g is not None else int(some[0])
+    for tier in (allowed & (row == -np.inf), allowed & np.isnan(row)):
+        some = np.flatnonzero(tier)
+        if some.size:
+            return int(some[np.argmax(g[some])]) if g is not None else int(some[0])
+    return 0
 
 
 def accept(ids, cu_seqlens, tokens, accepted):

@@ -8,10 +8,11 @@
 // A token mask (a grammar's): mask_row[r] = 0 draws row r over every token; m > 0 draws it only
 // among the tokens whose bit is set in row m - 1 of `mask` (bit i % 32 of word i / 32, words =
 // ceil(vocab / 32) a row: llguidance's layout, uploaded as it comes). Among the allowed tokens
-// the draw is the unmasked one (the same keyed noise); where every allowed token's logit is -inf
-// or NaN the row draws among them as if their logits were 0 (greedy: the lowest; sampled: the
-// keyed noise alone), and where the mask allows none it gives token 0 (the host's sampling.mask
-// and argmax, mirrored).
+// the draw is the unmasked one (the same keyed noise). Where no allowed logit is above -inf the
+// row draws among its -inf ones, else among its NaN ones, as if their logits were 0 (greedy: the
+// lowest; sampled: the keyed noise alone, an even draw); where the mask allows none it gives
+// token 0. That is the host's path (sampling.penalize, mask and argmax) mirrored: there a NaN
+// logit becomes -inf and a -inf one the lowest float64.
 // sample_partial: chunk c of row r covers [c*cs, min((c+1)*cs, vocab)), cs =
 //   ceil_div(vocab, chunks); writes part_val/part_idx[r, c]. Grid (chunks, n_rows), block 256.
 // argmax_final: tokens[r] = best of part_*[r, 0..chunks). Grid (n_rows), block 32.
@@ -34,10 +35,10 @@ __device__ __forceinline__ float gumbel(unsigned long long key, int i) {
     return -logf(-logf(u));
 }
 
-// A candidate's tier rides in bits 29-30 of its index (vocabularies stay below 2^29), as 2 - tier:
-// tier 2 (index as is) a live logit, tier 1 an allowed token whose logit is -inf or NaN, tier 0
-// token 0 where the mask allows none. A lower tier word wins, then the larger value, then the
-// lower index; INT_MAX (word 3) is no candidate. Unmasked rows hold tier-2 candidates only, where
+// A candidate's tier rides in bits 29-30 of its index (vocabularies stay below 2^29): word 0 (the
+// index as is) a logit above -inf, 1 an allowed -inf, 2 an allowed NaN, 3 token 0 where the mask
+// allows none. A lower word wins, then the larger value, then the lower index (INT_MAX, word 3 too,
+// is no candidate: token 0's 3 << 29 beats it). Unmasked rows hold word-0 candidates only, where
 // this is common.cuh's better.
 #define TIER_SHIFT 29
 __device__ __forceinline__ void better_tier(float &bv, int &bi, float v, int i) {
@@ -73,7 +74,7 @@ extern "C" __global__ void sample_partial(const float *__restrict__ logits, cons
     int bi = INT_MAX;
     if (m > 0) {
         const unsigned *words = reinterpret_cast<const unsigned *>(mask) + (size_t)(m - 1) * ((vocab + 31) / 32);
-        if (c == 0 && threadIdx.x == 0) bi = 2 << TIER_SHIFT;  // token 0, should the mask allow none
+        if (c == 0 && threadIdx.x == 0) bi = 3 << TIER_SHIFT;  // token 0, should the mask allow none
         const float inv = t > 0.0f ? 1.0f / t : 0.0f;
         for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             if (!((__ldg(words + (i >> 5)) >> (i & 31)) & 1u)) continue;
@@ -81,7 +82,7 @@ extern "C" __global__ void sample_partial(const float *__restrict__ logits, cons
             if (l > -INFINITY)  // finite or +inf (NaN fails the compare)
                 better_tier(bv, bi, t > 0.0f ? l * inv + gumbel(k, i) : l, i);
             else
-                better_tier(bv, bi, t > 0.0f ? gumbel(k, i) : 0.0f, i | (1 << TIER_SHIFT));
+                better_tier(bv, bi, t > 0.0f ? gumbel(k, i) : 0.0f, i | ((isnan(l) ? 2 : 1) << TIER_SHIFT));
         }
     } else if (t > 0.0f) {
         const float inv = 1.0f / t;
