@@ -45,14 +45,6 @@ __device__ __forceinline__ void better_tier(float &bv, int &bi, float v, int i) 
     const int bt = bi >> TIER_SHIFT, t = i >> TIER_SHIFT;
     if (t < bt || (t == bt && (v > bv || (v == bv && i < bi)))) { bv = v; bi = i; }
 }
-__device__ __forceinline__ void warp_best_tier(float &bv, int &bi) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-        better_tier(bv, bi, v, i);
-    }
-}
 
 extern "C" __global__ void sample_partial(const float *__restrict__ logits, const float *__restrict__ temperature,
                                           const int *__restrict__ key, const int *__restrict__ mask,
@@ -90,7 +82,7 @@ extern "C" __global__ void sample_partial(const float *__restrict__ logits, cons
     } else {
         for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, __ldcg(row + i), i);
     }
-    warp_best_tier(bv, bi);
+    warp_best<better_tier>(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
     __syncthreads();
@@ -112,6 +104,6 @@ extern "C" __global__ void argmax_final(const float *__restrict__ part_val,
     int bi = INT_MAX;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x)
         better_tier(bv, bi, __ldcg(part_val + (size_t)r * chunks + c), __ldcg(part_idx + (size_t)r * chunks + c));
-    warp_best_tier(bv, bi);
+    warp_best<better_tier>(bv, bi);
     if (threadIdx.x == 0) tokens[r] = bi == INT_MAX ? -1 : bi & ((1 << TIER_SHIFT) - 1);
 }
