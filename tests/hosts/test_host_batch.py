@@ -61,7 +61,7 @@ def test_a_mixed_step_is_one_ragged_call(verified_1b):
     qsl, b = fake_vllm_batch([0, 100, 37, 500], [300, 1, 1, 64], padded_rows=13)
     calls = plan(p, np.diff(qsl), int(b.seq_lens.max()))
     assert [c.stepper.program for c in calls] == ["prefill"]
-    assert calls[0].vars == {"prefill_seqs": 4, "tokens": 366}
+    assert calls[0].vars == {"prefill_seqs": 4, "tokens": 366, "mask_rows": 1}  # no row masked: the host samples
     rows, logits_from = replay(calls, b, 64)
     assert rows == [(s, int(x)) for s, c, q in zip(range(4), [0, 100, 37, 500], [300, 1, 1, 64])
                     for x in range(c, c + q)]
@@ -107,8 +107,9 @@ def test_a_batch_past_the_ragged_programs_bounds_splits_sequences_in_order(small
     assert all(c.stepper.program == "prefill" for c in calls)
     assert [[(x.seq, x.rows, x.tail) for x in c.pieces] for c in calls] == [
         [(0, 64, 86)], [(0, 64, 22)], [(0, 22, 0), (1, 1, 0), (2, 1, 0), (3, 30, 0)], [(4, 1, 0), (5, 2, 0)]]
-    assert [c.vars for c in calls] == [{"prefill_seqs": 1, "tokens": 64}, {"prefill_seqs": 1, "tokens": 64},
-                                       {"prefill_seqs": 4, "tokens": 54}, {"prefill_seqs": 2, "tokens": 3}]
+    m = {"mask_rows": 1}  # no row masked: the host samples
+    assert [c.vars for c in calls] == [{"prefill_seqs": 1, "tokens": 64, **m}, {"prefill_seqs": 1, "tokens": 64, **m},
+                                       {"prefill_seqs": 4, "tokens": 54, **m}, {"prefill_seqs": 2, "tokens": 3, **m}]
     rows, logits_from = replay(calls, b, 64)
     assert rows == [(s, x) for s, (c, q) in enumerate(zip(computed, scheduled)) for x in range(c, c + q)]
     last = {x.seq: i for i, c in enumerate(calls) for x in c.pieces if x.tail == 0}

@@ -126,7 +126,7 @@ def test_a_replayed_decode_graph_gives_padded_rows_position_zero(model):
     c = common(np.arange(9, dtype=np.int32), qsl_gpu, b, 1024)  # planned at capture: 8 rows
     model.step(c, torch.from_numpy(b.input_ids), torch.from_numpy(b.positions))
     (program, env), = model.enqueuer.calls
-    assert program == "decode" and env == {"seqs": 8, "reach": 1024}
+    assert program == "decode" and env == {"seqs": 8, "reach": 1024, "mask_rows": 1}
     t = model.views["decode"]
     assert t["position"][:8].tolist() == [50, 60, 70, 80, 90, 0, 0, 0]
     assert t["cu_seqlens"][:9].tolist() == list(range(9))

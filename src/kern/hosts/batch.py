@@ -25,7 +25,7 @@ from ..errors import KernError
 from ..manifest.protocol import Protocol, Stepper
 
 ROLES_READ = ("token", "position", "cu_seqlens", "seq_len")  # input roles a host fills
-ROLES_LEFT = ("temperature", "rng")  # sampling inputs: the host samples; left at zero (greedy)
+ROLES_LEFT = ("temperature", "rng", "mask", "mask_row")  # sampling inputs: the host samples; left at zero (greedy, no mask)
 
 
 class HostError(KernError, ValueError):

@@ -1,6 +1,7 @@
-"""4. states declare exactly one size, at least one byte, that fits 64 bits; a state's host
-layout (the page a host allocating it must lay out) is a paged state's, of constant sizes,
-one `token` axis of the page tables' stride, and bytes_per_token to the byte."""
+"""4. states declare exactly one size, at least one byte, that fits 64 bits, of constants alone
+(a state is allocated once, at load: no var has a value then); a state's host layout (the page
+a host allocating it must lay out) is a paged state's, of constant sizes, one `token` axis of
+the page tables' stride, and bytes_per_token to the byte."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from math import prod
 
 from ..context import Context
+from ..expr import names
 from ..limits import MAX_BYTES
 from ..problems import Problem
 from ..schema import DTYPE_BYTES
@@ -22,6 +24,11 @@ def states(c: Context) -> Iterator[Problem]:
             yield Problem(f"states.{name}", "declare exactly one of bytes_per_token, bytes_per_seq, bytes"
                           + (f"; got {', '.join(given)}" if given else ""))
         for k in given:
+            varied = sorted({n for n in names(getattr(s, k)) if n in c.m.vars})
+            if varied:
+                yield Problem(f"states.{name}.{k}", f"names var {varied[0]}: a state's size is fixed at load, "
+                              "of constants alone")
+                continue
             r = c.bounds(getattr(s, k), f"states.{name}.{k}")
             if r is None:
                 continue
