@@ -43,7 +43,7 @@ def op_launches(gpu, spec: dict, named: dict) -> list:
             named["part"] = gpu.empty(tiles * table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"] * 4)
             named["sem"] = gpu.put(np.zeros(tiles, np.int32))
         out.append(gpu.make(la["entry"], grid, tuple(la["block"]), *(named[n] for n in names),
-                            shared_mem=la.get("shared_mem", 0)))
+                            shared_mem=_value(la.get("shared_mem", 0), named)))
     return out
 
 
