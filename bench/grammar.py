@@ -3,13 +3,15 @@ model's tokenizer (SmolLM2, 49,152 tokens), then the cost inside kern's loop.
 
     pip install xgrammar   # not a kern dependency: it needs torch and transformers (docs/serve.md)
     python bench/grammar.py [--rows 16] [--repeats 5]
+    python bench/grammar.py --no-libraries --target cuda --rows 8     # the loop on the H200
 
 Each library walks the same document token by token: the time to build its view of the
 vocabulary, to compile the schema, and to fill one row's mask a token (the first token, whose
 mask is the widest, apart). --rows: masks for that many rows at once (llguidance's batched call,
-as a step computes them). Then kern's loop decodes the embedded model on the CPU with and
-without the schema (greedy, the same number of tokens): the difference a token is what a
-constrained row costs, host draw included."""
+as a step computes them). The mask's application on the cpu: the sample op masked and unmasked,
+beside the host path it replaced. Then kern's loop decodes the embedded model (--target: cpu, or
+cuda where the device applies the mask) with and without the schema (greedy, the same tokens):
+the difference a step is what constrained rows cost, llguidance's share timed inside it."""
 
 from __future__ import annotations
 
@@ -87,27 +89,80 @@ def xgrammar_cost(tk, ids: list[int], eos: int, rows: int) -> dict:
     return {"vocab_ms": round((t1 - t0) * 1e3), "compile_ms": round((t2 - t1) * 1e3, 1), **_stats(times)}
 
 
-def loop_cost(repeats: int, new: int) -> dict:
+def apply_cost(vocab: int, rows: int, repeats: int) -> dict:
+    """The mask's application on the cpu, a row: the sample op (the cpu deployment's, the
+    reference of cuda/argmax.cu) unmasked and masked, beside the host path it replaced (the
+    bitmask unpacked, sampling.mask, the argmax); and the bytes a masked row uploads."""
+    from kern.generation.constraints import unpack
+    from kern.generation.sampling import mask
+    from kern_models.llama.kernels.cpu.kernels import sample
+
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((rows, vocab)).astype(np.float32)
+    words = (vocab + 31) // 32
+    bits = np.where(rng.random((rows, words)) < 0.5, -1, 0x5555).astype(np.int32)  # a grammar's density
+    temps, keys, out = np.zeros(rows, np.float32), np.zeros((rows, 2), np.int32), np.empty(rows, np.int32)
+    free, every = np.zeros(rows, np.int32), np.arange(1, rows + 1, dtype=np.int32)
+
+    def host() -> None:
+        zz = z.astype(np.float64)
+        mask(zz, unpack(bits, vocab))
+        np.argmax(zz, axis=1)
+
+    def timed(f) -> float:
+        ts = []
+        for _ in range(repeats + 1):
+            a = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - a)
+        return round(float(np.median(ts[1:])) / rows * 1e6, 1)
+    return {"vocab": vocab, "rows": rows, "upload_bytes_a_row": words * 4,
+            "op_unmasked_us_a_row": timed(lambda: sample(z, temps, keys, bits, free, out)),
+            "op_masked_us_a_row": timed(lambda: sample(z, temps, keys, bits, every, out)),
+            "host_path_us_a_row": timed(host)}
+
+
+def loop_cost(repeats: int, new: int, target: str, rows: int) -> dict:
+    """kern's loop on the embedded model at `target`, `rows` requests at once, greedy, `new`
+    tokens each: ms a decode step free and under a JSON-object grammar, the share of it spent in
+    llguidance's batched mask call (the compute: Grammars.bitmasks, timed in place), and the
+    logits rows the host read (0 where the device applies the mask). The lead's H200 hook:
+    python bench/grammar.py --no-libraries --target cuda --rows 8"""
     import kern
     from kern.generation import SamplingParams
     from kern.generation.constraints import json_schema_grammar
 
-    model = kern.load(progress=False, context=512)
-    tok = model.loop.tokenizer
+    model = kern.load(progress=False, context=512, target=target)
+    loop = model.loop
+    tok = loop.tokenizer
     prompt = tok.chat([{"role": "user", "content": "Describe a person as JSON."}])
     free = SamplingParams(max_tokens=new, ignore_eos=True)
     bound = SamplingParams(max_tokens=new, ignore_eos=True, grammar=json_schema_grammar({"type": "object"}))
+    model.warm_up(progress=False)
     model.generate_batch([prompt], [bound])  # llguidance's view of the vocabulary, built once
-    model.loop.paging.pool.clear()  # every run prefills: the same work each time
-    out = {}
+    loop.paging.pool.clear()
+    spent, reads = [0.0, 0], []
+    real_masks, real_rows = loop.grammars.bitmasks, loop.engine.read_rows
+
+    def bitmasks(matchers):
+        a = time.perf_counter()
+        out = real_masks(matchers)
+        spent[0] += time.perf_counter() - a
+        spent[1] += len(matchers)
+        return out
+    loop.grammars.bitmasks = bitmasks
+    loop.engine.read_rows = lambda buf, env, which: (reads.extend(which), real_rows(buf, env, which))[1]
+    out = {"target": target, "rows": rows, "device_masks": loop.runner.masks}
     for name, p in (("free", free), ("json_object", bound)):
-        runs = []
+        runs, spent[:] = [], [0.0, 0]
         for _ in range(repeats):
-            (g,) = model.generate_batch([prompt], [p])
-            model.loop.paging.pool.clear()
-            runs.append(g.decode_s / g.decode_steps)  # decode only: a document may end before `new`
-        out[name + "_ms_per_token"] = round(float(np.median(runs)) * 1e3, 2)
-    out["constrained_extra_ms_per_token"] = round(out["json_object_ms_per_token"] - out["free_ms_per_token"], 2)
+            gs = model.generate_batch([prompt] * rows, [p] * rows)
+            loop.paging.pool.clear()  # every run prefills: the same work each time
+            runs.append(max(g.decode_s / g.decode_steps for g in gs))  # decode only: a document may end early
+        out[name + "_ms_a_step"] = round(float(np.median(runs)) * 1e3, 3)
+    out["constrained_extra_ms_a_step"] = round(out["json_object_ms_a_step"] - out["free_ms_a_step"], 3)
+    out["llguidance_us_a_constrained_token"] = round(spent[0] / max(spent[1], 1) * 1e6, 1)
+    out["logits_rows_read"] = len(reads)
     return out
 
 
@@ -116,19 +171,24 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new", type=int, default=32, help="tokens a loop run decodes")
+    ap.add_argument("--target", default="cpu", help="the loop's target (cuda: the device applies the mask)")
     ap.add_argument("--no-loop", action="store_true", help="the libraries alone")
+    ap.add_argument("--no-libraries", action="store_true", help="the loop alone (llguidance timed inside it)")
     args = ap.parse_args()
 
     from kern.tokenizer import Tokenizer
     from kern_models.embedded import prepare
 
     tk = Tokenizer(prepare(progress=False)).tok
-    ids = tk.encode(json.dumps(DOC), add_special_tokens=False).ids
-    eos = 2
-    result = {"machine": platform.processor() or platform.machine(), "rows": args.rows, "doc_tokens": len(ids),
-              "llguidance": llguidance_cost(tk, ids, eos, args.rows), "xgrammar": xgrammar_cost(tk, ids, eos, args.rows)}
+    result = {"machine": platform.processor() or platform.machine(), "rows": args.rows}
+    if not args.no_libraries:
+        ids = tk.encode(json.dumps(DOC), add_special_tokens=False).ids
+        eos = 2
+        result.update(doc_tokens=len(ids), llguidance=llguidance_cost(tk, ids, eos, args.rows),
+                      xgrammar=xgrammar_cost(tk, ids, eos, args.rows),
+                      mask_apply_cpu=apply_cost(tk.get_vocab_size(True), max(args.rows, 8), args.repeats * 10))
     if not args.no_loop:
-        result["kern_loop_cpu"] = loop_cost(args.repeats, args.new)
+        result["kern_loop"] = loop_cost(args.repeats, args.new, args.target, args.rows)
     print(json.dumps(result, indent=1))
 
 

@@ -287,11 +287,16 @@ def bench_small(gpu: Gpu, rng, lines: list[str]) -> None:
     logits = gpu.put(rng.standard_normal((1, vocab)).astype(np.float32))
     pv, pi, tok = gpu.empty(128 * 4), gpu.empty(128 * 4), gpu.empty(4)
     temp, key = gpu.put(np.zeros(1, np.float32)), gpu.put(np.zeros((1, 2), np.int32))
-    ls = []
-    for _ in range(REPS):
-        ls.append(gpu.make("sample_partial", (128, 1), 256, logits, temp, key, pv, pi, vocab, 1, 128))
-        ls.append(gpu.make("argmax_final", 1, 32, pv, pi, tok, 1, 128))
-    lines.append(row("sample (greedy) partial+final 1x128256", time_graph(gpu, ls), vocab * 4))
+    words = -(-vocab // 32)
+    allow = gpu.put(np.where(rng.random((1, words)) < 0.5, -1, 0x5555).astype(np.int32))  # a grammar-like mask
+    for name, row_of in (("", 0), (" masked", 1)):
+        mask_row = gpu.put(np.full(1, row_of, np.int32))
+        ls = []
+        for _ in range(REPS):
+            ls.append(gpu.make("sample_partial", (128, 1), 256, logits, temp, key, allow, mask_row, pv, pi, vocab, 1,
+                               128))
+            ls.append(gpu.make("argmax_final", 1, 32, pv, pi, tok, 1, 128))
+        lines.append(row(f"sample (greedy{name}) partial+final 1x128256", time_graph(gpu, ls), vocab * 4))
 
 
 def bench_launch_overheads(gpu: Gpu, lines: list[str]) -> None:

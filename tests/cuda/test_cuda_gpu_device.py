@@ -32,15 +32,16 @@ def _decode_step(gpu, rng, vocab=32000, hidden=1024, rows=2, chunks=128):
              norm_w=gpu.put(R.rand_bf16(rng, (hidden,))), x=gpu.empty(rows * hidden * 2),
              y=gpu.empty(rows * hidden * 2), logits=gpu.empty(rows * vocab * 4),
              pv=gpu.empty(rows * chunks * 4), pi=gpu.empty(rows * chunks * 4), tok=gpu.empty(rows * 4),
-             temp=gpu.put(np.zeros(rows, np.float32)), key=gpu.put(np.zeros((rows, 2), np.int32)))
+             temp=gpu.put(np.zeros(rows, np.float32)), key=gpu.put(np.zeros((rows, 2), np.int32)),
+             mask=gpu.put(np.zeros((1, -(-vocab // 32)), np.int32)), mask_row=gpu.put(np.zeros(rows, np.int32)))
 
     def launches(pdl=False):
         return [
             gpu.make("embed", rows, 256, b["ids"], b["W"], b["x"], rows, hidden, pdl=pdl),
             gpu.make("rms_norm", rows, 256, b["x"], b["norm_w"], b["y"], rows, hidden, 1e-5, pdl=pdl),
             gpu.make("gemv_f32", -(-vocab // 8), 256, b["y"], b["W"], b["logits"], rows, vocab, hidden, pdl=pdl),
-            gpu.make("sample_partial", (chunks, rows), 256, b["logits"], b["temp"], b["key"], b["pv"], b["pi"], vocab,
-                     rows, chunks, pdl=pdl),
+            gpu.make("sample_partial", (chunks, rows), 256, b["logits"], b["temp"], b["key"], b["mask"], b["mask_row"],
+                     b["pv"], b["pi"], vocab, rows, chunks, pdl=pdl),
             gpu.make("argmax_final", rows, 32, b["pv"], b["pi"], b["tok"], rows, chunks, pdl=pdl),
         ]
 

@@ -426,9 +426,15 @@ def test_argmax_ties_go_to_the_lowest_index(gpu):
     logits[3, 999] = 50.0
     pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
     greedy, keys = gpu.put(np.zeros(n_rows, np.float32)), gpu.put(np.zeros((n_rows, 2), np.int32))
-    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), greedy, keys, pv, pi, vocab, n_rows, chunks)
+    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), greedy, keys, *_unmasked(gpu, n_rows, vocab), pv, pi,
+            vocab, n_rows, chunks)
     gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
     assert gpu.get(tok, np.int32, n_rows).tolist() == [123, vocab - 1, 0, 999]
+
+
+def _unmasked(gpu, n_rows: int, vocab: int) -> tuple:
+    """sample_partial's mask inputs for rows drawn over every token: one row of words, no row masked."""
+    return gpu.put(np.zeros((1, -(-vocab // 32)), np.int32)), gpu.put(np.zeros(n_rows, np.int32))
 
 
 def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws(gpu):
@@ -442,9 +448,10 @@ def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws(gpu):
     d_logits = gpu.put(logits)
     pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
     rng = np.random.default_rng(12)
+    free = _unmasked(gpu, n_rows, vocab)
     for start in range(0, draws, n_rows):
         keys = gpu.put(rng.integers(-2**31, 2**31, (n_rows, 2)).astype(np.int32))
-        gpu.run("sample_partial", (chunks, n_rows), 256, d_logits, temps, keys, pv, pi, vocab, n_rows, chunks)
+        gpu.run("sample_partial", (chunks, n_rows), 256, d_logits, temps, keys, *free, pv, pi, vocab, n_rows, chunks)
         gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
         got = gpu.get(tok, np.int32, n_rows)
         assert (got == best).all(), f"draw {start + int(np.argmax(got != best))} took token {got[got != best][0]}"
@@ -462,12 +469,12 @@ def test_a_temperature_draw_is_the_cpu_references_draw_and_follows_the_softmax(g
     temps = np.full(n_rows, t, np.float32)
     keys = rng.integers(-2**31, 2**31, (n_rows, 2)).astype(np.int32)
     pv, pi, tok = gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * chunks * 4), gpu.empty(n_rows * 4)
-    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), gpu.put(temps), gpu.put(keys), pv, pi,
-            vocab, n_rows, chunks)
+    gpu.run("sample_partial", (chunks, n_rows), 256, gpu.put(logits), gpu.put(temps), gpu.put(keys),
+            *_unmasked(gpu, n_rows, vocab), pv, pi, vocab, n_rows, chunks)
     gpu.run("argmax_final", n_rows, 32, pv, pi, tok, n_rows, chunks)
     got = gpu.get(tok, np.int32, n_rows)
     want = np.empty(n_rows, np.int32)
-    sample(logits, temps, keys, want)
+    sample(logits, temps, keys, np.zeros((1, -(-vocab // 32)), np.int32), np.zeros(n_rows, np.int32), want)
     assert np.mean(got != want) < 0.002
     p = np.exp(logits[0] / t - np.max(logits[0] / t))
     p /= p.sum()

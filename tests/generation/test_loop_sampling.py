@@ -10,6 +10,13 @@ from .test_detok import ByteTokenizer
 from .test_loop import _prompts, _run, _tokens
 
 
+
+def unmasked(logits):
+    """The sample op's mask inputs for rows drawn over every token: one row of words, no row masked."""
+    import numpy as np
+
+    return np.zeros((1, -(-logits.shape[1] // 32)), np.int32), np.zeros(len(logits), np.int32)
+
 def _text_loop(tiny_llama):
     loop = make_loop(tiny_llama)
     loop.tokenizer = ByteTokenizer()  # the tiny model's 256 tokens read as bytes
@@ -99,13 +106,13 @@ def test_the_sample_op_draws_follow_the_softmax_at_the_temperature():
     logits = np.tile(rng.standard_normal(vocab).astype(np.float32), (n, 1))
     keys = np.array([draw_key(7, i) for i in range(n)], "<u8").view("<i4").reshape(n, 2)
     got = np.empty(n, np.int32)
-    sample(logits, np.full(n, t, np.float32), keys, got)
+    sample(logits, np.full(n, t, np.float32), keys, *unmasked(logits), got)
     p = np.exp(logits[0] / t - np.max(logits[0] / t))
     p /= p.sum()
     counts = np.bincount(got, minlength=vocab)
     chi2 = float(np.sum((counts - n * p) ** 2 / (n * p)))
     assert chi2 < 20.5, f"chi-square {chi2:.1f} over {vocab - 1} degrees of freedom"
-    sample(logits, np.zeros(n, np.float32), keys, got)
+    sample(logits, np.zeros(n, np.float32), keys, *unmasked(logits), got)
     assert (got == np.argmax(logits[0])).all()
 
 
@@ -124,7 +131,7 @@ def test_a_token_leading_by_100_nats_is_drawn_in_every_one_of_100000_draws():
     got = np.empty(rows, np.int32)
     for start in range(0, draws, rows):
         keys = np.array([draw_key(3, start + i) for i in range(rows)], "<u8").view("<i4").reshape(rows, 2)
-        sample(logits, np.ones(rows, np.float32), keys, got)
+        sample(logits, np.ones(rows, np.float32), keys, *unmasked(logits), got)
         assert (got == best).all(), f"draw {start + int(np.argmax(got != best))} took token {got[got != best][0]}"
 
 
@@ -155,7 +162,7 @@ def test_nan_never_wins_the_sample_op_as_on_the_device():
     logits = np.array([r for r, _ in rows], np.float32)
     keys = np.arange(2 * len(rows), dtype=np.int32).reshape(len(rows), 2)
     got = np.empty(len(rows), np.int32)
-    sample(logits, np.zeros(len(rows), np.float32), keys, got)
+    sample(logits, np.zeros(len(rows), np.float32), keys, *unmasked(logits), got)
     assert got.tolist() == [want for _, want in rows]
-    sample(logits[:1], np.full(1, 0.7, np.float32), keys[:1], got[:1])
+    sample(logits[:1], np.full(1, 0.7, np.float32), keys[:1], *unmasked(logits[:1]), got[:1])
     assert got[0] in (1, 2)

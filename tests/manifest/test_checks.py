@@ -327,7 +327,8 @@ def test_9_no_program_steps_a_batch(m):
 def test_9_two_buffers_in_one_role(m):
     m["buffers"]["d_next2"] = dict(m["buffers"]["d_next"])
     m["programs"]["decode"]["calls"].append({"op": "sample", "args": [{"buf": "d_logits"}, {"buf": "d_temperature"},
-                                                                      {"buf": "d_rng"}, {"buf": "d_next2"}]})
+                                                                      {"buf": "d_rng"}, {"buf": "d_mask"},
+                                                                      {"buf": "d_mask_row"}, {"buf": "d_next2"}]})
     n = len(m["programs"]["decode"]["calls"]) - 1
     reported(m, f"programs.decode.calls[{n}] (op sample)", "already has 'd_next' in that role")
 

@@ -289,7 +289,7 @@ def step_every_program(v, ckpt: Path) -> None:
         vars_ = st.vars_for(1, n, reach=n if st.reach_var else None)
         env = eng.env(st.program, vars_)
         fill = {"token": [1] * n, "position": list(range(n)), "cu_seqlens": [0, n], "slot": [0], "seq_len": [n],
-                "temperature": [0.0], "rng": [0]}
+                "temperature": [0.0], "rng": [0], "mask": [-1], "mask_row": [1]}  # a mask allowing every token
         inputs = {buf: np.resize(np.array(fill[role], np.float32 if role == "temperature" else np.int32),
                                  eng.shape(buf, env)) for role, buf in st.inputs.items()}
         inputs.update({pt.buffer: np.zeros(eng.shape(pt.buffer, env), np.int32) for pt in st.page_tables})

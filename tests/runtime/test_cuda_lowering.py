@@ -269,7 +269,8 @@ class _Staged(cuda_device.memory.StagedBuffer):
 
 def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
     """A program copies its inputs up from their mirrors itself; at batch 1 that is one row of
-    the page table, not the table of the largest batch."""
+    the page table, not the table of the largest batch; and the token masks' rows the step's
+    mask var says (1 where no row is masked: one row of words, not the bound's)."""
     m = sm90.manifest
     log: list = []
     env_max = {**sm90.constants, **{n: v.max for n, v in m.vars.items()}}
@@ -280,12 +281,14 @@ def test_each_step_uploads_only_the_input_bytes_its_views_reach(sm90):
     prog = cuda_device.CudaProgram(_Dev(m.modules), lower_program(sm90, "decode"), bufs, {"kv": _Mem(0x7000000)},
                                    graph=True)
     pages = -(-m.vars["context"].max // sm90.constants["page_tokens"])
-    for seqs in (1, m.vars["seqs"].max):
+    words = -(-sm90.constants["vocab"] // 32)
+    for seqs, masked in ((1, 1), (m.vars["seqs"].max, 4)):
         log.clear()
-        prog._upload({**env_max, "seqs": seqs})
+        prog._upload({**env_max, "seqs": seqs, "mask_rows": masked})
         got = {n: size for n, b in bufs.items() if isinstance(b, _Staged) for p, size in log if p == b.ptr}
         assert got == {"d_ids": 4 * seqs, "d_pos": 4 * seqs, "d_cu_seqlens": 4 * (seqs + 1),
-                       "d_page_table": 4 * seqs * pages, "d_temperature": 4 * seqs, "d_rng": 8 * seqs}
+                       "d_page_table": 4 * seqs * pages, "d_temperature": 4 * seqs, "d_rng": 8 * seqs,
+                       "d_mask": 4 * words * masked, "d_mask_row": 4 * seqs}
 
 
 class _Mirror:

@@ -20,8 +20,8 @@ def test_reach_rounds_up_to_power_of_two_buckets(tiny):
     dec, pre = model.protocol.for_rows(2, 1), model.protocol.for_rows(1, None)
     bound = model.verified.manifest.vars["reach"].max
     assert [dec.reach_bucket(n) for n in (1, 64, 65, 128, 129, bound)] == [64, 64, 128, 128, 256, bound]
-    assert dec.vars_for(2, 2, reach=100) == {"seqs": 2, "reach": 128}
-    assert dec.vars_for(2, 2) == {"seqs": 2}  # unset: the var stays at its bound
+    assert dec.vars_for(2, 2, reach=100) == {"seqs": 2, "reach": 128, "mask_rows": 1}
+    assert dec.vars_for(2, 2) == {"seqs": 2, "mask_rows": 1}  # reach unset: the var stays at its bound
     assert "reach" not in pre.vars_for(1, 7, reach=7)  # prefill sizes nothing by it
     with pytest.raises(ProtocolError, match=rf"reaching {bound + 1} positions is outside the var bound reach <= {bound}"):
         dec.vars_for(1, 1, reach=bound + 1)

@@ -67,16 +67,18 @@ __device__ __forceinline__ int warp_min(int v) {
 }
 
 // Argmax over (value, index) pairs: the larger value wins, a tie goes to the lower index, NaN
-// never wins (every comparison with it is false). warp_best leaves the warp's best in every lane.
+// never wins (every comparison with it is false). warp_best leaves the warp's best in every lane,
+// by `better` or another order of pairs given as Better (argmax.cu's tiers).
 __device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
 }
+template <void (*Better)(float &, int &, float, int) = better>
 __device__ __forceinline__ void warp_best(float &bv, int &bi) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, bv, o);
         const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, v, i);
+        Better(bv, bi, v, i);
     }
 }
 

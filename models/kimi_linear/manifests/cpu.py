@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kern_models.common.errors import ConfigError
-from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
+from kern_models.llama.manifests.common import MASK_ROWS, b, buf, context_of, sampling_inputs, v
 from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, stepping_program
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
@@ -199,7 +199,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
         "schema_version": 1, "model": model, "target": {"device": "cpu"},
         "constants": {**constants(s), **state_constants(s, 4)},
         "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
-                 "reach": {"max": context}},
+                 "reach": {"max": context}, MASK_ROWS: {"max": seqs}},
         "buffers": buffers,
         "states": states(s),
         "modules": {name: {"source": f"kernels/{file}", "sha256": ""} for name, (file, _) in MODULES.items()},

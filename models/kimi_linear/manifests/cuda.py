@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
-from kern_models.llama.manifests.common import b, buf, context_of, sampling_inputs, v
+from kern_models.llama.manifests.common import MASK_ROWS, b, buf, context_of, sampling_args, sampling_inputs, v
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
 from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
@@ -220,7 +220,7 @@ class _Program:
         head = {"op": "linear_f32", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]} \
             if self.kind == "wide" else \
             {"op": "gemv_logits", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]}
-        sample = {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "argmax_val"),
+        sample = {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "argmax_val"),
                                            b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(G), v(ARGMAX_CHUNKS)]}
         return calls + [head, sample]
 
@@ -280,7 +280,8 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": table.ARCH},
         "constants": {**constants(s), **sizes},
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
-                 "wide_seqs": {"max": wide_seqs}, "context": {"max": context}, "reach": {"max": context}},
+                 "wide_seqs": {"max": wide_seqs}, "context": {"max": context}, "reach": {"max": context},
+                 MASK_ROWS: {"max": max(seqs, prefill_seqs, wide_seqs)}},
         "buffers": buffers,
         # Declared by their sizes' values, not the constants' names the cpu manifest uses: the
         # bf16 cache and the f32 state computed from bf16 inputs differ from the reference's in

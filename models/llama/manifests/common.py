@@ -63,10 +63,25 @@ def v(x):
     return {"value": x}
 
 
+# The var counting the rows of a step's token masks (a grammar's, one a constrained row): the
+# host sets it to the rows it fills (bucketed), so a step without one copies up a single row.
+MASK_ROWS = "mask_rows"
+
+
 def sampling_inputs(p: str, groups) -> dict:
-    """Each sequence's temperature (0: greedy) and the 64-bit key of its draw, as two i32."""
+    """Each sequence's temperature (0: greedy), the 64-bit key of its draw, as two i32, and its
+    token mask: `mask` the step's masked rows' bitmasks (bit t % 32 of word t // 32 allows token
+    t, llguidance's layout), `mask_row` each sequence's row of them + 1 (0: unmasked)."""
     return {p + "temperature": buf([groups], "input", "f32", fill="temperature"),
-            p + "rng": buf([groups, 2], "input", "i32", fill="rng")}
+            p + "rng": buf([groups, 2], "input", "i32", fill="rng"),
+            p + "mask": buf([MASK_ROWS, {"ceil_div": ["vocab", 32]}], "input", "i32", fill="mask"),
+            p + "mask_row": buf([groups], "input", "i32", fill="mask_row",
+                                domain={"range": [0, {"add": [MASK_ROWS, 1]}]})}
+
+
+def sampling_args(p: str) -> list[dict]:
+    """The sample op's inputs after the logits: temperature, key, mask, mask_row."""
+    return [b(p + "temperature"), b(p + "rng"), b(p + "mask"), b(p + "mask_row")]
 
 
 def context_of(s: Shape, context: int | None, limit: int | None = None) -> int:

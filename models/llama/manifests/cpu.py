@@ -10,7 +10,7 @@ the one a decode step would draw."""
 from __future__ import annotations
 
 from ..config import Shape
-from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
+from .common import MASK_ROWS, PAGE_TOKENS, b, buf, context_of, sampling_args, sampling_inputs, v, weight_buffers
 
 F = "f32"
 
@@ -43,7 +43,7 @@ def ops_cpu() -> dict:
         "silu_mul": ("gate_up: in buffer<f32>", "h: out buffer<f32>"),
         "gather_last": ("x: in buffer<f32>", "cu_seqlens: in buffer<i32>", "y: out buffer<f32>"),
         "sample": ("logits: in buffer<f32>", "temperature: in buffer<f32>", "key: in buffer<i32>",
-                   "tokens: out buffer<i32>"),
+                   "mask: in buffer<i32>", "mask_row: in buffer<i32>", "tokens: out buffer<i32>"),
         "accept": ("ids: in buffer<i32>", "cu_seqlens: in buffer<i32>", "tokens: in buffer<i32>",
                    "accepted: out buffer<i32>"),
     }
@@ -59,13 +59,13 @@ def head_calls(p: str, decode: bool, eps: float, verify: bool = False) -> list[d
     if verify:
         return calls + [
             {"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
-            {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]},
+            {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "next")]},
             {"op": "accept", "args": [b(p + "ids"), b(p + "cu_seqlens"), b(p + "next"), b(p + "accepted")]}]
     if not decode:
         calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
         last = p + "last"
     return calls + [{"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
-                    {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "next")]}]
+                    {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "next")]}]
 
 
 def stepping_program(calls: list[dict], decode: bool) -> dict:
@@ -164,7 +164,7 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
         "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
-                 "reach": {"max": context}},
+                 "reach": {"max": context}, MASK_ROWS: {"max": seqs}},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 4]}}},
         "modules": {"kernels": {"source": "kernels/llama_cpu.py", "sha256": ""}},

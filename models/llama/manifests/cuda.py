@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import ConfigError, Shape
 from ..kernels.cuda import table
-from .common import PAGE_TOKENS, b, buf, context_of, sampling_inputs, v, weight_buffers
+from .common import MASK_ROWS, PAGE_TOKENS, b, buf, context_of, sampling_args, sampling_inputs, v, weight_buffers
 
 BF = "bf16"
 # Context split of decode attention: a sequence's context is spread over blocks of one tile
@@ -258,8 +258,8 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
 
 def _argmax(p: str, seqs: str) -> dict:
     """Each sequence's next token: its logits' argmax, or a draw at its temperature (cuda/argmax.cu)."""
-    return {"op": "sample", "args": [b(p + "logits"), b(p + "temperature"), b(p + "rng"), b(p + "argmax_val"),
-                                     b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
+    return {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "argmax_val"), b(p + "argmax_idx"),
+                                     b(p + "next"), v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
 
 
 def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
@@ -270,6 +270,8 @@ def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
     if s.heads % s.kv_heads or s.heads // s.kv_heads > 8:
         problems.append(f"{s.heads} query heads over {s.kv_heads} kv heads: the attention kernels need a "
                         "whole group of at most 8 query heads a kv head")
+    if s.vocab >= 1 << 29:
+        problems.append(f"vocab_size {s.vocab}: the sampling kernel takes fewer than 2^29 tokens")
     for name, n in (("hidden_size", s.hidden), ("intermediate_size", s.inter)):
         if n % 8:
             problems.append(f"{name} {n}: the gemv kernels need a multiple of 8")
@@ -278,6 +280,12 @@ def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
                         f"{4096 // s.head_dim} keys at head_dim {s.head_dim}: a positive multiple of it")
     if problems:
         raise ConfigError("cannot build the sm_90a manifest: " + "; ".join(problems))
+
+
+# The page a host (vLLM) allocating the KV state must lay out: kv_offset's order in common.cuh.
+HOST_KV = {"dtype": "bf16", "page": [{"axis": "layer", "size": "layers"}, {"axis": "kv", "size": 2},
+                                     {"axis": "kv_head", "size": "kv_heads"}, {"axis": "token", "size": "page_tokens"},
+                                     {"axis": "dim", "size": "head_dim"}]}
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, prefill_seqs: int = PREFILL_SEQS,
@@ -380,10 +388,11 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         },
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
                  "wide_seqs": {"max": WIDE_SEQS}, "context": {"max": context},
-                 "reach": {"max": context},
+                 "reach": {"max": context}, MASK_ROWS: {"max": max(seqs, prefill_seqs, WIDE_SEQS)},
                  **({"verify_tokens": {"max": VERIFY_ROWS}, "verify_seqs": {"max": VERIFY_SEQS}} if invariant else {})},
         "buffers": buffers,
-        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]}}},
+        "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]},
+                          "host": HOST_KV}},
         "modules": {name: {"source": f"kernels/{name}.cubin", "sha256": ""} for name in modules},
         "ops": ops, "programs": programs,
     }

@@ -176,9 +176,11 @@ def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str,
         # greedy: the judged tokens are each side's argmax (a verify program draws a token a row)
         "temperature": np.zeros(draws, np.float32),
         "rng": np.zeros((draws, 2), np.int32),
+        "mask_row": np.zeros(draws, np.int32),  # no row masked (the mask's words are never read)
     }
     for role, buf in st.inputs.items():
-        ins[buf] = roles[role]
+        if role != "mask":
+            ins[buf] = roles[role]
     for si in st.slots:  # kern test's sequence i runs on slot i of every per-sequence state
         ins[si.buffer] = roles["slot"]
     for pt in st.page_tables:

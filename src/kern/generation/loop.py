@@ -157,7 +157,7 @@ class Loop:
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
-        if params.shaped and not self.reads_logits:
+        if params.shaped and not self.reads_logits and not (self.runner.masks and params.device_masks):
             raise BoundsError(f"request {request_id!r}: logit_bias and grammars need the logits, which this "
                               "deployment's programs do not output")
         constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
@@ -201,7 +201,7 @@ class Loop:
         """One step (or one run-ahead of several): the Deltas it made. With `emit`, a run-ahead
         hands each of its steps' Deltas to emit as they land instead (the rest come back)."""
         deltas, self._aborted = self._aborted, []
-        plan = self.scheduler.next(self._host_draws)
+        plan = self.scheduler.next(self._host_between)
         if not plan.rows:
             return deltas
         if self.speculator is not None and (out := self.speculator.round(self, plan, emit)) is not None:
@@ -220,6 +220,10 @@ class Loop:
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
+        masked = [i for i in emitting if seqs[i].constraint is not None and not self._host_draws(seqs[i])]
+        if masked:  # the device draws these under their grammars' masks: one batched call, uploaded as they come
+            for i, words in zip(masked, self.grammars.bitmasks([seqs[i].constraint for i in masked])):
+                feeds[i] = replace(feeds[i], mask=words)
         # only the rows the host draws copy their logits off the device
         tokens, logits = self.runner.run(feeds, [i for i in emitting if self._host_draws(seqs[i])])
         for s in seqs:
@@ -231,8 +235,16 @@ class Loop:
 
     def _host_draws(self, s: Sequence) -> bool:
         """Whether the host reads this row's logits (to draw, penalise, truncate or report
-        logprobs); otherwise the device's token is the row's token."""
-        return not s.params.device_samples if self.runner.samples else s.params.needs_logits
+        logprobs); otherwise the device's token is the row's token (a grammar's row drawn under
+        its mask where the programs take one)."""
+        p = s.params
+        if p.grammar is not None and self.runner.masks and p.device_masks and (p.greedy or self.runner.samples):
+            return False
+        return not p.device_samples if self.runner.samples else p.needs_logits
+
+    def _host_between(self, s: Sequence) -> bool:
+        """Whether the host sees this row's token before its next step (no run-ahead, no rounds)."""
+        return s.constraint is not None or self._host_draws(s)
 
     def _run_ahead(self, plan: Plan, emit: Callable[[list[Delta]], None] | None) -> list[Delta]:
         """plan.ahead decode steps of every row, one host wait: each step's tokens are appended

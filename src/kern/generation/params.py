@@ -54,8 +54,14 @@ class SamplingParams:
         """Whether a device that draws at a temperature (kern's sample op) can make this row's
         token from the logits alone: greedy, or plain temperature sampling (no truncation, no
         penalty, no logprobs)."""
+        return self.device_masks and self.grammar is None
+
+    @property
+    def device_masks(self) -> bool:
+        """Whether a device that draws under a token mask (the sample op's mask inputs) can make
+        this row's token: as device_samples, a grammar allowed (its mask goes up with the step)."""
         plain = self.top_p >= 1.0 and self.top_k == 0 and self.min_p == 0.0
-        return self.logprobs is None and not self.penalized and not self.shaped and (self.greedy or plain)
+        return self.logprobs is None and not self.penalized and not self.logit_bias and (self.greedy or plain)
 
     @property
     def needs_logits(self) -> bool:

@@ -25,6 +25,7 @@ class Feed:
     units: Units  # where the sequence's state lives
     temperature: float = 0.0  # the device draws the next token at this temperature (0: argmax)
     key: int = 0  # the 64-bit key of that draw
+    mask: np.ndarray | None = None  # int32 [words]: the tokens that draw may take (a grammar's bitmask)
 
 
 class Units:
@@ -105,6 +106,8 @@ class Runner:
         self._page_tokens = max(protocol.paged_states.values())
         # the programs draw at a temperature on the device (roles temperature and rng), not only argmax
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
+        # ... and under a token mask (roles mask and mask_row): a grammar's rows draw there too
+        self.masks = all({"mask", "mask_row"} <= s.inputs.keys() for s in protocol.steppers)
 
     def scratch_feed(self, position: int, steps: int = 1) -> Feed:
         """A row whose every page is the scratch page, for `steps` steps from `position`: it
@@ -197,6 +200,15 @@ class Runner:
             inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds], np.float32)
         if "rng" in st.inputs:  # each key as two i32, low word first
             inputs[st.inputs["rng"]] = _keys([f.key for f in feeds])
+        if "mask_row" in st.inputs:  # written every step: a row not masked now reads 0 (every token)
+            masked = [i for i, f in enumerate(feeds) if f.mask is not None]
+            row = np.zeros(n, np.int32)
+            row[masked] = np.arange(1, len(masked) + 1)
+            inputs[st.inputs["mask_row"]] = row
+            if masked:  # the masked rows' words alone, packed (the var's bucket of rows goes up)
+                words = np.zeros((st.mask_bucket(len(masked)), self.engine.shapes[st.inputs["mask"]][1]), np.int32)
+                words[:len(masked)] = [feeds[i].mask for i in masked]
+                inputs[st.inputs["mask"]] = words
         return inputs
 
     def _pad(self, st: Stepper, feeds: list[Feed], steps: int = 1) -> list[Feed]:
@@ -214,7 +226,9 @@ class Runner:
         n = len(feeds)
         rows = sum(len(f.tokens) for f in feeds)
         reach = max(f.start + len(f.tokens) for f in feeds)
-        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach), self._inputs(st, feeds), wait=wait)
+        masked = sum(f.mask is not None for f in feeds)
+        env = self.engine.run(st.program, st.vars_for(n, rows, reach=reach, masked=masked), self._inputs(st, feeds),
+                              wait=wait)
 
         def read() -> tuple[np.ndarray, np.ndarray | None]:
             tokens = self.engine.read(st.outputs["tokens"], env)
@@ -236,6 +250,8 @@ class Runner:
         inputs[st.inputs["temperature"]] = np.array([f.temperature for f in feeds for _ in f.tokens], np.float32)
         inputs[st.inputs["rng"]] = _keys([k for ks in keys for k in ks])
         rows = sum(len(f.tokens) for f in feeds)
+        if "mask_row" in st.inputs:  # a round's rows are never masked (a grammar's row steps alone)
+            inputs[st.inputs["mask_row"]] = np.zeros(rows, np.int32)
         env = self.engine.run(st.program, st.vars_for(len(feeds), rows), inputs)
         return self.engine.read(st.outputs["tokens"], env)[:rows], self.engine.read(st.outputs["accepted"], env)
 

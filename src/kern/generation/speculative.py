@@ -172,7 +172,7 @@ class Speculator:
         """This step as a round, or None where it is better run plainly (prefill rows in it,
         a host draw, a full batch, or nothing proposed)."""
         rows = plan.rows
-        if not rows or any(n != 1 or s.pending != 1 or not s.out or loop._host_draws(s) for s, n in rows):
+        if not rows or any(n != 1 or s.pending != 1 or not s.out or loop._host_between(s) for s, n in rows):
             return None
         verify = loop.protocol.verify
         seqs = [s for s, _ in rows]

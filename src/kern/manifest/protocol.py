@@ -51,6 +51,8 @@ class Stepper:
     slots: tuple[SlotInput, ...] = ()  # the `slot` role's inputs, one per per-sequence state it reads
     reach_var: str | None = None  # the var set to the positions a step reaches (bucketed)
     reach_max: int = 0
+    mask_var: str | None = None  # the var set to the rows of the `mask` input a step fills (bucketed)
+    mask_max: int = 0  # the most rows the `mask` input holds (0: no mask input)
 
     @property
     def ragged(self) -> bool:
@@ -64,9 +66,22 @@ class Stepper:
                                 f"bound {self.reach_var} <= {self.reach_max}")
         return min(max(REACH_MIN, 1 << (reach - 1).bit_length()), self.reach_max)
 
-    def vars_for(self, groups: int, rows: int, reach: int | None = None) -> dict[str, int]:
+    def mask_bucket(self, masked: int) -> int:
+        """The rows of the `mask` input a step with `masked` masked rows fills: with a mask var
+        the next power of two, at least 1 (a step without one copies up a single row), at most
+        the var's bound (few buckets: few graphs); else the input's fixed rows."""
+        if masked > self.mask_max:
+            raise ProtocolError(f"program {self.program!r}: {masked} masked rows is more than its mask input "
+                                f"holds ({self.mask_var or 'rows'} <= {self.mask_max})")
+        if self.mask_var is None:
+            return self.mask_max
+        return min(1 << max(masked - 1, 0).bit_length(), self.mask_max)
+
+    def vars_for(self, groups: int, rows: int, reach: int | None = None, masked: int = 0) -> dict[str, int]:
         """The var values for a step of `groups` sequences and `rows` rows in all whose rows
-        reach `reach` positions (largest position + 1; None: the reach var stays at its bound)."""
+        reach `reach` positions (largest position + 1; None: the reach var stays at its bound),
+        `masked` of them drawn under a token mask (the mask var: mask_bucket; 1 by default, so
+        a step without masks copies up one row of them, not the bound's)."""
         if groups < 1 or groups > self.groups_max:
             raise ProtocolError(f"program {self.program!r}: {groups} sequences is outside the var bound "
                                 f"{self.groups_var or 'groups'} <= {self.groups_max}")
@@ -80,6 +95,10 @@ class Stepper:
             out[self.rows_var] = rows
         if self.reach_var and reach is not None:
             out[self.reach_var] = self.reach_bucket(reach)
+        if self.mask_var:
+            out[self.mask_var] = self.mask_bucket(masked)
+        elif masked:
+            self.mask_bucket(masked)  # refused past the input's rows
         return out
 
 
@@ -168,11 +187,14 @@ def derive(v: Verified) -> Protocol:
         rvar = r if isinstance(r, str) and r in m.vars else None
         fixed_rows = None if rvar else evaluate(r, env_max)
         reach = prog.batch.reach
+        mask = m.buffers[inputs["mask"]].shape[0] if "mask" in inputs else None
+        mask_var = mask if isinstance(mask, str) and mask in m.vars else None
         steppers.append(Stepper(
             program=pname, groups_var=gvar, groups_max=evaluate(g, env_max), rows=fixed_rows, rows_var=rvar,
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
             inputs=inputs, outputs=outputs, page_tables=tuple(tables), slots=tuple(slots),
-            reach_var=reach, reach_max=env_max[reach] if reach else 0))
+            reach_var=reach, reach_max=env_max[reach] if reach else 0,
+            mask_var=mask_var, mask_max=evaluate(mask, env_max) if mask is not None else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
     verify = _verifier(steppers)
     steppers = [s for s in steppers if s is not verify]

@@ -84,9 +84,10 @@ DType = Literal["bf16", "f16", "f32", "i8", "u8", "i32", "u32", "i64", "u64"]
 DTYPE_BYTES: dict[str, int] = {
     "bf16": 2, "f16": 2, "f32": 4, "i8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8,
 }
-INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng")
+INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row")
 OUTPUT_ROLES = ("tokens", "logits", "accepted")
-Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "tokens", "logits", "accepted"]
+Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row", "tokens",
+               "logits", "accepted"]
 BufferKind = Literal["input", "output", "weight", "workspace", "carry", "peer", "pointers"]
 
 
@@ -136,10 +137,26 @@ class Buffer(_Strict):
     """Pointers buffers: the buffers whose device addresses fill the table, in order."""
 
 
+class PageAxis(_Strict):
+    axis: str
+    size: Expr
+
+
+class HostLayout(_Strict):
+    """How a host that allocates a paged state (an inference server kern runs inside) must lay
+    out one page: its element dtype and its axes, outermost first; exactly one axis is `token`
+    (its size is the page's tokens). Sizes times the dtype's bytes make bytes_per_token a token."""
+
+    dtype: DType
+    page: list[PageAxis] = Field(min_length=1)
+
+
 class State(_Strict):
     bytes_per_token: Expr | None = None
     bytes_per_seq: Expr | None = None
     bytes: Expr | None = None
+    host: HostLayout | None = None
+    """A paged state a host may allocate itself: the page layout its memory must have."""
 
 
 class Module(_Strict):

@@ -186,22 +186,54 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def sample(logits, temperature, key, tokens):
+def sample(logits, temperature, key, mask, mask_row, tokens):
     """Each row's argmax, or at temperature T > 0 a draw from softmax(logits / T) by the
     Gumbel-max trick with noise hashed from the row's 64-bit key and the token index (the same
-    formula as cuda/argmax.cu's sample_partial, so a key reproduces its draw)."""
+    formula as cuda/argmax.cu's sample_partial, so a key reproduces its draw). mask_row[r] = m > 0:
+    row r draws only among the tokens set in row m - 1 of `mask` (bit t % 32 of word t // 32),
+    as cuda/argmax.cu does (where no allowed logit is above -inf: among the -inf ones, else the
+    NaN ones, as if at 0; where none is allowed, token 0)."""
+    vocab = logits.shape[1]
     with np.errstate(over="ignore"):
         for r in range(logits.shape[0]):
             row = logits[r].astype(np.float32)
             t = np.float32(temperature[r])
+            g = None
             if t > 0:
                 k = np.uint64(int(key[r, 0]) & 0xFFFFFFFF) | (np.uint64(int(key[r, 1]) & 0xFFFFFFFF) << np.uint64(32))
                 h = _mix64(k ^ _mix64(np.arange(row.shape[0], dtype=np.uint64)))
                 # 23 bits, as cuda/argmax.cu (why there): u in [2^-24, 1 - 2^-24], the noise finite
                 u = ((h >> np.uint64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 8388608.0)
-                row = row * (np.float32(1) / t) - np.log(-np.log(u))
+                g = -np.log(-np.log(u))
+            m = int(mask_row[r])
+            if m > 0:
+                tokens[r] = _masked_pick(row, t, g, _allowed(mask[m - 1], vocab))
+                continue
+            if g is not None:
+                row = row * (np.float32(1) / t) + g
             nan = np.isnan(row)  # NaN never wins, as on the device; a row of only NaN gives -1
             tokens[r] = -1 if nan.all() else np.argmax(np.where(nan, np.float32(-np.inf), row))
+
+
+def _allowed(words, vocab: int) -> np.ndarray:
+    """A mask row's bits as bool [vocab]: bit t % 32 of word t // 32 allows token t."""
+    bits = np.unpackbits(np.ascontiguousarray(words, "<i4").view(np.uint8), bitorder="little")
+    return bits[:vocab].astype(bool)
+
+
+def _masked_pick(row, t, g, allowed) -> int:
+    """The draw among the allowed tokens: those whose logit is above -inf at their logits (ties to
+    the lowest); where there are none, the -inf ones, else the NaN ones, as if at logit 0 (greedy:
+    the lowest, sampled: the noise alone); token 0 where none is allowed."""
+    live = np.flatnonzero(allowed & (row > -np.inf))  # NaN compares false
+    if live.size:
+        val = row[live] * (np.float32(1) / t) + g[live] if g is not None else row[live]
+        return int(live[np.argmax(val)])
+    for tier in (allowed & (row == -np.inf), allowed & np.isnan(row)):
+        some = np.flatnonzero(tier)
+        if some.size:
+            return int(some[np.argmax(g[some])]) if g is not None else int(some[0])
+    return 0
 
 
 def accept(ids, cu_seqlens, tokens, accepted):

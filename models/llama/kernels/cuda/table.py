@@ -190,7 +190,9 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
                  p.split(":")[0] for p in _split(_wg_params(BY_GEMV[e].params))
                  if (" out " in p or " inout " in p) and not p.startswith("sem")))
       for e in GEMM_TWINS if e != "norm_gemv_f32"),
+    # mask: the step's masked rows' bitmasks (a grammar's); mask_row: each row's mask row + 1 (0: none)
     Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
+                                        _buf("mask", "i32"), _buf("mask_row", "i32"),
                                         _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
                                         *_ints("vocab", "n_rows", "chunks")),
            ("chunks", "n_rows"), (256,), Pdl.LATE),
@@ -266,7 +268,7 @@ OPS = {
         ("norm_gemm_rope_append_split", "norm_gemv_rope_append", "norm_gemm_rope_append_split"))},
     "gemm_residual": Op(("gemm_residual",)), "attention_rows": Op(("attention_rows",)),
     "gemm_residual_split": Op(("gemm_residual_split",)),
-    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:5], _buf("tokens", "i32", "out"), *_SAMPLE[5:])),
+    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:7], _buf("tokens", "i32", "out"), *_SAMPLE[7:])),
     "accept": Op(("accept",)),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).

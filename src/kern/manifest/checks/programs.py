@@ -90,9 +90,11 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
 
 # What the first axis of a role buffer counts: the batch's groups, its rows in all (groups x rows
 # when rows is fixed; the rows var when ragged), or groups + 1 (offsets). A verify program draws
-# a token a row (temperature, rng and tokens by rows) and keeps an accepted count a group.
+# a token a row (temperature, rng and tokens by rows) and keeps an accepted count a group. A
+# `mask` holds the step's masked rows' bitmasks, as many as its own var says (no batch count).
 _ROLE_AXIS = {"token": ("rows",), "position": ("rows",), "cu_seqlens": ("groups + 1",), "slot": ("groups",),
               "seq_len": ("groups",), "temperature": ("groups", "rows"), "rng": ("groups", "rows"),
+              "mask": (), "mask_row": ("groups", "rows"),
               "tokens": ("groups", "rows"), "logits": ("groups", "rows"), "accepted": ("groups",)}
 
 
@@ -109,6 +111,8 @@ def _role_axes(c: Context, pname: str, accesses) -> Iterator[Problem]:
                 continue
             seen.add(bname)
             wants = _ROLE_AXIS[b.fill]
+            if not wants:
+                continue
             if not b.shape:
                 yield Problem(f"buffers.{bname}.shape", f"role {b.fill!r} needs a first axis of {wants[0]}")
                 continue

@@ -1,0 +1,62 @@
+# One device call for issue 39's item 4: vLLM 0.26 with kern's forward pass (the plugin,
+# KernForCausalLM) against vLLM with its own model, on the serve workload of bench/serve.py
+# (512-token prompts sharing 256, 128 out; CONC streams, default 32 and 128; one stream alone),
+# on a seeded random Llama-3.2-1B-shaped checkpoint made here. Both vLLMs run with their
+# defaults (graphs, prefix caching, chunked prefill), one after the other, alone on the GPU.
+#
+# Before it: the vLLM wheel parts in /tmp/vw (bench/serve_gpu.sh's header: one call a vpN part,
+# `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/`). Then, from the repository root:
+#
+#   run(command="OUT=$OUT bash bench/vllm_kern_gpu.sh", carry=[".whl"], timeout_s=600)
+#
+# Results: $OUT/<label>.jsonl and <label>_lone.jsonl (bench/serve.py's lines), the servers' logs
+# and start-up times; labels vllm_kern and vllm. docs/vllm.md says how to read them.
+: "${OUT:?set OUT, the folder whose files come back from the device call}"
+. bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree (its entry points)
+CKPT=/tmp/vllm-ckpt
+CONC=${CONC:-32,128}
+MAXLEN=${MAXLEN:-2048}
+WORK="--prompt 512 --shared 256 --output 128"
+
+( cat /tmp/vw/p_* > /tmp/vw.tar && mkdir -p /tmp/vwh && tar xf /tmp/vw.tar -C /tmp/vwh \
+  && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwh/*.whl ) \
+  > $OUT/vllm_install.log 2>&1 || { tail -5 $OUT/vllm_install.log; exit 1; }
+timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda', max_positions=131072)" \
+  > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
+python3 bench/serve.py --prepare $CKPT
+. bench/servers.sh  # up, stop, served
+
+measure() {  # $1 label, $2 url
+  timeout ${LONE_S:-60} python3 bench/serve.py --url $2 --label $1 --requests 4 --warmup 1 \
+    --prompt 128 --shared 0 --output 512 --concurrency 1 >> $OUT/$1_lone.jsonl 2>> $OUT/$1_bench.log
+  for c in ${CONC//,/ }; do
+    n=$((c * 2)); [ $n -lt 256 ] && n=256
+    timeout ${CURVE_S:-90} python3 bench/serve.py --url $2 --label $1 --requests $n $WORK --concurrency $c \
+      >> $OUT/$1.jsonl 2>> $OUT/$1_bench.log
+  done
+}
+
+# kern's deployment for the checkpoint at vLLM's context (what the plugin generates when
+# KERN_MANIFEST is unset; generated here first so that its cubins are not built inside vLLM's start-up)
+MANIFEST=$(PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 -c "from pathlib import Path; from kern.deployments import deployment_for; print(deployment_for(Path('$CKPT'), 'sm_90a', context=$MAXLEN))")
+for peer in vllm_kern vllm; do
+  extra=""; [ $peer = vllm_kern ] && extra='--hf-overrides {"architectures":["KernForCausalLM"]}'
+  T0=$(date +%s.%N)
+  KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server \
+    --model $CKPT --port 8102 --max-model-len $MAXLEN $extra > $OUT/${peer}_serve.log 2>&1 &
+  PID=$!
+  served $peer http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID $T0 $OUT $OUT/${peer}_serve.log
+  stop $PID
+done
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for f in sorted(out.glob("*.jsonl")):
+    for line in f.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        print(f.stem, {k: r[k] for k in r if k in ("concurrency", "completed", "failed", "output_throughput", "ttft_ms", "itl_ms")})
+PY

@@ -1,0 +1,112 @@
+"""kern as the model inside vLLM, on the GPU (skipped without one, or without vllm importable):
+`vllm serve` with the plugin and `kern serve` on one seeded random Llama-3.2-1B-shaped
+checkpoint and one deployment (the default batch-invariant sm_90a build) give the same greedy
+text for the same token prompts, one request at a time and all at once (vLLM batches them,
+chunks the long one and shares the common prefix through its prefix cache).
+
+    python -m pytest tests/hosts/test_vllm_gpu.py -m gpu -q
+
+vLLM runs with its defaults (its CUDA graphs, prefix caching and chunked prefill on) but a
+short context and few sequences, so that its start-up (graph capture) stays short."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not importable (pip install 'kern-engine[vllm]')")
+
+CONTEXT = 1024
+OUT_TOKENS = 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(cmd: list[str], port: int, log, env: dict | None = None, timeout: float = 400.0) -> subprocess.Popen:
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.poll() is not None:
+            log.flush()
+            raise AssertionError(f"{cmd[2]} exited ({p.returncode}): " + open(log.name).read()[-3000:])
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return p
+        except OSError:
+            time.sleep(1)
+    p.kill()
+    raise AssertionError(f"{cmd[2]} did not come up in {timeout:.0f} s: " + open(log.name).read()[-3000:])
+
+
+def complete(port: int, model: str, prompt: list[int]) -> str:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": OUT_TOKENS, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    reply = json.loads(urllib.request.urlopen(req, timeout=120).read())
+    return reply["choices"][0]["text"]
+
+
+def texts(port: int, model: str, prompts: list[list[int]]) -> tuple[list[str], list[str]]:
+    alone = [complete(port, model, p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: complete(port, model, p), prompts))
+    return alone, together
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from kern.deployments import deployment_for
+    from kern_models.common.random_checkpoint import make
+
+    folder = tmp_path_factory.mktemp("vllm")
+    ckpt = make("llama-3.2-1b", folder / "ckpt", device="cuda", max_positions=CONTEXT)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["eos_token_id"] = None
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    manifest = deployment_for(ckpt, "sm_90a", context=CONTEXT)
+    shared = [100 + i for i in range(40)]  # a prefix vLLM's cache shares (two whole pages and more)
+    prompts = [[5, 9, 13], shared + [7, 8], shared + [11], list(range(300, 300 + 700)), [42] * 17]
+    return folder, ckpt, manifest, prompts
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_vllm_with_kern_gives_kern_serves_greedy_text(setup):
+    folder, ckpt, manifest, prompts = setup
+    port = free_port()
+    with open(folder / "kern.log", "w") as log:
+        p = serve([sys.executable, "-m", "kern.cli", "serve", str(ckpt), "--manifest", str(manifest),
+                   "--port", str(port)], port, log)
+        try:
+            kern = texts(port, json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())
+                         ["data"][0]["id"], prompts)
+        finally:
+            p.terminate()
+            p.wait(60)
+    port = free_port()
+    with open(folder / "vllm.log", "w") as log:
+        p = serve([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
+                   "--served-model-name", "kern", "--port", str(port), "--max-model-len", str(CONTEXT),
+                   "--max-num-seqs", "16", "--hf-overrides", json.dumps({"architectures": ["KernForCausalLM"]})],
+                  port, log, env={"KERN_MANIFEST": str(manifest), "HF_HUB_OFFLINE": "1"})
+        try:
+            served = texts(port, "kern", prompts)
+        finally:
+            p.terminate()
+            p.wait(60)
+    assert kern[0] == kern[1], "kern serve: a prompt's text depends on its batch"
+    assert served[0] == kern[0], f"vLLM+kern alone differs from kern serve:\n{served[0]}\n{kern[0]}"
+    assert served[1] == kern[0], f"vLLM+kern batched differs from kern serve:\n{served[1]}\n{kern[0]}"
