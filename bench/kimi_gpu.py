@@ -29,6 +29,9 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`
+--kda-form tokens|chunked: the sm_90a build's prompt recurrence for parity, decode and profile
+(kda_tokens, decode's step a token at a time, batch-invariant; or the chunked kernel, the default):
+two calls with --steps ckpt,profile,decode price one against the other.
 $OUT/summary.json and $OUT/summary.txt are rewritten after each step; a step that fails leaves
 the others' results there (parity, decode and serve need a checkpoint: this call's ckpt step's
 or one an earlier call left in /tmp/kimi/ckpt).
@@ -111,7 +114,9 @@ from kern_models.kimi_linear.generator import generate
 ckpt, batches, steps = Path(sys.argv[2]), [int(b) for b in sys.argv[3].split(",")], int(sys.argv[4])
 parts = sys.argv[6].split(",")
 cfg = json.loads((ckpt / "config.json").read_text())
-man = generate(cfg, ckpt.parent / "deploy", target=sys.argv[5], model="kimi-linear-random", context=1024)
+form = sys.argv[7] if len(sys.argv) > 7 else ""  # the prompt recurrence's form ("": the build's default)
+man = generate(cfg, ckpt.parent / f"deploy{'-' + form if form else ''}", target=sys.argv[5], model="kimi-linear-random",
+               context=1024, **({"kda_form": form} if form else {}))
 
 class Stepped:  # what kern.drive steps: an engine with its pool
     def __init__(self):
@@ -311,6 +316,8 @@ def main() -> int:
     ap.add_argument("--ckpt-timeout", type=int, default=120)
     ap.add_argument("--kern-timeout", type=int, default=100)
     ap.add_argument("--serve-timeout", type=int, default=240)
+    ap.add_argument("--kda-form", default="", choices=["", "chunked", "tokens"],
+                    help="the prompt recurrence's form for parity, decode and profile (default: the build's own)")
     ap.add_argument("--serve-flags", default="", help="bench/hybrid_serve.py's own flags (a dry run's lighter "
                                                       "workload, e.g. '--requests 16 --prompt 48 --shared 16')")
     args = ap.parse_args()
@@ -359,7 +366,7 @@ def main() -> int:
     parts = [p for p in ("parity", "decode", "profile") if p in steps]
     if ok and parts:
         text = r.step("kern", [sys.executable, "-c", KERN, str(args.kern_timeout), str(ckpt), args.batch,
-                               str(args.decode_steps), args.target, ",".join(parts)], args.kern_timeout)
+                               str(args.decode_steps), args.target, ",".join(parts), args.kda_form], args.kern_timeout)
         collect(text, "kern", "KERN OK")
     if ok and "serve" in steps:
         flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)

@@ -29,9 +29,6 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             raise refuse("kimi_linear", split, n, "runs on one device: it has no split build")
     if target not in ("cpu", "cuda", ARCH):
         raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")
-    if target != "cpu" and "kda_form" in limits:  # the cuda prefill is the chunked kernel, one form
-        raise ConfigError(f"kda_form: the cpu recurrence's prompt form; the {target} build has one (the chunked "
-                          "kernel), so give kda_form only with target cpu")
     model = model or config.get("_name_or_path") or ARCHITECTURES[0]
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ def op_launches(gpu, spec: dict, named: dict) -> list:
         tiles = la.get("tiles") or {}
         out.append(gpu.make(la["entry"], grid, tuple(la["block"]),
                             *(gpu.tensor_map(named[n], named["K"], tiles[n]) if n in tiles else named[n]
-                              for n in names), shared_mem=la.get("shared_mem", 0)))
+                              for n in names), shared_mem=_value(la.get("shared_mem", 0), named)))
     return out
 
 

@@ -107,13 +107,19 @@ def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tm
 
 
 @pytest.mark.parametrize("target", ["cuda", "sm_90a"])
-def test_the_prompt_form_is_refused_for_the_gpu_build_in_one_line(target, tmp_path):
+def test_the_gpu_build_takes_either_prompt_form_and_refuses_another_in_one_line(target, tmp_path):
+    """sm_90a's prompt recurrence: the chunked kernel (the default) or decode's step a token at a
+    time (kda_tokens), each under the op kda_chunked that kern test pairs with the reference's."""
+    import json
+
     from kern_models.kimi_linear.generator import generate
 
+    for form, entry in (("chunked", "kda_chunked"), ("tokens", "kda_tokens")):
+        m = json.loads(generate({**BASE}, tmp_path / form, target=target, kda_form=form).read_text())
+        assert [la["entry"] for la in m["ops"]["kda_chunked"]["impl"]["launches"]] == [entry]
     with pytest.raises(ConfigError) as e:
-        generate({**BASE}, tmp_path, target=target, kda_form="tokens")
-    assert str(e.value) == (f"kda_form: the cpu recurrence's prompt form; the {target} build has one (the chunked "
-                            "kernel), so give kda_form only with target cpu")
+        generate({**BASE}, tmp_path / "x", target=target, kda_form="blocked")
+    assert str(e.value) == "kda_form 'blocked': the sm_90a recurrence's prompt form is one of chunked, tokens"
 
 
 def _kernels():

@@ -166,6 +166,19 @@ def test_sm90a_passes_kern_test_against_the_cpu_reference(kimi_dep, kimi_ckpt, s
 
 
 @pytest.mark.gpu
+def test_sm90a_with_the_invariant_recurrence_passes_kern_test(kimi_dep, kimi_config, kimi_ckpt, tmp_path):
+    """kda_form="tokens": the prompt's recurrence through decode's step (kda_tokens), judged
+    against the cpu reference (whose default form is the same, a token at a time)."""
+    from kern.judge.judge import Options, judge
+    from kern_models.kimi_linear.generator import generate
+
+    dep = generate(kimi_config, tmp_path / "tokens", target="cuda", context=256, kda_form="tokens").parent
+    r = judge(kimi_dep, dep, kimi_ckpt, Options(**JUDGE))
+    print("\n".join(r.lines + [r.verdict.line]))
+    assert r.verdict.status == "PASS", r.verdict.line
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="a planted kernel is built with nvcc")
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_kernel_bug_fails_and_names_its_span(bug, kimi_dep, kimi_ckpt, sm90a, tmp_path):

@@ -155,6 +155,11 @@ def test_3_page_table_into_a_missing_state(m):
     reported(m, "buffers.d_page_table.domain.index_into", "no state named 'kvv'")
 
 
+def test_3_fallback_naming_its_own_tensor(m):
+    m["buffers"]["lm_head"]["bind"] = [{"tensor": "lm_head.weight", "fallback": "lm_head.weight"}]
+    reported(m, "buffers.lm_head.bind[0].fallback", "names the segment's own tensor 'lm_head.weight'")
+
+
 # 4. states declare exactly one size -------------------------------------------------------
 
 def test_4_state_with_two_sizes(m):

@@ -8,7 +8,7 @@ as the Qwen3-MoE block reads them."""
 
 from __future__ import annotations
 
-from kern_models.llama.manifests.common import buf
+from kern_models.llama.manifests.common import buf, embed_and_head
 
 from ..config import KDA, KimiShape
 
@@ -21,11 +21,10 @@ def _w(dtype, shape, *tensors):
 
 def weight_buffers(s: KimiShape, dtype: str) -> dict:
     w = lambda shape, *tensors: _w(dtype, shape, *tensors)
-    out = {
-        "embed": w(["vocab", "hidden"], "model.embed_tokens.weight"),
-        "final_norm": w(["hidden"], "model.norm.weight"),
-        "lm_head": w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
-    }
+    # tied or not, transformers' KimiLinearForCausalLM reads lm_head.weight (it ties nothing);
+    # a tied checkpoint without one is read as the llama family's (embed_and_head)
+    head = embed_and_head(s.tied, dtype)
+    out = {"embed": head["embed"], "final_norm": w(["hidden"], "model.norm.weight"), "lm_head": head["lm_head"]}
     for l in range(s.layers):
         pre, at = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
         out[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")

@@ -64,18 +64,20 @@ def check_shape(s: KimiShape) -> None:
         raise ConfigError("cannot build the sm_90a Kimi-Linear manifest: " + "; ".join(problems))
 
 
-def _ops() -> dict:
+def _ops(kda_form: str) -> dict:
     gemm = dense_table.EXTERN_OPS
     dense = {n: op for n, op in dense_table.ops().items() if n in DENSE_OPS}
-    return {**dense, **moe_table.ops(), **table.ops(), "linear": gemm["gemm"], "linear_f32": gemm["gemm_logits"]}
+    return {**dense, **moe_table.ops(), **table.ops(kda_form), "linear": gemm["gemm"],
+            "linear_f32": gemm["gemm_logits"]}
 
 
 class _Program:
     """One program's calls: p the buffer prefix, rows the var counting its rows, seqs the one
     counting its sequences, kind prefill / decode / wide."""
 
-    def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict):
+    def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict, kda_form: str):
         self.s, self.p, self.rows, self.seqs, self.kind, self.buffers = s, p, rows, seqs, kind, buffers
+        self.kda_form = kda_form
         self.decode = kind != "prefill"
 
     def ws(self, name: str, shape: list, dtype: str = BF) -> dict:
@@ -103,7 +105,8 @@ class _Program:
             where = [b(p + "slot"), b(p + "cu_seqlens"), b(p + "pos")]
             conv = {"op": "kda_conv", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda, *where, v(self.seqs), *geo]}
             rec = {"op": "kda_chunked", "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, *where, b(p + "core"),
-                                                 v(self.seqs), *geo, v(KDA_CHUNK)]}
+                                                 v(self.seqs), *geo] + ([v(KDA_CHUNK)] if self.kda_form == "chunked"
+                                                                        else [])}
         return [
             self.lin("h", f"kda_qkv_w.{l}", "mix", {"mul": [3, "qkv"]}, "hidden"), conv,
             self.lin("h", f"kda_fa_w.{l}", "low", "kda_dim", "hidden"),
@@ -248,7 +251,12 @@ class _Program:
 
 
 def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,
-          wide_seqs: int = WIDE_SEQS, context: int | None = None) -> dict:
+          wide_seqs: int = WIDE_SEQS, context: int | None = None, kda_form: str = "chunked") -> dict:
+    """kda_form: the prompt's recurrence, "chunked" (kda_chunked's 16-row chunks) or "tokens" (a
+    token at a time through decode's step, kda_tokens: a token's bits whatever cut its prompt)."""
+    if kda_form not in table.KDA_FORMS:
+        raise ConfigError(f"kda_form {kda_form!r}: the sm_90a recurrence's prompt form is one of "
+                          f"{', '.join(table.KDA_FORMS)}")
     check_shape(s)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the gathered-experts decode program steps at most {DECODE_SEQS} sequences "
@@ -259,13 +267,13 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
     for prog, p, rows, groups, kind in (("prefill", "p_", "tokens", "prefill_seqs", "prefill"),
                                         ("decode", "d_", "seqs", "seqs", "decode"),
                                         ("decode_wide", "w_", "wide_seqs", "wide_seqs", "wide")):
-        pr = _Program(s, p, rows, groups, kind, buffers)
+        pr = _Program(s, p, rows, groups, kind, buffers, kda_form)
         pr.io_buffers()
         programs[prog] = {"calls": pr.calls(), "graph": kind != "prefill",
                           "batch": {"groups": groups, "rows": 1, "reach": "reach"} if kind != "prefill"
                           else {"groups": groups, "rows": rows}}
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
-    ops = {n: op for n, op in _ops().items() if n in used}
+    ops = {n: op for n, op in _ops(kda_form).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})
     sizes = state_constants(s, 2)
     return {

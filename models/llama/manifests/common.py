@@ -16,17 +16,30 @@ def _w(shape, *tensors):
     return buf(shape, "weight", bind=[{"tensor": t} for t in tensors])
 
 
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def embed_and_head(tied: bool, dtype: str) -> dict:
+    """The embedding and the LM head as weight buffers. Tied (tie_word_embeddings), each binds its
+    own tensor when the checkpoint ships it and the other's where it does not, as transformers
+    loads such a checkpoint: a config that ties yet an lm_head.weight that differs from the
+    embedding (transformers 5.24 saves Kimi-Linear so) is served with that lm_head.weight, which
+    transformers keeps untied; a tied checkpoint that ships only the embedding reads it twice."""
+    def w(tensor, other):
+        return buf(["vocab", "hidden"], "weight", dtype,
+                   bind=[{"tensor": tensor, **({"fallback": other} if tied else {})}])
+
+    return {"embed": w(EMBED, HEAD), "lm_head": w(HEAD, EMBED)}
+
+
 def weight_buffers(s: Shape, dtype: str) -> dict:
     """Every checkpoint tensor as a weight buffer of dtype: q/k/v fused into one, gate/up into
-    one, the LM head on the embedding table when tied."""
+    one, the embedding and the LM head as embed_and_head binds them."""
     def w(shape, *tensors):
         return {**_w(shape, *tensors), "dtype": dtype}
 
-    out = {
-        "embed": w(["vocab", "hidden"], "model.embed_tokens.weight"),
-        "final_norm": w(["hidden"], "model.norm.weight"),
-        "lm_head": w(["vocab", "hidden"], "model.embed_tokens.weight" if s.tied else "lm_head.weight"),
-    }
+    head = embed_and_head(s.tied, dtype)
+    out = {"embed": head["embed"], "final_norm": w(["hidden"], "model.norm.weight"), "lm_head": head["lm_head"]}
     for l in range(s.layers):
         pre = f"model.layers.{l}."
         out[f"ln1.{l}"] = w(["hidden"], pre + "input_layernorm.weight")

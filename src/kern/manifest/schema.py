@@ -104,6 +104,9 @@ class Var(_Strict):
 
 class BindSegment(_Strict):
     tensor: str
+    fallback: str | None = None
+    """Bound instead of `tensor` when the checkpoint has no tensor of that name (a tied LM head:
+    the checkpoint's own lm_head when it ships one, else the embedding, as transformers loads it)."""
     rows: Pair[int] | None = None
     """Half-open row range [lo, hi) of the checkpoint tensor (its first axis)."""
     cols: Pair[int] | None = None

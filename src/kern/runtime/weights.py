@@ -1,4 +1,5 @@
-"""Weight binding: each weight buffer's bind segments, laid end to end and cast to its dtype."""
+"""Weight binding: each weight buffer's bind segments, laid end to end and cast to its dtype (a
+segment's `fallback` tensor where the checkpoint lacks its `tensor`)."""
 
 from __future__ import annotations
 
@@ -21,25 +22,27 @@ def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: WeightFil
         ok = True
         for i, seg in enumerate(buf.bind or []):
             where = f"buffers.{name}.bind[{i}]"
-            if seg.tensor not in ckpt.tensors:
-                problems.append(f"{where}: checkpoint has no tensor {seg.tensor!r}")
+            tensor = seg.tensor if seg.tensor in ckpt.tensors or seg.fallback is None else seg.fallback
+            if tensor not in ckpt.tensors:
+                nor = "" if seg.fallback is None else f" (nor {seg.fallback!r}, bound in its place)"
+                problems.append(f"{where}: checkpoint has no tensor {seg.tensor!r}{nor}")
                 ok = False
                 continue
-            t = ckpt.array(seg.tensor)
+            t = ckpt.array(tensor)
             if seg.rows is not None:
                 if seg.rows[1] > t.shape[0]:
-                    problems.append(f"{where}: rows {list(seg.rows)} outside tensor {seg.tensor!r} of shape {list(t.shape)}")
+                    problems.append(f"{where}: rows {list(seg.rows)} outside tensor {tensor!r} of shape {list(t.shape)}")
                     ok = False
                     continue
                 t = t[seg.rows[0]:seg.rows[1]]
             if seg.cols is not None:
                 if t.ndim < 2 or seg.cols[1] > t.shape[-1]:
-                    problems.append(f"{where}: cols {list(seg.cols)} outside tensor {seg.tensor!r} of shape {list(t.shape)}")
+                    problems.append(f"{where}: cols {list(seg.cols)} outside tensor {tensor!r} of shape {list(t.shape)}")
                     ok = False
                     continue
                 t = t[..., seg.cols[0]:seg.cols[1]]
             if len(shape) >= 2 and tuple(t.shape[1:]) != tuple(shape[1:]):
-                problems.append(f"{where}: tensor {seg.tensor!r} is {list(t.shape)}, the buffer needs "
+                problems.append(f"{where}: tensor {tensor!r} is {list(t.shape)}, the buffer needs "
                                 f"[*, {', '.join(map(str, shape[1:]))}]")
                 ok = False
                 continue

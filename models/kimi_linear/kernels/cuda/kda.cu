@@ -243,43 +243,114 @@ extern "C" __global__ void kda_chunked(const bf16 *__restrict__ mix, const float
     for (int i = tid; i < D * D; i += nt) Sg[i] = S[i];
 }
 
-// ---- the gated delta rule, one token (decode) ----------------------------------------------
-// A block a (row, head), a thread a value column j of S (coalesced rows of S): the key side's
-// sums over S's column in order. Row r is sequence r's token. Grid (rows, heads), block 128.
+// ---- the gated delta rule, a token at a time (decode, and the invariant prefill) ------------
+// One token of one head, a thread a value column j of S (its D entries in registers: s[i] =
+// S[i, j]), q, k (normed) and exp(g) in shared memory. Every operation is an explicitly rounded
+// intrinsic in a fixed order over i, so the compiler may not contract or reorder it: the step
+// has the same bits inlined into kda_step (a decode row) and kda_tokens (a prompt's rows in
+// turn), and a token's output and state do not depend on which kernel stepped it, nor on where
+// a prompt was cut. fresh: the sequence's first token (S is zero before it).
+__device__ __forceinline__ float kda_token(float (&s)[KDA_MAX_DIM], bool fresh, const float *q, const float *k,
+                                           const float *eg, float vj, float beta, int D) {
+    float ks = 0.f;
+    if (!fresh) {
+#pragma unroll
+        for (int i = 0; i < KDA_MAX_DIM; ++i)
+            if (i < D) ks = __fmaf_rn(k[i], __fmul_rn(s[i], eg[i]), ks);
+    }
+    const float delta = __fmul_rn(__fsub_rn(vj, ks), beta);
+    float out = 0.f;
+#pragma unroll
+    for (int i = 0; i < KDA_MAX_DIM; ++i)
+        if (i < D) {
+            const float sij = __fmaf_rn(k[i], delta, fresh ? 0.f : __fmul_rn(s[i], eg[i]));
+            s[i] = sij;
+            out = __fmaf_rn(q[i], sij, out);
+        }
+    return out;
+}
+
+// The per-token inputs of row r, head h, into shared memory (q and k L2-normed over the block,
+// q scaled by dim^-1/2; exp(g)); v's column j and beta returned. Every thread of the block
+// (blockDim.x = KDA_MAX_DIM) calls it: it synchronizes.
+__device__ __forceinline__ void kda_token_inputs(const bf16 *mix, const float *g, const float *b, int r, int h,
+                                                 int heads, int D, float *q, float *k, float *eg, float *scratch,
+                                                 float &vj, float &beta) {
+    const int j = threadIdx.x, W = heads * D;
+    const size_t row = (size_t)r * 3 * W + (size_t)h * D;
+    const float qj = j < D ? to_f(mix[row + j]) : 0.f, kj = j < D ? to_f(mix[row + W + j]) : 0.f;
+    vj = j < D ? to_f(mix[row + 2 * W + j]) : 0.f;
+    const float sq = block_sum(__fmul_rn(qj, qj), scratch);
+    const float sk = block_sum(__fmul_rn(kj, kj), scratch);
+    const float rq = __fdiv_rn(rsqrtf((float)D), __fsqrt_rn(__fadd_rn(sq, 1e-6f)));
+    const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
+    if (j < D) {
+        q[j] = __fmul_rn(qj, rq);
+        k[j] = __fmul_rn(kj, rk);
+        eg[j] = expf(g[(size_t)r * W + (size_t)h * D + j]);
+    }
+    beta = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-b[(size_t)r * heads + h])));
+    __syncthreads();
+}
+
+// Decode: a block a (row, head), row r sequence r's one token. Grid (rows, heads), block 128.
 extern "C" __global__ void kda_step(const bf16 *__restrict__ mix, const float *__restrict__ g,
                                     const float *__restrict__ b, char *__restrict__ state,
                                     const int *__restrict__ slot, const int *__restrict__ pos,
                                     bf16 *__restrict__ o, int rows, int layer, int layers, int heads, int dim,
                                     int conv, int slot_bytes) {
     __shared__ float q[KDA_MAX_DIM], k[KDA_MAX_DIM], eg[KDA_MAX_DIM], scratch[32];
-    const int r = blockIdx.x, h = blockIdx.y, j = threadIdx.x, D = dim, W = heads * dim;
+    const int r = blockIdx.x, h = blockIdx.y, j = threadIdx.x, D = dim;
     if (r >= rows || h >= heads) return;
-    const size_t row = (size_t)r * 3 * W + (size_t)h * D;
-    const float qj = j < D ? to_f(mix[row + j]) : 0.f, kj = j < D ? to_f(mix[row + W + j]) : 0.f;
-    const float vj = j < D ? to_f(mix[row + 2 * W + j]) : 0.f;
-    const float rq = rsqrtf((float)D) / sqrtf(block_sum(qj * qj, scratch) + 1e-6f);
-    const float rk = 1.f / sqrtf(block_sum(kj * kj, scratch) + 1e-6f);
-    if (j < D) {
-        q[j] = qj * rq;
-        k[j] = kj * rk;
-        eg[j] = expf(g[(size_t)r * W + (size_t)h * D + j]);
-    }
-    __syncthreads();
+    float vj, beta;
+    kda_token_inputs(mix, g, b, r, h, heads, D, q, k, eg, scratch, vj, beta);
     if (j >= D) return;
-    const float beta = 1.f / (1.f + expf(-b[(size_t)r * heads + h]));
     float *S = kda_layer(state, slot[r], slot_bytes, layer, heads, dim, conv) + (size_t)h * D * D;
     const bool fresh = pos[r] == 0;
-    float ks = 0.f;
-    if (!fresh)
-        for (int i = 0; i < D; ++i) ks += k[i] * (S[(size_t)i * D + j] * eg[i]);
-    const float delta = (vj - ks) * beta;
-    float out = 0.f;
-    for (int i = 0; i < D; ++i) {
-        const float sij = (fresh ? 0.f : S[(size_t)i * D + j] * eg[i]) + k[i] * delta;
-        S[(size_t)i * D + j] = sij;
-        out += q[i] * sij;
+    float s[KDA_MAX_DIM];
+#pragma unroll
+    for (int i = 0; i < KDA_MAX_DIM; ++i) s[i] = (i < D && !fresh) ? S[(size_t)i * D + j] : 0.f;
+    const float out = kda_token(s, fresh, q, k, eg, vj, beta, D);
+#pragma unroll
+    for (int i = 0; i < KDA_MAX_DIM; ++i)
+        if (i < D) S[(size_t)i * D + j] = s[i];
+    o[(size_t)r * heads * D + (size_t)h * D + j] = to_bf(out);
+}
+
+// Prefill, batch-invariant: a block a (sequence, head) walks the sequence's rows in order,
+// each through decode's step (kda_token) with S's column in registers from the first row to
+// the last: a token's output and the state after it are the bytes decode gives it, whatever
+// the step's token budget cut the prompt into and whatever shares the step. The chunked
+// kernel above is the faster form whose bits depend on the cut. Grid (n_seqs, heads), block 128.
+extern "C" __global__ void kda_tokens(const bf16 *__restrict__ mix, const float *__restrict__ g,
+                                      const float *__restrict__ b, char *__restrict__ state,
+                                      const int *__restrict__ slot, const int *__restrict__ cu_seqlens,
+                                      const int *__restrict__ pos, bf16 *__restrict__ o, int n_seqs, int layer,
+                                      int layers, int heads, int dim, int conv, int slot_bytes) {
+    __shared__ float q[KDA_MAX_DIM], k[KDA_MAX_DIM], eg[KDA_MAX_DIM], scratch[32];
+    const int s_ = blockIdx.x, h = blockIdx.y, j = threadIdx.x, D = dim;
+    if (s_ >= n_seqs || h >= heads) return;
+    const int r0 = cu_seqlens[s_], r1 = cu_seqlens[s_ + 1];
+    if (r1 == r0) return;
+    float *S = kda_layer(state, slot[s_], slot_bytes, layer, heads, dim, conv) + (size_t)h * D * D;
+    const bool fresh = pos[r0] == 0;
+    float s[KDA_MAX_DIM];
+#pragma unroll
+    for (int i = 0; i < KDA_MAX_DIM; ++i) s[i] = (i < D && j < D && !fresh) ? S[(size_t)i * D + j] : 0.f;
+    for (int r = r0; r < r1; ++r) {
+        __syncthreads();  // every thread is done with the last token's q, k and exp(g)
+        float vj, beta;
+        kda_token_inputs(mix, g, b, r, h, heads, D, q, k, eg, scratch, vj, beta);
+        if (j < D) {
+            const float out = kda_token(s, fresh && r == r0, q, k, eg, vj, beta, D);
+            o[(size_t)r * heads * D + (size_t)h * D + j] = to_bf(out);
+        }
     }
-    o[(size_t)r * W + (size_t)h * D + j] = to_bf(out);
+    if (j < D) {
+#pragma unroll
+        for (int i = 0; i < KDA_MAX_DIM; ++i)
+            if (i < D) S[(size_t)i * D + j] = s[i];
+    }
 }
 
 // ---- the gated output norm ----------------------------------------------------------------

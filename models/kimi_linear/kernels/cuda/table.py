@@ -44,6 +44,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("kda", "kda_chunked", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
                                   _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o", direction="out"),
                                   *_ints("n_seqs"), *_KDA, "chunk: i32"), ("n_seqs", "heads"), (CHUNK_THREADS,)),
+    Kernel("kda", "kda_tokens", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
+                                 _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o", direction="out"),
+                                 *_ints("n_seqs"), *_KDA), ("n_seqs", "heads"), (MAX_DIM,)),
     Kernel("kda", "kda_step", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
                                _buf("pos", "i32"), _buf("o", direction="out"), *_ints("rows"), *_KDA),
            ("rows", "heads"), (MAX_DIM,)),
@@ -103,9 +106,17 @@ OPS = {
 }
 
 
-def ops() -> dict:
-    """Every op the generator may emit, as manifest JSON."""
-    out = {name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}
+# The prompt's recurrence: "chunked" (16-row chunks, faster on long prompts, its bits depend on
+# where the prompt was cut) or "tokens" (a token at a time through decode's step: the same bits
+# cut anywhere or decoded). Either is the op kda_chunked, which kern test pairs with the cpu
+# reference's op of that name (itself either form).
+KDA_FORMS = ("chunked", "tokens")
+
+
+def ops(kda_form: str = "chunked") -> dict:
+    """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form."""
+    table = {**OPS, "kda_chunked": Op(("kda_" + kda_form,))}
+    out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():
         for launch in op["impl"]["launches"]:
             if launch["entry"] in SHARED_MEM:
@@ -113,4 +124,4 @@ def ops() -> dict:
     return out
 
 
-__all__ = ["ARCH", "KERNELS", "MODULES", "TILES", "ops"]
+__all__ = ["ARCH", "KDA_FORMS", "KERNELS", "MODULES", "TILES", "ops"]

@@ -54,6 +54,8 @@ def buffers(c: Context) -> Iterator[Problem]:
         if b.bind and b.kind != "weight":
             yield Problem(f"{where}.bind", f"only weight buffers bind checkpoint tensors, this is {b.kind}")
         for i, seg in enumerate(b.bind or []):
+            if seg.fallback == seg.tensor:
+                yield Problem(f"{where}.bind[{i}].fallback", f"names the segment's own tensor {seg.tensor!r}")
             for axis in ("rows", "cols"):
                 rng = getattr(seg, axis)
                 if rng is not None and not (0 <= rng[0] < rng[1] <= MAX_BYTES):
