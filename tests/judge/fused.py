@@ -1,5 +1,5 @@
-"""A cpu candidate whose programs differ from the reference's in their fusion, as the sm_90a
-deployment's do: per layer the norm, qkv projection and rope are one call, each projection
+"""A cpu candidate whose programs (prefill, decode and the speculative round's verify program)
+differ from the reference's in their fusion, as the sm_90a deployment's do: per layer the norm, qkv projection and rope are one call, each projection
 adds into the residual stream itself (no separate residual add fused with the next norm), and
 the MLP's norm, gate/up projection and activation are one call. Every op points at a module of
 its own (the cpu kernels with the fused functions appended), so no call of the layers matches
@@ -74,7 +74,7 @@ def _fuse(calls: list[dict]) -> list[dict]:
 
 def fused(base: Path, out: Path) -> Path:
     def edit(m):
-        for prog in ("prefill", "decode"):
+        for prog in ("prefill", "decode", "verify_round"):
             m["programs"][prog]["calls"] = _fuse(_calls(m, prog))
         for name, params in NEW_OPS.items():
             m["ops"][name] = {"params": params, "impl": {"launches": [{"module": "kernels", "entry": name}]}}
