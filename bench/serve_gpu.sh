@@ -2,7 +2,7 @@
 # workload (bench/serve.py: streamed chat requests, 512-token prompts sharing a 256-token system
 # prompt, 128 output tokens, greedy) at each concurrency of $CONC, one stream alone (128-token
 # prompt, 512 out) and long prompts ($LONG_PROMPT tokens at concurrency 8), on a seeded random
-# Llama-3.2-1B-shaped checkpoint made here. The servers run one after the other, each alone on
+# checkpoint of $SHAPE (default llama-3.2-1b) made here. The servers run one after the other, each alone on
 # the GPU. Logs and JSON lines land under $OUT; the summary is also printed.
 #
 #   KERN_FLAGS: flags for kern serve (default none: what a user gets), e.g. --no-batch-invariance.
@@ -19,6 +19,7 @@ CONC=${CONC:-1,8,32,128,256}
 PEER=${PEER:-transformers}
 KERN_FLAGS=${KERN_FLAGS:-}
 LONG_PROMPT=${LONG_PROMPT:-8192}
+SHAPE=${SHAPE:-llama-3.2-1b}  # a shape of kern_models.common.random_checkpoint (llama-3.1-8b: the second)
 WORK="--prompt 512 --shared 256 --output 128"
 
 if [ "$PEER" = vllm ]; then  # join and install vLLM's wheels while kern runs (CPU only)
@@ -28,7 +29,7 @@ if [ "$PEER" = vllm ]; then  # join and install vLLM's wheels while kern runs (C
 fi
 
 # the real Llama-3.2-1B's 131,072 positions (kern serves 32,768 of them, vLLM what --max-model-len says)
-timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; make('llama-3.2-1b', '$CKPT', device='cuda', max_positions=131072)" \
+timeout ${CKPT_S:-90} python3 -c "from kern_models.common.random_checkpoint import make; make('$SHAPE', '$CKPT', device='cuda', max_positions=131072)" \
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 bench/serve.py --prepare $CKPT
 
