@@ -167,7 +167,7 @@ def tables(st, leases, inputs):
         inputs[st.inputs["slot"]] = np.array([lease.slot(proto.slot_state) for lease in leases], np.int32)
 
 def by_kernel(env_of_step, program):  # each launch's device time in one step, summed by kernel
-    from kern.runtime.devices.cuda.device import profile
+    from kern.runtime.devices.cuda.profile import profile
     rows, by = profile(eng.programs[program], env_of_step), {}
     for _, entry, us in rows:
         n, t = by.get(entry, (0, 0.0))

@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=160)
     args = ap.parse_args()
     from kern.api import Model
-    from kern.runtime.devices.cuda.device import profile
+    from kern.runtime.devices.cuda.profile import profile
     from kern.runtime.devices.cuda.graphs import capture
     from kern_models.llama.generator import generate
 

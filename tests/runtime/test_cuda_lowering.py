@@ -14,6 +14,7 @@ from kern.manifest.expr import evaluate
 from kern.runtime.devices.cuda import device as cuda_device
 from kern.runtime.errors import DeviceError
 from kern.runtime.devices.cuda.launch import Kernel, PackedLaunch
+from kern.runtime.devices.cuda.tensormap import TensorMaps
 from kern.runtime.devices.cuda.params import parse_kinds
 from kern.runtime.lower import lower_program
 
@@ -38,10 +39,11 @@ class _Mem:
         self.ptr, self.nbytes = ptr, nbytes
 
 
-class _Maps:
+class _Maps(TensorMaps):
     """Tensor maps as the cuda device makes them (tensormap.py), recorded, at fake addresses."""
 
     def __init__(self):
+        super().__init__()
         self.made: dict[tuple, int] = {}
 
     def address(self, ptr, rows, cols, dtype, box, where):
@@ -352,3 +354,15 @@ def test_an_offset_write_and_read_land_where_the_cpu_device_puts_them(monkeypatc
     monkeypatch.setattr(memory, "copy_to_device", lambda dst, src, stream=None: copies.append((dst, src.nbytes)))
     dev.write(memory.DeviceBuffer(0x9000, want.nbytes), values, offset)
     assert copies == [(0x9000 + offset * values.itemsize, values.nbytes)]
+
+
+def test_a_tiled_view_that_moves_with_a_var_is_refused_naming_its_launch_and_buffer():
+    """A tensor map is made once, at load: a tiled view whose offset depends on a var cannot have one."""
+    from types import SimpleNamespace
+
+    from kern.runtime.lower import View
+
+    moving = View("p_x", "bf16", "layer_offset", (16, 64), (32, 64))
+    launch = SimpleNamespace(where="programs.prefill.calls[3] (op gemm) launch 0", args=(moving,))
+    with pytest.raises(DeviceError, match=r"calls\[3\].*buffer 'p_x': read in tiles, so its view's offset"):
+        _Maps().for_launches([launch], {"p_x": _Mem(0x100000)})

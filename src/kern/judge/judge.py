@@ -18,10 +18,9 @@ import numpy as np
 from ..drive import script
 from ..drive.engine_io import EngineIO
 from ..errors import KernError
-from ..manifest.protocol import derive
 from ..manifest.verify import Verified, verify_path
 from ..runtime.engine import Engine
-from . import blas, corpus, forked, precision
+from . import blas, corpus, forked, precision, workloads
 from . import candidate as candidate_mod
 from .diff import diff
 from .facts import end_to_end, span_facts
@@ -191,11 +190,11 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         raise JudgeError(f"reference {reference} does not load: {exc}") from exc
     io_a = EngineIO(eng_a)
     secs["load_a"] = time.perf_counter() - t
-    lim = limits(io_a, opts, v_b)
+    lim = workloads.limits(io_a, opts, v_b)
     wl = script.make(opts.seed, lim, seqs=opts.seqs, decode_steps=opts.decode_steps, max_prompt=opts.max_prompt,
                        corpus=text, mixed=True)
     fact(wl.describe())
-    wide = _wide(v_a, v_b, lim, opts, text)
+    wide = workloads.wide(v_a, v_b, lim, opts, text)
     if wide is not None:
         fact("wide: " + wide.describe().removeprefix("workload: ") + ", run free on both sides: a decode step "
              "wider than A's decode programs take")
@@ -295,11 +294,11 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
             break
         rounds += 1
         t = time.perf_counter()
-        more = _grow(opts, lim, rounds, text)
+        more = workloads.grow(opts, lim, rounds, text)
         fact(f"round {rounds + 1}: " + more.describe().removeprefix("workload: "))
         before = len(rows.a)
         err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows, fork)
-        wider = _wide(v_a, v_b, lim, dataclasses.replace(opts, seed=opts.seed + 1000 * rounds), text) if wide else None
+        wider = workloads.wide(v_a, v_b, lim, dataclasses.replace(opts, seed=opts.seed + 1000 * rounds), text) if wide else None
         if wider is not None and not err:  # B's wide decode may be what wants more rows
             err = _round(v_a, v_b, weights, prec, wider, opts.seed + 2 * rounds + 2, rows, fork)
         grown_rows += sum(0 if x.logits is None else len(x.logits) for x in rows.a[before:])
@@ -313,48 +312,8 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     return Report(lines, decide(facts), facts, secs, b.alone)
 
 
-def limits(io: EngineIO, opts: Options, candidate: Verified | None = None) -> script.Bounds:
-    """A's bounds for the workload; speculative rounds only where the candidate also declares a
-    verify program (else its rows would have no program to run in: they are A's alone)."""
-    lim = io.limits()
-    lim = dataclasses.replace(lim, chunk=min(lim.chunk, opts.chunk))
-    if candidate is not None and derive(candidate).verify is None:
-        lim = dataclasses.replace(lim, round_groups=0, round_rows=0)
-    return lim
-
-
 def _times(n: int) -> str:
     return {1: "once", 2: "twice"}.get(n, f"{n} times")
-
-
-def _wide(v_a: Verified, v_b: Verified, lim: script.Bounds, opts: Options,
-          text: tuple[int, ...] | None) -> script.Workload | None:
-    """Decode steps of one sequence more than any decode program of A takes, when B has a
-    program for them (a wide decode): short prompts of the text, each sequence in one page, three
-    decode rows each (on SmolLM2-135M 29-53 of the 99 wide rows are decisive, seeds 0-3). None
-    when B has no such program or the pages do not hold it."""
-    most = max((s.groups_max for s in derive(v_a).fixed(1)), default=0)
-    if not most or not any(s.groups_max > most for s in derive(v_b).fixed(1)):
-        return None
-    try:
-        return script.make(opts.seed + 500, dataclasses.replace(lim, decode_groups=most + 1), seqs=most + 1,
-                             decode_steps=3, max_prompt=max(1, lim.page_tokens - 3), corpus=text)
-    except ValueError:
-        return None
-
-
-def _grow(opts: Options, lim: script.Bounds, k: int, text: tuple[int, ...] | None) -> script.Workload:
-    """Round k's workload: twice the sequences of the round before (as many as the pages hold),
-    a fresh seed, the text's tokens when there is a tokenizer."""
-    seqs = opts.seqs * 2 ** k
-    while True:
-        try:
-            return script.make(opts.seed + 1000 * k, lim, seqs=seqs, decode_steps=opts.decode_steps,
-                                 max_prompt=opts.max_prompt, corpus=text)
-        except ValueError:
-            if seqs <= 1:
-                raise
-            seqs //= 2
 
 
 def _e2e(rows: Rows, err: str, opts: Options, lim: script.Bounds) -> EndToEnd:

@@ -19,7 +19,8 @@ from ..manifest.verify import load_verified
 from ..runtime.engine import Engine
 from ..runtime.pipeline import Pipeline
 from .facts import end_to_end
-from .judge import JudgeError, Options, Report, limits
+from .judge import JudgeError, Options, Report
+from .workloads import limits
 from .record import StepOut, stepper_for
 from .replay import free_run
 from .verdict import Facts, decide

@@ -203,12 +203,8 @@ class CudaProgram:
                 if isinstance(a, View) and isinstance(buffers[a.buffer], memory.StagedBuffer):
                     self._views.setdefault(a.buffer, []).append(a)
         self._uploads: dict[tuple, list] = {}
-        # tiled views (read through tensor maps): each map made now, before any graph capture
-        self._maps: dict[int, int] = {}
-        for l in launches:
-            for a in l.args:
-                if isinstance(a, View) and a.tile is not None:
-                    self._maps[id(a)] = self._tensor_map(a, l.where)
+        # tiled views' tensor maps, made now: before any graph capture
+        self._maps = dev.tensor_maps.for_launches(launches, buffers)
         self._mark_buf: memory.DeviceBuffer | None = None
         self._old_marks: list[memory.DeviceBuffer] = []
         self._progress: memory.PinnedHost | None = None  # made by the first run_steps
@@ -228,21 +224,9 @@ class CudaProgram:
         for b, n in ups:
             b.upload(self.dev.stream, n)
 
-    def _tensor_map(self, v: View, where: str) -> int:
-        """The device address of the map of tiled view v: columns its last dimension, rows every
-        row of its buffer from its offset on (so one map serves every step's row count)."""
-        if not isinstance(v.offset, int) or not isinstance(v.shape[-1], int):
-            raise DeviceError(f"{where}: buffer {v.buffer!r} is read in tiles, so its view's offset and last "
-                              "dimension must not depend on a var")
-        b, esize = self.buffers[v.buffer], DTYPE_BYTES[v.dtype]
-        cols = v.shape[-1]
-        rows = (b.nbytes // esize - v.offset) // cols
-        return self.dev.tensor_maps.address(b.ptr + v.offset * esize, rows, cols, v.dtype, v.tile,
-                                            f"{where}, buffer {v.buffer!r}")
-
     def _value(self, a, env):
         if isinstance(a, View):
-            if a.tile is not None:
+            if a.tile is not None:  # the address of its tensor map
                 return self._maps[id(a)]
             return self.buffers[a.buffer].ptr + evaluate(a.offset, env) * DTYPE_BYTES[a.dtype]
         if isinstance(a, StateRef):
@@ -396,24 +380,3 @@ class CudaProgram:
         if slot is None:
             slot = self._slots[(tag, j)] = memory.PinnedHost(nbytes, f"{tag[0]} slot {j}")
         return slot
-
-
-def profile(program: CudaProgram, env: dict[str, int], repeats: int = 5) -> list[tuple[str, str, float]]:
-    """Device time of every launch of a program, in microseconds (median of `repeats`), timed
-    with events between launches on the program's stream: (where, entry, us) per launch."""
-    items = program.resolve(env)
-    s = program.dev.stream
-    events = [call("cuEventCreate", 0) for _ in range(len(items) + 1)]
-    times = [[] for _ in items]
-    program._upload(env)
-    for _ in range(repeats):
-        call("cuEventRecord", events[0], s.handle)
-        for i, it in enumerate(items):
-            program._record([it])
-            call("cuEventRecord", events[i + 1], s.handle)
-        s.synchronize()
-        for i in range(len(items)):
-            times[i].append(call("cuEventElapsedTime", events[i], events[i + 1]) * 1e3)
-    for e in events:
-        call("cuEventDestroy", e)
-    return [(l.where, l.entry, sorted(t)[len(t) // 2]) for l, t in zip(program.planned, times)]

@@ -18,8 +18,10 @@ from functools import cache
 
 import numpy as np
 
+from kern.manifest.schema import DTYPE_BYTES
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.errors import CudaError
+from kern.runtime.errors import DeviceError
 
 MAP_BYTES = 128  # sizeof(CUtensorMap); device memory from cuMemAlloc is aligned far past its 64
 # CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
@@ -74,6 +76,24 @@ class TensorMaps:
             memory.copy_to_device(buf.ptr, np.frombuffer(encode_2d(ptr, rows, cols, dtype, box, where), np.uint8))
             self._maps[key] = buf
         return self._maps[key].ptr
+
+    def for_launches(self, launches, buffers: dict) -> dict[int, int]:
+        """The map address of every tiled view the launches pass (by the view's id): columns its
+        last dimension, rows every row of its buffer from its offset on, so one map serves every
+        step's row count; the offset and that dimension must not depend on a var."""
+        out = {}
+        for l in launches:
+            for v in l.args:
+                if getattr(v, "tile", None) is None:
+                    continue
+                where = f"{l.where}, buffer {v.buffer!r}"
+                if not isinstance(v.offset, int) or not isinstance(v.shape[-1], int):
+                    raise DeviceError(f"{where}: read in tiles, so its view's offset and last dimension must not "
+                                      "depend on a var")
+                b, esize, cols = buffers[v.buffer], DTYPE_BYTES[v.dtype], v.shape[-1]
+                rows = (b.nbytes // esize - v.offset) // cols
+                out[id(v)] = self.address(b.ptr + v.offset * esize, rows, cols, v.dtype, v.tile, where)
+        return out
 
     def free(self) -> None:
         for b in self._maps.values():
