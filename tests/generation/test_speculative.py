@@ -179,6 +179,32 @@ def test_a_round_stops_where_the_request_does(tiny_llama):
     assert got == plain[:plain.index(stop) + 1]
 
 
+
+def favourite(logits: np.ndarray, temperatures) -> tuple[float, np.ndarray, int]:
+    """A random model is flat: the first temperature at which one token has p >= 0.3, softmax of
+    the logits there, and that token (a proposal both kept and rejected often)."""
+    for t in temperatures:
+        z = logits.astype(np.float64) / t
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if p.max() >= 0.3:
+            break
+    return t, p, int(np.argmax(p))
+
+
+def follows(draws: list[int], p: np.ndarray, proposal: int, torch) -> None:
+    """The draws follow p (chi-square, p-value > 0.001; cells expecting fewer than 5 pooled, the
+    test's usual bound), and the proposal was both kept and rejected."""
+    counts = np.bincount(draws, minlength=p.size)
+    keep = p * len(draws) >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(p[keep], p[~keep].sum()) * len(draws)
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    pvalue = float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2.0), torch.tensor(stat / 2.0)))
+    assert pvalue > 1e-3, (stat, len(obs))
+    assert 0.01 < counts[proposal] / len(draws) < 0.99
+
 def test_keyed_rounds_follow_the_targets_distribution(tiny_llama):
     """Rejection sampling keyed by the request: over many seeds, the token a round draws after
     a proposal (kept with the target's probability of it, else drawn among the rest) follows the
@@ -192,13 +218,7 @@ def test_keyed_rounds_follow_the_targets_distribution(tiny_llama):
     loop.paging.extend(lease, prompt[:-1], ahead=4)
     loop.runner.run([Feed(prompt[:-1], 0, Units.of(lease))], logits=False)
     _, logits = loop.runner.run([Feed([prompt[-1]], len(prompt) - 1, Units.of(lease))], logits=True)
-    for t in (1.0, 0.5, 0.2, 0.1, 0.05, 0.02):  # a random model is flat: the temperature that makes a favourite
-        z = logits[0].astype(np.float64) / t
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        if p.max() >= 0.3:
-            break
-    proposal = int(np.argmax(p))
+    t, p, proposal = favourite(logits[0], (1.0, 0.5, 0.2, 0.1, 0.05, 0.02))
     from kern.generation.loop import draw_key
 
     draws = []
@@ -207,15 +227,7 @@ def test_keyed_rounds_follow_the_targets_distribution(tiny_llama):
                                       [[draw_key(seed, 0), draw_key(seed, 1)]])
         assert int(acc[0]) == int(tok[0] == proposal)
         draws.append(int(tok[0]))
-    counts = np.bincount(draws, minlength=p.size)
-    keep = p * len(draws) >= 5  # the chi-square test's usual bound; the rest pooled into one cell
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(p[keep], p[~keep].sum()) * len(draws)
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    pvalue = float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2.0), torch.tensor(stat / 2.0)))
-    assert pvalue > 1e-3, (stat, len(obs))
-    assert 0.01 < counts[proposal] / len(draws) < 0.99  # the proposal was both kept and rejected
+    follows(draws, p, proposal, torch)
     again, _ = loop.runner.verify([Feed([prompt[-1], proposal], len(prompt) - 1, Units.of(lease), t)],
                                   [[draw_key(7, 0), draw_key(7, 1)]])
     assert int(again[0]) == draws[7]

@@ -18,7 +18,7 @@ from kern.generation.runner import Feed, Units
 from kern.generation.speculative import NgramProposer, Speculate, Speculator
 
 from .test_loop_gpu import _model, deployment  # noqa: F401 - the module's checkpoint and sm_90a deployment
-from .test_speculative import PARAMS, Oracle, _generate, _logits_buffer, _repetitive
+from .test_speculative import PARAMS, Oracle, _generate, _logits_buffer, _repetitive, favourite, follows
 
 pytestmark = pytest.mark.gpu
 
@@ -124,14 +124,8 @@ def test_keyed_rounds_on_the_device_follow_the_targets_distribution(model):
     prompt = _repetitive(1, seed=5)[0]
     lease = _lease(loop, prompt[:-1], 4)
     _, logits = loop.runner.run([Feed([prompt[-1]], len(prompt) - 1, Units.of(lease))], logits=True)
-    for t in 2.0 * 0.85 ** np.arange(80):  # a random model is flat: the temperature that makes a favourite
-        t = float(np.float32(t))  # what the device divides by
-        z = logits[0].astype(np.float64) / t
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        if p.max() >= 0.3:
-            break
-    proposal = int(np.argmax(p))
+    temperatures = [float(np.float32(t)) for t in 2.0 * 0.85 ** np.arange(80)]  # f32: what the device divides by
+    t, p, proposal = favourite(logits[0], temperatures)
     draws = []
     at = len(prompt) - 1
     for seed in range(2000):
@@ -142,15 +136,7 @@ def test_keyed_rounds_on_the_device_follow_the_targets_distribution(model):
     for seed in range(0, 2000, 97):  # plain decoding's draw with the same key
         got, _ = loop.runner.run([Feed([prompt[-1]], at, Units.of(lease), t, draw_key(seed, 0))], logits=False)
         assert int(got[0]) == draws[seed], seed
-    counts = np.bincount(draws, minlength=p.size)
-    keep = p * len(draws) >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(p[keep], p[~keep].sum()) * len(draws)
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    pvalue = float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2.0), torch.tensor(stat / 2.0)))
-    assert pvalue > 1e-3, (stat, len(obs))
-    assert 0.01 < counts[proposal] / len(draws) < 0.99  # the proposal was both kept and rejected
+    follows(draws, p, proposal, torch)
     loop.paging.pool.free(lease)
 
 

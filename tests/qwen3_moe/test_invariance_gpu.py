@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kern.generation import SamplingParams
+from tests.generation.test_invariance_gpu import _again, _beside, _bytes  # the llama family's checks, shared
 from tests.generation.test_loop import _run
 
 pytestmark = pytest.mark.gpu
@@ -44,27 +45,6 @@ def setup(tmp_path_factory):
     return loop, prompt, others, alone
 
 
-def _bytes(deltas) -> tuple:
-    return tuple(t for d in deltas for t in d.token_ids), tuple(x for d in deltas for x in d.logprobs)
-
-
-def _again(loop, arrivals, cache: bool = False, budget: int | None = None) -> tuple:
-    if not cache:
-        loop.paging.pool.clear()
-    base = loop.limits
-    loop.limits = base if budget is None else replace(base, budget=budget)
-    try:
-        return _bytes(_run(loop, arrivals)["r"])
-    finally:
-        loop.limits = base
-
-
-def _beside(prompt, others, n: int) -> dict:
-    arrivals = {s: [(f"o{i}", p, PARAMS) for i, p in enumerate(others[:n]) if i % 4 == s] for s in range(4)}
-    arrivals.setdefault(1, []).append(("r", prompt, PARAMS))
-    return arrivals
-
-
 def test_a_request_chunked_by_16_gets_its_bytes_alone(setup):
     loop, prompt, _, alone = setup
     assert _again(loop, {0: [("r", prompt, PARAMS)]}, budget=16) == alone
@@ -73,7 +53,7 @@ def test_a_request_chunked_by_16_gets_its_bytes_alone(setup):
 @pytest.mark.parametrize("n", [7, 15, 63])
 def test_a_request_beside_others_gets_its_bytes_alone(setup, n):
     loop, prompt, others, alone = setup
-    assert _again(loop, _beside(prompt, others, n)) == alone
+    assert _again(loop, _beside(prompt, others, n, PARAMS)) == alone
 
 
 def test_a_request_with_its_prompt_cached_gets_its_bytes_alone(setup):
