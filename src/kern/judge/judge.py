@@ -298,7 +298,8 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         fact(f"round {rounds + 1}: " + more.describe().removeprefix("workload: "))
         before = len(rows.a)
         err = _round(v_a, v_b, weights, prec, more, opts.seed + 2 * rounds + 1, rows, fork)
-        wider = workloads.wide(v_a, v_b, lim, dataclasses.replace(opts, seed=opts.seed + 1000 * rounds), text) if wide else None
+        grown_opts = dataclasses.replace(opts, seed=opts.seed + 1000 * rounds)
+        wider = workloads.wide(v_a, v_b, lim, grown_opts, text) if wide else None
         if wider is not None and not err:  # B's wide decode may be what wants more rows
             err = _round(v_a, v_b, weights, prec, wider, opts.seed + 2 * rounds + 2, rows, fork)
         grown_rows += sum(0 if x.logits is None else len(x.logits) for x in rows.a[before:])

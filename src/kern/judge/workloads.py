@@ -4,15 +4,21 @@ the wide decode's extra workload, and a growth round's."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..drive import script
 from ..drive.engine_io import EngineIO
 from ..manifest.protocol import derive
 from ..manifest.verify import Verified
 
-if TYPE_CHECKING:
-    from .judge import Options
+class Options(Protocol):
+    """What the workloads take of kern test's options (judge.Options)."""
+
+    seed: int
+    seqs: int
+    decode_steps: int
+    max_prompt: int | None
+    chunk: int
 
 
 def limits(io: EngineIO, opts: Options, candidate: Verified | None = None) -> script.Bounds:
