@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[1] / "src" / "kern"
-FAMILIES = re.compile(r"\b(llama|qwen|smollm|mistral|deepseek|tinyllama)\b", re.IGNORECASE)
+# a family name begins a word (qwen3_moe, kimi_linear and Qwen3ForCausalLM are hits too)
+FAMILIES = re.compile(r"\b(llama|tinyllama|qwen|smollm|mistral|deepseek|kimi)", re.IGNORECASE)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=256, max_position_embeddings=512)
 
@@ -27,10 +28,24 @@ def engine_files() -> list[Path]:
     return files
 
 
+def docstring_lines(source: str) -> set[int]:
+    """First lines of the module's, classes' and functions' docstrings (prose, like comments)."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.add(first.lineno)
+    return out
+
+
 def code_without_comments(path: Path) -> list[tuple[int, str]]:
-    """(line, token text) of every token but comments."""
-    toks = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-    return [(t.start[0], t.string) for t in toks if t.type != tokenize.COMMENT]
+    """(line, token text) of every token but comments and docstrings."""
+    source = path.read_text()
+    prose = docstring_lines(source)
+    toks = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [(t.start[0], t.string) for t in toks
+            if t.type != tokenize.COMMENT and not (t.type == tokenize.STRING and t.start[0] in prose)]
 
 
 def test_the_engine_names_no_model_family():
@@ -68,6 +83,9 @@ def test_the_engine_names_no_buffer_or_program(example_names):
 def test_the_checks_catch_what_they_look_for(tmp_path):
     """The greps are not vacuous: a planted name is found."""
     planted = tmp_path / "planted.py"
-    planted.write_text('x = "decode"  # fine: a comment may say Llama\ny = "Llama"\n')
-    assert [v for _, v in string_literals(planted)] == ["decode", "Llama"]
-    assert [t for _, t in code_without_comments(planted) if FAMILIES.search(t)] == ['"Llama"']
+    planted.write_text('"""A docstring may say SmolLM2."""\n'
+                       'x = "decode"  # fine: a comment may say Llama\ny = "Llama"\n'
+                       'z = "kimi_linear"\nq = "Qwen3MoeForCausalLM"\n')
+    assert [v for _, v in string_literals(planted)][1:] == ["decode", "Llama", "kimi_linear", "Qwen3MoeForCausalLM"]
+    assert [t for _, t in code_without_comments(planted) if FAMILIES.search(t)] == [
+        '"Llama"', '"kimi_linear"', '"Qwen3MoeForCausalLM"']
