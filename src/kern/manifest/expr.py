@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from ..errors import KernError
 from .schema import Add, CeilDiv, Expr, Mul
 
 
-class ExprError(Exception):
+class ExprError(KernError):
     """An expression does not resolve; the message names the reason."""
 
 

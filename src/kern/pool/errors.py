@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kern.errors import KernError
 
-class PoolError(RuntimeError):
+
+class PoolError(KernError, RuntimeError):
     """A caller broke the pool's contract (a lease or checkpoint of another pool or already
     ended, lists that do not pair up, an unknown plan); the message names the object. The
     pool's books are as they were before the call."""
@@ -19,7 +21,7 @@ class Violation:
     what: str
 
 
-class IntegrityError(AssertionError):
+class IntegrityError(KernError, AssertionError):
     """The books are broken: a bug in the pool, never the caller's doing. Raised explicitly,
     so it holds under `python -O` too."""
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from kern.errors import KernError
+
 KINDS = ("paged", "per_seq", "fixed")
 
 
@@ -20,7 +22,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class LayoutError(ValueError):
+class LayoutError(KernError, ValueError):
     """The declared states cannot be laid out in the budget; the message says which and why."""
 
 
