@@ -105,7 +105,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     model = kern.load(args.ckpt, target=args.target, context=args.context,
-                      memory=args.memory << 30 if args.memory else None)
+                      state_budget=args.memory << 30 if args.memory else None)
     loop = model.loop
     loop.warm_up(progress=False)
     print(json.dumps({"load_and_capture_s": round(time.perf_counter() - t0, 1), "context": loop.context,

@@ -50,7 +50,7 @@ def in_process(args) -> list[dict]:
     # machine (on a shared machine the load changes from minute to minute)
     kw = dict(target=args.target, context=args.context)
     if args.target != "cpu":  # two models on one GPU: a state budget each, not 90% of the device each
-        kw["memory"] = 2 << 30
+        kw["state_budget"] = 2 << 30
     plain, fast = kern.load(**kw), kern.load(**kw, speculate=args.speculate)
     for model in (plain, fast):  # a lone stream's graphs (decode at each reach, rounds of each width)
         model.loop.warm_up(sizes=[1], reach=args.context, progress=False)

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
-from kern_models.common.errors import ConfigError, invariant_option, refuse
+from kern_models.common.errors import ConfigError, check_batch_invariant, refuse
 from kern_models.common.generator import FamilyGenerator
 from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
 from kern_models.qwen3_moe.kernels.cuda import CUBINS as MOE_CUBINS
@@ -19,11 +19,11 @@ from .manifests import cpu as manifest_cpu, cuda as manifest_cuda
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, **limits) -> Path:
+             context: int | None = None, batch_invariant: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path."""
     shape = shape_of(config)
     # the cpu build is batch-invariant, the sm_90a one not (docs/determinism.md): each its only one
-    invariant_option(limits, "kimi_linear", target, has_faster=target != "cpu")
+    check_batch_invariant(batch_invariant, "kimi_linear", target, has_faster=target != "cpu")
     for split in ("tp", "ep"):
         if (n := limits.pop(split, 1)) != 1:
             raise refuse("kimi_linear", split, n, "runs on one device: it has no split build")

@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
-from kern_models.common.errors import invariant_option, refuse
+from kern_models.common.errors import check_batch_invariant, refuse
 
 from .config import ARCHITECTURES, ConfigError, shape_of
 from .kernels.cuda import CUBINS
@@ -19,11 +19,13 @@ CPU_KERNELS = Path(__file__).resolve().parent / "kernels" / "cpu" / "kernels.py"
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, tp: int = 1, tp_pdl: bool = True, **limits) -> Path:
+             context: int | None = None, tp: int = 1, tp_pdl: bool = True, batch_invariant: bool = True,
+             **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     tp > 1: one manifest a rank of a tensor-parallel split (manifests/tp.py), rank0.json ...
     beside the kernels; the path returned is rank 0's. tp_pdl: the split decode's projections
-    and all-reduces under programmatic dependent launch.
+    and all-reduces under programmatic dependent launch. batch_invariant=False: the cuda
+    build whose bytes depend on the batch (docs/determinism.md).
 
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support)."""
@@ -33,7 +35,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                      "of experts)")
     model = model or config.get("_name_or_path") or shape.arch
     # cuda's programs, invariant or not; the cpu's and mega's are batch-invariant, their only build
-    invariant = invariant_option(limits, "llama", target, has_faster=target in ("cuda", ARCH))
+    batch_invariant = check_batch_invariant(batch_invariant, "llama", target, has_faster=target in ("cuda", ARCH))
     out = Path(out_dir)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     if target == "cpu":
@@ -48,8 +50,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
             # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
             # (the split keeps the cuBLASLt programs too: the invariant build is single-device for now)
-            split = {"seqs": manifest_cuda.DECODE_SEQS, "invariant": False} if tp != 1 else {}
-            m = manifest_cuda.build(shape, model, context=context, **{"invariant": invariant, **split, **limits})
+            split = {"seqs": manifest_cuda.DECODE_SEQS, "batch_invariant": False} if tp != 1 else {}
+            m = manifest_cuda.build(shape, model, context=context, **{"batch_invariant": batch_invariant, **split, **limits})
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]

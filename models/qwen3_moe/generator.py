@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
-from kern_models.common.errors import ConfigError, invariant_option, refuse
+from kern_models.common.errors import ConfigError, check_batch_invariant, refuse
 from kern_models.llama.generator import CPU_KERNELS as DENSE_CPU_KERNELS, GENERATOR as DENSE
 from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
 from kern_models.llama.kernels.cuda.table import ARCH
@@ -26,13 +26,13 @@ CPU_MODULES = {"kernels": ("llama_cpu.py", DENSE_CPU_KERNELS),
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, ep: int = 1, **limits) -> Path:
+             context: int | None = None, ep: int = 1, batch_invariant: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     ep > 1: one manifest a rank of an expert-parallel split (manifests/ep.py), rank0.json ...
     beside the kernels; the path returned is rank 0's."""
     shape = shape_of(config)
     # sm_90a: the batch-invariant build (the default) or the faster one; the cpu's is invariant, its only one
-    invariant = invariant_option(limits, "qwen3_moe", target, has_faster=target != "cpu")
+    batch_invariant = check_batch_invariant(batch_invariant, "qwen3_moe", target, has_faster=target != "cpu")
     if (tp := limits.pop("tp", 1)) != 1:
         raise refuse("qwen3_moe", "tp", tp, "splits its experts (--ep), not its heads: there is no tensor-parallel "
                      "build of a mixture of experts")
@@ -45,7 +45,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             shutil.copyfile(src, out / "kernels" / file)
             m["modules"][name] = {"source": f"kernels/{file}", "sha256": sha256_of(out / "kernels" / file)}
     elif target in ("cuda", ARCH):
-        m = manifest_cuda.build(shape, model, context=context, invariant=invariant, **limits)
+        m = manifest_cuda.build(shape, model, context=context, batch_invariant=batch_invariant, **limits)
         mine = {f"{n}.cubin" for n in m["modules"]} & {f"{s.stem}.cubin" for s in CUBINS.sources()}
         digests = {**DENSE_CUBINS.provide(out / "kernels", sorted({f"{n}.cubin" for n in m["modules"]} - mine)),
                    **CUBINS.provide(out / "kernels", sorted(mine))}

@@ -25,7 +25,7 @@ from .runtime.stepping import open_engine
 from .errors import KernError
 from .runtime.errors import BoundsError
 from .runtime.jsonfiles import read_object, token_ids
-from .deployments import default_model, deployment_for
+from .deployments import default_model, deployment_for, refuse_faster_build
 from .tokenizer import Tokenizer
 
 
@@ -244,7 +244,7 @@ def _repo_hint(text: str) -> str:
 
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, weights: str | Path | None = None,
          target: str = "cpu",
-         context: int | None = None, max_seqs: int | None = None, memory: int | None = None,
+         context: int | None = None, max_seqs: int | None = None, state_budget: int | None = None,
          progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True,
          speculate: str | Speculate | None = None, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
@@ -253,19 +253,19 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     manifest given with manifest=. `context`:
     positions a sequence may reach (default: the generator's, from the model's own; clipped
     to what the memory holds);
-    `max_seqs`: sequences running at once; `memory`: the state budget in bytes (each rank's).
+    `max_seqs`: sequences running at once; `state_budget`: bytes of state memory (each rank's).
     `tp`: tensor-parallel ranks, the model split over that many devices (docs/tensor-parallel.md);
     a deployment generated for it, or the rank manifest given with manifest=. `ep`: expert-
     parallel ranks, a mixture of experts' experts split over that many devices
     (docs/expert-parallel.md), likewise. `batch_invariant=False`: a generated GPU deployment
     whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md).
     `speculate`: `"ngram[:K]"` or `"draft:DIR[:K]"` (docs/speculative.md)."""
-    for name, v in (("context", context), ("max_seqs", max_seqs), ("memory", memory), ("tp", tp), ("ep", ep)):
+    for name, v in (("context", context), ("max_seqs", max_seqs), ("state_budget", state_budget), ("tp", tp), ("ep", ep)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if target == "cpu" and memory is not None and memory > ram:  # the pool's bookkeeping alone would not fit
-        raise BoundsError(f"memory {memory / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
+    if target == "cpu" and state_budget is not None and state_budget > ram:  # the pool's bookkeeping alone would not fit
+        raise BoundsError(f"state budget (--memory) {state_budget / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
     ckpt = default_model(progress) if model is None else Path(model)
     if not ckpt.is_dir():
         raise KernError(f"{ckpt}: not a folder{_repo_hint(str(model)) if model is not None else ''}")
@@ -280,10 +280,10 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     elif weights:
         raise KernError(f"--weights {weights}: {ckpt} holds its own weights (--weights goes with a deployment "
                         "folder: manifest.json and kernels, no .safetensors)")
-    if manifest and not batch_invariant and target != "cpu":  # a given manifest's programs are what they are
-        raise KernError(f"{manifest}: a manifest is given; --no-batch-invariance chooses a generated deployment's "
-                        "programs (leave out --manifest, or give a manifest built with invariant=False)")
+    if manifest and target != "cpu":
+        refuse_faster_build(f"{manifest}: a manifest is given", batch_invariant,
+                            "leave out --manifest, or give a manifest built with batch_invariant=False")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
                                                                   batch_invariant=batch_invariant)
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
-                 state_budget=memory, speculate=speculate, **model_kw)
+                 state_budget=state_budget, speculate=speculate, **model_kw)

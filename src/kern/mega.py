@@ -2,7 +2,7 @@
 whole greedy generation (the prompt in chunks, then every new token) is one launch.
 
     model = kern.MegaModel.from_pretrained("path/to/checkpoint")
-    tokens = model.generate(prompt_ids, max_new=128)           # one launch in all
+    tokens = model.generate(prompt_ids, max_tokens=128)        # one launch in all
     logits = model.decode_step(token, pos)                     # fp32 logits of one row
 
 The manifest says which program does what through roles only: the decode program is the one
@@ -117,15 +117,15 @@ class MegaModel:
             table[i, :self.seq_pages] = np.arange(i * self.seq_pages, (i + 1) * self.seq_pages)
         return table
 
-    def generate_batch(self, prompts: list[list[int]], max_new: int, *, start: int = 0) -> list[list[int]]:
-        """Greedy `max_new` tokens after each prompt (all in one launch); prompts sit at positions
+    def generate_batch(self, prompts: list[list[int]], max_tokens: int, *, start: int = 0) -> list[list[int]]:
+        """Greedy `max_tokens` tokens after each prompt (all in one launch); prompts sit at positions
         start, start + 1, ... (start > 0 continues sequences whose earlier positions are in the
         state: sequence i in pages of sequence i)."""
         if not prompts or any(len(p) < 1 for p in prompts):
             raise BoundsError("generate: every prompt needs at least one token")
         longest = max(len(p) for p in prompts)
-        if start + longest + max_new > self.context:
-            raise BoundsError(f"generate: {start} + {longest} prompt + {max_new} new tokens pass the context "
+        if start + longest + max_tokens > self.context:
+            raise BoundsError(f"generate: {start} + {longest} prompt + {max_tokens} new tokens pass the context "
                               f"{self.context}")
         g = self.gen
         ids = np.concatenate([np.asarray(p, np.int32) for p in prompts])
@@ -133,13 +133,13 @@ class MegaModel:
                   g.position: np.concatenate([np.arange(start, start + len(p), dtype=np.int32) for p in prompts]),
                   g.cu_seqlens: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int32),
                   g.page_table: self._pages(len(prompts))}
-        env = self.engine.run(g.program, {g.rows_var: len(ids), g.groups_var: len(prompts), g.new_var: max_new},
+        env = self.engine.run(g.program, {g.rows_var: len(ids), g.groups_var: len(prompts), g.new_var: max_tokens},
                               inputs)
         self._env = env
         return self.engine.read(g.tokens, env).tolist()
 
-    def generate(self, prompt_ids: list[int], max_new: int) -> list[int]:
-        return self.generate_batch([list(prompt_ids)], max_new)[0]
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        return self.generate_batch([list(prompt_ids)], max_tokens)[0]
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Consume a prompt (sequence 0, positions 0..) in the one launch; the fp32 logits of its

@@ -186,7 +186,7 @@ def test_the_state_is_sized_for_the_workload_or_by_memory(tiny_a, tiny_ckpt):
     doc = bench(tiny_a, tiny_ckpt, wl, progress=False)
     assert not doc["dropped"] and doc["state_budget"] % 52 == 0
     page = doc["state_budget"] // 52
-    short = bench(tiny_a, tiny_ckpt, wl, memory=doc["state_budget"] - page, progress=False)
+    short = bench(tiny_a, tiny_ckpt, wl, state_budget=doc["state_budget"] - page, progress=False)
     assert [(s["groups"], s["context"]) for s in short["scenarios"]] == [(1, 200)]
     (dr,) = short["dropped"]
     assert (dr["groups"], dr["why"]) == (4, "4 sequences need 52 pages, the paged state holds 51 (--memory)")

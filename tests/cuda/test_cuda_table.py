@@ -61,8 +61,8 @@ def test_every_shipped_kernel_is_launched_by_a_generated_manifest(tmp_path):
     prefill) every __global__ of the shipped sources is launched by some generated manifest."""
     per_op, launched = set(), set()
     for cfg in CONFIGS.values():
-        for invariant in (True, False):  # the default build and the cuBLASLt one (what MoE and tp build on)
-            m = manifest_cuda.build(shape_of(cfg), "tiny", invariant=invariant)
+        for batch_invariant in (True, False):  # the default build and the cuBLASLt one (what MoE and tp build on)
+            m = manifest_cuda.build(shape_of(cfg), "tiny", batch_invariant=batch_invariant)
             per_op |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
             assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
                                          for la in op["impl"]["launches"] if "module" in la}

@@ -1,7 +1,7 @@
 """The sm_90a verify program, on any machine: the llama family's invariant build declares one (a
 ragged CUDA-graph program whose rows take the wide decode's projections and attention_rows, the
 LM head and the draw over every row, then the accept kernel), within the bounds kern test's
-rounds need; builds whose programs are not batch-invariant (invariant=False: the tensor-parallel,
+rounds need; builds whose programs are not batch-invariant (batch_invariant=False: the tensor-parallel,
 megakernel and MoE manifests build on it) declare none, and --speculate on them is refused in
 one line naming the target and the model. The rounds themselves on the H200:
 tests/generation/test_speculative_gpu.py."""
@@ -74,7 +74,7 @@ def _refusal(verified) -> str:
 
 
 def test_a_build_that_is_not_invariant_declares_none_and_is_refused_in_one_line(tmp_path):
-    v = load_verified(generate(TINY, tmp_path, target="cuda", model="tiny", invariant=False))
+    v = load_verified(generate(TINY, tmp_path, target="cuda", model="tiny", batch_invariant=False))
     assert derive(v).verify is None and "verify_round" not in v.manifest.programs
     why = _refusal(v)
     assert "sm_90a deployment of tiny declares no verify program" in why and "\n" not in why
@@ -89,7 +89,7 @@ def test_the_moe_family_verifies_rounds_on_sm90a_and_refuses_them_without_invari
     v = load_verified(moe_generate(PUBLISHED, tmp_path / "inv", target="cuda", model="qwen3-moe"))
     assert derive(v).verify is not None
     assert "moe_route" in {c.op for c in v.manifest.programs["verify_round"].calls}
-    v = load_verified(moe_generate(PUBLISHED, tmp_path / "fast", target="cuda", model="qwen3-moe", invariant=False))
+    v = load_verified(moe_generate(PUBLISHED, tmp_path / "fast", target="cuda", model="qwen3-moe", batch_invariant=False))
     assert derive(v).verify is None
     why = _refusal(v)
     assert "sm_90a deployment of qwen3-moe declares no verify program" in why and "\n" not in why

@@ -33,7 +33,7 @@ def test_generate_batch_equals_generate_one_by_one(tiny_llama):
 @pytest.mark.parametrize("kw,message", [
     (dict(context=0), "context must be a positive integer, got 0"),
     (dict(max_seqs=-1), "max_seqs must be a positive integer, got -1"),
-    (dict(memory="8G"), "memory must be a positive integer, got '8G'"),
+    (dict(state_budget="8G"), "state_budget must be a positive integer, got '8G'"),
 ])
 def test_bad_load_options_are_refused_naming_the_option(kw, message):
     with pytest.raises(BoundsError, match=message):

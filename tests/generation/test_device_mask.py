@@ -15,7 +15,7 @@ from kern.generation.constraints import json_schema_grammar, unpack
 from kern.generation.loop import draw_key
 from kern.generation.runner import Feed, Runner, Units
 from kern.generation.sampling import sample as host_sample
-from kern.manifest.protocol import PageTable, Protocol, ProtocolError, Stepper
+from kern.manifest.protocol import PageTable, ServingProtocol, ProtocolError, Stepper
 from kern_models.llama.kernels.cpu.kernels import sample as op_sample
 
 from .conftest import make_loop
@@ -147,7 +147,7 @@ def test_the_runner_packs_the_masked_rows_words_and_numbers_them_from_one():
                        {"tokens": f"{p}_next"}, (PageTable(f"{p}_pt", "kv", 4),), mask_var="mask_rows", mask_max=8)
     eng = _Recording()
     scratch = type("S", (), {"page_table": lambda self, s: [0], "slot": lambda self, s: 0})()
-    r = Runner(eng, Protocol((stepper("d", 1), stepper("p", None)), (), {"kv": 4}), scratch)
+    r = Runner(eng, ServingProtocol((stepper("d", 1), stepper("p", None)), (), {"kv": 4}), scratch)
     assert r.masks
     u = Units({"kv": [1]}, {})
     w1, w2 = np.array([1, 2, 3], np.int32), np.array([4, 5, 6], np.int32)

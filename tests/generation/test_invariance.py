@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kern.api import Model
 from kern.deployments import deployment_for
 from kern.generation import SamplingParams
-from kern.pool import Plan
+from kern.pool import MemoryPlan
 from kern_models.llama.kernels.cpu import kernels as cpu
 
 # ---- the kernels: a row's bits whatever the rows beside it ------------------------------------
@@ -100,7 +100,7 @@ def _drive(loop, arrivals: dict[int, list], preempt: tuple[str, int] | None = No
                 pool = loop.paging.pool
                 for c in [c for c in pool.checkpoints() if len(c.tokens) == written and c.on_device]:
                     plan = pool.park(c)
-                    assert isinstance(plan, Plan), plan  # the model's host memory holds it
+                    assert isinstance(plan, MemoryPlan), plan  # the model's host memory holds it
                     loop.paging.execute(plan)
         for d in loop.step():
             out.setdefault(d.request_id, []).append(d)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from kern.generation.limits import held_tokens, limits_for
-from kern.manifest.protocol import Protocol, Stepper
+from kern.manifest.protocol import ServingProtocol, Stepper
 from kern.runtime.errors import BoundsError
 
 
-def _protocol(context: int) -> Protocol:
+def _protocol(context: int) -> ServingProtocol:
     decode = Stepper("d", "seqs", 32, 1, None, 32, {}, {}, ())
     ragged = Stepper("p", "seqs", 32, None, "tokens", 256, {}, {}, ())
-    return Protocol((ragged, decode), (), {"kv": 16}, context)
+    return ServingProtocol((ragged, decode), (), {"kv": 16}, context)
 
 
 @pytest.mark.parametrize("held,asked,want", [(10_000, None, 4096), (10_000, 2048, 2048), (1000, None, 992)])

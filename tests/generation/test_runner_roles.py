@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from kern.generation.runner import Feed, Runner, Units
-from kern.manifest.protocol import PageTable, Protocol, SlotInput, Stepper
+from kern.manifest.protocol import PageTable, ServingProtocol, SlotInput, Stepper
 
 
 def stepper(program: str, rows: int | None) -> Stepper:
@@ -56,7 +56,7 @@ class Scratch:
 
 def runner() -> tuple[Runner, Recording]:
     eng = Recording()
-    proto = Protocol((stepper("decode", 1), stepper("prefill", None)), (), {"kv": 4, "kv2": 4})
+    proto = ServingProtocol((stepper("decode", 1), stepper("prefill", None)), (), {"kv": 4, "kv2": 4})
     return Runner(eng, proto, Scratch()), eng
 
 

@@ -166,7 +166,7 @@ def test_the_embedded_model_edits_a_file_with_rounds_and_the_same_tokens():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     text = bench.prompts("editing")[0]
-    kw = dict(target="cuda", context=2048, memory=1 << 30, progress=False)
+    kw = dict(target="cuda", context=2048, state_budget=1 << 30, progress=False)
     plain = kern.load(**kw).generate(text, chat=True, max_tokens=256)
     fast = kern.load(**kw, speculate="ngram:8").generate(text, chat=True, max_tokens=256)
     assert fast.tokens == plain.tokens

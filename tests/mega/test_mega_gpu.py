@@ -123,9 +123,9 @@ def test_the_decode_program_captured_as_a_graph_gives_the_same_bits(ckpt, mega, 
 def test_kern_test_passes_against_the_per_op_manifest(ckpt, tmp_path):
     from kern.judge.judge import Options, judge
 
-    # The per-op build the megakernel's manifest is made from (invariant=False: its prefill and
+    # The per-op build the megakernel's manifest is made from (batch_invariant=False: its prefill and
     # wide decode are cuBLASLt's), so the decode programs are all that differs.
-    a = deploy(ckpt, tmp_path / "a", target="cuda", invariant=False).parent
+    a = deploy(ckpt, tmp_path / "a", target="cuda", batch_invariant=False).parent
     b = deploy(ckpt, tmp_path / "b").parent
     # The weights without their tokenizer, so the workload is random tokens: on them the megakernel
     # gives the per-op path's logits bit for bit. On the tokenizer's text the two differ in the last
@@ -160,7 +160,7 @@ def test_qwen3_q_k_norms_pass_kern_test_against_the_per_op_manifest(tmp_path):
     ckpt = tmp_path / "qwen3"
     model.to(torch.bfloat16).save_pretrained(ckpt)
     word_tokenizer(cfg.vocab_size).save(str(ckpt / "tokenizer.json"))
-    a = deploy(ckpt, tmp_path / "a", target="cuda", invariant=False).parent  # as above
+    a = deploy(ckpt, tmp_path / "a", target="cuda", batch_invariant=False).parent  # as above
     b = deploy(ckpt, tmp_path / "b").parent
     r = judge(a, b, ckpt, Options(seed=0, seqs=2, decode_steps=2, max_prompt=32))
     print("\n".join(r.lines + [r.verdict.line]))

@@ -40,7 +40,7 @@ def test_the_deployment_verifies_and_decodes_in_one_cooperative_launch(deploymen
     # prefill is the per-op manifest's cuBLASLt one (the megakernel's decode has its own bits: the
     # batch-invariant per-op programs would not make its requests' bytes their own)
     assert m["programs"]["prefill"] == json.loads(generate(TINY, deployment.parent.parent / "percall", target="cuda",
-                                                           model="tiny", invariant=False).read_text())["programs"]["prefill"]
+                                                           model="tiny", batch_invariant=False).read_text())["programs"]["prefill"]
 
 
 def test_the_weights_table_lists_every_layer_in_the_kernels_order(deployment):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kern.pool.plans import Plan
+from kern.pool.plans import MemoryPlan
 from kern.pool.states import Layout
 
 POISON = 0xA5
@@ -40,7 +40,7 @@ class CpuExecutor:
     def host_range(self, state: str, at: int) -> np.ndarray:
         return self.host[at : at + self._kinds[state].unit_bytes]
 
-    def execute(self, plan: Plan) -> None:
+    def execute(self, plan: MemoryPlan) -> None:
         """Run `plan`: unmaps, maps, to_host, copies, from_host, in that order."""
         cb = self.layout.chunk_bytes
         for m in plan.unmaps:

@@ -12,7 +12,7 @@ from kern.pool import (
     Granted,
     Lease,
     NeverFits,
-    Plan,
+    MemoryPlan,
     Pool,
     Remap,
     StateDecl,
@@ -59,13 +59,13 @@ class Sim:
         self.leases: list[tuple[Lease, list[int]]] = []  # live leases and the tokens they hold
         self.ended: list[Lease] = []  # freed or checkpointed: every pool call must refuse them
         self.ckpt_tokens: dict[int, tuple[int, ...]] = {}  # checkpoint id -> tokens it holds
-        self.remaps: list[Plan] = []  # run, not yet acknowledged
+        self.remaps: list[MemoryPlan] = []  # run, not yet acknowledged
         self.hold_remaps = hold_remaps
         self.log: list[str] = []
         self.outcomes: dict[str, int] = {}
 
     # -- running plans ----------------------------------------------------------------
-    def run(self, plan: Plan) -> None:
+    def run(self, plan: MemoryPlan) -> None:
         self.ex.execute(plan)
         self.log.append(repr(plan))
 

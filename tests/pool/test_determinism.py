@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kern.pool import Plan
+from kern.pool import MemoryPlan
 
 from .sim import Sim, make_pool
 
@@ -40,7 +40,7 @@ def drive(config: str, ops) -> list[str]:
                 sim.run(plan)
         elif kind == 6 and cs:
             r = sim.pool.park(cs[n % len(cs)])
-            if isinstance(r, Plan):
+            if isinstance(r, MemoryPlan):
                 sim.run(r)
     sim.log.extend(repr(l.units) for l, _ in sim.leases)
     return sim.log

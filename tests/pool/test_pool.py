@@ -11,7 +11,7 @@ from kern.pool import (
     LayoutError,
     Map,
     NeverFits,
-    Plan,
+    MemoryPlan,
     Pool,
     PoolError,
     Remap,
@@ -94,11 +94,11 @@ def test_checkpoint_shares_whole_pages_and_copies_the_one_the_prefix_ends_in():
     g = grant(p.lease(prompt, 16))
     assert g.cached == 10
     assert g.lease.page_table("kv")[:2] == [0, 1]  # shared, never written again
-    assert g.plan == Plan(copies=(Copy("kv", 2, 3),))  # the page the prefix ends inside
+    assert g.plan == MemoryPlan(copies=(Copy("kv", 2, 3),))  # the page the prefix ends inside
     assert g.lease.page_table("kv")[2] == 3
     # a prompt that leaves the checkpoint mid-page shares less and copies that page
     g2 = grant(p.lease([1, 2, 3, 4, 5, 0, 0], 8))
-    assert g2.cached == 5 and g2.plan == Plan(copies=(Copy("kv", 1, 4),))
+    assert g2.cached == 5 and g2.plan == MemoryPlan(copies=(Copy("kv", 1, 4),))
     assert g2.lease.page_table("kv") == [0, 4]
     p.check()
 
@@ -203,7 +203,7 @@ def test_pages_come_back_from_slots_too():
 def test_unmapped_chunks_are_mapped_on_demand():
     p = pool(chunks=4, split={"kv": 1})
     r = p.lease([1] * 6, 12)
-    assert isinstance(r, Remap) and r.plan == Plan(maps=(Map(1, "kv", 1),))
+    assert isinstance(r, Remap) and r.plan == MemoryPlan(maps=(Map(1, "kv", 1),))
 
 
 def test_park_and_wake_are_byte_identical_and_never_copy_twice():
@@ -213,10 +213,10 @@ def test_park_and_wake_are_byte_identical_and_never_copy_twice():
     sim.step([0], 3)
     c = sim.finish(0, keep=True)
     plan = p.park(c)
-    assert isinstance(plan, Plan) and len(plan.to_host) == 3 + 1  # 3 pages, 1 slot
+    assert isinstance(plan, MemoryPlan) and len(plan.to_host) == 3 + 1  # 3 pages, 1 slot
     sim.run(plan)
     assert not c.on_device and c.parked and p.usage()["kv"]["held"] == 0
-    assert p.park(c) == Plan()  # parking it again copies nothing
+    assert p.park(c) == MemoryPlan()  # parking it again copies nothing
     sim.verify()  # host bytes hold the tokens' stamps
     prompt = list(c.tokens) + [5, 5]
     b = sim.request(prompt, 6)  # wakes straight into the new lease
@@ -225,7 +225,7 @@ def test_park_and_wake_are_byte_identical_and_never_copy_twice():
     # the next turn ends; parking it copies only what the wake did not bring back whole
     c2 = sim.finish(0, keep=True)
     plan2 = p.park(c2)
-    assert isinstance(plan2, Plan)
+    assert isinstance(plan2, MemoryPlan)
     # 12 tokens: pages 0, 1 came back whole from the host; page 2 grew past the wake; the slot
     assert [(t.state, t.unit) for t in plan2.to_host] == [("kv", b.page_table("kv")[2]), ("rec", b.slot("rec"))]
     sim.run(plan2)
@@ -291,12 +291,12 @@ def test_cpu_executor_refuses_unmapped_memory_and_poisons_what_leaves():
     ex = CpuExecutor(p.layout)
     ex.execute(p.initial_plan)
     ex.unit("kv", 5)[:] = 7
-    ex.execute(Plan(unmaps=(Unmap(2, "kv", 2),), maps=(Map(2, "rec", 1),)))
+    ex.execute(MemoryPlan(unmaps=(Unmap(2, "kv", 2),), maps=(Map(2, "rec", 1),)))
     with pytest.raises(ExecutorError, match="no chunk mapped"):
         ex.unit("kv", 5)
     assert (ex.states["kv"][2 * 128 : 3 * 128] == 0xA5).all()
     with pytest.raises(ExecutorError, match="not mapped there"):
-        ex.execute(Plan(unmaps=(Unmap(2, "kv", 2),)))
+        ex.execute(MemoryPlan(unmaps=(Unmap(2, "kv", 2),)))
 
 
 def test_a_remap_never_takes_a_chunk_with_a_live_unit():

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kern.pool import Plan, PoolError
+from kern.pool import MemoryPlan, PoolError
 
 from .sim import Sim, make_pool
 
@@ -71,7 +71,7 @@ class PoolMachine(RuleBasedStateMachine):
             return
         c = cs[i % len(cs)]
         r = self.sim.pool.park(c)
-        if isinstance(r, Plan):
+        if isinstance(r, MemoryPlan):
             self.sim.run(r)
             if twice:
                 assert not self.sim.pool.park(c), "parking a parked checkpoint copied again"

@@ -66,11 +66,11 @@ def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_exp
 
 
 def test_the_faster_build_keeps_cublaslt_and_the_wmma_tiles(tmp_path):
-    """invariant=False (--no-batch-invariance): the dense chain's many-row programs through
+    """batch_invariant=False (--no-batch-invariance): the dense chain's many-row programs through
     cuBLASLt, the MoE block's tiles moe.cu's; narrow decode is the default build's."""
     from kern_models.qwen3_moe.generator import generate
 
-    m = json.loads(generate(PUBLISHED, tmp_path, target="cuda", invariant=False).read_text())
+    m = json.loads(generate(PUBLISHED, tmp_path, target="cuda", batch_invariant=False).read_text())
     for prog in ("prefill", "decode_wide"):
         ops = _ops(m, prog)
         assert [ops.count(o) for o in ("moe_sort", "moe_group_gate_up", "moe_group_down", "moe_combine")] == [2] * 4

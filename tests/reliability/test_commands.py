@@ -110,7 +110,7 @@ def test_kern_run_memory_past_the_machine_is_one_line(capsys, tiny):
     r = kern(capsys, "run", str(tiny), "--prompt", "w1", "--target", "cpu", "--memory", "1000G")
     lines = [ln for ln in r.err.splitlines() if not ln.startswith("[kern]")]
     assert r.code == 1 and len(lines) == 1 and "Traceback" not in r.err, r.err
-    assert lines[0].startswith("kern run: memory 1000 GiB is more than this machine has")
+    assert lines[0].startswith("kern run: state budget (--memory) 1000 GiB is more than this machine has")
 
 
 def _occupied_port():

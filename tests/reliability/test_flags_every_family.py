@@ -24,13 +24,13 @@ def _generator(family: str):
 
 
 @pytest.mark.parametrize("family,config,target,options,flag", [
-    ("llama", LLAMA, "cpu", {"invariant": False}, "--no-batch-invariance"),
-    ("llama", LLAMA, "mega", {"invariant": False}, "--no-batch-invariance"),
+    ("llama", LLAMA, "cpu", {"batch_invariant": False}, "--no-batch-invariance"),
+    ("llama", LLAMA, "mega", {"batch_invariant": False}, "--no-batch-invariance"),
     ("llama", LLAMA, "cpu", {"ep": 2}, "--ep 2"),
-    ("qwen3_moe", MOE, "cpu", {"invariant": False}, "--no-batch-invariance"),
+    ("qwen3_moe", MOE, "cpu", {"batch_invariant": False}, "--no-batch-invariance"),
     ("qwen3_moe", MOE, "cpu", {"tp": 2}, "--tp 2"),
     ("qwen3_moe", MOE, "cuda", {"tp": 2}, "--tp 2"),
-    ("kimi_linear", KIMI, "cpu", {"invariant": False}, "--no-batch-invariance"),
+    ("kimi_linear", KIMI, "cpu", {"batch_invariant": False}, "--no-batch-invariance"),
     ("kimi_linear", KIMI, "cpu", {"tp": 2}, "--tp 2"),
     ("kimi_linear", KIMI, "cuda", {"ep": 2}, "--ep 2"),
 ])
@@ -45,10 +45,10 @@ def test_an_option_the_family_cannot_honour_is_one_line_naming_it(tmp_path, fami
 def test_the_faster_build_is_honoured_where_a_family_has_one(tmp_path, family, config):
     """On cuda each family takes --no-batch-invariance: llama and Qwen3-MoE build their faster
     programs beside the invariant default; Kimi-Linear's one sm_90a build is the faster kind."""
-    path = _generator(family).generate(config, tmp_path, target="cuda", invariant=False)
+    path = _generator(family).generate(config, tmp_path, target="cuda", batch_invariant=False)
     assert path.is_file()
 
 
 def test_a_value_that_is_not_a_bool_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="invariant 'no': must be true or false"):
-        _generator("llama").generate(LLAMA, tmp_path, target="cuda", invariant="no")
+    with pytest.raises(ConfigError, match="batch_invariant .no.: must be true or false"):
+        _generator("llama").generate(LLAMA, tmp_path, target="cuda", batch_invariant="no")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import kern.pool
-from kern.pool import Granted, Map, Plan, Pool, PoolError, Remap, StateDecl
+from kern.pool import Granted, Map, MemoryPlan, Pool, PoolError, Remap, StateDecl
 
 KV = StateDecl("kv", "paged", 16)  # 4-token pages of 64 bytes, 2 to a 128-byte chunk
 REC = StateDecl("rec", "per_seq", 20)  # 6 slots to a chunk
@@ -54,7 +54,7 @@ def world() -> tuple[Pool, dict]:
     f = grant(p.lease([3], 8)).lease
     p.extend(f, [3, 3, 3, 3, 3])
     h["parked"] = p.checkpoint(f)
-    assert isinstance(p.park(h["parked"]), Plan)
+    assert isinstance(p.park(h["parked"]), MemoryPlan)
     for name in ("done", "remap"):  # fill the slots until a chunk must move to them
         while isinstance(r := p.lease([7], 1), Granted):
             pass
@@ -105,9 +105,9 @@ CASES = [
     ("drop", "dropped checkpoint", lambda p, h, f: p.drop(h["dropped"]), lambda h, f: h["dropped"]),
     ("drop", "a lease for a checkpoint", lambda p, h, f: p.drop(h["live"]), lambda h, f: h["live"]),
     ("remapped", "plan acknowledged already", lambda p, h, f: p.remapped(h["done"]), lambda h, f: h["done"].maps[0]),
-    ("remapped", "plan of no remap", lambda p, h, f: p.remapped(Plan(maps=(Map(3, "kv", 0),))), lambda h, f: Map(3, "kv", 0)),
-    ("remapped", "unknown state", lambda p, h, f: p.remapped(Plan(maps=(Map(3, "nope", 0),))), lambda h, f: Map(3, "nope", 0)),
-    ("remapped", "one good map, one bad", lambda p, h, f: p.remapped(Plan(maps=h["remap"].maps + (Map(99, "kv", 0),))),
+    ("remapped", "plan of no remap", lambda p, h, f: p.remapped(MemoryPlan(maps=(Map(3, "kv", 0),))), lambda h, f: Map(3, "kv", 0)),
+    ("remapped", "unknown state", lambda p, h, f: p.remapped(MemoryPlan(maps=(Map(3, "nope", 0),))), lambda h, f: Map(3, "nope", 0)),
+    ("remapped", "one good map, one bad", lambda p, h, f: p.remapped(MemoryPlan(maps=h["remap"].maps + (Map(99, "kv", 0),))),
      lambda h, f: Map(99, "kv", 0)),
     ("remapped", "not a plan", lambda p, h, f: p.remapped("plan"), lambda h, f: "'plan'"),
     ("lease", "reserve below the prompt", lambda p, h, f: p.lease([1, 2, 3], 2), lambda h, f: "reserve (2)"),

@@ -75,7 +75,7 @@ def sm90(tmp_path_factory):
 def sm90_cublas(tmp_path_factory):
     """The build that is not batch-invariant (cuBLASLt, flash prefill attention): what the MoE
     and tensor-parallel manifests build on."""
-    return _cuda_manifest(TINY, tmp_path_factory.mktemp("sm90_cublas"), "tiny", invariant=False)
+    return _cuda_manifest(TINY, tmp_path_factory.mktemp("sm90_cublas"), "tiny", batch_invariant=False)
 
 
 def _program(v, name):

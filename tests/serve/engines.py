@@ -10,10 +10,10 @@ from kern.tokenizer import Tokenizer
 
 
 def model_loop(checkpoint, context: int, max_seqs: int | None = None, target: str = "cpu", warm: bool = False,
-               memory: int | None = None, host_bytes: int | None = 0):
+               state_budget: int | None = None, host_bytes: int | None = 0):
     import kern
 
-    loop = kern.load(checkpoint, target=target, context=context, max_seqs=max_seqs, progress=False, memory=memory,
+    loop = kern.load(checkpoint, target=target, context=context, max_seqs=max_seqs, progress=False, state_budget=state_budget,
                      host_bytes=host_bytes).loop
     if warm:
         loop.warm_up(progress=False)

@@ -87,7 +87,7 @@ def test_kern_serve_a_missing_folder_says_so_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("text,size", [("4GiB", 4 << 30), ("512M", 512 << 20), ("2G", 2 << 30), ("1000", 1000 << 20)])
 def test_memory_sizes(text, size):
-    assert parser().parse_args(["serve", "--memory", text]).memory == size
+    assert parser().parse_args(["serve", "--memory", text]).state_budget == size
 
 
 @pytest.mark.parametrize("text", ["3x", "0", "-1GiB", "GiB", "1K"])

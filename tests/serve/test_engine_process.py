@@ -32,8 +32,8 @@ class Pipes:
             self.pending += self.rounds.pop(0)
 
 
-def add(rid: str, n: int) -> wire.Add:
-    return wire.Add(rid, [5, 6, 7], SamplingParams(max_tokens=n))
+def add(rid: str, n: int) -> wire.AddRequest:
+    return wire.AddRequest(rid, [5, 6, 7], SamplingParams(max_tokens=n))
 
 
 def serve(rounds: list, loop=None) -> list[wire.Step]:

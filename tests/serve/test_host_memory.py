@@ -21,7 +21,7 @@ FIRST, ANSWER = 120, 6  # a first turn's prompt and answer, in tokens
 def two_turns(checkpoint, host_bytes: int) -> tuple[list[int], str, int]:
     """Every conversation's first turn, then every second turn (its history plus a question):
     the second turns' cached tokens, /metrics, and how many conversations there were."""
-    server = start(partial(engines.model_loop, checkpoint, CONTEXT, 4, memory=DEVICE, host_bytes=host_bytes),
+    server = start(partial(engines.model_loop, checkpoint, CONTEXT, 4, state_budget=DEVICE, host_bytes=host_bytes),
                    api_key=API_KEY)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)

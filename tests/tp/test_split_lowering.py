@@ -39,7 +39,7 @@ def _lowered(tmp_path, program, **kw):
     from kern_models.llama.config import shape_of
     from kern_models.llama.kernels.cuda import CUBINS
 
-    m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny", invariant=False), shape_of(CFG), 2, 1, **kw)
+    m = tp.shard(manifest_cuda.build(shape_of(CFG), "tiny", batch_invariant=False), shape_of(CFG), 2, 1, **kw)
     digests = {n: p.cubin for n, p in CUBINS.read_pins()[1].items()}
     m["modules"]["allreduce"] = {"source": "kernels/allreduce.cubin", "sha256": ""}
     for name, mod in m["modules"].items():

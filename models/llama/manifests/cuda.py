@@ -245,7 +245,7 @@ def _verify_calls(s: Shape, p: str, pages, split: int) -> list:
 
 
 def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
-    """Decode of many sequences, one row each, not batch-invariant (invariant=False): the prefill
+    """Decode of many sequences, one row each, not batch-invariant (batch_invariant=False): the prefill
     program's GEMM layers (cuBLASLt, weights read once a step for every row) with decode
     attention over each sequence's pages, and the LM head as a GEMM with fp32 output."""
     rows = "wide_seqs"
@@ -289,11 +289,11 @@ HOST_KV = {"dtype": "bf16", "page": [{"axis": "layer", "size": "layers"}, {"axis
 
 
 def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, prefill_seqs: int = PREFILL_SEQS,
-          context: int | None = None, decode_split: int = DECODE_SPLIT, invariant: bool = True) -> dict:
+          context: int | None = None, decode_split: int = DECODE_SPLIT, batch_invariant: bool = True) -> dict:
     """seqs: the decode program's sequences (a CUDA graph each); prefill_seqs: the prefill
     program's (ragged rows, so also the path for decode batches larger than seqs).
     decode_split: context tokens per decode attention block (bench/decode.py --decode-split).
-    invariant (the default): every program computes a row as the gemv decode program does
+    batch_invariant (the default): every program computes a row as the gemv decode program does
     (gemm.cu's twins, attention_rows), so a request's bytes do not depend on the batch, the
     cache or the chunking (docs/determinism.md); False: cuBLASLt GEMMs and flash prefill
     attention, whose bits depend on the rows beside a row (the MoE, tensor-parallel and
@@ -313,7 +313,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
     }
     steppers = [("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
                 ("decode_wide", "wide_seqs", "wide_seqs")]
-    if invariant:  # a verify row is a decode row's bits only where every program is invariant
+    if batch_invariant:  # a verify row is a decode row's bits only where every program is invariant
         steppers.append(("verify_round", "verify_tokens", "verify_seqs"))
     for prog, rows, gseqs in steppers:
         p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_", "verify_round": "v_"}[prog]
@@ -346,10 +346,10 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
             buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
-        if prog == "decode" or invariant:
+        if prog == "decode" or batch_invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _fused_layers
-        if prog != "decode" and invariant:  # rms_prep's x and 1/rms a row, for the normed gemm twins
+        if prog != "decode" and batch_invariant:  # rms_prep's x and 1/rms a row, for the normed gemm twins
             buffers[p + "xn"] = bw([rows, "hidden"])
             buffers[p + "rs"] = bw([rows], dtype="f32")
         if prog == "decode":
@@ -357,16 +357,16 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         elif prog in ("decode_wide", "verify_round"):
             family, tiles_x = _wide_family(s)
             calls = (_verify_calls(s, p, pages, decode_split) if verify else
-                     _decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if invariant
+                     _decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if batch_invariant
                      else _wide_calls(s, p, pages, decode_split))
-            if invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
+            if batch_invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
                 buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"]]}],
                                           dtype="f32")
                 buffers[p + "gsem"] = buf([tiles], "carry", "i32")
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])
-            calls = (_invariant_prefill_calls(s, p, pages, decode_split) if invariant
+            calls = (_invariant_prefill_calls(s, p, pages, decode_split) if batch_invariant
                      else _prefill_calls(s, p, pages))
         # decode and verify are CUDA graphs (one a batch size and reach bucket; a round's one a
         # (sequences, rows) pair, captured as first met): their launches cost more than their rows
@@ -383,13 +383,13 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             "hidden": s.hidden, "layers": s.layers, "heads": s.heads, "kv_heads": s.kv_heads,
             "head_dim": s.head_dim, "inter": s.inter, "vocab": s.vocab, "page_tokens": PAGE_TOKENS,
             "q_dim": {"mul": ["heads", "head_dim"]},
-            **({"kv_dim": {"mul": ["kv_heads", "head_dim"]}} if s.qk_norm or not invariant else {}),  # v's offset
+            **({"kv_dim": {"mul": ["kv_heads", "head_dim"]}} if s.qk_norm or not batch_invariant else {}),  # v's offset
             "qkv_dim": {"mul": [{"add": ["heads", {"mul": [2, "kv_heads"]}]}, "head_dim"]},
         },
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
                  "wide_seqs": {"max": WIDE_SEQS}, "context": {"max": context},
                  "reach": {"max": context}, MASK_ROWS: {"max": max(seqs, prefill_seqs, WIDE_SEQS)},
-                 **({"verify_tokens": {"max": VERIFY_ROWS}, "verify_seqs": {"max": VERIFY_SEQS}} if invariant else {})},
+                 **({"verify_tokens": {"max": VERIFY_ROWS}, "verify_seqs": {"max": VERIFY_SEQS}} if batch_invariant else {})},
         "buffers": buffers,
         "states": {"kv": {"bytes_per_token": {"mul": ["layers", 2, "kv_heads", "head_dim", 2]},
                           "host": HOST_KV}},

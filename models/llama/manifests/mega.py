@@ -83,7 +83,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
     # the megakernel steps up to 32 sequences faster than the wide program's GEMMs (docs/megakernel.md),
     # past the per-op gemv program's crossover
     m = manifest_cuda.build(s, model, context=context,
-                            **{"seqs": manifest_cuda.DECODE_SEQS, "invariant": False, **limits})
+                            **{"seqs": manifest_cuda.DECODE_SEQS, "batch_invariant": False, **limits})
     if m["vars"]["seqs"]["max"] > MAX_SEQS:
         raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
     bufs = m["buffers"]

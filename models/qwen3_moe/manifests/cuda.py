@@ -13,7 +13,7 @@ for every row that chose it, on mma.sync). Wide decode and prefill group the (ro
 by expert: moe_router_gemm, moe_sort (a stable counting sort into tiles of one expert), then
 moe_wg_gate_up and moe_wg_down (wgmma over the tiles, their rows gathered on the fly).
 
-invariant=False (--no-batch-invariance): the dense chain's wide decode and prefill through
+batch_invariant=False (--no-batch-invariance): the dense chain's wide decode and prefill through
 cuBLASLt, their MoE block the router as a cuBLASLt GEMM and moe.cu's wmma tiles
 (moe_group_gate_up, moe_group_down, moe_combine into the MLP's output, where the dense chain's
 residual add picks it up); narrow decode is the default build's."""
@@ -54,12 +54,12 @@ def expert_problems(hidden: int, moe_inter: int, top_k: int) -> list[str]:
     return problems
 
 
-def build(s: MoeShape, model: str, *, invariant: bool = True, **limits) -> dict:
-    """invariant (the default): the llama family's batch-invariant programs with the MoE block of
+def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) -> dict:
+    """batch_invariant (the default): the llama family's batch-invariant programs with the MoE block of
     moe_wg.cu in every one (a row's bits its own: docs/determinism.md); False: the faster build,
     the dense chain's prefill and wide decode through cuBLASLt, its MoE block moe.cu's wmma tiles."""
     check_shape(s)
-    m = dense.build(s.dense, model, invariant=invariant, **limits)
+    m = dense.build(s.dense, model, batch_invariant=batch_invariant, **limits)
     m["ops"].update(table.ops())
     m["ops"].update({k: op for k, op in dense_table.ops().items() if k in ("rms_norm", "gemv_logits", "gemm_logits")})
     bm = table.TILES["MOE_BM"]

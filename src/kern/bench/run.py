@@ -38,13 +38,13 @@ def _bar(total: int, desc: str, progress: bool):
 
 
 def bench(manifest: str | Path, weights: str | Path | None, wl: Workload, *, isolate: bool = False,
-          samples: int | None = None, memory: int | None = None, progress: bool = True) -> dict:
-    """`memory`: each state's budget in bytes (default: what the workload's largest shape needs)."""
+          samples: int | None = None, state_budget: int | None = None, progress: bool = True) -> dict:
+    """`state_budget`: each state's budget in bytes (default: what the workload's largest shape needs)."""
     path = manifest_file(manifest)
     v = load_verified(path)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     n = samples or wl.samples
-    budget = memory or scenario.state_budget(v, derive(v), wl.shapes) or DEFAULT_STATE_BUDGET
+    budget = state_budget or scenario.state_budget(v, derive(v), wl.shapes) or DEFAULT_STATE_BUDGET
     engine = Engine(v, weights, state_budget=budget)
     timer = timer_for(engine)
     ceiling = timer.ceiling_gbps()

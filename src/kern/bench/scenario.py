@@ -12,7 +12,7 @@ import numpy as np
 
 from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed
 from ..manifest.expr import evaluate
-from ..manifest.protocol import Protocol, ProtocolError, Stepper, verify_problem
+from ..manifest.protocol import ServingProtocol, ProtocolError, Stepper, verify_problem
 from ..manifest.verify import Verified
 from ..runtime.engine import Engine
 from .workload import Shape
@@ -31,11 +31,11 @@ class Scenario:
         return self.stepper.program
 
 
-def _ragged(protocol: Protocol) -> Stepper | None:
+def _ragged(protocol: ServingProtocol) -> Stepper | None:
     return next((s for s in protocol.steppers if s.ragged), None)
 
 
-def _stepper(protocol: Protocol, shape: Shape) -> Stepper:
+def _stepper(protocol: ServingProtocol, shape: Shape) -> Stepper:
     """The program that steps a shape: a round's is the verify program (its rows ragged, the
     groups' rows laid end to end), any other's the one for_rows picks."""
     if not shape.round:
@@ -51,7 +51,7 @@ def _stepper(protocol: Protocol, shape: Shape) -> Stepper:
     return st
 
 
-def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> int:
+def state_budget(v: Verified, protocol: ServingProtocol, shapes: tuple[Shape, ...]) -> int:
     """Bytes each state needs to hold the largest shape of the workload (every sequence of it
     at its context plus its rows), over the shapes a program accepts and a page table can
     address; 0 when none needs any. The engine gives every state this budget."""
@@ -76,7 +76,7 @@ def state_budget(v: Verified, protocol: Protocol, shapes: tuple[Shape, ...]) -> 
     return need
 
 
-def plan(shape: Shape, protocol: Protocol, lim: Bounds, seed: int) -> Scenario | str:
+def plan(shape: Shape, protocol: ServingProtocol, lim: Bounds, seed: int) -> Scenario | str:
     """The scenario for a shape, or the reason no program of this manifest accepts it."""
     g, r, c = shape.groups, shape.rows, shape.context
     try:

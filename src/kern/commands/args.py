@@ -101,7 +101,7 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                    help="positions a sequence may reach (default: the model's own, where --memory holds it)")
     p.add_argument("--max-seqs", type=positive, default=None,
                    help="sequences running at once (default: what the memory holds, up to the manifest's bound)")
-    p.add_argument("--memory", type=memory, default=None,
+    p.add_argument("--memory", dest="state_budget", type=memory, default=None,
                    help="state (KV cache) budget, e.g. 512M or 8G (default: on a GPU 90%% of its memory less "
                         "what the weights take, on the cpu 512M)")
     p.add_argument("--tp", type=positive, default=1,

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, metavar="B", help="a second manifest, priced span by span")
     p.add_argument("--samples", type=positive, default=None,
                    help="timed samples of each shape (default: the workload's `samples`, else 5)")
-    p.add_argument("--memory", type=memory, default=None,
+    p.add_argument("--memory", dest="state_budget", type=memory, default=None,
                    help="state (KV cache) budget, e.g. 2G (default: what the workload's largest shape needs)")
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON ('-': stdout)")
     p.add_argument("--chart", default=None, metavar="OUT", help="where the step's time goes (.png or .svg; "
@@ -75,7 +75,7 @@ def main(args) -> int:
             weights = default_model(progress=not to_stdout)
         elif not Path(weights).is_dir():
             raise KernError(f"--weights {weights}: not a folder (give a Hugging Face checkpoint folder)")
-        kw = {"isolate": args.isolate, "samples": args.samples, "memory": args.memory, "progress": not to_stdout}
+        kw = {"isolate": args.isolate, "samples": args.samples, "state_budget": args.state_budget, "progress": not to_stdout}
         doc = (bench_compare(args.manifest, args.compare, weights, wl, **kw) if args.compare
                else bench(args.manifest, weights, wl, **kw))
     except KernError as exc:

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write every served step's shape to FILE (JSON lines): a kern bench --workload")
 
 
-def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | None, tp: int = 1, ep: int = 1,
+def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: str | None, tp: int = 1, ep: int = 1,
                batch_invariant: bool = True, host_memory: int | None = None, weights: str | None = None,
                speculate: str | None = None):
     """In the engine process: load, then capture every decode graph (never inside a request);
@@ -38,7 +38,7 @@ def build_loop(model, manifest, target, context, max_seqs, memory, trace: str | 
     from ..runtime.target import pick_target
 
     model = load(model, manifest=manifest, weights=weights, target=pick_target(target, "serving"), context=context,
-                 max_seqs=max_seqs, memory=memory, progress=True, tp=tp, ep=ep,
+                 max_seqs=max_seqs, state_budget=state_budget, progress=True, tp=tp, ep=ep,
                  batch_invariant=batch_invariant, host_bytes=host_memory, speculate=speculate)
     loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
     t0 = time.monotonic()
@@ -66,7 +66,7 @@ def main(args) -> int:
               "leave it out or give 0", file=sys.stderr)
         return 1
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.memory, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory, args.weights,
+                        args.state_budget, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory, args.weights,
                         args.speculate)
     try:
         # the model id a request gives: the served name, or the path exactly as given here

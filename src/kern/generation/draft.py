@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..runtime.errors import KernError
 from ..runtime.paging import Busy
 from .runner import Feed, Runner, Units
-from .sequence import Sequence
+from .sequence import SequenceState
 
 
 class DraftProposer:
@@ -26,12 +26,12 @@ class DraftProposer:
         paging.extend(scratch, [0] * paging.page_tokens)
         self.runner = Runner(engine, engine.protocol, scratch)
         self.chunk = engine.protocol.max_chunk
-        # by the Sequence itself (a request id may come again once its request ended)
-        self._leases: dict[Sequence, object] = {}  # sequence -> its draft lease
-        self._fed: dict[Sequence, int] = {}  # sequence -> proposals fed back into its draft this round
-        self._need: dict[Sequence, int] = {}  # sequence -> tokens its draft lease holds pages for this round
+        # by the SequenceState itself (a request id may come again once its request ended)
+        self._leases: dict[SequenceState, object] = {}  # sequence -> its draft lease
+        self._fed: dict[SequenceState, int] = {}  # sequence -> proposals fed back into its draft this round
+        self._need: dict[SequenceState, int] = {}  # sequence -> tokens its draft lease holds pages for this round
 
-    def propose(self, seqs: list[Sequence], ks: list[int], keys: list[list[int]]) -> list[list[int]]:
+    def propose(self, seqs: list[SequenceState], ks: list[int], keys: list[list[int]]) -> list[list[int]]:
         k = max(ks, default=0)
         want = [i for i, (s, n) in enumerate(zip(seqs, ks)) if n > 0 and self._ready(s, k)]
         want = want[:self.runner.decode_max]  # a round's draft steps are one decode batch
@@ -64,7 +64,7 @@ class DraftProposer:
             self._fed[seqs[i]] = len(out[i]) - 1
         return out
 
-    def settle(self, seqs: list[Sequence], kept: list[int]) -> None:
+    def settle(self, seqs: list[SequenceState], kept: list[int]) -> None:
         """Record the kept proposals the draft was fed: their state is that of the target's
         tokens now; the rest lies past the lease's length and is overwritten."""
         for s, a in zip(seqs, kept):
@@ -82,7 +82,7 @@ class DraftProposer:
             self._need.pop(s, None)
             self.paging.pool.checkpoint(self._leases.pop(s))
 
-    def _ready(self, s: Sequence, k: int) -> bool:
+    def _ready(self, s: SequenceState, k: int) -> bool:
         """s's draft lease holds its tokens' pages and k more (leased on first use, from the
         draft's prefix cache); False where the draft's pool or context cannot hold them now."""
         need = len(s.tokens) + k
@@ -101,18 +101,18 @@ class DraftProposer:
             return False
         return True
 
-    def _feed(self, s: Sequence, tokens: list[int], temperature: float, key: int) -> Feed:
+    def _feed(self, s: SequenceState, tokens: list[int], temperature: float, key: int) -> Feed:
         lease = self._leases[s]
         return Feed(tokens, len(lease.tokens), Units.of(lease), temperature, key)
 
-    def _write(self, s: Sequence, tokens: list[int]) -> None:
+    def _write(self, s: SequenceState, tokens: list[int]) -> None:
         """Record tokens the draft was fed, keeping the pages bound for the rest of the round
         (an extend without them gives those pages back)."""
         lease = self._leases[s]
         self.paging.extend(lease, tokens, ahead=max(0, self._need[s] - len(lease.tokens) - len(tokens)))
 
 
-def _temperature(s: Sequence) -> float:
+def _temperature(s: SequenceState) -> float:
     return 0.0 if s.params.greedy else s.params.temperature
 
 

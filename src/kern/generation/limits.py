@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..manifest.protocol import Protocol
+from ..manifest.protocol import ServingProtocol
 from ..runtime.errors import BoundsError
 
 
@@ -41,7 +41,7 @@ def held_tokens(fits, page_tokens: int, hi: int) -> int:
     return lo * page_tokens
 
 
-def limits_for(protocol: Protocol, fits, page_tokens: int, context: int | None, max_seqs: int | None,
+def limits_for(protocol: ServingProtocol, fits, page_tokens: int, context: int | None, max_seqs: int | None,
                run_ahead: int, scratch_tokens: int = 0, capacity: int | None = None) -> Limits:
     """`fits(tokens)`: whether the pool holds a lease that large when empty; `scratch_tokens`
     are held for good by the loop (padding rows' page); `capacity`: tokens the whole budget

@@ -29,8 +29,8 @@ from .outputs import Delta, LoopStats, TokenLogprob
 from .params import SamplingParams
 from .runner import Feed, Runner, Units
 from .sampling import logprobs_of, sample
-from .scheduler import Plan, Scheduler
-from .sequence import Sequence
+from .scheduler import StepPlan, Scheduler
+from .sequence import SequenceState
 
 if TYPE_CHECKING:
     from ..runtime.stepping import StepEngine
@@ -69,11 +69,11 @@ class Loop:
         self.scheduler.limits = limits
 
     @property
-    def waiting(self) -> deque[Sequence]:
+    def waiting(self) -> deque[SequenceState]:
         return self.scheduler.waiting
 
     @property
-    def running(self) -> list[Sequence]:
+    def running(self) -> list[SequenceState]:
         return self.scheduler.running
 
     @property
@@ -162,7 +162,7 @@ class Loop:
                               "deployment's programs do not output")
         constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         seed = params.seed if params.seed is not None else _seed_of(request_id)
-        self.scheduler.waiting.append(Sequence(request_id, list(prompt_ids), params,
+        self.scheduler.waiting.append(SequenceState(request_id, list(prompt_ids), params,
                                                TextStream(self.tokenizer, params.stop), seed, constraint=constraint))
         self._ids.add(request_id)
 
@@ -233,7 +233,7 @@ class Loop:
         return deltas + self._postprocess([seqs[i] for i in emitting], tokens[emitting],
                                           None if logits is None else logits[emitting])
 
-    def _host_draws(self, s: Sequence) -> bool:
+    def _host_draws(self, s: SequenceState) -> bool:
         """Whether the host reads this row's logits (to draw, penalise, truncate or report
         logprobs); otherwise the device's token is the row's token (a grammar's row drawn under
         its mask where the programs take one)."""
@@ -242,11 +242,11 @@ class Loop:
             return False
         return not p.device_samples if self.runner.samples else p.needs_logits
 
-    def _host_between(self, s: Sequence) -> bool:
+    def _host_between(self, s: SequenceState) -> bool:
         """Whether the host sees this row's token before its next step (no run-ahead, no rounds)."""
         return s.constraint is not None or self._host_draws(s)
 
-    def _run_ahead(self, plan: Plan, emit: Callable[[list[Delta]], None] | None) -> list[Delta]:
+    def _run_ahead(self, plan: StepPlan, emit: Callable[[list[Delta]], None] | None) -> list[Delta]:
         """plan.ahead decode steps of every row, one host wait: each step's tokens are appended
         (and streamed through `emit`) as they land; a row that ends mid-run keeps its tokens up
         to its end and the rest of its run is thrown away."""
@@ -292,7 +292,7 @@ class Loop:
         return held
 
     # ---- postprocess ---------------------------------------------------------------------
-    def _postprocess(self, seqs: list[Sequence], tokens: np.ndarray, logits: np.ndarray | None) -> list[Delta]:
+    def _postprocess(self, seqs: list[SequenceState], tokens: np.ndarray, logits: np.ndarray | None) -> list[Delta]:
         chosen = [int(t) for t in tokens]
         lps: list[TokenLogprob | None] = [None] * len(seqs)
         if logits is not None:
@@ -318,7 +318,7 @@ class Loop:
             out.append(self._close(s, [t], text, [lp] if lp is not None else [], finish))
         return out
 
-    def _allowed(self, seqs: list[Sequence], shape: tuple[int, int]) -> np.ndarray | None:
+    def _allowed(self, seqs: list[SequenceState], shape: tuple[int, int]) -> np.ndarray | None:
         """The tokens each row may draw: its grammar's mask, all of a step's constrained rows
         computed in one batched call; None where no row has a grammar."""
         rows = [j for j, s in enumerate(seqs) if s.constraint is not None]
@@ -328,7 +328,7 @@ class Loop:
         allowed[rows] = self.grammars.allowed([seqs[j].constraint for j in rows])
         return allowed
 
-    def _append(self, s: Sequence, new: list[int], lps: list[TokenLogprob]) -> tuple[int, str, str | None]:
+    def _append(self, s: SequenceState, new: list[int], lps: list[TokenLogprob]) -> tuple[int, str, str | None]:
         """Append tokens until one ends the request: (tokens used, new text, finish reason)."""
         text = ""
         for i, t in enumerate(new):
@@ -342,13 +342,13 @@ class Loop:
                 return i + 1, text, "length"
         return len(new), text, None
 
-    def _close(self, s: Sequence, new: list[int], text: str, lps: list[TokenLogprob], finish: str | None) -> Delta:
+    def _close(self, s: SequenceState, new: list[int], text: str, lps: list[TokenLogprob], finish: str | None) -> Delta:
         if finish:
             text += s.text.flush()
             self._end(s, finish)
         return self._delta(s, new, text, lps)
 
-    def _end(self, s: Sequence, finish: str, cache: bool = True) -> None:
+    def _end(self, s: SequenceState, finish: str, cache: bool = True) -> None:
         s.finish = finish
         if s.lease is not None:
             if finish == "abort" or not cache:
@@ -360,7 +360,7 @@ class Loop:
         self._ids.discard(s.id)
 
     @staticmethod
-    def _delta(s: Sequence, new: list[int], text: str, lps: list[TokenLogprob]) -> Delta:
+    def _delta(s: SequenceState, new: list[int], text: str, lps: list[TokenLogprob]) -> Delta:
         return Delta(s.id, tuple(new), text, tuple(lps), s.finish, len(s.prompt), s.cached, len(s.out))
 
 

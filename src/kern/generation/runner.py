@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..manifest.protocol import Protocol, Stepper
+from ..manifest.protocol import ServingProtocol, Stepper
 
 if TYPE_CHECKING:
     from ..runtime.stepping import StepEngine
@@ -84,7 +84,7 @@ def bucket(n: int, sizes: list[int]) -> int:
 
 
 class Runner:
-    def __init__(self, engine: StepEngine, protocol: Protocol, scratch, decode_max: int | None = None):
+    def __init__(self, engine: StepEngine, protocol: ServingProtocol, scratch, decode_max: int | None = None):
         """`scratch`: a lease of one page of each paged state and a slot of each per-sequence
         state that padding rows write, which no sequence reads."""
         self.engine = engine

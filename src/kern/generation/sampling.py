@@ -5,7 +5,7 @@ request's seed and the token's index (loop.HostDraw).
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -27,8 +27,8 @@ LIMIT = 1e300
 LOGPROB_FLOOR = -9999.0
 
 
-def penalize(logits: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[int]],
-             outs: Seq[list[int]]) -> np.ndarray:
+def penalize(logits: np.ndarray, params: Sequence[SamplingParams], prompts: Sequence[list[int]],
+             outs: Sequence[list[int]]) -> np.ndarray:
     """Logit bias (added first, as OpenAI's), then the repetition penalty over prompt and
     output tokens (divide positive logits, multiply negative ones); frequency (per occurrence)
     and presence (once) penalties over the output. A NaN logit never wins (as on the device):
@@ -46,8 +46,8 @@ def penalize(logits: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[
     return np.clip(z, -np.inf, LIMIT, out=z)
 
 
-def _penalize_rows(z: np.ndarray, params: Seq[SamplingParams], prompts: Seq[list[int]],
-                   outs: Seq[list[int]]) -> None:
+def _penalize_rows(z: np.ndarray, params: Sequence[SamplingParams], prompts: Sequence[list[int]],
+                   outs: Sequence[list[int]]) -> None:
     for i, (p, prompt, out) in enumerate(zip(params, prompts, outs)):
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.asarray(prompt + out, np.int64))
@@ -69,8 +69,8 @@ class Uniform(Protocol):
 CANDIDATES = 1024
 
 
-def sample(logits: np.ndarray, params: Seq[SamplingParams], rngs: Seq[Uniform],
-           prompts: Seq[list[int]], outs: Seq[list[int]], allowed: np.ndarray | None = None
+def sample(logits: np.ndarray, params: Sequence[SamplingParams], rngs: Sequence[Uniform],
+           prompts: Sequence[list[int]], outs: Sequence[list[int]], allowed: np.ndarray | None = None
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     """One token per row of `logits` [rows, vocab], and its logprob entry when asked.
     `allowed`: bool [rows, vocab], the tokens a row may draw (a grammar's mask; None: all)."""
@@ -124,7 +124,7 @@ def _draw(scaled: np.ndarray, p: SamplingParams, rng: Uniform) -> int:
         m = vocab  # the kept set reaches past the candidates: sort them all
 
 
-def logprobs_of(logits: np.ndarray, tokens: Seq[int], params: Seq[SamplingParams]) -> list[TokenLogprob | None]:
+def logprobs_of(logits: np.ndarray, tokens: Sequence[int], params: Sequence[SamplingParams]) -> list[TokenLogprob | None]:
     """The model's own log-probabilities (before penalties and temperature) of the chosen
     token and the top k, for the rows that ask."""
     out: list[TokenLogprob | None] = []

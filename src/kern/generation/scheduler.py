@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .sequence import Sequence as SequenceState
+from .sequence import SequenceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def victim(running: Sequence[Running]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class StepPlan:
     """This step: each sequence with the tokens it is fed, and how many decode steps the rows
     run with one host wait (ahead > 1: every row is a decode row, its token fed back on the
     device, each step's tokens streamed as they land)."""
@@ -90,19 +90,19 @@ class Scheduler:
         self.hold = False  # admit nothing until a request ends: no preemption ping-pong
         self.prompt_tokens = self.cached_tokens = 0
 
-    def next(self, host_draws: Callable[[SequenceState], bool]) -> Plan:
+    def next(self, host_draws: Callable[[SequenceState], bool]) -> StepPlan:
         """Admit what fits, then plan the step. `host_draws(s)`: whether the host reads s's
         logits (then it cannot run ahead: its token is drawn on the host)."""
         self.admit()
         if not self.running:
-            return Plan([])
+            return StepPlan([])
         k = self._ahead(host_draws)
         if k > 1:
-            return Plan([(s, 1) for s in self.running], k)
+            return StepPlan([(s, 1) for s in self.running], k)
         rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget, self.chunk_max,
                         self.decode_groups, self.mixed_groups)
         by_id = {s.id: s for s in self.running}
-        return Plan(self._grow([(by_id[r.id], _upto_snapshot(by_id[r.id], r.tokens)) for r in rows]))
+        return StepPlan(self._grow([(by_id[r.id], _upto_snapshot(by_id[r.id], r.tokens)) for r in rows]))
 
     def admit(self) -> None:
         if self.hold and self.running:

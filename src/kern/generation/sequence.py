@@ -10,7 +10,7 @@ from .params import SamplingParams
 
 
 @dataclass(eq=False)
-class Sequence:
+class SequenceState:
     id: str
     prompt: list[int]
     params: SamplingParams  # max_tokens clipped to the context by Loop.add

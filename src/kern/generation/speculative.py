@@ -24,8 +24,8 @@ from .runner import Feed, Units
 
 if TYPE_CHECKING:
     from .outputs import Delta
-    from .scheduler import Plan
-    from .sequence import Sequence
+    from .scheduler import StepPlan
+    from .sequence import SequenceState
 
 # Tokens a round proposes at most per sequence by default (`--speculate ngram` = ngram:8).
 DEFAULT_K = 8
@@ -112,13 +112,13 @@ def round_k(sequences: int, k: int, rows: int) -> int:
 class Proposer(Protocol):
     """Where a round's proposals come from: n-gram lookup, or a draft model."""
 
-    def propose(self, seqs: list[Sequence], ks: list[int], keys: list[list[int]]) -> list[list[int]]:
+    def propose(self, seqs: list[SequenceState], ks: list[int], keys: list[list[int]]) -> list[list[int]]:
         """Up to ks[i] tokens to follow seqs[i]'s tokens (keys[i][j]: the draw key of the j-th)."""
 
-    def settle(self, seqs: list[Sequence], kept: list[int]) -> None:
+    def settle(self, seqs: list[SequenceState], kept: list[int]) -> None:
         """The round kept kept[i] of seqs[i]'s proposed tokens."""
 
-    def release(self, live: set[Sequence]) -> None:
+    def release(self, live: set[SequenceState]) -> None:
         """Sequences not in `live` (the running ones) have ended or left: what they held goes back."""
 
 
@@ -168,7 +168,7 @@ class Speculator:
     # sequence id -> [its proposal bound, plain steps before it proposes again, the next backoff]
     _pace: dict[str, list[int]] = field(default_factory=dict)
 
-    def round(self, loop, plan: Plan, emit: Callable[[list[Delta]], None] | None) -> list[Delta] | None:
+    def round(self, loop, plan: StepPlan, emit: Callable[[list[Delta]], None] | None) -> list[Delta] | None:
         """This step as a round, or None where it is better run plainly (prefill rows in it,
         a host draw, a full batch, or nothing proposed)."""
         rows = plan.rows
@@ -235,7 +235,7 @@ class Speculator:
             loop._warm.add(("verify", n))
         return len(todo)
 
-    def _k(self, s: Sequence, k: int, context: int) -> int:
+    def _k(self, s: SequenceState, k: int, context: int) -> int:
         """s's proposal bound this round: k, less while its rounds go badly (or 0 while it backs
         off), never past its max_tokens (a round makes at most k + 1 tokens) or the context."""
         pace = self._pace.setdefault(s.id, [self.spec.k, 0, BACKOFF])
@@ -244,7 +244,7 @@ class Speculator:
             return 0
         return max(0, min(k, pace[0], s.max_tokens - len(s.out) - 1, context - s.written - 1))
 
-    def _learn(self, s: Sequence, proposed: int, kept: int) -> None:
+    def _learn(self, s: SequenceState, proposed: int, kept: int) -> None:
         if not proposed or s.id not in self._pace:
             return
         pace = self._pace[s.id]
@@ -256,6 +256,6 @@ class Speculator:
             pace[0], pace[1], pace[2] = 1, pace[2], min(2 * pace[2], BACKOFF_MAX)
 
 
-def _key(s: Sequence, j: int) -> int:
+def _key(s: SequenceState, j: int) -> int:
     """The draw key of s's token j places past its last one (0 where it draws the argmax)."""
     return 0 if s.params.greedy else draw_key(s.seed, len(s.out) + j)

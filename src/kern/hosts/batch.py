@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernError
-from ..manifest.protocol import Protocol, Stepper
+from ..manifest.protocol import ServingProtocol, Stepper
 
 ROLES_READ = ("token", "position", "cu_seqlens", "seq_len")  # input roles a host fills
 ROLES_LEFT = ("temperature", "rng", "mask", "mask_row")  # sampling inputs: the host samples; left at zero (greedy, no mask)
@@ -72,7 +72,7 @@ class Call:
         return np.array([p.tail for p in self.pieces], np.int32)
 
 
-def check_protocol(p: Protocol) -> None:
+def check_protocol(p: ServingProtocol) -> None:
     """What a host needs of a deployment's programs: a ragged program, logits out of every
     program, and only the roles a host can fill (no per-sequence state slots)."""
     if not any(s.ragged for s in p.steppers):
@@ -91,13 +91,13 @@ def check_protocol(p: Protocol) -> None:
             raise HostError(f"program {s.program!r} reads roles a host does not fill: {', '.join(unknown)}")
 
 
-def _decode_cap(p: Protocol) -> int:
+def _decode_cap(p: ServingProtocol) -> int:
     fixed = [s.groups_max for s in p.fixed(1)]
     ragged = [min(s.groups_max, s.rows_max) for s in p.steppers if s.ragged]
     return max(fixed + ragged)
 
 
-def plan(p: Protocol, query_lens: Sequence[int], reach: int) -> list[Call]:
+def plan(p: ServingProtocol, query_lens: Sequence[int], reach: int) -> list[Call]:
     """The calls that step a host batch of len(query_lens) sequences with query_lens[s] rows
     each, whose rows reach `reach` positions (the largest sequence length): for the reach var
     of the programs that have one. Sequences of no rows (a host's padding) are left out."""

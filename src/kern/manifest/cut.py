@@ -42,7 +42,7 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class CutPlan:
     stages: int
     weights: tuple[str, ...]  # every weight in first-use order
     owner: dict[str, int]  # weight -> the stage that owns it
@@ -133,7 +133,7 @@ def _balance(cost: list[float], n: int) -> list[int]:
     return cuts
 
 
-def plan(v: Verified, stages: int, times: dict[str, list[float]] | None = None) -> Plan:
+def plan(v: Verified, stages: int, times: dict[str, list[float]] | None = None) -> CutPlan:
     """Where each program is cut. `times`: program -> measured time of each of its calls."""
     m = v.manifest
     if stages < 1:
@@ -164,7 +164,7 @@ def plan(v: Verified, stages: int, times: dict[str, list[float]] | None = None) 
         segments += _segments(v, p, stage_of, stages)
     once = _once_programs(v, segments, stages)
     per = [sum(cost[bounds[k]:bounds[k + 1]]) for k in range(stages)]
-    return Plan(stages, order, owner, tuple(per), tuple(segments), once)
+    return CutPlan(stages, order, owner, tuple(per), tuple(segments), once)
 
 
 def _segments(v: Verified, program: str, stage_of: list[int], stages: int) -> list[Segment]:
@@ -221,7 +221,7 @@ def _once_programs(v: Verified, segments: list[Segment], stages: int) -> dict[in
     return out
 
 
-def stage_manifest(v: Verified, p: Plan, k: int) -> dict:
+def stage_manifest(v: Verified, p: CutPlan, k: int) -> dict:
     """Stage k as a manifest dict: its calls, the once programs it needs, the buffers, states,
     ops, modules, vars and constants those name, carried buffers re-kinded."""
     m = v.manifest
@@ -266,7 +266,7 @@ def stage_manifest(v: Verified, p: Plan, k: int) -> dict:
     return _prune_names(out)
 
 
-def _calls_of(v: Verified, program: str, p: Plan, k: int):
+def _calls_of(v: Verified, program: str, p: CutPlan, k: int):
     prog = v.manifest.programs[program]
     if prog.once:
         return prog.calls
@@ -312,7 +312,7 @@ def _prune_names(doc: dict) -> dict:
     return doc
 
 
-def pipeline_doc(p: Plan, source_sha256: str, folders: list[str]) -> dict:
+def pipeline_doc(p: CutPlan, source_sha256: str, folders: list[str]) -> dict:
     """pipeline.json: the stages in order and, per program, each stage's calls and carried buffers."""
     progs: dict[str, list] = {}
     for s in p.segments:

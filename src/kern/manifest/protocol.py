@@ -103,7 +103,7 @@ class Stepper:
 
 
 @dataclass(frozen=True, slots=True)
-class Protocol:
+class ServingProtocol:
     steppers: tuple[Stepper, ...]
     once: tuple[str, ...]
     paged_states: dict[str, int]  # paged state -> tokens per page
@@ -142,7 +142,7 @@ class Protocol:
         return max((s.rows_max for s in self.steppers if s.ragged), default=1)
 
 
-def derive(v: Verified) -> Protocol:
+def derive(v: Verified) -> ServingProtocol:
     m = v.manifest
     env_max = dict(v.constants)
     for name, var in m.vars.items():
@@ -201,7 +201,7 @@ def derive(v: Verified) -> Protocol:
     bounds = [evaluate(m.buffers[s.inputs["position"]].domain.range[1], env_max) for s in steppers
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
-    return Protocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers, verify)
+    return ServingProtocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers, verify)
 
 
 # What a verify program reads and writes: each sequence's rows are its last token and the k

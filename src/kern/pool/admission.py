@@ -14,7 +14,7 @@ from typing import Mapping
 
 from kern.pool import budget
 from kern.pool.errors import PoolError, broken
-from kern.pool.plans import Map, Plan, Unmap
+from kern.pool.plans import Map, MemoryPlan, Unmap
 from kern.pool.results import Refusal, Remap
 from kern.pool.states import Layout, LayoutError
 from kern.pool.units import Books
@@ -30,7 +30,7 @@ class DeviceBooks:
         self.unmapped: list[int] = []  # dynamic chunks with nothing mapped
         self.in_flight = 0  # places mapped in the books, awaiting `remapped`
 
-    def initial(self, split: Mapping[str, int] | None) -> Plan:
+    def initial(self, split: Mapping[str, int] | None) -> MemoryPlan:
         """Map the fixed states' chunks for good and the dynamic chunks as `split` says
         (default: one per per-sequence state, the rest shared evenly by the paged states)."""
         L = self.layout
@@ -57,7 +57,7 @@ class DeviceBooks:
                 maps.append(Map(chunk, b.kind.name, place))
                 chunk += 1
         self.unmapped = list(range(chunk, L.chunks))
-        return Plan(maps=tuple(maps))
+        return MemoryPlan(maps=tuple(maps))
 
     def admit(self, pages: int, slots: int, held: int = 0) -> Remap | Refusal | None:
         """Promise `pages` pages of every paged state and `slots` slots of every per-sequence
@@ -101,12 +101,12 @@ class DeviceBooks:
             maps.append(Map(m.chunk, self.books[k].kind.name, place))
         for k in sorted(gone):
             self.books[k].unmap(gone[k])
-        return Remap(Plan(unmaps=tuple(unmaps), maps=tuple(maps)))
+        return Remap(MemoryPlan(unmaps=tuple(unmaps), maps=tuple(maps)))
 
-    def remapped(self, plan: Plan) -> None:
+    def remapped(self, plan: MemoryPlan) -> None:
         """The runtime ran `plan`: its chunks' units may be handed out. Every map is checked
         before any is opened, so a plan this pool is not waiting for changes nothing."""
-        if not isinstance(plan, Plan):
+        if not isinstance(plan, MemoryPlan):
             raise PoolError(f"pool.remapped: {plan!r} is not a plan")
         places: list[tuple[int, int]] = []
         for m in plan.maps:

@@ -17,7 +17,7 @@ from kern.pool.handles import Checkpoint, Lease
 from kern.pool.host import HostTier
 from kern.pool.index import PrefixIndex
 from kern.pool.leases import Leases
-from kern.pool.plans import EMPTY, Plan, ToHost
+from kern.pool.plans import EMPTY, MemoryPlan, ToHost
 from kern.pool.results import Evict, NeverFits
 from kern.pool.states import ceil_div
 
@@ -94,7 +94,7 @@ class Checkpoints:
         if ckpt.host is not None:
             self.drop_host(ckpt)
 
-    def park(self, ckpt: Checkpoint) -> Plan | Evict | NeverFits:
+    def park(self, ckpt: Checkpoint) -> MemoryPlan | Evict | NeverFits:
         if ckpt.units is None:
             return EMPTY
         if ckpt.host is not None:
@@ -111,9 +111,9 @@ class Checkpoints:
         kinds = self.layout.kinds
         to_host = tuple(ToHost(kinds[k].name, u, self.layout.offset(kinds[k], h)) for k, u, h in copies)
         self.drop_device(ckpt)
-        return Plan(to_host=to_host)
+        return MemoryPlan(to_host=to_host)
 
-    def evict_one(self) -> Plan | None:
+    def evict_one(self) -> MemoryPlan | None:
         ckpt = self.index.pop_device()
         if ckpt is None:
             return None
@@ -122,7 +122,7 @@ class Checkpoints:
             return EMPTY
         while True:
             r = self.park(ckpt)
-            if isinstance(r, Plan):
+            if isinstance(r, MemoryPlan):
                 return r
             if isinstance(r, NeverFits) or not self._evict_host(keep=ckpt):
                 self.drop_device(ckpt)

@@ -16,7 +16,7 @@ from kern.pool.errors import PoolError
 from kern.pool.handles import Checkpoint, Lease
 from kern.pool.host import HostTier
 from kern.pool.index import PrefixIndex
-from kern.pool.plans import Copy, FromHost, Plan
+from kern.pool.plans import Copy, FromHost, MemoryPlan
 from kern.pool.results import Granted, Refusal, Remap
 from kern.pool.states import ceil_div
 
@@ -88,7 +88,7 @@ class Leases:
             self.woken_tokens += n
         if isinstance(src, Checkpoint):
             self.index.touch(self.index.nodes[src.id])
-        return Granted(lease, n, Plan(copies=tuple(copies), from_host=tuple(from_host)))
+        return Granted(lease, n, MemoryPlan(copies=tuple(copies), from_host=tuple(from_host)))
 
     # -- growing ----------------------------------------------------------------------------
     def extend(self, lease: Lease, tokens: Sequence[int], ahead: int) -> Remap | Refusal | None:

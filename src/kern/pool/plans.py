@@ -48,7 +48,7 @@ class FromHost:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class MemoryPlan:
     unmaps: tuple[Unmap, ...] = ()
     maps: tuple[Map, ...] = ()
     to_host: tuple[ToHost, ...] = ()
@@ -59,4 +59,4 @@ class Plan:
         return bool(self.unmaps or self.maps or self.to_host or self.copies or self.from_host)
 
 
-EMPTY = Plan()
+EMPTY = MemoryPlan()

@@ -21,7 +21,7 @@ from kern.pool.handles import Checkpoint, Lease
 from kern.pool.host import HostTier
 from kern.pool.index import NO_MATCH, PrefixIndex
 from kern.pool.leases import Leases
-from kern.pool.plans import Plan
+from kern.pool.plans import MemoryPlan
 from kern.pool.results import Evict, Granted, Match, NeverFits, Refusal, Remap
 from kern.pool.states import Layout, StateDecl, plan_layout
 
@@ -50,7 +50,7 @@ class Pool:
         self.initial_plan = self._device.initial(split)
 
     # -- the budget -------------------------------------------------------------------------
-    def remapped(self, plan: Plan) -> None:
+    def remapped(self, plan: MemoryPlan) -> None:
         """The runtime has run a remap plan: its chunks' units are free to hand out."""
         self._device.remapped(plan)
 
@@ -118,14 +118,14 @@ class Pool:
         self._index.node_of(ckpt, "pool.drop")
         self._ckpts.drop(ckpt)
 
-    def park(self, ckpt: Checkpoint) -> Plan | Evict | NeverFits:
+    def park(self, ckpt: Checkpoint) -> MemoryPlan | Evict | NeverFits:
         """Copy a checkpoint into host memory and give its device units back. Units with an
         identical host copy already (shared with a parked checkpoint, or woken from one) are
         not copied again; parking a parked checkpoint copies nothing."""
         self._index.node_of(ckpt, "pool.park")
         return self._ckpts.park(ckpt)
 
-    def evict_one(self) -> Plan | None:
+    def evict_one(self) -> MemoryPlan | None:
         """Give back the device units of the least recently used checkpoint with no device
         checkpoint below it: parked in the host tier if it has (or can make) room, else
         dropped. The plan copies to host. None when no checkpoint holds device units."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from kern.pool.handles import Checkpoint, Lease
-from kern.pool.plans import Plan
+from kern.pool.plans import MemoryPlan
 
 
 @dataclass(frozen=True, slots=True)
 class Granted:
     lease: Lease
     cached: int  # tokens restored from a checkpoint (their state is in place once `plan` runs)
-    plan: Plan
+    plan: MemoryPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class Remap:
     """One kind of unit ran short while another sat free: run `plan`, call
     `pool.remapped(plan)` once it is done, then ask again."""
 
-    plan: Plan
+    plan: MemoryPlan
 
 
 class Refusal:

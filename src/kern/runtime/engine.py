@@ -15,7 +15,7 @@ import numpy as np
 
 from ..manifest.expr import evaluate
 from ..manifest.schema import DTYPE_BYTES
-from ..manifest.protocol import Protocol, derive
+from ..manifest.protocol import ServingProtocol, derive
 from ..manifest.verify import Verified
 from ..pool import Pool
 from .device import Device, Program
@@ -118,7 +118,7 @@ class Engine:
         self.v = v
         self.m = v.manifest
         self.consts = v.constants
-        self.protocol: Protocol = derive(v)
+        self.protocol: ServingProtocol = derive(v)
         self.device: Device = device or make_device(v)
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         for name, mod in self.m.modules.items():

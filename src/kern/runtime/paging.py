@@ -17,7 +17,7 @@ import numpy as np
 from ..manifest.expr import evaluate
 from ..manifest.verify import Verified
 from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
-from ..pool.plans import Plan
+from ..pool.plans import MemoryPlan
 from ..errors import KernError
 
 MIN_CHUNK = 2 << 20
@@ -105,7 +105,7 @@ class Paging:
         self._host = np.zeros(lay.host_chunks * lay.chunk_bytes, np.uint8)
         self.execute(pool.initial_plan)
 
-    def execute(self, plan: Plan) -> None:
+    def execute(self, plan: MemoryPlan) -> None:
         """Run a plan on the engine's states, in the plan's order: unmap and map chunks in the
         states' virtual ranges (dynamic chunks are numbered from 0 for the device), then copy
         page bytes."""

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..manifest.protocol import Protocol as StepProtocol
+from ..manifest.protocol import ServingProtocol
 from ..manifest.verify import Verified
 from .device import Device
 from .engine import DEFAULT_STATE_BUDGET, Engine
@@ -23,7 +23,7 @@ class StepEngine(Protocol):
     """An engine as the host loop drives it: Engine and RankedEngine are both one."""
 
     v: Verified
-    protocol: StepProtocol
+    protocol: ServingProtocol
     device: Device
     shapes: dict[str, tuple[int, ...]]
     launches: dict[str, list[LoweredLaunch]]

@@ -139,7 +139,7 @@ class Driver:
             sink([Refused(request_id, self.closing, engine_failed=True, code="shutting_down")])
             return
         self._sinks[request_id] = sink
-        self._outbox.put(wire.Add(request_id, prompt_ids, params))
+        self._outbox.put(wire.AddRequest(request_id, prompt_ids, params))
 
     @property
     def in_flight(self) -> int:

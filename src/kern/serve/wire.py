@@ -1,7 +1,7 @@
 """The messages between the API process and the engine process, and the cheap forms Deltas and
 LoopStats travel in.
 
-Down (API -> engine): Add, Abort, Query, Stop. Up (engine -> API): Ready or LoadFailed once,
+Down (API -> engine): AddRequest, Abort, Query, Stop. Up (engine -> API): Ready or LoadFailed once,
 then one Step per step of the loop (everything the step made, for every request, in one
 message) and a QueryResult per Query. A Delta travels as the tuple of its fields: a frozen
 dataclass pickles an order of magnitude slower than a tuple, and at a busy server's token rate
@@ -37,7 +37,7 @@ def unpack_stats(t: tuple) -> LoopStats:
     return LoopStats(*t)
 
 
-class Add(NamedTuple):
+class AddRequest(NamedTuple):
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
