@@ -17,7 +17,7 @@ from pathlib import Path
 from .generation.limits import limits_for
 from .generation.loop import Loop
 from .generation.outputs import Delta
-from .generation.params import SamplingParams
+from .generation.params import DEFAULT_MAX_TOKENS, SamplingParams
 from .generation.speculative import SPEC_FIELDS, SpecStats, Speculate
 from .speculation import speculator_for
 from .manifest import load_verified
@@ -145,7 +145,7 @@ class Model:
         request pays a capture; the server calls it at start-up. Returns the steps run."""
         return self.loop.warm_up(progress=progress)
 
-    def generate(self, prompt: str | list[int], *, chat: bool = False, max_tokens: int = 64,
+    def generate(self, prompt: str | list[int], *, chat: bool = False, max_tokens: int = DEFAULT_MAX_TOKENS,
                  temperature: float = 0.0, seed: int = 0, on_text: Callable[[str], None] | None = None,
                  **sampling) -> Generation:
         """One prompt through the loop; `sampling`: the other SamplingParams fields."""
@@ -153,7 +153,7 @@ class Model:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, **sampling)
         rid = self._request_id()
         self.loop.add(rid, ids, params)
-        self.loop.warm_up(sizes=[1], reach=min(len(ids) + params.max_tokens, self.loop.context), progress=False)
+        self.loop.warm_up(sizes=[1], reach=len(ids) + params.max_tokens, progress=False)
         spec = self.loop.speculator
         before = replace(spec.stats) if spec else None
         out = self._drive({rid: on_text})[rid]

@@ -154,6 +154,18 @@ def test_a_run_ahead_never_steps_a_row_past_the_context(tiny_llama, left):
     loop.paging.pool.check()
 
 
+def test_a_request_past_the_context_is_refused_not_clipped(tiny_llama):
+    """One policy with the server's 400: prompt + max_tokens past the context is refused in
+    one line naming the room left; exactly at the context is admitted."""
+    loop = make_loop(tiny_llama)
+    ctx = loop.context
+    with pytest.raises(BoundsError, match=f"max_tokens is 6, but the prompt's {ctx - 5} tokens leave room "
+                                          f"for at most 5 in the context of {ctx} positions"):
+        loop.add("over", [5] * (ctx - 5), SamplingParams(max_tokens=6))
+    assert not loop.has_work()
+    loop.add("fits", [5] * (ctx - 5), SamplingParams(max_tokens=5))
+
+
 def test_a_preempted_request_resumes_from_its_checkpoint_with_the_same_tokens(tiny_llama, alone):
     loop = make_loop(tiny_llama)
     prompts = _prompts(6)

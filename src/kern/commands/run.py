@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..generation.params import DEFAULT_MAX_TOKENS
 from .args import loop_options, model_arguments, non_negative, non_negative_real, positive, utf8
 
 HELP = "generate text with a model (default: the embedded model)"
@@ -16,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", type=utf8, default=None,
                    help=f"the text to continue (default: {DEFAULT_PROMPT!r}, said on stderr when used)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=positive, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--max-tokens", type=positive, default=DEFAULT_MAX_TOKENS,
+                   help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS}); the prompt and these must fit the "
+                        "context")
     p.add_argument("--temperature", type=non_negative_real, default=0.0, help="0 (the default) is greedy")
     p.add_argument("--seed", type=non_negative, default=0, help="sampling seed, a whole number >= 0")
     p.add_argument("--target", choices=("cpu", "cuda"), default=None,

@@ -113,7 +113,7 @@ class DraftProposer:
 
 
 def _temperature(s: SequenceState) -> float:
-    return 0.0 if s.params.greedy else s.params.temperature
+    return s.params.device_temperature
 
 
 def check_pair(target: tuple[int, int], draft: tuple[int, int], target_tokenizer: bytes | None,

@@ -152,8 +152,11 @@ class Loop:
         if len(prompt_ids) + 1 > self.context:
             raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
                               f"context of {self.context} positions (the prompt plus one generated token)")
-        # held once from here: the request's params with max_tokens clipped to the context
-        params = replace(params, max_tokens=min(params.max_tokens, self.context - len(prompt_ids)))
+        room = self.context - len(prompt_ids)
+        if params.max_tokens > room:  # refused, never clipped: the server's 400 says the same
+            raise BoundsError(f"request {request_id!r}: max_tokens is {params.max_tokens}, but the prompt's "
+                              f"{len(prompt_ids)} tokens leave room for at most {room} in the context of "
+                              f"{self.context} positions")
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
@@ -215,7 +218,7 @@ class Loop:
             part = s.span(s.written, n)
             self.paging.extend(s.lease, part)
             s.written += n
-            t = s.params.temperature if s.pending == 0 and not self._host_draws(s) and not s.params.greedy else 0.0
+            t = s.params.device_temperature if s.pending == 0 and not self._host_draws(s) else 0.0
             feeds.append(Feed(part, s.written - n, Units.of(s.lease), t,
                               draw_key(s.seed, len(s.out)) if t else 0))
             seqs.append(s)
@@ -255,7 +258,7 @@ class Loop:
         feeds, keys = [], [[] for _ in range(k - 1)]
         for s in seqs:
             self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)  # pages bound by the scheduler
-            t = 0.0 if s.params.greedy else s.params.temperature
+            t = s.params.device_temperature
             feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t,
                               draw_key(s.seed, len(s.out)) if t else 0))
             for j in range(1, k):

@@ -13,10 +13,14 @@ from ..runtime.errors import BoundsError
 # be drawn, below a float32 logit's own resolution.
 GREEDY_BELOW = 1e-6
 
+# Tokens generated at most when a caller of the API or kern run says nothing (the server's
+# defaults are OpenAI's: docs/serve.md).
+DEFAULT_MAX_TOKENS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0  # 0 or below GREEDY_BELOW: greedy (the device's argmax; no logits unless logprobs)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -37,6 +41,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW or self.top_k == 1
+
+    @property
+    def device_temperature(self) -> float:
+        """The temperature the device draws this row at: 0 (its argmax) where greedy."""
+        return 0.0 if self.greedy else self.temperature
 
     @property
     def penalized(self) -> bool:

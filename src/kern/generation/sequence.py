@@ -13,7 +13,7 @@ from .params import SamplingParams
 class SequenceState:
     id: str
     prompt: list[int]
-    params: SamplingParams  # max_tokens clipped to the context by Loop.add
+    params: SamplingParams  # Loop.add refused it unless prompt + max_tokens fit the context
     text: TextStream
     seed: int  # the request's seed (its own or one derived from its id): keys every draw (loop.draw_key)
     out: list[int] = field(default_factory=list)

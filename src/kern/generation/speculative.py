@@ -193,7 +193,7 @@ class Speculator:
         feeds = []
         for s, p in zip(seqs, props):
             loop.paging.extend(s.lease, [s.out[-1]], ahead=len(p))
-            t = 0.0 if s.params.greedy else s.params.temperature
+            t = s.params.device_temperature
             feeds.append(Feed([s.out[-1]] + p, s.written, Units.of(s.lease), t))
             s.written += 1
         tokens, accepted = loop.runner.verify(feeds, [kk[:len(p) + 1] for kk, p in zip(keys, props)])
