@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kern_models.common.errors import ConfigError
-from kern_models.llama.config import _count, _real
+from kern_models.common.config_fields import count_field, real_field
 
 ARCHITECTURES = ("KimiLinearForCausalLM",)
 KDA, MLA = "linear_attention", "full_attention"
@@ -112,18 +112,18 @@ def shape_of(cfg: dict) -> KimiShape:
     lin = cfg.get("linear_attn_config") or {}
     if not isinstance(lin, dict):
         raise ConfigError(f"config.json linear_attn_config must be an object, got {lin!r}")
-    layers = _count(cfg, "num_hidden_layers")
+    layers = count_field(cfg, "num_hidden_layers")
     mixers, sparse = _types(cfg, layers, lin)
-    heads = _count(cfg, "num_attention_heads")
-    kv_heads = _count(cfg, "num_key_value_heads", heads)
+    heads = count_field(cfg, "num_attention_heads")
+    kv_heads = count_field(cfg, "num_key_value_heads", heads)
     if kv_heads != heads:
         # MLA expands its latent into every head; transformers' repeat_kv on top of that only
         # works when the two counts agree
         raise ConfigError(f"config.json num_key_value_heads {kv_heads} must equal num_attention_heads {heads} (MLA)")
-    experts = _count(cfg, _first(cfg, "num_experts", "num_local_experts"))
-    top_k = _count(cfg, _first(cfg, "num_experts_per_token", "num_experts_per_tok"))
-    groups = _count(cfg, _first(cfg, "num_expert_group", "n_group"), 1)
-    topk_groups = _count(cfg, "topk_group", 1)
+    experts = count_field(cfg, _first(cfg, "num_experts", "num_local_experts"))
+    top_k = count_field(cfg, _first(cfg, "num_experts_per_token", "num_experts_per_tok"))
+    groups = count_field(cfg, _first(cfg, "num_expert_group", "n_group"), 1)
+    topk_groups = count_field(cfg, "topk_group", 1)
     if top_k > experts or experts % groups or topk_groups > groups:
         raise ConfigError(f"config.json experts {experts}, top k {top_k}, groups {groups}, topk_group "
                           f"{topk_groups}: top k must not exceed the experts, which split evenly into groups, "
@@ -133,19 +133,19 @@ def shape_of(cfg: dict) -> KimiShape:
         raise ConfigError(f"config.json moe_renormalize must be true or false, got {norm!r}")
     q_lora = cfg.get("q_lora_rank")
     return KimiShape(
-        hidden=_count(cfg, "hidden_size"), layers=layers, vocab=_count(cfg, "vocab_size"),
-        eps=_real(cfg, "rms_norm_eps", 1e-5), max_pos=_count(cfg, _first(cfg, "model_max_length",
+        hidden=count_field(cfg, "hidden_size"), layers=layers, vocab=count_field(cfg, "vocab_size"),
+        eps=real_field(cfg, "rms_norm_eps", 1e-5), max_pos=count_field(cfg, _first(cfg, "model_max_length",
                                                                          "max_position_embeddings"), 4096),
-        tied=bool(cfg.get("tie_word_embeddings", False)), inter=_count(cfg, "intermediate_size"),
+        tied=bool(cfg.get("tie_word_embeddings", False)), inter=count_field(cfg, "intermediate_size"),
         mixers=mixers, sparse=sparse,
-        kda_heads=_count(lin, "num_heads", None) if "num_heads" in lin else _count(cfg, "linear_num_heads", 32),
-        kda_dim=_count(lin, "head_dim", None) if "head_dim" in lin else _count(cfg, "linear_head_dim", 128),
-        conv=_count(lin, "short_conv_kernel_size") if "short_conv_kernel_size" in lin
-        else _count(cfg, "linear_conv_kernel_dim", 4),
-        heads=heads, q_lora=None if q_lora is None else _count(cfg, "q_lora_rank"),
-        kv_lora=_count(cfg, "kv_lora_rank"), nope=_count(cfg, "qk_nope_head_dim"),
-        rope=_count(cfg, "qk_rope_head_dim"), v_dim=_count(cfg, "v_head_dim"),
-        experts=experts, top_k=top_k, moe_inter=_count(cfg, "moe_intermediate_size"),
-        shared=_count(cfg, _first(cfg, "num_shared_experts", "n_shared_experts"), 1),
-        scaling=_real(cfg, "routed_scaling_factor", 1.0), norm_topk=norm, groups=groups, topk_groups=topk_groups,
+        kda_heads=count_field(lin, "num_heads", None) if "num_heads" in lin else count_field(cfg, "linear_num_heads", 32),
+        kda_dim=count_field(lin, "head_dim", None) if "head_dim" in lin else count_field(cfg, "linear_head_dim", 128),
+        conv=count_field(lin, "short_conv_kernel_size") if "short_conv_kernel_size" in lin
+        else count_field(cfg, "linear_conv_kernel_dim", 4),
+        heads=heads, q_lora=None if q_lora is None else count_field(cfg, "q_lora_rank"),
+        kv_lora=count_field(cfg, "kv_lora_rank"), nope=count_field(cfg, "qk_nope_head_dim"),
+        rope=count_field(cfg, "qk_rope_head_dim"), v_dim=count_field(cfg, "v_head_dim"),
+        experts=experts, top_k=top_k, moe_inter=count_field(cfg, "moe_intermediate_size"),
+        shared=count_field(cfg, _first(cfg, "num_shared_experts", "n_shared_experts"), 1),
+        scaling=real_field(cfg, "routed_scaling_factor", 1.0), norm_topk=norm, groups=groups, topk_groups=topk_groups,
     )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from ..common.config_fields import count_field, real_field
 from ..common.errors import ConfigError
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
@@ -40,30 +40,6 @@ class Shape:
         return self.kv_heads * self.head_dim
 
 
-def _count(cfg: dict, key: str, default=None) -> int:
-    """A positive whole number from config.json (default when absent or null)."""
-    v = cfg.get(key)
-    if v is None:
-        if default is None:
-            raise ConfigError(f"config.json lacks {key}")
-        return default
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ConfigError(f"config.json {key} must be a positive whole number, got {v!r}")
-    return v
-
-
-def _real(src: dict, key: str, default: float | None = None, where: str = "") -> float:
-    """A positive finite number from config.json (default when absent)."""
-    v = src.get(key)
-    if v is None:
-        if default is None:
-            raise ConfigError(f"config.json {where}lacks {key}")
-        return default
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise ConfigError(f"config.json {where}{key} must be a positive number, got {v!r}")
-    return float(v)
-
-
 # Features of a config.json this generator's kernels do not compute; building without them
 # would run but make wrong text, so each is refused naming its field.
 def _unsupported(cfg: dict) -> str | None:
@@ -83,15 +59,15 @@ def _rope(cfg: dict) -> tuple[float, dict]:
     if not isinstance(rope, dict):
         raise ConfigError(f"config.json rope_parameters must be an object, got {rope!r}")
     where = "rope_parameters " if cfg.get("rope_parameters") else "rope_scaling "
-    theta = _real(rope, "rope_theta", None, where) if "rope_theta" in rope else _real(cfg, "rope_theta", 10000.0)
+    theta = real_field(rope, "rope_theta", None, where) if "rope_theta" in rope else real_field(cfg, "rope_theta", 10000.0)
     rtype = rope.get("rope_type", rope.get("type", "default"))
     if rtype in ("default", None):
         return theta, {}
     if rtype != "llama3":
         raise ConfigError(f"config.json {where}rope type {rtype!r}: supported are default and llama3")
-    extra = dict(rope_factor=_real(rope, "factor", None, where), rope_low=_real(rope, "low_freq_factor", None, where),
-                 rope_high=_real(rope, "high_freq_factor", None, where),
-                 rope_orig_max=_count(rope, "original_max_position_embeddings") if
+    extra = dict(rope_factor=real_field(rope, "factor", None, where), rope_low=real_field(rope, "low_freq_factor", None, where),
+                 rope_high=real_field(rope, "high_freq_factor", None, where),
+                 rope_orig_max=count_field(rope, "original_max_position_embeddings") if
                  "original_max_position_embeddings" in rope else None)
     if extra["rope_orig_max"] is None:
         raise ConfigError(f"config.json {where}lacks original_max_position_embeddings (llama3 rope)")
@@ -116,30 +92,30 @@ def shape_of(cfg: dict, architectures: tuple[str, ...] = ARCHITECTURES) -> Shape
         raise ConfigError(f"config.json lacks {', '.join(missing)}")
     if (why := _unsupported(cfg)) is not None:
         raise ConfigError(f"config.json {why}")
-    hidden = _count(cfg, "hidden_size")
-    heads = _count(cfg, "num_attention_heads")
-    kv_heads = _count(cfg, "num_key_value_heads", heads)
+    hidden = count_field(cfg, "hidden_size")
+    heads = count_field(cfg, "num_attention_heads")
+    kv_heads = count_field(cfg, "num_key_value_heads", heads)
     if heads % kv_heads:
         raise ConfigError(f"config.json num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     if cfg.get("head_dim") is None and hidden % heads:
         raise ConfigError(f"config.json hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
                           "(and no head_dim is given)")
-    head_dim = _count(cfg, "head_dim", hidden // heads)
+    head_dim = count_field(cfg, "head_dim", hidden // heads)
     if head_dim % 2:
         raise ConfigError(f"config.json head_dim {head_dim} must be even (rope rotates pairs)")
     theta, extra = _rope(cfg)
     return Shape(
         arch=arch,
         hidden=hidden,
-        layers=_count(cfg, "num_hidden_layers"),
+        layers=count_field(cfg, "num_hidden_layers"),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        inter=_count(cfg, "intermediate_size"),
-        vocab=_count(cfg, "vocab_size"),
-        eps=_real(cfg, "rms_norm_eps", 1e-6),
+        inter=count_field(cfg, "intermediate_size"),
+        vocab=count_field(cfg, "vocab_size"),
+        eps=real_field(cfg, "rms_norm_eps", 1e-6),
         theta=theta,
-        max_pos=_count(cfg, "max_position_embeddings", 4096),
+        max_pos=count_field(cfg, "max_position_embeddings", 4096),
         tied=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=arch.startswith("Qwen3"),  # Qwen3 and Qwen3-MoE norm each head's q and k
         **extra,

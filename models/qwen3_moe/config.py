@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kern_models.common.errors import ConfigError
-from kern_models.llama.config import Shape, _count, shape_of as dense_shape_of
+from kern_models.common.config_fields import count_field
+from kern_models.llama.config import Shape, shape_of as dense_shape_of
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 
@@ -37,11 +38,11 @@ def shape_of(cfg: dict) -> MoeShape:
     dense = dense_shape_of(cfg, ARCHITECTURES)
     # transformers 5 writes num_local_experts, the published checkpoints num_experts
     key = "num_experts" if cfg.get("num_experts") is not None else "num_local_experts"
-    experts = _count(cfg, key)
-    top_k = _count(cfg, "num_experts_per_tok")
+    experts = count_field(cfg, key)
+    top_k = count_field(cfg, "num_experts_per_tok")
     if top_k > experts:
         raise ConfigError(f"config.json num_experts_per_tok {top_k} exceeds {key} {experts}")
-    step = _count(cfg, "decoder_sparse_step", 1)
+    step = count_field(cfg, "decoder_sparse_step", 1)
     mlp_only = cfg.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list) or not all(isinstance(l, int) and not isinstance(l, bool) for l in mlp_only):
         raise ConfigError(f"config.json mlp_only_layers must be a list of layer numbers, got {mlp_only!r}")
@@ -50,5 +51,5 @@ def shape_of(cfg: dict) -> MoeShape:
     norm = cfg.get("norm_topk_prob", False)
     if not isinstance(norm, bool):
         raise ConfigError(f"config.json norm_topk_prob must be true or false, got {norm!r}")
-    return MoeShape(dense=dense, experts=experts, top_k=top_k, moe_inter=_count(cfg, "moe_intermediate_size"),
+    return MoeShape(dense=dense, experts=experts, top_k=top_k, moe_inter=count_field(cfg, "moe_intermediate_size"),
                     norm_topk=norm, sparse=sparse_layers(dense.layers, step, mlp_only))

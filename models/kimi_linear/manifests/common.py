@@ -8,19 +8,15 @@ as the Qwen3-MoE block reads them."""
 
 from __future__ import annotations
 
-from kern_models.llama.manifests.common import buf, embed_and_head
+from kern_models.common.manifest_parts import embed_and_head, weight
 
 from ..config import KDA, KimiShape
 
 PAGE_TOKENS = 16
 
 
-def _w(dtype, shape, *tensors):
-    return buf(shape, "weight", dtype, bind=[{"tensor": t} for t in tensors])
-
-
 def weight_buffers(s: KimiShape, dtype: str) -> dict:
-    w = lambda shape, *tensors: _w(dtype, shape, *tensors)
+    w = lambda shape, *tensors: weight(shape, *tensors, dtype=dtype)
     # tied or not, transformers' KimiLinearForCausalLM reads lm_head.weight (it ties nothing);
     # a tied checkpoint without one is read as the llama family's (embed_and_head)
     head = embed_and_head(s.tied, dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kern_models.common.errors import ConfigError
-from kern_models.llama.manifests.common import MASK_ROWS, b, buf, context_of, sampling_inputs, v
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_inputs, value_arg
 from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, stepping_program
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
@@ -74,102 +74,102 @@ def ops(kda_form: str = "tokens") -> dict:
 
 
 def _buffers(s: KimiShape, p: str, rows, decode: bool) -> dict:
-    ws = lambda *shape: buf(list(shape))
+    ws = lambda *shape: buffer(list(shape))
     out = {
-        p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-        p + "pos": buf([rows], "input", "i32", fill="position",
+        p + "ids": buffer([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+        p + "pos": buffer([rows], "input", "i32", fill="position",
                        domain={"range": [0, "reach" if decode else "context"]}),
         p + "x": ws(rows, "hidden"), p + "h": ws(rows, "hidden"), p + "attn_out": ws(rows, "hidden"),
         p + "mlp_out": ws(rows, "hidden"),
-        p + "logits": buf(["seqs", "vocab"], "output", fill="logits"),
-        p + "next": buf(["seqs"], "output", "i32", fill="tokens"),
+        p + "logits": buffer(["seqs", "vocab"], "output", fill="logits"),
+        p + "next": buffer(["seqs"], "output", "i32", fill="tokens"),
         **sampling_inputs(p, "seqs"),
     }
     if s.kda_layers:
-        out |= {p + "slot": buf(["seqs"], "input", "i32", fill="slot"),
+        out |= {p + "slot": buffer(["seqs"], "input", "i32", fill="slot"),
                 p + "mix": ws(rows, {"mul": [3, "qkv"]}), p + "low": ws(rows, "kda_dim"), p + "g": ws(rows, "qkv"),
                 p + "beta": ws(rows, "kda_heads"), p + "gate": ws(rows, "qkv"), p + "core": ws(rows, "qkv"),
                 p + "normed": ws(rows, "qkv")}
     if s.mla_layers:
         pages = {"ceil_div": ["context", "page_tokens"]}
-        out |= {p + "page_table": buf(["seqs", pages], "input", "i32",
+        out |= {p + "page_table": buffer(["seqs", pages], "input", "i32",
                                       domain={"index_into": "kv", "stride": "page_tokens"}),
                 p + "q": ws(rows, "q_dim"), p + "ckv": ws(rows, "latent"),
                 p + "attn": ws(rows, {"mul": ["heads", "v_dim"]})}
         if s.q_lora is not None:
             out |= {p + "q_low": ws(rows, "q_lora"), p + "q_normed": ws(rows, "q_lora")}
     if any(s.sparse):
-        out |= {p + "router": ws(rows, "experts"), p + "topk_ids": buf([rows, "top_k"], dtype="i32"),
+        out |= {p + "router": ws(rows, "experts"), p + "topk_ids": buffer([rows, "top_k"], dtype="i32"),
                 p + "topk_w": ws(rows, "top_k"), p + "expert_out": ws(rows, "top_k", "hidden"),
                 p + "shared_gu": ws(rows, {"mul": [2, "shared_inter"]}), p + "shared_act": ws(rows, "shared_inter"),
                 p + "shared_out": ws(rows, "hidden")}
     if not all(s.sparse):
         out |= {p + "gate_up": ws(rows, {"mul": [2, "inter"]}), p + "act": ws(rows, "inter")}
     if not decode:
-        out[p + "cu_seqlens"] = buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
+        out[p + "cu_seqlens"] = buffer([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
                                     domain={"range": [0, {"add": ["tokens", 1]}]})
-        out[p + "last"] = buf(["seqs", "hidden"])
+        out[p + "last"] = buffer(["seqs", "hidden"])
     return out
 
 
 def _kda(s: KimiShape, p: str, l: int, decode: bool, kda_form: str) -> list[dict]:
     k = s.kda_layers.index(l)
-    geo = [v(k), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv"), v("kda_slot_bytes")]
-    kda, where = {"state": "kda"}, [b(p + "slot")] + ([] if decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
-    lin = lambda x, w, y: {"op": "linear", "args": [b(p + x), b(w), b(p + y)]}
+    geo = [value_arg(k), value_arg("kda_layers"), value_arg("kda_heads"), value_arg("kda_dim"), value_arg("conv"), value_arg("kda_slot_bytes")]
+    kda, where = {"state": "kda"}, [buffer_arg(p + "slot")] + ([] if decode else [buffer_arg(p + "cu_seqlens")]) + [buffer_arg(p + "pos")]
+    lin = lambda x, w, y: {"op": "linear", "args": [buffer_arg(p + x), buffer_arg(w), buffer_arg(p + y)]}
     return [
         lin("h", f"kda_qkv_w.{l}", "mix"),
-        {"op": "kda_conv_decode" if decode else "kda_conv", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda,
+        {"op": "kda_conv_decode" if decode else "kda_conv", "args": [buffer_arg(p + "mix"), buffer_arg(f"kda_conv_w.{l}"), kda,
                                                                       *where, *geo]},
         lin("h", f"kda_fa_w.{l}", "low"), lin("low", f"kda_fb_w.{l}", "g"),
-        {"op": "kda_gate", "args": [b(p + "g"), b(f"kda_a_log.{l}"), b(f"kda_dt_bias.{l}"), v("kda_heads")]},
+        {"op": "kda_gate", "args": [buffer_arg(p + "g"), buffer_arg(f"kda_a_log.{l}"), buffer_arg(f"kda_dt_bias.{l}"), value_arg("kda_heads")]},
         lin("h", f"kda_b_w.{l}", "beta"),
         {"op": "kda_step" if decode else "kda_chunked",
-         "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, *where, b(p + "core"), *geo]
-         + ([v(KDA_CHUNK)] if not decode and kda_form == "chunked" else [])},
+         "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, *where, buffer_arg(p + "core"), *geo]
+         + ([value_arg(KDA_CHUNK)] if not decode and kda_form == "chunked" else [])},
         lin("h", f"kda_ga_w.{l}", "low"), lin("low", f"kda_gb_w.{l}", "gate"),
-        {"op": "kda_out_norm", "args": [b(p + "core"), b(p + "gate"), b(f"kda_o_norm.{l}"), b(p + "normed"),
-                                        v("kda_heads"), v(s.eps)]},
+        {"op": "kda_out_norm", "args": [buffer_arg(p + "core"), buffer_arg(p + "gate"), buffer_arg(f"kda_o_norm.{l}"), buffer_arg(p + "normed"),
+                                        value_arg("kda_heads"), value_arg(s.eps)]},
         lin("normed", f"o_w.{l}", "attn_out"),
     ]
 
 
 def _mla(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
     k = s.mla_layers.index(l)
-    kv, table = {"state": "kv"}, [b(p + "page_table")] + ([] if decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
-    lin = lambda x, w, y: {"op": "linear", "args": [b(p + x), b(w), b(p + y)]}
+    kv, table = {"state": "kv"}, [buffer_arg(p + "page_table")] + ([] if decode else [buffer_arg(p + "cu_seqlens")]) + [buffer_arg(p + "pos")]
+    lin = lambda x, w, y: {"op": "linear", "args": [buffer_arg(p + x), buffer_arg(w), buffer_arg(p + y)]}
     q = [lin("h", f"q_w.{l}", "q")] if s.q_lora is None else [
         lin("h", f"q_a_w.{l}", "q_low"),
-        {"op": "rms_norm", "args": [b(p + "q_low"), b(f"q_a_norm.{l}"), b(p + "q_normed"), v(s.eps)]},
+        {"op": "rms_norm", "args": [buffer_arg(p + "q_low"), buffer_arg(f"q_a_norm.{l}"), buffer_arg(p + "q_normed"), value_arg(s.eps)]},
         lin("q_normed", f"q_b_w.{l}", "q")]
     return [
         *q, lin("h", f"kv_a_w.{l}", "ckv"),
         {"op": "mla_append_decode" if decode else "mla_append",
-         "args": [b(p + "ckv"), b(f"kv_a_norm.{l}"), kv, *table, v(k), v("mla_layers"), v("kv_lora"), v("rope"),
-                  v("page_tokens"), v("kv_token_bytes"), v(s.eps)]},
+         "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *table, value_arg(k), value_arg("mla_layers"), value_arg("kv_lora"), value_arg("rope"),
+                  value_arg("page_tokens"), value_arg("kv_token_bytes"), value_arg(s.eps)]},
         {"op": "mla_attention_decode" if decode else "mla_attention",
-         "args": [b(p + "q"), kv, *table, b(f"kv_b_w.{l}"), b(p + "attn"), v(k), v("mla_layers"), v("heads"),
-                  v("nope"), v("rope"), v("v_dim"), v("kv_lora"), v("page_tokens"), v("kv_token_bytes")]},
+         "args": [buffer_arg(p + "q"), kv, *table, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), value_arg(k), value_arg("mla_layers"), value_arg("heads"),
+                  value_arg("nope"), value_arg("rope"), value_arg("v_dim"), value_arg("kv_lora"), value_arg("page_tokens"), value_arg("kv_token_bytes")]},
         lin("attn", f"o_w.{l}", "attn_out"),
     ]
 
 
 def _mlp(s: KimiShape, p: str, l: int) -> list[dict]:
-    lin = lambda x, w, y: {"op": "linear", "args": [b(p + x), b(w), b(p + y)]}
+    lin = lambda x, w, y: {"op": "linear", "args": [buffer_arg(p + x), buffer_arg(w), buffer_arg(p + y)]}
     if not s.sparse[l]:
-        return [lin("h", f"gate_up_w.{l}", "gate_up"), {"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act")]},
+        return [lin("h", f"gate_up_w.{l}", "gate_up"), {"op": "silu_mul", "args": [buffer_arg(p + "gate_up"), buffer_arg(p + "act")]},
                 lin("act", f"down_w.{l}", "mlp_out")]
     return [
         lin("h", f"router_w.{l}", "router"),
-        {"op": "kimi_route", "args": [b(p + "router"), b(f"router_bias.{l}"), b(p + "topk_ids"), b(p + "topk_w"),
-                                      v(s.scaling), v(int(s.norm_topk)), v(s.groups), v(s.topk_groups)]},
-        {"op": "moe_experts", "args": [b(p + "h"), b(p + "topk_ids"), b(f"experts_gate_up.{l}"),
-                                       b(f"experts_down.{l}"), b(p + "expert_out"), v(0), v("local_experts")]},
-        {"op": "moe_combine", "args": [b(p + "expert_out"), b(p + "topk_w"), b(p + "mlp_out")]},
+        {"op": "kimi_route", "args": [buffer_arg(p + "router"), buffer_arg(f"router_bias.{l}"), buffer_arg(p + "topk_ids"), buffer_arg(p + "topk_w"),
+                                      value_arg(s.scaling), value_arg(int(s.norm_topk)), value_arg(s.groups), value_arg(s.topk_groups)]},
+        {"op": "moe_experts", "args": [buffer_arg(p + "h"), buffer_arg(p + "topk_ids"), buffer_arg(f"experts_gate_up.{l}"),
+                                       buffer_arg(f"experts_down.{l}"), buffer_arg(p + "expert_out"), value_arg(0), value_arg("local_experts")]},
+        {"op": "moe_combine", "args": [buffer_arg(p + "expert_out"), buffer_arg(p + "topk_w"), buffer_arg(p + "mlp_out")]},
         lin("h", f"shared_gate_up.{l}", "shared_gu"),
-        {"op": "silu_mul", "args": [b(p + "shared_gu"), b(p + "shared_act")]},
+        {"op": "silu_mul", "args": [buffer_arg(p + "shared_gu"), buffer_arg(p + "shared_act")]},
         lin("shared_act", f"shared_down.{l}", "shared_out"),
-        {"op": "add", "args": [b(p + "mlp_out"), b(p + "shared_out")]},
+        {"op": "add", "args": [buffer_arg(p + "mlp_out"), buffer_arg(p + "shared_out")]},
     ]
 
 
@@ -183,14 +183,14 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
     for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):
         p, decode = prog[0] + "_", prog == "decode"
         buffers |= _buffers(s, p, rows, decode)
-        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x")]}]
+        calls = [{"op": "embed", "args": [buffer_arg(p + "ids"), buffer_arg("embed"), buffer_arg(p + "x")]}]
         for l in range(s.layers):
-            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(s.eps)]} if l == 0 else
-                         {"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"), b(p + "h"),
-                                                         v(s.eps)]})
+            calls.append({"op": "rms_norm", "args": [buffer_arg(p + "x"), buffer_arg("ln1.0"), buffer_arg(p + "h"), value_arg(s.eps)]} if l == 0 else
+                         {"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg(f"ln1.{l}"), buffer_arg(p + "h"),
+                                                         value_arg(s.eps)]})
             calls += _kda(s, p, l, decode, kda_form) if s.mixers[l] == KDA else _mla(s, p, l, decode)
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
-                                                         v(s.eps)]})
+            calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "attn_out"), buffer_arg(f"ln2.{l}"), buffer_arg(p + "h"),
+                                                         value_arg(s.eps)]})
             calls += _mlp(s, p, l)
         programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}

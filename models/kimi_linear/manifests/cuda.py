@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
-from kern_models.llama.manifests.common import MASK_ROWS, b, buf, context_of, sampling_args, sampling_inputs, v
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
 from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
@@ -81,43 +81,43 @@ class _Program:
         self.decode = kind != "prefill"
 
     def ws(self, name: str, shape: list, dtype: str = BF) -> dict:
-        self.buffers.setdefault(self.p + name, buf(shape, "workspace", dtype))
-        return b(self.p + name)
+        self.buffers.setdefault(self.p + name, buffer(shape, "workspace", dtype))
+        return buffer_arg(self.p + name)
 
     def lin(self, x: str, w: str, y: str, n, k, f32: bool = False) -> dict:
-        return {"op": "linear_f32" if f32 else "linear", "args": [b(self.p + x), b(w), b(self.p + y), v(self.rows),
-                                                                 v(n), v(k)]}
+        return {"op": "linear_f32" if f32 else "linear", "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y), value_arg(self.rows),
+                                                                 value_arg(n), value_arg(k)]}
 
     def kda(self, l: int) -> list[dict]:
         s, p, R = self.s, self.p, self.rows
-        geo = [v(s.kda_layers.index(l)), v("kda_layers"), v("kda_heads"), v("kda_dim"), v("conv"), v("kda_slot_bytes")]
+        geo = [value_arg(s.kda_layers.index(l)), value_arg("kda_layers"), value_arg("kda_heads"), value_arg("kda_dim"), value_arg("conv"), value_arg("kda_slot_bytes")]
         kda = {"state": "kda"}
         for name, width, dtype in (("mix", {"mul": [3, "qkv"]}, BF), ("low", "kda_dim", BF), ("g", "qkv", "f32"),
                                    ("beta", "kda_heads", "f32"), ("gate", "qkv", BF), ("core", "qkv", BF),
                                    ("normed", "qkv", BF)):
             self.ws(name, [R, width], dtype)
         if self.decode:
-            conv = {"op": "kda_conv_decode", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda, b(p + "slot"),
-                                                      b(p + "pos"), v(R), *geo]}
-            rec = {"op": "kda_step", "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, b(p + "slot"),
-                                              b(p + "pos"), b(p + "core"), v(R), *geo]}
+            conv = {"op": "kda_conv_decode", "args": [buffer_arg(p + "mix"), buffer_arg(f"kda_conv_w.{l}"), kda, buffer_arg(p + "slot"),
+                                                      buffer_arg(p + "pos"), value_arg(R), *geo]}
+            rec = {"op": "kda_step", "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, buffer_arg(p + "slot"),
+                                              buffer_arg(p + "pos"), buffer_arg(p + "core"), value_arg(R), *geo]}
         else:
-            where = [b(p + "slot"), b(p + "cu_seqlens"), b(p + "pos")]
-            conv = {"op": "kda_conv", "args": [b(p + "mix"), b(f"kda_conv_w.{l}"), kda, *where, v(self.seqs), *geo]}
-            rec = {"op": "kda_chunked", "args": [b(p + "mix"), b(p + "g"), b(p + "beta"), kda, *where, b(p + "core"),
-                                                 v(self.seqs), *geo] + ([v(KDA_CHUNK)] if self.kda_form == "chunked"
+            where = [buffer_arg(p + "slot"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos")]
+            conv = {"op": "kda_conv", "args": [buffer_arg(p + "mix"), buffer_arg(f"kda_conv_w.{l}"), kda, *where, value_arg(self.seqs), *geo]}
+            rec = {"op": "kda_chunked", "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, *where, buffer_arg(p + "core"),
+                                                 value_arg(self.seqs), *geo] + ([value_arg(KDA_CHUNK)] if self.kda_form == "chunked"
                                                                         else [])}
         return [
             self.lin("h", f"kda_qkv_w.{l}", "mix", {"mul": [3, "qkv"]}, "hidden"), conv,
             self.lin("h", f"kda_fa_w.{l}", "low", "kda_dim", "hidden"),
             self.lin("low", f"kda_fb_w.{l}", "g", "qkv", "kda_dim", f32=True),
-            {"op": "kda_gate", "args": [b(p + "g"), b(f"kda_a_log.{l}"), b(f"kda_dt_bias.{l}"), v(R), v("kda_heads"),
-                                        v("kda_dim")]},
+            {"op": "kda_gate", "args": [buffer_arg(p + "g"), buffer_arg(f"kda_a_log.{l}"), buffer_arg(f"kda_dt_bias.{l}"), value_arg(R), value_arg("kda_heads"),
+                                        value_arg("kda_dim")]},
             self.lin("h", f"kda_b_w.{l}", "beta", "kda_heads", "hidden", f32=True), rec,
             self.lin("h", f"kda_ga_w.{l}", "low", "kda_dim", "hidden"),
             self.lin("low", f"kda_gb_w.{l}", "gate", "qkv", "kda_dim"),
-            {"op": "kda_out_norm", "args": [b(p + "core"), b(p + "gate"), b(f"kda_o_norm.{l}"), b(p + "normed"), v(R),
-                                            v("kda_heads"), v("kda_dim"), v(s.eps)]},
+            {"op": "kda_out_norm", "args": [buffer_arg(p + "core"), buffer_arg(p + "gate"), buffer_arg(f"kda_o_norm.{l}"), buffer_arg(p + "normed"), value_arg(R),
+                                            value_arg("kda_heads"), value_arg("kda_dim"), value_arg(s.eps)]},
             self.lin("normed", f"o_w.{l}", "attn_out", "hidden", "qkv"),
         ]
 
@@ -133,20 +133,20 @@ class _Program:
             self.ws("q_low", [R, "q_lora"])
             self.ws("q_normed", [R, "q_lora"])
             q = [self.lin("h", f"q_a_w.{l}", "q_low", "q_lora", "hidden"),
-                 {"op": "rms_norm", "args": [b(p + "q_low"), b(f"q_a_norm.{l}"), b(p + "q_normed"), v(R), v("q_lora"),
-                                             v(s.eps)]},
+                 {"op": "rms_norm", "args": [buffer_arg(p + "q_low"), buffer_arg(f"q_a_norm.{l}"), buffer_arg(p + "q_normed"), value_arg(R), value_arg("q_lora"),
+                                             value_arg(s.eps)]},
                  self.lin("q_normed", f"q_b_w.{l}", "q", "q_dim", "q_lora")]
-        where = [b(p + "page_table")] + ([] if self.decode else [b(p + "cu_seqlens")]) + [b(p + "pos")]
-        counts = [v(pages), v(R)] + ([] if self.decode else [v(self.seqs)])
-        geo = [v("kv_lora"), v("rope"), v("page_tokens"), v("kv_token_bytes")]
+        where = [buffer_arg(p + "page_table")] + ([] if self.decode else [buffer_arg(p + "cu_seqlens")]) + [buffer_arg(p + "pos")]
+        counts = [value_arg(pages), value_arg(R)] + ([] if self.decode else [value_arg(self.seqs)])
+        geo = [value_arg("kv_lora"), value_arg("rope"), value_arg("page_tokens"), value_arg("kv_token_bytes")]
         return [
             *q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"),
             {"op": "mla_append_decode" if self.decode else "mla_append",
-             "args": [b(p + "ckv"), b(f"kv_a_norm.{l}"), kv, *where, *counts, v(k), v("mla_layers"), *geo, v(s.eps)]},
+             "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *where, *counts, value_arg(k), value_arg("mla_layers"), *geo, value_arg(s.eps)]},
             {"op": "mla_attention_decode" if self.decode else "mla_attention",
-             "args": [b(p + "q"), kv, *where, b(f"kv_b_w.{l}"), b(p + "attn"), q_lat, o_lat, *counts, v(k),
-                      v("mla_layers"), v("heads"), v("nope"), v("rope"), v("kv_lora"), v("page_tokens"),
-                      v("kv_token_bytes"), v("v_dim")]},
+             "args": [buffer_arg(p + "q"), kv, *where, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), q_lat, o_lat, *counts, value_arg(k),
+                      value_arg("mla_layers"), value_arg("heads"), value_arg("nope"), value_arg("rope"), value_arg("kv_lora"), value_arg("page_tokens"),
+                      value_arg("kv_token_bytes"), value_arg("v_dim")]},
             self.lin("attn", f"o_w.{l}", "attn_out", "hidden", {"mul": ["heads", "v_dim"]}),
         ]
 
@@ -156,31 +156,31 @@ class _Program:
             self.ws("gate_up", [R, {"mul": [2, "inter"]}])
             self.ws("act", [R, "inter"])
             return [self.lin("h", f"gate_up_w.{l}", "gate_up", {"mul": [2, "inter"]}, "hidden"),
-                    {"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(R), v("inter")]},
+                    {"op": "silu_mul", "args": [buffer_arg(p + "gate_up"), buffer_arg(p + "act"), value_arg(R), value_arg("inter")]},
                     self.lin("act", f"down_w.{l}", "mlp_out", "hidden", "inter")]
         router, ids, w = self.ws("router", [R, "experts"], "f32"), self.ws("topk_ids", [R, "top_k"], "i32"), \
             self.ws("topk_w", [R, "top_k"], "f32")
         self.ws("shared_gu", [R, {"mul": [2, "shared_inter"]}])
         self.ws("shared_act", [R, "shared_inter"])
-        gate_up, down = b(f"experts_gate_up.{l}"), b(f"experts_down.{l}")
-        logits = {"op": "gemv_logits", "args": [b(p + "h"), b(f"router_w.{l}"), router, v(R), v("experts"),
-                                                v("hidden")]} if self.kind == "decode" else \
+        gate_up, down = buffer_arg(f"experts_gate_up.{l}"), buffer_arg(f"experts_down.{l}")
+        logits = {"op": "gemv_logits", "args": [buffer_arg(p + "h"), buffer_arg(f"router_w.{l}"), router, value_arg(R), value_arg("experts"),
+                                                value_arg("hidden")]} if self.kind == "decode" else \
             self.lin("h", f"router_w.{l}", "router", "experts", "hidden", f32=True)
-        route = {"op": "kimi_route", "args": [router, b(f"router_bias.{l}"), ids, w, v(R), v("experts"), v("top_k"),
-                                              v(s.scaling), v(int(s.norm_topk)), v(s.groups), v(s.topk_groups)]}
+        route = {"op": "kimi_route", "args": [router, buffer_arg(f"router_bias.{l}"), ids, w, value_arg(R), value_arg("experts"), value_arg("top_k"),
+                                              value_arg(s.scaling), value_arg(int(s.norm_topk)), value_arg(s.groups), value_arg(s.topk_groups)]}
         shared = [self.lin("h", f"shared_gate_up.{l}", "shared_gu", {"mul": [2, "shared_inter"]}, "hidden"),
-                  {"op": "silu_mul", "args": [b(p + "shared_gu"), b(p + "shared_act"), v(R), v("shared_inter")]}]
+                  {"op": "silu_mul", "args": [buffer_arg(p + "shared_gu"), buffer_arg(p + "shared_act"), value_arg(R), value_arg("shared_inter")]}]
         shared.append(self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"))
         self.ws("shared_out", [R, "hidden"])
-        add = {"op": "add", "args": [b(p + "mlp_out"), b(p + "shared_out"), v(R), v("hidden")]}
+        add = {"op": "add", "args": [buffer_arg(p + "mlp_out"), buffer_arg(p + "shared_out"), value_arg(R), value_arg("hidden")]}
         if self.kind == "decode":  # the chosen experts' rows only, their weighted sum added onto zeros
             act = self.ws("moe_act", [R, "top_k", "moe_inter"])
             return [logits, route,
-                    {"op": "moe_gemv_gate_up", "args": [b(p + "h"), ids, gate_up, act, v(R), v("top_k"),
-                                                        v("moe_inter"), v("hidden"), v(0), v("local_experts")]},
-                    {"op": "zero", "args": [b(p + "mlp_out"), v(R), v("hidden")]},
-                    {"op": "moe_gemv_down_residual", "args": [act, ids, w, down, b(p + "mlp_out"), v(R), v("top_k"),
-                                                              v("hidden"), v("moe_inter")]},
+                    {"op": "moe_gemv_gate_up", "args": [buffer_arg(p + "h"), ids, gate_up, act, value_arg(R), value_arg("top_k"),
+                                                        value_arg("moe_inter"), value_arg("hidden"), value_arg(0), value_arg("local_experts")]},
+                    {"op": "zero", "args": [buffer_arg(p + "mlp_out"), value_arg(R), value_arg("hidden")]},
+                    {"op": "moe_gemv_down_residual", "args": [act, ids, w, down, buffer_arg(p + "mlp_out"), value_arg(R), value_arg("top_k"),
+                                                              value_arg("hidden"), value_arg("moe_inter")]},
                     *shared, add]
         pairs = {"mul": [R, "top_k"]}
         tiles = {"add": [{"ceil_div": [pairs, moe_table.TILES["MOE_BM"]]}, "experts"]}
@@ -189,65 +189,65 @@ class _Program:
         act, y = self.ws("moe_act", [pairs, "moe_inter"]), self.ws("moe_y", [pairs, "hidden"], "f32")
         return [
             logits, route,
-            {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, v(pairs), v("experts")]},
-            {"op": "moe_group_gate_up", "args": [b(p + "h"), sorted_, tile_buf, gate_up, act, v("top_k"),
-                                                 v("moe_inter"), v("hidden"), v(0), v("local_experts"), v(tiles)]},
-            {"op": "moe_group_down", "args": [act, tile_buf, down, y, v("hidden"), v("moe_inter"), v(0),
-                                              v("local_experts"), v(tiles)]},
-            {"op": "moe_combine", "args": [y, pos, w, b(p + "mlp_out"), v(R), v("top_k"), v("hidden")]},
+            {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, value_arg(pairs), value_arg("experts")]},
+            {"op": "moe_group_gate_up", "args": [buffer_arg(p + "h"), sorted_, tile_buf, gate_up, act, value_arg("top_k"),
+                                                 value_arg("moe_inter"), value_arg("hidden"), value_arg(0), value_arg("local_experts"), value_arg(tiles)]},
+            {"op": "moe_group_down", "args": [act, tile_buf, down, y, value_arg("hidden"), value_arg("moe_inter"), value_arg(0),
+                                              value_arg("local_experts"), value_arg(tiles)]},
+            {"op": "moe_combine", "args": [y, pos, w, buffer_arg(p + "mlp_out"), value_arg(R), value_arg("top_k"), value_arg("hidden")]},
             *shared, add,
         ]
 
     def calls(self) -> list[dict]:
         s, p, R, G = self.s, self.p, self.rows, self.seqs
-        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(R), v("hidden")]}]
+        calls = [{"op": "embed", "args": [buffer_arg(p + "ids"), buffer_arg("embed"), buffer_arg(p + "x"), value_arg(R), value_arg("hidden")]}]
         for l in range(s.layers):
-            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(R), v("hidden"), v(s.eps)]}
+            calls.append({"op": "rms_norm", "args": [buffer_arg(p + "x"), buffer_arg("ln1.0"), buffer_arg(p + "h"), value_arg(R), value_arg("hidden"), value_arg(s.eps)]}
                          if l == 0 else
-                         {"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"), b(p + "h"), v(R),
-                                                         v("hidden"), v(s.eps)]})
+                         {"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg(f"ln1.{l}"), buffer_arg(p + "h"), value_arg(R),
+                                                         value_arg("hidden"), value_arg(s.eps)]})
             calls += self.kda(l) if s.mixers[l] == KDA else self.mla(l)
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
-                                                         v(R), v("hidden"), v(s.eps)]})
+            calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "attn_out"), buffer_arg(f"ln2.{l}"), buffer_arg(p + "h"),
+                                                         value_arg(R), value_arg("hidden"), value_arg(s.eps)]})
             calls += self.mlp(l)
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"), v(R),
-                                                     v("hidden"), v(s.eps)]})
+        calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg("final_norm"), buffer_arg(p + "h"), value_arg(R),
+                                                     value_arg("hidden"), value_arg(s.eps)]})
         last = p + "h"
         if not self.decode:
-            calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v(G),
-                                                        v("hidden")]})
+            calls.append({"op": "gather_last", "args": [buffer_arg(p + "h"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last"), value_arg(G),
+                                                        value_arg("hidden")]})
             last = p + "last"
-        head = {"op": "linear_f32", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]} \
+        head = {"op": "linear_f32", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"), value_arg("hidden")]} \
             if self.kind == "wide" else \
-            {"op": "gemv_logits", "args": [b(last), b("lm_head"), b(p + "logits"), v(G), v("vocab"), v("hidden")]}
-        sample = {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "argmax_val"),
-                                           b(p + "argmax_idx"), b(p + "next"), v("vocab"), v(G), v(ARGMAX_CHUNKS)]}
+            {"op": "gemv_logits", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"), value_arg("hidden")]}
+        sample = {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "argmax_val"),
+                                           buffer_arg(p + "argmax_idx"), buffer_arg(p + "next"), value_arg("vocab"), value_arg(G), value_arg(ARGMAX_CHUNKS)]}
         return calls + [head, sample]
 
     def io_buffers(self) -> None:
         s, p, R, G = self.s, self.p, self.rows, self.seqs
         pages = {"ceil_div": ["context", "page_tokens"]}
         self.buffers.update({
-            p + "ids": buf([R], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-            p + "pos": buf([R], "input", "i32", fill="position",
+            p + "ids": buffer([R], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "pos": buffer([R], "input", "i32", fill="position",
                            domain={"range": [0, "reach" if self.decode else "context"]}),
-            p + "x": buf([R, "hidden"], dtype=BF), p + "h": buf([R, "hidden"], dtype=BF),
-            p + "attn_out": buf([R, "hidden"], dtype=BF), p + "mlp_out": buf([R, "hidden"], dtype=BF),
-            p + "logits": buf([G, "vocab"], "output", "f32", fill="logits"),
-            p + "argmax_val": buf([G, ARGMAX_CHUNKS], dtype="f32"),
-            p + "argmax_idx": buf([G, ARGMAX_CHUNKS], dtype="i32"),
-            p + "next": buf([G], "output", "i32", fill="tokens"),
+            p + "x": buffer([R, "hidden"], dtype=BF), p + "h": buffer([R, "hidden"], dtype=BF),
+            p + "attn_out": buffer([R, "hidden"], dtype=BF), p + "mlp_out": buffer([R, "hidden"], dtype=BF),
+            p + "logits": buffer([G, "vocab"], "output", "f32", fill="logits"),
+            p + "argmax_val": buffer([G, ARGMAX_CHUNKS], dtype="f32"),
+            p + "argmax_idx": buffer([G, ARGMAX_CHUNKS], dtype="i32"),
+            p + "next": buffer([G], "output", "i32", fill="tokens"),
             **sampling_inputs(p, G),
         })
         if s.kda_layers:
-            self.buffers[p + "slot"] = buf([G], "input", "i32", fill="slot")
+            self.buffers[p + "slot"] = buffer([G], "input", "i32", fill="slot")
         if s.mla_layers:
-            self.buffers[p + "page_table"] = buf([G, pages], "input", "i32",
+            self.buffers[p + "page_table"] = buffer([G, pages], "input", "i32",
                                                  domain={"index_into": "kv", "stride": "page_tokens"})
         if not self.decode:
-            self.buffers[p + "cu_seqlens"] = buf([{"add": [G, 1]}], "input", "i32", fill="cu_seqlens",
+            self.buffers[p + "cu_seqlens"] = buffer([{"add": [G, 1]}], "input", "i32", fill="cu_seqlens",
                                                  domain={"range": [0, {"add": [R, 1]}]})
-            self.buffers[p + "last"] = buf([G, "hidden"], dtype=BF)
+            self.buffers[p + "last"] = buffer([G, "hidden"], dtype=BF)
 
 
 def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,

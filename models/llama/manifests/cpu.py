@@ -10,7 +10,9 @@ the one a decode step would draw."""
 from __future__ import annotations
 
 from ..config import Shape
-from .common import MASK_ROWS, PAGE_TOKENS, b, buf, context_of, sampling_args, sampling_inputs, v, weight_buffers
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
+
+from .common import PAGE_TOKENS, weight_buffers
 
 F = "f32"
 
@@ -54,18 +56,18 @@ def head_calls(p: str, decode: bool, eps: float, verify: bool = False) -> list[d
     """After the last layer: the final norm (adding the last MLP's output into the residual),
     each sequence's last row (prefill), the LM head and sampling; a verify program samples
     every row and then accepts each sequence's longest proposed prefix that matches."""
-    calls = [{"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"), v(eps)]}]
+    calls = [{"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg("final_norm"), buffer_arg(p + "h"), value_arg(eps)]}]
     last = p + "h"
     if verify:
         return calls + [
-            {"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
-            {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "next")]},
-            {"op": "accept", "args": [b(p + "ids"), b(p + "cu_seqlens"), b(p + "next"), b(p + "accepted")]}]
+            {"op": "linear", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits")]},
+            {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "next")]},
+            {"op": "accept", "args": [buffer_arg(p + "ids"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "next"), buffer_arg(p + "accepted")]}]
     if not decode:
-        calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last")]})
+        calls.append({"op": "gather_last", "args": [buffer_arg(p + "h"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last")]})
         last = p + "last"
-    return calls + [{"op": "linear", "args": [b(last), b("lm_head"), b(p + "logits")]},
-                    {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "next")]}]
+    return calls + [{"op": "linear", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits")]},
+                    {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "next")]}]
 
 
 def stepping_program(calls: list[dict], decode: bool) -> dict:
@@ -78,76 +80,76 @@ def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: i
     context = context_of(s, context)
     pages = {"ceil_div": ["context", "page_tokens"]}
     qkv_dim = s.q_dim + 2 * s.kv_dim
-    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
+    buffers: dict = {"rope": buffer(["context", "head_dim"], "carry"), **weight_buffers(s, F)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
-            b("rope"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high), v(s.rope_orig_max)]}]},
+            buffer_arg("rope"), value_arg(s.theta), value_arg(s.rope_factor), value_arg(s.rope_low), value_arg(s.rope_high), value_arg(s.rope_orig_max)]}]},
     }
     for prog, rows in (("prefill", "tokens"), ("decode", "seqs"), ("verify_round", "tokens")):
         p = prog[0] + "_"
         decode, verify = prog == "decode", prog == "verify_round"
         per = rows if verify else "seqs"  # what a token is drawn for: each sequence, or each row
         buffers.update({
-            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "ids": buffer([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
-            p + "pos": buf([rows], "input", "i32", fill="position",
+            p + "pos": buffer([rows], "input", "i32", fill="position",
                             domain={"range": [0, "reach" if prog == "decode" else "context"]}),
-            p + "page_table": buf(["seqs", pages], "input", "i32",
+            p + "page_table": buffer(["seqs", pages], "input", "i32",
                                    domain={"index_into": "kv", "stride": "page_tokens"}),
-            p + "x": buf([rows, "hidden"]),
-            p + "h": buf([rows, "hidden"]),
-            p + "qkv": buf([rows, "qkv_dim"]),
-            p + "attn": buf([rows, "q_dim"]),
-            p + "attn_out": buf([rows, "hidden"]),
-            p + "gate_up": buf([rows, {"mul": [2, "inter"]}]),
-            p + "act": buf([rows, "inter"]),
-            p + "mlp_out": buf([rows, "hidden"]),
+            p + "x": buffer([rows, "hidden"]),
+            p + "h": buffer([rows, "hidden"]),
+            p + "qkv": buffer([rows, "qkv_dim"]),
+            p + "attn": buffer([rows, "q_dim"]),
+            p + "attn_out": buffer([rows, "hidden"]),
+            p + "gate_up": buffer([rows, {"mul": [2, "inter"]}]),
+            p + "act": buffer([rows, "inter"]),
+            p + "mlp_out": buffer([rows, "hidden"]),
             # a verify program's logits are a row each (a round reads only its tokens and accepted
             # counts; kern test compares the logits)
-            p + "logits": buf([per, "vocab"], "output", fill="logits"),
-            p + "next": buf([per], "output", "i32", fill="tokens"),
+            p + "logits": buffer([per, "vocab"], "output", fill="logits"),
+            p + "next": buffer([per], "output", "i32", fill="tokens"),
             **sampling_inputs(p, per),
         })
         if verify:
-            buffers[p + "accepted"] = buf(["seqs"], "output", "i32", fill="accepted")
+            buffers[p + "accepted"] = buffer(["seqs"], "output", "i32", fill="accepted")
         if not decode:
-            buffers[p + "cu_seqlens"] = buf([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
+            buffers[p + "cu_seqlens"] = buffer([{"add": ["seqs", 1]}], "input", "i32", fill="cu_seqlens",
                                              domain={"range": [0, {"add": ["tokens", 1]}]})
             if not verify:
-                buffers[p + "last"] = buf(["seqs", "hidden"])
-        attn_scalars = lambda l: [v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens")]
+                buffers[p + "last"] = buffer(["seqs", "hidden"])
+        attn_scalars = lambda l: [value_arg(l), value_arg("layers"), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg("page_tokens")]
         kv = {"state": "kv"}
-        calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x")]}]
+        calls = [{"op": "embed", "args": [buffer_arg(p + "ids"), buffer_arg("embed"), buffer_arg(p + "x")]}]
         for l in range(s.layers):
             if l == 0:
-                calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(s.eps)]})
+                calls.append({"op": "rms_norm", "args": [buffer_arg(p + "x"), buffer_arg("ln1.0"), buffer_arg(p + "h"), value_arg(s.eps)]})
             else:
-                calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
-                                                             b(p + "h"), v(s.eps)]})
-            calls.append({"op": "linear", "args": [b(p + "h"), b(f"qkv_w.{l}"), b(p + "qkv")]})
+                calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg(f"ln1.{l}"),
+                                                             buffer_arg(p + "h"), value_arg(s.eps)]})
+            calls.append({"op": "linear", "args": [buffer_arg(p + "h"), buffer_arg(f"qkv_w.{l}"), buffer_arg(p + "qkv")]})
             if s.qk_norm:
-                calls.append({"op": "head_rms_norm", "args": [b(p + "qkv"), b(f"q_norm.{l}"), b(f"k_norm.{l}"),
-                                                              v("heads"), v("kv_heads"), v("head_dim"), v(s.eps)]})
-            calls.append({"op": "rope", "args": [b(p + "qkv"), b(p + "pos"), b("rope"),
-                                                 v("heads"), v("kv_heads"), v("head_dim")]})
+                calls.append({"op": "head_rms_norm", "args": [buffer_arg(p + "qkv"), buffer_arg(f"q_norm.{l}"), buffer_arg(f"k_norm.{l}"),
+                                                              value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg(s.eps)]})
+            calls.append({"op": "rope", "args": [buffer_arg(p + "qkv"), buffer_arg(p + "pos"), buffer_arg("rope"),
+                                                 value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim")]})
             if decode:
-                calls.append({"op": "kv_append_decode", "args": [b(p + "qkv"), kv, b(p + "page_table"),
-                                                                 b(p + "pos"), *attn_scalars(l)]})
-                calls.append({"op": "attention_decode", "args": [b(p + "qkv"), kv, b(p + "page_table"),
-                                                                 b(p + "pos"), b(p + "attn"), *attn_scalars(l)]})
+                calls.append({"op": "kv_append_decode", "args": [buffer_arg(p + "qkv"), kv, buffer_arg(p + "page_table"),
+                                                                 buffer_arg(p + "pos"), *attn_scalars(l)]})
+                calls.append({"op": "attention_decode", "args": [buffer_arg(p + "qkv"), kv, buffer_arg(p + "page_table"),
+                                                                 buffer_arg(p + "pos"), buffer_arg(p + "attn"), *attn_scalars(l)]})
             else:
-                calls.append({"op": "kv_append", "args": [b(p + "qkv"), kv, b(p + "page_table"),
-                                                          b(p + "cu_seqlens"), b(p + "pos"), *attn_scalars(l)]})
-                calls.append({"op": "attention", "args": [b(p + "qkv"), kv, b(p + "page_table"),
-                                                          b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"),
+                calls.append({"op": "kv_append", "args": [buffer_arg(p + "qkv"), kv, buffer_arg(p + "page_table"),
+                                                          buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), *attn_scalars(l)]})
+                calls.append({"op": "attention", "args": [buffer_arg(p + "qkv"), kv, buffer_arg(p + "page_table"),
+                                                          buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), buffer_arg(p + "attn"),
                                                           *attn_scalars(l)]})
-            calls.append({"op": "linear", "args": [b(p + "attn"), b(f"o_w.{l}"), b(p + "attn_out")]})
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"),
-                                                         b(p + "h"), v(s.eps)]})
-            calls.append({"op": "linear", "args": [b(p + "h"), b(f"gate_up_w.{l}"), b(p + "gate_up")]})
-            calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act")]})
-            calls.append({"op": "linear", "args": [b(p + "act"), b(f"down_w.{l}"), b(p + "mlp_out")]})
+            calls.append({"op": "linear", "args": [buffer_arg(p + "attn"), buffer_arg(f"o_w.{l}"), buffer_arg(p + "attn_out")]})
+            calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "attn_out"), buffer_arg(f"ln2.{l}"),
+                                                         buffer_arg(p + "h"), value_arg(s.eps)]})
+            calls.append({"op": "linear", "args": [buffer_arg(p + "h"), buffer_arg(f"gate_up_w.{l}"), buffer_arg(p + "gate_up")]})
+            calls.append({"op": "silu_mul", "args": [buffer_arg(p + "gate_up"), buffer_arg(p + "act")]})
+            calls.append({"op": "linear", "args": [buffer_arg(p + "act"), buffer_arg(f"down_w.{l}"), buffer_arg(p + "mlp_out")]})
         programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps, verify), decode)
 
     ops = ops_cpu()

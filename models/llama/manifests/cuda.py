@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from ..config import ConfigError, Shape
 from ..kernels.cuda import table
-from .common import MASK_ROWS, PAGE_TOKENS, b, buf, context_of, sampling_args, sampling_inputs, v, weight_buffers
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
+
+from .common import PAGE_TOKENS, weight_buffers
 
 BF = "bf16"
 # Context split of decode attention: a sequence's context is spread over blocks of one tile
@@ -67,35 +69,35 @@ def _gemm_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention) -> li
     the final norm into `h`; `attention(l)` is layer l's attention call. Prefill's and the
     wide decode's programs share it."""
     q, k, vv = _qkv_slices(p)
-    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [b(x), b(w), b(y), v(rows), v(n), v(kk)]}
-    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    lin = lambda x, w, y, n, kk: {"op": "gemm", "args": [buffer_arg(x), buffer_arg(w), buffer_arg(y), value_arg(rows), value_arg(n), value_arg(kk)]}
+    calls = [{"op": "embed", "args": [buffer_arg(p + "ids"), buffer_arg("embed"), buffer_arg(p + "x"), value_arg(rows), value_arg("hidden")]}]
     for l in range(s.layers):
         if l == 0:
-            calls.append({"op": "rms_norm", "args": [b(p + "x"), b("ln1.0"), b(p + "h"), v(rows), v("hidden"),
-                                                     v(s.eps)]})
+            calls.append({"op": "rms_norm", "args": [buffer_arg(p + "x"), buffer_arg("ln1.0"), buffer_arg(p + "h"), value_arg(rows), value_arg("hidden"),
+                                                     value_arg(s.eps)]})
         else:
-            calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b(f"ln1.{l}"),
-                                                         b(p + "h"), v(rows), v("hidden"), v(s.eps)]})
+            calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg(f"ln1.{l}"),
+                                                         buffer_arg(p + "h"), value_arg(rows), value_arg("hidden"), value_arg(s.eps)]})
         calls.append(lin(p + "h", f"qkv_w.{l}", p + "qkv", "qkv_dim", "hidden"))
         if s.qk_norm:
-            calls.append({"op": "qk_norm_rope", "args": [q, k, b(f"q_norm.{l}"), b(f"k_norm.{l}"), b(p + "pos"),
-                          b("rope"), v(rows), v("heads"), v("kv_heads"), v("head_dim"), v("qkv_dim"),
-                          v("qkv_dim"), v(s.eps)]})
+            calls.append({"op": "qk_norm_rope", "args": [q, k, buffer_arg(f"q_norm.{l}"), buffer_arg(f"k_norm.{l}"), buffer_arg(p + "pos"),
+                          buffer_arg("rope"), value_arg(rows), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg("qkv_dim"),
+                          value_arg("qkv_dim"), value_arg(s.eps)]})
         else:
-            calls.append({"op": "rope", "args": [q, k, b(p + "pos"), b("rope"), v(rows), v("heads"),
-                                                 v("kv_heads"), v("head_dim"), v("qkv_dim"), v("qkv_dim")]})
-        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, b(p + "page_table"),
-                      b(p + "cu_seqlens"), b(p + "pos"), v(pages), v(rows), v(seqs), v(l), v("layers"),
-                      v("kv_heads"), v("head_dim"), v("page_tokens"), v("qkv_dim")]})
+            calls.append({"op": "rope", "args": [q, k, buffer_arg(p + "pos"), buffer_arg("rope"), value_arg(rows), value_arg("heads"),
+                                                 value_arg("kv_heads"), value_arg("head_dim"), value_arg("qkv_dim"), value_arg("qkv_dim")]})
+        calls.append({"op": "kv_append", "args": [k, vv, {"state": "kv"}, buffer_arg(p + "page_table"),
+                      buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), value_arg(pages), value_arg(rows), value_arg(seqs), value_arg(l), value_arg("layers"),
+                      value_arg("kv_heads"), value_arg("head_dim"), value_arg("page_tokens"), value_arg("qkv_dim")]})
         calls.append(attention(l))
         calls.append(lin(p + "attn", f"o_w.{l}", p + "attn_out", "hidden", "q_dim"))
-        calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "attn_out"), b(f"ln2.{l}"), b(p + "h"),
-                                                     v(rows), v("hidden"), v(s.eps)]})
+        calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "attn_out"), buffer_arg(f"ln2.{l}"), buffer_arg(p + "h"),
+                                                     value_arg(rows), value_arg("hidden"), value_arg(s.eps)]})
         calls.append(lin(p + "h", f"gate_up_w.{l}", p + "gate_up", {"mul": [2, "inter"]}, "hidden"))
-        calls.append({"op": "silu_mul", "args": [b(p + "gate_up"), b(p + "act"), v(rows), v("inter")]})
+        calls.append({"op": "silu_mul", "args": [buffer_arg(p + "gate_up"), buffer_arg(p + "act"), value_arg(rows), value_arg("inter")]})
         calls.append(lin(p + "act", f"down_w.{l}", p + "mlp_out", "hidden", "inter"))
-    calls.append({"op": "add_rms_norm", "args": [b(p + "x"), b(p + "mlp_out"), b("final_norm"), b(p + "h"),
-                                                 v(rows), v("hidden"), v(s.eps)]})
+    calls.append({"op": "add_rms_norm", "args": [buffer_arg(p + "x"), buffer_arg(p + "mlp_out"), buffer_arg("final_norm"), buffer_arg(p + "h"),
+                                                 value_arg(rows), value_arg("hidden"), value_arg(s.eps)]})
     return calls
 
 
@@ -105,13 +107,13 @@ def _prefill_calls(s: Shape, p: str, pages) -> list:
     rows, seqs = "tokens", "prefill_seqs"
     q, _, _ = _qkv_slices(p)
     calls = _gemm_layers(s, p, rows, seqs, pages, lambda l: {"op": "attention_prefill", "args": [
-        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
-        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-        v("qkv_dim")]})
-    calls.append({"op": "gather_last", "args": [b(p + "h"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
-                                                v("hidden")]})
-    calls.append({"op": "gemv_logits", "args": [b(p + "last"), b("lm_head"), b(p + "logits"), v(seqs),
-                                                v("vocab"), v("hidden")]})
+        q, {"state": "kv"}, buffer_arg(p + "page_table"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), buffer_arg(p + "attn"), value_arg(rows),
+        value_arg(seqs), value_arg(pages), value_arg(l), value_arg("layers"), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg("page_tokens"),
+        value_arg("qkv_dim")]})
+    calls.append({"op": "gather_last", "args": [buffer_arg(p + "h"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last"), value_arg(seqs),
+                                                value_arg("hidden")]})
+    calls.append({"op": "gemv_logits", "args": [buffer_arg(p + "last"), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(seqs),
+                                                value_arg("vocab"), value_arg("hidden")]})
     calls.append(_argmax(p, seqs))
     return calls
 
@@ -146,28 +148,28 @@ def _fused_layers(s: Shape, p: str, rows: str, seqs: str, pages, attention, ops:
     are one kernel; the down projection adds into x. Models with q/k norms (Qwen3) keep rope
     apart, after the normed qkv projection."""
     q, k, vv = _qkv_slices(p)
-    calls = [{"op": "embed", "args": [b(p + "ids"), b("embed"), b(p + "x"), v(rows), v("hidden")]}]
+    calls = [{"op": "embed", "args": [buffer_arg(p + "ids"), buffer_arg("embed"), buffer_arg(p + "x"), value_arg(rows), value_arg("hidden")]}]
 
     def proj(key: str, args: list) -> dict:
         return _proj(p, ops[key], args)
     for l in range(s.layers):
-        append = [{"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b("rope"), v(pages),
-                  v(rows), v(seqs), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"),
-                  v("page_tokens")]
+        append = [{"state": "kv"}, buffer_arg(p + "page_table"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), buffer_arg("rope"), value_arg(pages),
+                  value_arg(rows), value_arg(seqs), value_arg(l), value_arg("layers"), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"),
+                  value_arg("page_tokens")]
         if s.qk_norm:
-            calls.append(proj("norm", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), v(rows),
-                                       v("qkv_dim"), v("hidden"), v(s.eps)]))
-            calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, b(f"q_norm.{l}"), b(f"k_norm.{l}"),
-                                                                *append, v("qkv_dim"), v("qkv_dim"), v(s.eps)]})
+            calls.append(proj("norm", [buffer_arg(p + "x"), buffer_arg(f"ln1.{l}"), buffer_arg(f"qkv_w.{l}"), buffer_arg(p + "qkv"), value_arg(rows),
+                                       value_arg("qkv_dim"), value_arg("hidden"), value_arg(s.eps)]))
+            calls.append({"op": "qk_norm_rope_append", "args": [q, k, vv, buffer_arg(f"q_norm.{l}"), buffer_arg(f"k_norm.{l}"),
+                                                                *append, value_arg("qkv_dim"), value_arg("qkv_dim"), value_arg(s.eps)]})
         else:
-            calls.append(proj("qkv", [b(p + "x"), b(f"ln1.{l}"), b(f"qkv_w.{l}"), b(p + "qkv"), *append,
-                                      v("qkv_dim"), v("hidden"), v(s.eps)]))
+            calls.append(proj("qkv", [buffer_arg(p + "x"), buffer_arg(f"ln1.{l}"), buffer_arg(f"qkv_w.{l}"), buffer_arg(p + "qkv"), *append,
+                                      value_arg("qkv_dim"), value_arg("hidden"), value_arg(s.eps)]))
         calls.append(attention(l))
-        calls.append(proj("residual", [b(p + "attn"), b(f"o_w.{l}"), b(p + "x"), v(rows), v("hidden"), v("q_dim")]))
-        calls.append(proj("swiglu", [b(p + "x"), b(f"ln2.{l}"), b(f"gate_up_w.{l}"), b(p + "act"), v(rows),
-                                     v("inter"), v("hidden"), v(s.eps)]))
-        calls.append(proj("residual", [b(p + "act"), b(f"down_w.{l}"), b(p + "x"), v(rows), v("hidden"),
-                                       v("inter")]))
+        calls.append(proj("residual", [buffer_arg(p + "attn"), buffer_arg(f"o_w.{l}"), buffer_arg(p + "x"), value_arg(rows), value_arg("hidden"), value_arg("q_dim")]))
+        calls.append(proj("swiglu", [buffer_arg(p + "x"), buffer_arg(f"ln2.{l}"), buffer_arg(f"gate_up_w.{l}"), buffer_arg(p + "act"), value_arg(rows),
+                                     value_arg("inter"), value_arg("hidden"), value_arg(s.eps)]))
+        calls.append(proj("residual", [buffer_arg(p + "act"), buffer_arg(f"down_w.{l}"), buffer_arg(p + "x"), value_arg(rows), value_arg("hidden"),
+                                       value_arg("inter")]))
     return calls
 
 
@@ -175,19 +177,19 @@ def _proj(p: str, op: str, args: list) -> dict:
     """A projection call: the gemm twins take their scratch after the pointers (a normed one
     rms_prep's x and 1/rms a row, a split one its partials and counters)."""
     n = next(i for i, a in enumerate(args) if "value" in a)
-    scratch = [b(p + "xn"), b(p + "rs")] if op.startswith("norm_gemm") else []
+    scratch = [buffer_arg(p + "xn"), buffer_arg(p + "rs")] if op.startswith("norm_gemm") else []
     if op.endswith("_split"):
-        scratch += [b(p + "gpart"), b(p + "gsem")]
+        scratch += [buffer_arg(p + "gpart"), buffer_arg(p + "gsem")]
     return {"op": op, "args": [*args[:n], *scratch, *args[n:]]}
 
 
 def _decode_attention(s: Shape, p: str, rows: str, pages, split: int, heads_a_block: int):
     q, _, _ = _qkv_slices(p)
     return lambda l: {"op": "attention_decode", "args": [
-        q, {"state": "kv"}, b(p + "page_table"), b(p + "pos"), b(p + "part_o"), b(p + "part_ml"),
-        b(p + "sem"), b(p + "attn"), v(rows), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"),
-        v("head_dim"), v("page_tokens"), v(split), v("qkv_dim"), v({"ceil_div": ["reach", split]}),
-        v(head_groups(s, heads_a_block))]}
+        q, {"state": "kv"}, buffer_arg(p + "page_table"), buffer_arg(p + "pos"), buffer_arg(p + "part_o"), buffer_arg(p + "part_ml"),
+        buffer_arg(p + "sem"), buffer_arg(p + "attn"), value_arg(rows), value_arg(pages), value_arg(l), value_arg("layers"), value_arg("heads"), value_arg("kv_heads"),
+        value_arg("head_dim"), value_arg("page_tokens"), value_arg(split), value_arg("qkv_dim"), value_arg({"ceil_div": ["reach", split]}),
+        value_arg(head_groups(s, heads_a_block))]}
 
 
 def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, rows: str = "seqs",
@@ -198,8 +200,8 @@ def _decode_calls(s: Shape, p: str, pages, split: int, ops: dict = GEMV_FAMILY, 
     leave at once. ops = GEMM_FAMILY: the wide decode program, the same bits for every row
     (heads_a_block: WIDE_GROUP_HEADS there; the grouping does not change a bit)."""
     calls = _fused_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, heads_a_block), ops)
-    calls.append(_proj(p, ops["logits"], [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
-                                          v(rows), v("vocab"), v("hidden"), v(s.eps)]))
+    calls.append(_proj(p, ops["logits"], [buffer_arg(p + "x"), buffer_arg("final_norm"), buffer_arg("lm_head"), buffer_arg(p + "logits"),
+                                          value_arg(rows), value_arg("vocab"), value_arg("hidden"), value_arg(s.eps)]))
     calls.append(_argmax(p, rows))
     return calls
 
@@ -208,9 +210,9 @@ def _rows_attention(p: str, rows: str, seqs: str, pages, split: int):
     """Ragged rows' attention in decode's split order (attention_rows), layer by layer."""
     q, _, _ = _qkv_slices(p)
     return lambda l: {"op": "attention_rows", "args": [
-        q, {"state": "kv"}, b(p + "page_table"), b(p + "cu_seqlens"), b(p + "pos"), b(p + "attn"), v(rows),
-        v(seqs), v(pages), v(l), v("layers"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"),
-        v(split), v("qkv_dim")]}
+        q, {"state": "kv"}, buffer_arg(p + "page_table"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), buffer_arg(p + "attn"), value_arg(rows),
+        value_arg(seqs), value_arg(pages), value_arg(l), value_arg("layers"), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg("page_tokens"),
+        value_arg(split), value_arg("qkv_dim")]}
 
 
 def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
@@ -219,10 +221,10 @@ def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
     as decoded after a cache hit; the LM head takes each sequence's last row of x."""
     rows, seqs = "tokens", "prefill_seqs"
     calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), GEMM_FAMILY)
-    calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
-                                                v("hidden")]})
-    calls.append(_proj(p, GEMM_FAMILY["logits"], [b(p + "last"), b("final_norm"), b("lm_head"),
-                                                  b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]))
+    calls.append({"op": "gather_last", "args": [buffer_arg(p + "x"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last"), value_arg(seqs),
+                                                value_arg("hidden")]})
+    calls.append(_proj(p, GEMM_FAMILY["logits"], [buffer_arg(p + "last"), buffer_arg("final_norm"), buffer_arg("lm_head"),
+                                                  buffer_arg(p + "logits"), value_arg(seqs), value_arg("vocab"), value_arg("hidden"), value_arg(s.eps)]))
     calls.append(_argmax(p, seqs))
     return calls
 
@@ -236,11 +238,11 @@ def _verify_calls(s: Shape, p: str, pages, split: int) -> list:
     rows, seqs = "verify_tokens", "verify_seqs"
     family, _ = _wide_family(s)
     calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), family)
-    calls.append(_proj(p, family["logits"], [b(p + "x"), b("final_norm"), b("lm_head"), b(p + "logits"),
-                                             v(rows), v("vocab"), v("hidden"), v(s.eps)]))
+    calls.append(_proj(p, family["logits"], [buffer_arg(p + "x"), buffer_arg("final_norm"), buffer_arg("lm_head"), buffer_arg(p + "logits"),
+                                             value_arg(rows), value_arg("vocab"), value_arg("hidden"), value_arg(s.eps)]))
     calls.append(_argmax(p, rows))
-    calls.append({"op": "accept", "args": [b(p + "ids"), b(p + "cu_seqlens"), b(p + "next"), b(p + "accepted"),
-                                           v(seqs)]})
+    calls.append({"op": "accept", "args": [buffer_arg(p + "ids"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "next"), buffer_arg(p + "accepted"),
+                                           value_arg(seqs)]})
     return calls
 
 
@@ -250,16 +252,16 @@ def _wide_calls(s: Shape, p: str, pages, split: int) -> list:
     attention over each sequence's pages, and the LM head as a GEMM with fp32 output."""
     rows = "wide_seqs"
     calls = _gemm_layers(s, p, rows, rows, pages, _decode_attention(s, p, rows, pages, split, WIDE_GROUP_HEADS))
-    calls.append({"op": "gemm_logits", "args": [b(p + "h"), b("lm_head"), b(p + "logits"), v(rows), v("vocab"),
-                                                v("hidden")]})
+    calls.append({"op": "gemm_logits", "args": [buffer_arg(p + "h"), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(rows), value_arg("vocab"),
+                                                value_arg("hidden")]})
     calls.append(_argmax(p, rows))
     return calls
 
 
 def _argmax(p: str, seqs: str) -> dict:
     """Each sequence's next token: its logits' argmax, or a draw at its temperature (cuda/argmax.cu)."""
-    return {"op": "sample", "args": [b(p + "logits"), *sampling_args(p), b(p + "argmax_val"), b(p + "argmax_idx"),
-                                     b(p + "next"), v("vocab"), v(seqs), v(ARGMAX_CHUNKS)]}
+    return {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "argmax_val"), buffer_arg(p + "argmax_idx"),
+                                     buffer_arg(p + "next"), value_arg("vocab"), value_arg(seqs), value_arg(ARGMAX_CHUNKS)]}
 
 
 def check_shape(s: Shape, decode_split: int = DECODE_SPLIT) -> None:
@@ -304,12 +306,12 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                           f"(larger batches step through the prefill program, up to prefill_seqs)")
     context = context_of(s, context, MAX_CONTEXT)
     pages = {"ceil_div": ["context", "page_tokens"]}
-    buffers: dict = {"rope": buf(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
+    buffers: dict = {"rope": buffer(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
 
     programs: dict = {
         "rope_init": {"once": True, "calls": [{"op": "rope_table", "args": [
-            b("rope"), v("context"), v("head_dim"), v(s.theta), v(s.rope_factor), v(s.rope_low), v(s.rope_high),
-            v(s.rope_orig_max)]}]},
+            buffer_arg("rope"), value_arg("context"), value_arg("head_dim"), value_arg(s.theta), value_arg(s.rope_factor), value_arg(s.rope_low), value_arg(s.rope_high),
+            value_arg(s.rope_orig_max)]}]},
     }
     steppers = [("prefill", "tokens", "prefill_seqs"), ("decode", "seqs", "seqs"),
                 ("decode_wide", "wide_seqs", "wide_seqs")]
@@ -319,33 +321,33 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         p = {"prefill": "p_", "decode": "d_", "decode_wide": "w_", "verify_round": "v_"}[prog]
         decode, verify = prog.startswith("decode"), prog == "verify_round"
         per = rows if verify else gseqs  # what a token is drawn for: each sequence, or each row (verify)
-        bw = lambda shape, kind="workspace", dtype=BF, **kw: buf(shape, kind, dtype, **kw)
+        bw = lambda shape, kind="workspace", dtype=BF, **kw: buffer(shape, kind, dtype, **kw)
         buffers.update({
-            p + "ids": buf([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+            p + "ids": buffer([rows], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
             # decode positions are bounded by the step's reach (the protocol sets it), prefill's by the context
-            p + "pos": buf([rows], "input", "i32", fill="position",
+            p + "pos": buffer([rows], "input", "i32", fill="position",
                             domain={"range": [0, "reach" if decode else "context"]}),
-            p + "cu_seqlens": buf([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
+            p + "cu_seqlens": buffer([{"add": [gseqs, 1]}], "input", "i32", fill="cu_seqlens",
                                    domain={"range": [0, {"add": [rows, 1]}]}),
-            p + "page_table": buf([gseqs, pages], "input", "i32",
+            p + "page_table": buffer([gseqs, pages], "input", "i32",
                                    domain={"index_into": "kv", "stride": "page_tokens"}),
             p + "x": bw([rows, "hidden"]), p + "h": bw([rows, "hidden"]), p + "qkv": bw([rows, "qkv_dim"]),
             p + "attn": bw([rows, "q_dim"]), p + "attn_out": bw([rows, "hidden"]),
             p + "gate_up": bw([rows, {"mul": [2, "inter"]}]), p + "act": bw([rows, "inter"]),
             p + "mlp_out": bw([rows, "hidden"]),
-            p + "logits": buf([per, "vocab"], "output", "f32", fill="logits"),
+            p + "logits": buffer([per, "vocab"], "output", "f32", fill="logits"),
             p + "argmax_val": bw([per, ARGMAX_CHUNKS], dtype="f32"),
             p + "argmax_idx": bw([per, ARGMAX_CHUNKS], dtype="i32"),
-            p + "next": buf([per], "output", "i32", fill="tokens"),
+            p + "next": buffer([per], "output", "i32", fill="tokens"),
             **sampling_inputs(p, per),
         })
         if verify:
-            buffers[p + "accepted"] = buf([gseqs], "output", "i32", fill="accepted")
+            buffers[p + "accepted"] = buffer([gseqs], "output", "i32", fill="accepted")
         if decode:
             n_splits = max(-(-context // decode_split), 2)
             buffers[p + "part_o"] = bw([rows, "heads", n_splits, "head_dim"], dtype="f32")
             buffers[p + "part_ml"] = bw([rows, "heads", n_splits, 2], dtype="f32")
-            buffers[p + "sem"] = buf([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
+            buffers[p + "sem"] = buffer([rows, "heads"], "carry", "i32")  # a counter a (kv head, head group)
         if prog == "decode" or batch_invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _fused_layers
@@ -363,7 +365,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
                 buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"]]}],
                                           dtype="f32")
-                buffers[p + "gsem"] = buf([tiles], "carry", "i32")
+                buffers[p + "gsem"] = buffer([tiles], "carry", "i32")
         else:
             buffers[p + "last"] = bw([gseqs, "hidden"])
             calls = (_invariant_prefill_calls(s, p, pages, decode_split) if batch_invariant

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..config import ConfigError, Shape
 from . import cuda as manifest_cuda
-from .common import b, buf, v
+from kern_models.common.manifest_parts import buffer, buffer_arg, value_arg
 
 SMS = 132             # H100 / H200 SXM multiprocessors: one block each
 THREADS = 256         # mega.cu MEGA_THREADS
@@ -65,12 +65,12 @@ def _call(s: Shape, seqs: str, tokens: str, logits: str, chunk, max_new, max_ste
           ids: str, pos: str, cu: str, page_table: str) -> dict:
     pages = {"ceil_div": ["context", "page_tokens"]}
     return {"op": "mega_step", "args": [
-        b("mega_weights"), {"state": "kv"}, b(page_table), b(ids), b(pos), b(cu), b("rope"), b("mega_x"),
-        b("mega_qkv"), b("mega_attn"), b("mega_act"), b("mega_part_o"), b("mega_part_ml"), b("mega_sem"), b(logits),
-        b("mega_argmax_val"), b("mega_argmax_idx"), b(tokens), b("mega_bar"), v(seqs), v(pages), v("layers"),
-        v("hidden"), v("inter"), v("heads"), v("kv_heads"), v("head_dim"), v("page_tokens"), v("vocab"),
-        v(int(s.qk_norm)), v(chunk),
-        v(max_new), v(max_steps), v(lo), v(hi), v(s.eps)]}
+        buffer_arg("mega_weights"), {"state": "kv"}, buffer_arg(page_table), buffer_arg(ids), buffer_arg(pos), buffer_arg(cu), buffer_arg("rope"), buffer_arg("mega_x"),
+        buffer_arg("mega_qkv"), buffer_arg("mega_attn"), buffer_arg("mega_act"), buffer_arg("mega_part_o"), buffer_arg("mega_part_ml"), buffer_arg("mega_sem"), buffer_arg(logits),
+        buffer_arg("mega_argmax_val"), buffer_arg("mega_argmax_idx"), buffer_arg(tokens), buffer_arg("mega_bar"), value_arg(seqs), value_arg(pages), value_arg("layers"),
+        value_arg("hidden"), value_arg("inter"), value_arg("heads"), value_arg("kv_heads"), value_arg("head_dim"), value_arg("page_tokens"), value_arg("vocab"),
+        value_arg(int(s.qk_norm)), value_arg(chunk),
+        value_arg(max_new), value_arg(max_steps), value_arg(lo), value_arg(hi), value_arg(s.eps)]}
 
 
 def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: bool = False,
@@ -87,7 +87,7 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
     if m["vars"]["seqs"]["max"] > MAX_SEQS:
         raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
     bufs = m["buffers"]
-    bw = lambda shape, dtype="bf16": buf(shape, "workspace", dtype)
+    bw = lambda shape, dtype="bf16": buffer(shape, "workspace", dtype)
     per_layer = LAYER_WEIGHTS + (QK_WEIGHTS if s.qk_norm else ())
     entries = [f"{w}.{l}" for l in range(s.layers) for w in per_layer] + list(GLOBAL_WEIGHTS)
     bufs.update({
@@ -97,11 +97,11 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         # attention's split partials; sem counts a (row, kv head)'s splits, zero between phases
         "mega_part_o": bw([MAX_ROWS, "heads", MAX_SPLITS, "head_dim"], "f32"),
         "mega_part_ml": bw([MAX_ROWS, "heads", MAX_SPLITS, 2], "f32"),
-        "mega_sem": buf([MAX_ROWS, "kv_heads"], "carry", "i32"),
+        "mega_sem": buffer([MAX_ROWS, "kv_heads"], "carry", "i32"),
         # each block's maximum of each row's logits
         "mega_argmax_val": bw([MAX_SEQS, sms], "f32"), "mega_argmax_idx": bw([MAX_SEQS, sms], "i32"),
         # the grid barrier's arrival and leaving counters: zero at load, zero again after every launch
-        "mega_bar": buf([2], "carry", "u32"),
+        "mega_bar": buffer([2], "carry", "u32"),
     })
     decode_io = dict(ids="d_ids", pos="d_pos", cu="d_cu_seqlens", page_table="d_page_table")
     total = n_phases(s.layers, s.qk_norm)
@@ -119,13 +119,13 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
                       "new_tokens": {"max": context_max}})
     pages = {"ceil_div": ["context", "page_tokens"]}
     bufs.update({
-        "g_ids": buf(["gen_rows"], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
-        "g_pos": buf(["gen_rows"], "input", "i32", fill="position", domain={"range": [0, "context"]}),
-        "g_cu_seqlens": buf([{"add": ["gen_seqs", 1]}], "input", "i32", fill="cu_seqlens",
+        "g_ids": buffer(["gen_rows"], "input", "i32", fill="token", domain={"range": [0, "vocab"]}),
+        "g_pos": buffer(["gen_rows"], "input", "i32", fill="position", domain={"range": [0, "context"]}),
+        "g_cu_seqlens": buffer([{"add": ["gen_seqs", 1]}], "input", "i32", fill="cu_seqlens",
                              domain={"range": [0, {"add": ["gen_rows", 1]}]}),
-        "g_page_table": buf(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
-        "g_tokens": buf(["gen_seqs", "new_tokens"], "output", "i32", fill="tokens"),
-        "g_logits": buf(["gen_seqs", "vocab"], "output", "f32", fill="logits"),
+        "g_page_table": buffer(["gen_seqs", pages], "input", "i32", domain={"index_into": "kv", "stride": "page_tokens"}),
+        "g_tokens": buffer(["gen_seqs", "new_tokens"], "output", "i32", fill="tokens"),
+        "g_logits": buffer(["gen_seqs", "vocab"], "output", "f32", fill="logits"),
     })
     m["programs"]["generate"] = {"calls": [_call(s, "gen_seqs", "g_tokens", "g_logits", MAX_CHUNK,
                                                  "new_tokens", 1 << 30, 0, total, ids="g_ids", pos="g_pos", cu="g_cu_seqlens",

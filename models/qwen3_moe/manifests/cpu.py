@@ -6,7 +6,7 @@ does)."""
 from __future__ import annotations
 
 from kern_models.llama.manifests import cpu as dense
-from kern_models.llama.manifests.common import b, v
+from kern_models.common.manifest_parts import buffer_arg, value_arg
 
 from ..config import MoeShape
 from .common import make_sparse
@@ -45,11 +45,11 @@ def build(s: MoeShape, model: str, **limits) -> dict:
         p = h["buf"].split("_", 1)[0] + "_"
         route_buffers(m, p, m["buffers"][h["buf"]]["shape"][0])
         return [
-            {"op": "linear", "args": [h, b(f"router_w.{l}"), b(p + "router")]},
-            {"op": "moe_route", "args": [b(p + "router"), b(p + "topk_ids"), b(p + "topk_w"), v(int(s.norm_topk))]},
-            {"op": "moe_experts", "args": [h, b(p + "topk_ids"), b(f"experts_gate_up.{l}"), b(f"experts_down.{l}"),
-                                           b(p + "expert_out"), v(0), v("local_experts")]},
-            {"op": "moe_combine", "args": [b(p + "expert_out"), b(p + "topk_w"), out]},
+            {"op": "linear", "args": [h, buffer_arg(f"router_w.{l}"), buffer_arg(p + "router")]},
+            {"op": "moe_route", "args": [buffer_arg(p + "router"), buffer_arg(p + "topk_ids"), buffer_arg(p + "topk_w"), value_arg(int(s.norm_topk))]},
+            {"op": "moe_experts", "args": [h, buffer_arg(p + "topk_ids"), buffer_arg(f"experts_gate_up.{l}"), buffer_arg(f"experts_down.{l}"),
+                                           buffer_arg(p + "expert_out"), value_arg(0), value_arg("local_experts")]},
+            {"op": "moe_combine", "args": [buffer_arg(p + "expert_out"), buffer_arg(p + "topk_w"), out]},
         ]
 
     m["modules"][MODULE] = {"source": "kernels/qwen3_moe_cpu.py", "sha256": ""}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
 from kern_models.llama.manifests import cuda as dense
-from kern_models.llama.manifests.common import b, v
+from kern_models.common.manifest_parts import buffer_arg, value_arg
 
 from ..config import MoeShape
 from ..kernels.cuda import table
@@ -66,7 +66,7 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
 
     def ws(name: str, shape: list, dtype: str = BF) -> dict:
         m["buffers"].setdefault(name, {"kind": "workspace", "dtype": dtype, "shape": shape})
-        return b(name)
+        return buffer_arg(name)
 
     def block(prog: str, l: int, first: dict, last: dict) -> list[dict]:
         a = first["args"]
@@ -75,14 +75,14 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
         rows = batch["rows"] if isinstance(batch["rows"], str) else batch["groups"]  # the var counting rows
         router, ids, w = ws(p + "router", [rows, "experts"], "f32"), ws(p + "topk_ids", [rows, "top_k"], "i32"), \
             ws(p + "topk_w", [rows, "top_k"], "f32")
-        gate_up, down, router_w = b(f"experts_gate_up.{l}"), b(f"experts_down.{l}"), b(f"router_w.{l}")
-        route = {"op": "moe_route", "args": [router, ids, w, v(rows), v("experts"), v("top_k"), v(int(s.norm_topk))]}
+        gate_up, down, router_w = buffer_arg(f"experts_gate_up.{l}"), buffer_arg(f"experts_down.{l}"), buffer_arg(f"router_w.{l}")
+        route = {"op": "moe_route", "args": [router, ids, w, value_arg(rows), value_arg("experts"), value_arg("top_k"), value_arg(int(s.norm_topk))]}
         pairs = {"mul": [rows, "top_k"]}
-        held = [v(0), v("local_experts")]  # first, count: every expert on one device (ep.py sets a rank's)
+        held = [value_arg(0), value_arg("local_experts")]  # first, count: every expert on one device (ep.py sets a rank's)
         tiles = {"add": [{"ceil_div": [pairs, bm]}, "experts"]}
         sort = lambda: [{"op": "moe_sort", "args": [ids, ws(p + "moe_sorted", [pairs], "i32"),
-                                                    ws(p + "moe_pos", [pairs], "i32"), tile_buf(), v(pairs),
-                                                    v("experts")]}]
+                                                    ws(p + "moe_pos", [pairs], "i32"), tile_buf(), value_arg(pairs),
+                                                    value_arg("experts")]}]
         tile_buf = lambda: ws(p + "moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
         if first["op"] in ("norm_gemv_swiglu", "norm_gemm_swiglu", "norm_gemm_swiglu_split"):
             # x, ln2 -> the experts' outputs by pair (f32) -> weighted into x, in every program the
@@ -91,37 +91,37 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
             x, ln2, eps = a[0], a[1], a[-1]
             h, y = ws(p + "h", [rows, "hidden"]), ws(p + "moe_y", [pairs, "hidden"], "f32")
             act = ws(p + "moe_act", [pairs, "moe_inter"])
-            calls = [{"op": "rms_norm", "args": [x, ln2, h, v(rows), v("hidden"), eps]}]
+            calls = [{"op": "rms_norm", "args": [x, ln2, h, value_arg(rows), value_arg("hidden"), eps]}]
             if first["op"] == "norm_gemv_swiglu":  # narrow decode: only the chosen experts' rows are read
-                calls += [{"op": "gemv_logits", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+                calls += [{"op": "gemv_logits", "args": [h, router_w, router, value_arg(rows), value_arg("experts"), value_arg("hidden")]},
                           route,
-                          {"op": "moe_gather_gate_up", "args": [h, ids, gate_up, act, v(rows), v("top_k"),
-                                                                v("moe_inter"), v("hidden"), *held]},
-                          {"op": "moe_gather_down", "args": [act, ids, down, y, v(rows), v("top_k"), v("hidden"),
-                                                             v("moe_inter"), *held]}]
+                          {"op": "moe_gather_gate_up", "args": [h, ids, gate_up, act, value_arg(rows), value_arg("top_k"),
+                                                                value_arg("moe_inter"), value_arg("hidden"), *held]},
+                          {"op": "moe_gather_down", "args": [act, ids, down, y, value_arg(rows), value_arg("top_k"), value_arg("hidden"),
+                                                             value_arg("moe_inter"), *held]}]
             else:
-                sorted_ = b(p + "moe_sorted")
-                calls += [{"op": "moe_router_gemm", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+                sorted_ = buffer_arg(p + "moe_sorted")
+                calls += [{"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"), value_arg("hidden")]},
                           route, *sort(),
-                          {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, v("top_k"),
-                                                            v("moe_inter"), v("hidden"), *held, v(tiles)]},
-                          {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, v("hidden"),
-                                                         v("moe_inter"), *held, v(tiles)]}]
-            return calls + [{"op": "moe_combine_residual", "args": [y, ids, w, x, v(rows), v("top_k"), v("hidden"),
+                          {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"),
+                                                            value_arg("moe_inter"), value_arg("hidden"), *held, value_arg(tiles)]},
+                          {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, value_arg("hidden"),
+                                                         value_arg("moe_inter"), *held, value_arg(tiles)]}]
+            return calls + [{"op": "moe_combine_residual", "args": [y, ids, w, x, value_arg(rows), value_arg("top_k"), value_arg("hidden"),
                                                                     *held]}]
         # the faster build's wide decode and prefill: gemm(h, gate_up_w) .. gemm(act, down_w, mlp_out)
         h, out = a[0], last["args"][2]
         act = ws(p + "moe_act", [pairs, "moe_inter"])
         y = ws(p + "moe_y", [pairs, "hidden"], "f32")
-        sorted_, pos = b(p + "moe_sorted"), b(p + "moe_pos")
+        sorted_, pos = buffer_arg(p + "moe_sorted"), buffer_arg(p + "moe_pos")
         return [
-            {"op": "gemm_logits", "args": [h, router_w, router, v(rows), v("experts"), v("hidden")]},
+            {"op": "gemm_logits", "args": [h, router_w, router, value_arg(rows), value_arg("experts"), value_arg("hidden")]},
             route, *sort(),
-            {"op": "moe_group_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, v("top_k"), v("moe_inter"),
-                                                 v("hidden"), *held, v(tiles)]},
-            {"op": "moe_group_down", "args": [act, tile_buf(), down, y, v("hidden"), v("moe_inter"), *held,
-                                              v(tiles)]},
-            {"op": "moe_combine", "args": [y, pos, w, out, v(rows), v("top_k"), v("hidden")]},
+            {"op": "moe_group_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"), value_arg("moe_inter"),
+                                                 value_arg("hidden"), *held, value_arg(tiles)]},
+            {"op": "moe_group_down", "args": [act, tile_buf(), down, y, value_arg("hidden"), value_arg("moe_inter"), *held,
+                                              value_arg(tiles)]},
+            {"op": "moe_combine", "args": [y, pos, w, out, value_arg(rows), value_arg("top_k"), value_arg("hidden")]},
         ]
 
     used = {ln["module"] for op in m["ops"].values() for ln in op["impl"]["launches"] if "module" in ln}

@@ -8,7 +8,7 @@ bug in one kernel fails in that kernel's span."""
 
 from __future__ import annotations
 
-from kern_models.llama.kernels.cuda.table import ARCH, Kernel, Op, _buf, _ints
+from kern_models.common.kernel_table import ARCH, Kernel, Op, buffer_param, int_params
 
 TILES: dict = {}  # no tile defines: every size below is a kernel's own #define or a parameter
 CHUNK_THREADS = 256  # kda_chunked's block; a chunk is at most this many rows (its substitution: a thread a column)
@@ -34,50 +34,50 @@ _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_token
 _KV = "kv: inout state"
 
 KERNELS: tuple[Kernel, ...] = (
-    Kernel("kda", "kda_conv", (_buf("mix", direction="inout"), _buf("w"), _STATE, _buf("slot", "i32"),
-                               _buf("cu_seqlens", "i32"), _buf("pos", "i32"), *_ints("n_seqs"), *_KDA),
+    Kernel("kda", "kda_conv", (buffer_param("mix", direction="inout"), buffer_param("w"), _STATE, buffer_param("slot", "i32"),
+                               buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), *int_params("n_seqs"), *_KDA),
            ("n_seqs", _CONV_GRID), (128,)),
-    Kernel("kda", "kda_conv_decode", (_buf("mix", direction="inout"), _buf("w"), _STATE, _buf("slot", "i32"),
-                                      _buf("pos", "i32"), *_ints("rows"), *_KDA), ("rows", _CONV_GRID), (128,)),
-    Kernel("kda", "kda_gate", (_buf("f", "f32", "inout"), _buf("a_log"), _buf("dt_bias"), *_ints("rows", "heads", "dim")),
+    Kernel("kda", "kda_conv_decode", (buffer_param("mix", direction="inout"), buffer_param("w"), _STATE, buffer_param("slot", "i32"),
+                                      buffer_param("pos", "i32"), *int_params("rows"), *_KDA), ("rows", _CONV_GRID), (128,)),
+    Kernel("kda", "kda_gate", (buffer_param("f", "f32", "inout"), buffer_param("a_log"), buffer_param("dt_bias"), *int_params("rows", "heads", "dim")),
            ("rows", {"ceil_div": [{"mul": ["heads", "dim"]}, 256]}), (256,)),
-    Kernel("kda", "kda_chunked", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
-                                  _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o", direction="out"),
-                                  *_ints("n_seqs"), *_KDA, "chunk: i32"), ("n_seqs", "heads"), (CHUNK_THREADS,)),
-    Kernel("kda", "kda_tokens", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
-                                 _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o", direction="out"),
-                                 *_ints("n_seqs"), *_KDA), ("n_seqs", "heads"), (MAX_DIM,)),
-    Kernel("kda", "kda_step", (_buf("mix"), _buf("g", "f32"), _buf("b", "f32"), _STATE, _buf("slot", "i32"),
-                               _buf("pos", "i32"), _buf("o", direction="out"), *_ints("rows"), *_KDA),
+    Kernel("kda", "kda_chunked", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
+                                  buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
+                                  *int_params("n_seqs"), *_KDA, "chunk: i32"), ("n_seqs", "heads"), (CHUNK_THREADS,)),
+    Kernel("kda", "kda_tokens", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
+                                 buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
+                                 *int_params("n_seqs"), *_KDA), ("n_seqs", "heads"), (MAX_DIM,)),
+    Kernel("kda", "kda_step", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
+                               buffer_param("pos", "i32"), buffer_param("o", direction="out"), *int_params("rows"), *_KDA),
            ("rows", "heads"), (MAX_DIM,)),
-    Kernel("kda", "kda_out_norm", (_buf("o"), _buf("gate"), _buf("w"), _buf("y", direction="out"),
-                                   *_ints("rows", "heads", "dim"), "eps: f32"), ("rows", "heads"), (32,)),
-    Kernel("mla", "mla_append", (_buf("ckv"), _buf("norm_w"), _KV, _buf("page_table", "i32"), _buf("cu_seqlens", "i32"),
-                                 _buf("pos", "i32"), *_ints("pages_per_seq", "rows", "n_seqs"), *_APPEND),
+    Kernel("kda", "kda_out_norm", (buffer_param("o"), buffer_param("gate"), buffer_param("w"), buffer_param("y", direction="out"),
+                                   *int_params("rows", "heads", "dim"), "eps: f32"), ("rows", "heads"), (32,)),
+    Kernel("mla", "mla_append", (buffer_param("ckv"), buffer_param("norm_w"), _KV, buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
+                                 buffer_param("pos", "i32"), *int_params("pages_per_seq", "rows", "n_seqs"), *_APPEND),
            ("rows",), (128,)),
-    Kernel("mla", "mla_append_decode", (_buf("ckv"), _buf("norm_w"), _KV, _buf("page_table", "i32"),
-                                        _buf("pos", "i32"), *_ints("pages_per_seq", "rows"), *_APPEND),
+    Kernel("mla", "mla_append_decode", (buffer_param("ckv"), buffer_param("norm_w"), _KV, buffer_param("page_table", "i32"),
+                                        buffer_param("pos", "i32"), *int_params("pages_per_seq", "rows"), *_APPEND),
            ("rows",), (128,)),
-    Kernel("mla", "mla_absorb", (_buf("q"), _buf("kv_b"), _buf("q_lat", "f32", "out"),
-                                 *_ints("rows", "heads", "nope", "rope", "v_dim", "kv_lora")),
+    Kernel("mla", "mla_absorb", (buffer_param("q"), buffer_param("kv_b"), buffer_param("q_lat", "f32", "out"),
+                                 *int_params("rows", "heads", "nope", "rope", "v_dim", "kv_lora")),
            ({"ceil_div": ["rows", MLA_ROWS]}, "heads", {"ceil_div": ["kv_lora", 128]}), (128,)),
-    Kernel("mla", "mla_attend", (_buf("q_lat", "f32"), _buf("q"), "kv: in state", _buf("page_table", "i32"),
-                                 _buf("cu_seqlens", "i32"), _buf("pos", "i32"), _buf("o_lat", "f32", "out"),
-                                 *_ints("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA),
+    Kernel("mla", "mla_attend", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
+                                 buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
+                                 *int_params("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA),
            ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
-    Kernel("mla", "mla_attend_decode", (_buf("q_lat", "f32"), _buf("q"), "kv: in state", _buf("page_table", "i32"),
-                                        _buf("pos", "i32"), _buf("o_lat", "f32", "out"),
-                                        *_ints("pages_per_seq", "rows", "layer", "layers"), *_MLA),
+    Kernel("mla", "mla_attend_decode", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
+                                        buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
+                                        *int_params("pages_per_seq", "rows", "layer", "layers"), *_MLA),
            ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
-    Kernel("mla", "mla_expand", (_buf("o_lat", "f32"), _buf("kv_b"), _buf("o", direction="out"),
-                                 *_ints("rows", "heads", "nope", "v_dim", "kv_lora")),
+    Kernel("mla", "mla_expand", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
+                                 *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
            ({"ceil_div": ["rows", MLA_ROWS]}, "heads"), (256,)),
-    Kernel("route", "kimi_route", (_buf("logits", "f32"), _buf("bias"), _buf("ids", "i32", "out"),
-                                   _buf("weights", "f32", "out"), *_ints("rows", "experts", "top_k"), "scaling: f32",
-                                   *_ints("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
-    Kernel("route", "add", (_buf("x", direction="inout"), _buf("y"), *_ints("rows", "hidden")),
+    Kernel("route", "kimi_route", (buffer_param("logits", "f32"), buffer_param("bias"), buffer_param("ids", "i32", "out"),
+                                   buffer_param("weights", "f32", "out"), *int_params("rows", "experts", "top_k"), "scaling: f32",
+                                   *int_params("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
+    Kernel("route", "add", (buffer_param("x", direction="inout"), buffer_param("y"), *int_params("rows", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
-    Kernel("route", "zero", (_buf("x", direction="out"), *_ints("rows", "hidden")),
+    Kernel("route", "zero", (buffer_param("x", direction="out"), *int_params("rows", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
@@ -95,8 +95,8 @@ def _attention(attend: str) -> Op:
     table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos"))]
     ints = [p for p in a if p.endswith("i32")]
     return Op(("mla_absorb", attend, "mla_expand"), (
-        _buf("q"), "kv: in state", *table, _buf("kv_b"), _buf("o", direction="out"), _buf("q_lat", "f32", "out"),
-        _buf("o_lat", "f32", "out"), *ints, "v_dim: i32"))
+        buffer_param("q"), "kv: in state", *table, buffer_param("kv_b"), buffer_param("o", direction="out"), buffer_param("q_lat", "f32", "out"),
+        buffer_param("o_lat", "f32", "out"), *ints, "v_dim: i32"))
 
 
 OPS = {

@@ -10,10 +10,7 @@ KERNELS.md says what each kernel computes; its parameter lists are not restated 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-
-ARCH = "sm_90a"
+from kern_models.common.kernel_table import ARCH, Kernel, Op, Pdl, buffer_param, int_params
 
 # Tile constants shared by the grids below and the kernels (common.cuh refuses a build without
 # them; the kernels static_assert the ones their layout is written for).
@@ -28,44 +25,6 @@ TILES = {
     "WG_SPLIT_SMEM": 197776,  # the wide decode's *_split: 8 stages of 64 x rows + 128 W rows
     "WG_SPLIT_PART": 8192,    # *_split: scratch floats a (tile, partial): 64 rows x 128 columns
 }
-
-class Pdl(Enum):
-    """How a kernel is launched and when it lets the next one start (common.cuh says why)."""
-
-    OFF = "off"      # launched without the PDL attribute: starts after everything before it
-    LATE = "late"    # with the attribute; waits, then lets the next kernel launch
-    EARLY = "early"  # with the attribute; lets the next kernel launch at entry
-
-
-@dataclass(frozen=True)
-class Kernel:
-    module: str                # the .cu file (and cubin) it lives in
-    entry: str                 # its extern "C" name
-    params: tuple[str, ...]    # in the kernel's order: "name: in buffer<bf16>", "name: i32", ...
-    grid: tuple                # manifest expressions over param names
-    block: tuple
-    pdl: Pdl = Pdl.OFF
-    # before_wait: what it reads before griddepcontrol.wait ("weights": only weights and the
-    # step's inputs; "kv": also K/V rows of earlier positions; "": nothing or no PDL).
-    before_wait: str = ""
-    writes: tuple[str, ...] | None = None  # params it writes, when not every out/inout param
-    shared_mem: int = 0  # dynamic shared memory, bytes
-    # params it reads through tensor maps: name -> (rows, elements) of a box (the manifest
-    # launch's `tiles`; the kernel gets the map's address)
-    tiles: tuple[tuple[str, tuple[int, int]], ...] = ()
-
-    def c_kinds(self) -> tuple[str, ...]:
-        """ptr, i32 or f32 for each parameter, as the cubin's layout has them."""
-        return tuple("ptr" if ("buffer" in p or "state" in p) else p.split(":")[1].strip() for p in self.params)
-
-
-def _buf(name: str, dtype: str = "bf16", direction: str = "in") -> str:
-    return f"{name}: {direction} buffer<{dtype}>"
-
-
-def _ints(*names: str) -> tuple[str, ...]:
-    return tuple(f"{n}: i32" for n in names)
-
 
 EPS = "eps: f32"
 GEMV_BLOCK = (32 * TILES["GEMV_WARPS"],)
@@ -86,13 +45,13 @@ GEMM_SPLIT = 8  # the split variants' grid z: one block a partial (gemm_wg.cuh)
 def _split(params: tuple[str, ...]) -> tuple[str, ...]:
     """A gemm kernel's parameters with the split variant's scratch and counters after its pointers."""
     n = sum(1 for p in params if "buffer" in p or "state" in p)
-    return (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
+    return (*params[:n], buffer_param("part", "f32", "out"), buffer_param("sem", "i32", "inout"), *params[n:])
 def _wg_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
     """A gemm twin's parameters from its gemv's: a normed one reads rms_prep's x and 1/rms
     (xn, rs) in place of res and nw, and takes no eps."""
     if not gemv_params[0].startswith("res"):
         return gemv_params
-    return (_buf("xn"), _buf("rs", "f32"), *(p for p in gemv_params[2:] if p != EPS))
+    return (buffer_param("xn"), buffer_param("rs", "f32"), *(p for p in gemv_params[2:] if p != EPS))
 
 
 def _wg_tiles(gemv_params: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int]], ...]:
@@ -105,57 +64,57 @@ def _wg_tiles(gemv_params: tuple[str, ...]) -> tuple[tuple[str, tuple[int, int]]
 def _prep_params(gemv_params: tuple[str, ...]) -> tuple[str, ...]:
     """A normed gemm op's parameters: its gemv's, with rms_prep's outputs after the pointers."""
     n = sum(1 for p in gemv_params if "buffer" in p or "state" in p)
-    return (*gemv_params[:n], _buf("xn", direction="out"), _buf("rs", "f32", "out"), *gemv_params[n:])
+    return (*gemv_params[:n], buffer_param("xn", direction="out"), buffer_param("rs", "f32", "out"), *gemv_params[n:])
 
 
 GEMM_TWINS = ("norm_gemv_bf16", "norm_gemv_f32", "gemv_residual", "norm_gemv_swiglu", "norm_gemv_rope_append")
 HALF_HEAD = ({"ceil_div": ["head_dim", 2]},)
 ROPE_GRID = ("rows", {"add": ["n_q_heads", "n_kv_heads"]})
-_APPEND = ("kv_state: inout state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"))
-_ROPE = (_buf("table", "f32"),)
+_APPEND = ("kv_state: inout state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"))
+_ROPE = (buffer_param("table", "f32"),)
 
 _GEMV_KERNELS: tuple[Kernel, ...] = (
-    Kernel("gemv", "norm_gemv_bf16", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"),
-                                      *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "norm_gemv_f32", (_buf("res"), _buf("nw"), _buf("W"), _buf("y", "f32", "out"),
-                                     *_ints("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_residual", (_buf("x"), _buf("W"), _buf("res", direction="inout"), *_ints("rows", "N", "K")),
+    Kernel("gemv", "norm_gemv_bf16", (buffer_param("res"), buffer_param("nw"), buffer_param("W"), buffer_param("y", direction="out"),
+                                      *int_params("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_f32", (buffer_param("res"), buffer_param("nw"), buffer_param("W"), buffer_param("y", "f32", "out"),
+                                     *int_params("rows", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "gemv_residual", (buffer_param("x"), buffer_param("W"), buffer_param("res", direction="inout"), *int_params("rows", "N", "K")),
            GEMV_GRID, GEMV_BLOCK, Pdl.EARLY, "weights"),
-    Kernel("gemv", "norm_gemv_swiglu", (_buf("res"), _buf("nw"), _buf("W"), _buf("act", direction="out"),
-                                        *_ints("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
+    Kernel("gemv", "norm_gemv_swiglu", (buffer_param("res"), buffer_param("nw"), buffer_param("W"), buffer_param("act", direction="out"),
+                                        *int_params("rows", "N", "K"), EPS), PAIRED_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
     Kernel("gemv", "norm_gemv_rope_append", (
-        _buf("res"), _buf("nw"), _buf("W"), _buf("y", direction="out"), *_APPEND, *_ROPE,
-        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+        buffer_param("res"), buffer_param("nw"), buffer_param("W"), buffer_param("y", direction="out"), *_APPEND, *_ROPE,
+        *int_params("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
                "page_tokens", "N", "K"), EPS), GEMV_GRID, GEMV_BLOCK, Pdl.LATE, "weights"),
-    Kernel("gemv", "gemv_f32", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+    Kernel("gemv", "gemv_f32", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"), *int_params("rows", "N", "K")),
            GEMV_GRID, GEMV_BLOCK, Pdl.OFF, "weights"),
 )
 BY_GEMV = {k.entry: k for k in _GEMV_KERNELS}
 
 KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
-    Kernel("embed", "embed", (_buf("ids", "i32"), _buf("W"), _buf("x", direction="out"), *_ints("rows", "hidden")),
+    Kernel("embed", "embed", (buffer_param("ids", "i32"), buffer_param("W"), buffer_param("x", direction="out"), *int_params("rows", "hidden")),
            ("rows",), (256,)),
-    Kernel("embed", "gather_last", (_buf("x"), _buf("cu_seqlens", "i32"), _buf("y", direction="out"),
-                                    *_ints("n_seqs", "hidden")), ("n_seqs",), (256,)),
-    Kernel("norm", "rms_norm", (_buf("x"), _buf("w"), _buf("y", direction="out"), *_ints("rows", "hidden"), EPS),
+    Kernel("embed", "gather_last", (buffer_param("x"), buffer_param("cu_seqlens", "i32"), buffer_param("y", direction="out"),
+                                    *int_params("n_seqs", "hidden")), ("n_seqs",), (256,)),
+    Kernel("norm", "rms_norm", (buffer_param("x"), buffer_param("w"), buffer_param("y", direction="out"), *int_params("rows", "hidden"), EPS),
            ("rows",), (256,)),
-    Kernel("norm", "add_rms_norm", (_buf("res", direction="inout"), _buf("x"), _buf("w"), _buf("y", direction="out"),
-                                    *_ints("rows", "hidden"), EPS), ("rows",), (256,)),
-    Kernel("rope", "rope_table", (_buf("table", "f32", "out"), *_ints("max_pos", "head_dim"), "theta: f32",
+    Kernel("norm", "add_rms_norm", (buffer_param("res", direction="inout"), buffer_param("x"), buffer_param("w"), buffer_param("y", direction="out"),
+                                    *int_params("rows", "hidden"), EPS), ("rows",), (256,)),
+    Kernel("rope", "rope_table", (buffer_param("table", "f32", "out"), *int_params("max_pos", "head_dim"), "theta: f32",
                                   "factor: f32", "low_freq_factor: f32", "high_freq_factor: f32",
                                   "original_max_pos: i32"), ("max_pos",), HALF_HEAD),
-    Kernel("rope", "rope", (_buf("q", direction="inout"), _buf("k", direction="inout"), _buf("pos", "i32"), *_ROPE,
-                            *_ints("rows", "n_q_heads", "n_kv_heads", "head_dim", "q_stride", "k_stride")),
+    Kernel("rope", "rope", (buffer_param("q", direction="inout"), buffer_param("k", direction="inout"), buffer_param("pos", "i32"), *_ROPE,
+                            *int_params("rows", "n_q_heads", "n_kv_heads", "head_dim", "q_stride", "k_stride")),
            ROPE_GRID, HALF_HEAD),
-    Kernel("rope", "qk_norm_rope", (_buf("q", direction="inout"), _buf("k", direction="inout"), _buf("qw"), _buf("kw"),
-                                    _buf("pos", "i32"), *_ROPE, *_ints("rows", "n_q_heads", "n_kv_heads", "head_dim",
+    Kernel("rope", "qk_norm_rope", (buffer_param("q", direction="inout"), buffer_param("k", direction="inout"), buffer_param("qw"), buffer_param("kw"),
+                                    buffer_param("pos", "i32"), *_ROPE, *int_params("rows", "n_q_heads", "n_kv_heads", "head_dim",
                                                                        "q_stride", "k_stride"), EPS),
            ROPE_GRID, HALF_HEAD),
     Kernel("rope", "qk_norm_rope_append", (
-        _buf("q", direction="inout"), _buf("k", direction="inout"), _buf("v"), _buf("qw"), _buf("kw"), *_APPEND, *_ROPE,
-        *_ints("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
+        buffer_param("q", direction="inout"), buffer_param("k", direction="inout"), buffer_param("v"), buffer_param("qw"), buffer_param("kw"), *_APPEND, *_ROPE,
+        *int_params("pages_per_seq", "rows", "n_seqs", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim",
                "page_tokens", "q_stride", "k_stride"), EPS), ROPE_GRID, HALF_HEAD, Pdl.LATE),
-    Kernel("kv", "kv_append", (_buf("k"), _buf("v"), *_APPEND, *_ints("pages_per_seq", "rows", "n_seqs", "layer",
+    Kernel("kv", "kv_append", (buffer_param("k"), buffer_param("v"), *_APPEND, *int_params("pages_per_seq", "rows", "n_seqs", "layer",
                                                                      "n_layers", "n_kv_heads", "head_dim",
                                                                      "page_tokens", "kv_stride")),
            ("rows", "n_kv_heads"), (32,)),
@@ -163,31 +122,31 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
     # launch leaves it as it found it and does not list it among its writes. head_groups: the
     # blocks that share a kv head's query heads (a divisor of the group; only the grid reads it).
     Kernel("attention", "attention_decode", (
-        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("pos", "i32"), _buf("part_o", "f32", "out"),
-        _buf("part_ml", "f32", "out"), _buf("sem", "i32", "inout"), _buf("o", direction="out"),
-        *_ints("rows", "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "page_tokens",
+        buffer_param("q"), "kv_state: in state", buffer_param("page_table", "i32"), buffer_param("pos", "i32"), buffer_param("part_o", "f32", "out"),
+        buffer_param("part_ml", "f32", "out"), buffer_param("sem", "i32", "inout"), buffer_param("o", direction="out"),
+        *int_params("rows", "pages_per_seq", "layer", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "page_tokens",
                "split_tokens", "q_stride")),
            ("rows", {"mul": ["n_kv_heads", "head_groups"]}, "n_splits"), (TILES["DEC_THREADS"],), Pdl.EARLY, "kv",
            writes=("part_o", "part_ml", "o")),
     Kernel("prefill_attention", "prefill_attention", (
-        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
-        _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+        buffer_param("q"), "kv_state: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"),
+        buffer_param("o", direction="out"), *int_params("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
                                            "n_kv_heads", "head_dim", "page_tokens", "q_stride")),
            ("n_q_heads", {"add": [{"ceil_div": ["rows", TILES["PF_BM"]]}, "n_seqs"]}), (TILES["PF_THREADS"],)),
-    Kernel("mlp", "silu_mul", (_buf("gate_up"), _buf("h", direction="out"), *_ints("rows", "inter")),
+    Kernel("mlp", "silu_mul", (buffer_param("gate_up"), buffer_param("h", direction="out"), *int_params("rows", "inter")),
            ("rows", {"ceil_div": ["inter", 8 * 256]}), (256,)),  # 8 elements a thread, any block size
     # attention_rows: a prompt's rows in attention_decode's order (attention_tc.cuh: a block a
     # query head and 64 rows of a sequence, decode's splits folded in turn): what makes prefill
     # and decode agree bit for bit.
     Kernel("attention", "attention_rows", (
-        _buf("q"), "kv_state: in state", _buf("page_table", "i32"), _buf("cu_seqlens", "i32"), _buf("pos", "i32"),
-        _buf("o", direction="out"), *_ints("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
+        buffer_param("q"), "kv_state: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"),
+        buffer_param("o", direction="out"), *int_params("rows", "n_seqs", "pages_per_seq", "layer", "n_layers", "n_q_heads",
                                            "n_kv_heads", "head_dim", "page_tokens", "split_tokens", "q_stride")),
            ("n_q_heads", {"add": [{"ceil_div": ["rows", 64]}, "n_seqs"]}), (TILES["DEC_THREADS"],)),
     # gemm.cu: the gemv projections' twins for many rows, the same bits for every row: a normed
     # one is rms_prep (x = bf16(nw * res) and 1/rms a row, the gemv's arithmetic) then the GEMM.
-    Kernel("gemm", "rms_prep", (_buf("res"), _buf("nw"), _buf("xn", direction="out"), _buf("rs", "f32", "out"),
-                                *_ints("rows", "K"), EPS), ("rows",), (256,)),
+    Kernel("gemm", "rms_prep", (buffer_param("res"), buffer_param("nw"), buffer_param("xn", direction="out"), buffer_param("rs", "f32", "out"),
+                                *int_params("rows", "K"), EPS), ("rows",), (256,)),
     *(Kernel("gemm", e.replace("gemv", "gemm"), _wg_params(BY_GEMV[e].params),
              GEMM_BIG_PAIRED_GRID if e == "norm_gemv_swiglu" else GEMM_BIG_GRID, GEMM_BIG_BLOCK,
              shared_mem=TILES["WG_BIG_SMEM"], tiles=_wg_tiles(BY_GEMV[e].params),
@@ -202,16 +161,16 @@ KERNELS: tuple[Kernel, ...] = _GEMV_KERNELS + (
                  if (" out " in p or " inout " in p) and not p.startswith("sem")))
       for e in GEMM_TWINS if e != "norm_gemv_f32"),
     # mask: the step's masked rows' bitmasks (a grammar's); mask_row: each row's mask row + 1 (0: none)
-    Kernel("argmax", "sample_partial", (_buf("logits", "f32"), _buf("temperature", "f32"), _buf("key", "i32"),
-                                        _buf("mask", "i32"), _buf("mask_row", "i32"),
-                                        _buf("part_val", "f32", "out"), _buf("part_idx", "i32", "out"),
-                                        *_ints("vocab", "n_rows", "chunks")),
+    Kernel("argmax", "sample_partial", (buffer_param("logits", "f32"), buffer_param("temperature", "f32"), buffer_param("key", "i32"),
+                                        buffer_param("mask", "i32"), buffer_param("mask_row", "i32"),
+                                        buffer_param("part_val", "f32", "out"), buffer_param("part_idx", "i32", "out"),
+                                        *int_params("vocab", "n_rows", "chunks")),
            ("chunks", "n_rows"), (256,), Pdl.LATE),
-    Kernel("argmax", "argmax_final", (_buf("part_val", "f32"), _buf("part_idx", "i32"), _buf("tokens", "i32", "out"),
-                                      *_ints("n_rows", "chunks")), ("n_rows",), (32,), Pdl.LATE),
+    Kernel("argmax", "argmax_final", (buffer_param("part_val", "f32"), buffer_param("part_idx", "i32"), buffer_param("tokens", "i32", "out"),
+                                      *int_params("n_rows", "chunks")), ("n_rows",), (32,), Pdl.LATE),
     # a speculative round's accepted counts (the verify program's last launch): a thread a sequence
-    Kernel("accept", "accept", (_buf("ids", "i32"), _buf("cu_seqlens", "i32"), _buf("tokens", "i32"),
-                                _buf("accepted", "i32", "out"), *_ints("n_seqs")),
+    Kernel("accept", "accept", (buffer_param("ids", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("tokens", "i32"),
+                                buffer_param("accepted", "i32", "out"), *int_params("n_seqs")),
            ({"ceil_div": ["n_seqs", 32]},), (32,)),
 )
 
@@ -219,44 +178,13 @@ BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
 
 
-@dataclass(frozen=True)
-class Op:
-    """A manifest op: its kernels launched in order. params: the op's parameter order when it is
-    not the one kernel's (several kernels, or a parameter only the grid reads)."""
-
-    entries: tuple[str, ...]
-    params: tuple[str, ...] | None = None
-
-    def to_manifest(self, by_entry: dict[str, Kernel] | None = None) -> dict:
-        """by_entry: where the entries are looked up (another family's table; default this one's)."""
-        kernels = [(by_entry or BY_ENTRY)[e] for e in self.entries]
-        params = self.params or kernels[0].params
-        launches = []
-        for k in kernels:
-            launch: dict = {"module": k.module, "entry": k.entry}
-            if k.pdl is not Pdl.OFF:
-                launch["pdl"] = True
-            if k.params != params:
-                launch["args"] = [p.split(":")[0] for p in k.params]
-            if k.writes is not None:
-                launch["writes"] = list(k.writes)
-            launch["grid"] = list(k.grid)
-            launch["block"] = list(k.block)
-            if k.shared_mem:
-                launch["shared_mem"] = k.shared_mem
-            if k.tiles:
-                launch["tiles"] = {n: list(box) for n, box in k.tiles}
-            launches.append(launch)
-        return {"params": list(params), "impl": {"launches": launches}}
-
-
 def _normed_gemm(gemv: str, gemm: str) -> Op:
     """rms_prep then the gemm twin, with the gemv's parameters plus the scratch between them
     (the split variants' part and sem after xn and rs)."""
     params = _prep_params(BY_GEMV[gemv].params)
     if gemm.endswith("_split"):
-        n = params.index(_buf("rs", "f32", "out")) + 1
-        params = (*params[:n], _buf("part", "f32", "out"), _buf("sem", "i32", "inout"), *params[n:])
+        n = params.index(buffer_param("rs", "f32", "out")) + 1
+        params = (*params[:n], buffer_param("part", "f32", "out"), buffer_param("sem", "i32", "inout"), *params[n:])
     return Op(("rms_prep", gemm), params)
 
 
@@ -281,18 +209,18 @@ OPS = {
         ("norm_gemm_rope_append_split", "norm_gemv_rope_append", "norm_gemm_rope_append_split"))},
     "gemm_residual": Op(("gemm_residual",)), "attention_rows": Op(("attention_rows",)),
     "gemm_residual_split": Op(("gemm_residual_split",)),
-    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:7], _buf("tokens", "i32", "out"), *_SAMPLE[7:])),
+    "sample": Op(("sample_partial", "argmax_final"), (*_SAMPLE[:7], buffer_param("tokens", "i32", "out"), *_SAMPLE[7:])),
     "accept": Op(("accept",)),
 }
 # Not kernels here: the prefill and wide decode projections go through cuBLASLt (kern.runtime's extern call).
 EXTERN_OPS = {
-    "gemm": {"params": [_buf("x"), _buf("W"), _buf("y", direction="out"), "M: i32", "N: i32", "K: i32"],
+    "gemm": {"params": [buffer_param("x"), buffer_param("W"), buffer_param("y", direction="out"), "M: i32", "N: i32", "K: i32"],
              "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn"}]}},
-    "gemm_logits": {"params": [_buf("x"), _buf("W"), _buf("y", "f32", "out"), "M: i32", "N: i32", "K: i32"],
+    "gemm_logits": {"params": [buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"), "M: i32", "N: i32", "K: i32"],
                     "impl": {"launches": [{"entry": "extern:cublaslt_bf16_tn_f32"}]}},
 }
 
 
 def ops() -> dict:
     """Every op the generator may emit, as manifest JSON."""
-    return {**{name: op.to_manifest() for name, op in OPS.items()}, **EXTERN_OPS}
+    return {**{name: op.to_manifest(BY_ENTRY) for name, op in OPS.items()}, **EXTERN_OPS}

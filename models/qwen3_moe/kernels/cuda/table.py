@@ -5,7 +5,8 @@ done, so the llama chain's early triggers around them stay safe."""
 
 from __future__ import annotations
 
-from kern_models.llama.kernels.cuda.table import ARCH, TILES as DENSE_TILES, Kernel, Op, _buf, _ints
+from kern_models.common.kernel_table import ARCH, Kernel, Op, buffer_param, int_params
+from kern_models.llama.kernels.cuda.table import TILES as DENSE_TILES
 
 MODULE = "moe"
 WG_MODULE = "moe_wg"  # the batch-invariant block (moe_wg.cu): llama's gemv order, on mma.sync and wgmma
@@ -26,35 +27,35 @@ GEMV_BLOCK = (32 * TILES["MOE_COLS"],)
 GROUP_BLOCK = (128,)  # 4 warps of 32 x 32
 
 KERNELS: tuple[Kernel, ...] = (
-    Kernel(MODULE, "moe_route", (_buf("logits", "f32"), _buf("ids", "i32", "out"), _buf("weights", "f32", "out"),
-                                 *_ints("rows", "experts", "top_k", "norm_topk")), ("rows",), (32,)),
-    Kernel(MODULE, "moe_gemv_gate_up", (_buf("x"), _buf("ids", "i32"), _buf("W"), _buf("act", direction="out"),
-                                        *_ints("rows", "top_k", "inter", "hidden", "first", "count")),
+    Kernel(MODULE, "moe_route", (buffer_param("logits", "f32"), buffer_param("ids", "i32", "out"), buffer_param("weights", "f32", "out"),
+                                 *int_params("rows", "experts", "top_k", "norm_topk")), ("rows",), (32,)),
+    Kernel(MODULE, "moe_gemv_gate_up", (buffer_param("x"), buffer_param("ids", "i32"), buffer_param("W"), buffer_param("act", direction="out"),
+                                        *int_params("rows", "top_k", "inter", "hidden", "first", "count")),
            ({"ceil_div": ["inter", TILES["MOE_COLS"]]}, {"mul": ["rows", "top_k"]}), GEMV_BLOCK),
-    Kernel(MODULE, "moe_gemv_down_residual", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
-                                              _buf("res", direction="inout"),
-                                              *_ints("rows", "top_k", "hidden", "inter")),
+    Kernel(MODULE, "moe_gemv_down_residual", (buffer_param("act"), buffer_param("ids", "i32"), buffer_param("weights", "f32"), buffer_param("W"),
+                                              buffer_param("res", direction="inout"),
+                                              *int_params("rows", "top_k", "hidden", "inter")),
            ("rows", {"ceil_div": ["hidden", TILES["MOE_COLS"]]}), GEMV_BLOCK),
-    Kernel(MODULE, "moe_gemv_down_push", (_buf("act"), _buf("ids", "i32"), _buf("weights", "f32"), _buf("W"),
-                                          _buf("recv", "f32", "out"), _buf("parts", "u64"),
-                                          *_ints("rows", "top_k", "hidden", "inter", "first", "count", "rank", "ranks",
+    Kernel(MODULE, "moe_gemv_down_push", (buffer_param("act"), buffer_param("ids", "i32"), buffer_param("weights", "f32"), buffer_param("W"),
+                                          buffer_param("recv", "f32", "out"), buffer_param("parts", "u64"),
+                                          *int_params("rows", "top_k", "hidden", "inter", "first", "count", "rank", "ranks",
                                                  "offset")),
            ("rows", {"ceil_div": ["hidden", TILES["MOE_COLS"]]}), GEMV_BLOCK),
-    Kernel(MODULE, "moe_sort", (_buf("ids", "i32"), _buf("sorted", "i32", "out"), _buf("pos", "i32", "out"),
-                                _buf("tiles", "i32", "out"), *_ints("n_pairs", "experts")), (1,), (1024,)),
-    Kernel(MODULE, "moe_group_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
-                                         _buf("act", direction="out"),
-                                         *_ints("top_k", "inter", "hidden", "first", "count")),
+    Kernel(MODULE, "moe_sort", (buffer_param("ids", "i32"), buffer_param("sorted", "i32", "out"), buffer_param("pos", "i32", "out"),
+                                buffer_param("tiles", "i32", "out"), *int_params("n_pairs", "experts")), (1,), (1024,)),
+    Kernel(MODULE, "moe_group_gate_up", (buffer_param("x"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
+                                         buffer_param("act", direction="out"),
+                                         *int_params("top_k", "inter", "hidden", "first", "count")),
            ({"ceil_div": ["inter", TILES["MOE_BN"]]}, "max_tiles"), GROUP_BLOCK),
-    Kernel(MODULE, "moe_group_down", (_buf("act"), _buf("tiles", "i32"), _buf("W"), _buf("y", "f32", "out"),
-                                      *_ints("hidden", "inter", "first", "count")),
+    Kernel(MODULE, "moe_group_down", (buffer_param("act"), buffer_param("tiles", "i32"), buffer_param("W"), buffer_param("y", "f32", "out"),
+                                      *int_params("hidden", "inter", "first", "count")),
            ({"ceil_div": ["hidden", TILES["MOE_BN"]]}, "max_tiles"), GROUP_BLOCK),
-    Kernel(MODULE, "moe_combine", (_buf("y", "f32"), _buf("pos", "i32"), _buf("weights", "f32"),
-                                   _buf("out", direction="out"), *_ints("rows", "top_k", "hidden")),
+    Kernel(MODULE, "moe_combine", (buffer_param("y", "f32"), buffer_param("pos", "i32"), buffer_param("weights", "f32"),
+                                   buffer_param("out", direction="out"), *int_params("rows", "top_k", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
-    Kernel(MODULE, "moe_combine_part", (_buf("y", "f32"), _buf("pos", "i32"), _buf("ids", "i32"),
-                                        _buf("weights", "f32"), _buf("out", direction="out"),
-                                        *_ints("rows", "top_k", "hidden", "first", "count")),
+    Kernel(MODULE, "moe_combine_part", (buffer_param("y", "f32"), buffer_param("pos", "i32"), buffer_param("ids", "i32"),
+                                        buffer_param("weights", "f32"), buffer_param("out", direction="out"),
+                                        *int_params("rows", "top_k", "hidden", "first", "count")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 # moe_wg.cu: narrow decode's gather gemvs (a block a chosen expert and 8 pairs of W rows / 16 W
@@ -64,29 +65,29 @@ KERNELS: tuple[Kernel, ...] = (
 _GATHER_BLOCK = (32 * DENSE_TILES["GEMV_WARPS"],)
 _WG_BLOCK = (256,)
 _EXPERT_SMEM = DENSE_TILES["WG_SPLIT_SMEM"]
-_RANGE = _ints("first", "count")
+_RANGE = int_params("first", "count")
 KERNELS += (
-    Kernel(WG_MODULE, "moe_gather_gate_up", (_buf("x"), _buf("ids", "i32"), _buf("W"), _buf("act", direction="out"),
-                                             *_ints("rows", "top_k", "inter", "hidden"), *_RANGE),
+    Kernel(WG_MODULE, "moe_gather_gate_up", (buffer_param("x"), buffer_param("ids", "i32"), buffer_param("W"), buffer_param("act", direction="out"),
+                                             *int_params("rows", "top_k", "inter", "hidden"), *_RANGE),
            ({"ceil_div": ["inter", DENSE_TILES["GEMV_COLS"] // 2]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
-    Kernel(WG_MODULE, "moe_gather_down", (_buf("act"), _buf("ids", "i32"), _buf("W"), _buf("y", "f32", "out"),
-                                          *_ints("rows", "top_k", "hidden", "inter"), *_RANGE),
+    Kernel(WG_MODULE, "moe_gather_down", (buffer_param("act"), buffer_param("ids", "i32"), buffer_param("W"), buffer_param("y", "f32", "out"),
+                                          *int_params("rows", "top_k", "hidden", "inter"), *_RANGE),
            ({"ceil_div": ["hidden", DENSE_TILES["GEMV_COLS"]]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
-    Kernel(WG_MODULE, "moe_wg_gate_up", (_buf("x"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
-                                         _buf("act", direction="out"), *_ints("top_k", "inter", "hidden"), *_RANGE),
+    Kernel(WG_MODULE, "moe_wg_gate_up", (buffer_param("x"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
+                                         buffer_param("act", direction="out"), *int_params("top_k", "inter", "hidden"), *_RANGE),
            ({"ceil_div": ["inter", DENSE_TILES["WG_BN"] // 2]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
-    Kernel(WG_MODULE, "moe_wg_down", (_buf("act"), _buf("sorted", "i32"), _buf("tiles", "i32"), _buf("W"),
-                                      _buf("y", "f32", "out"), *_ints("hidden", "inter"), *_RANGE),
+    Kernel(WG_MODULE, "moe_wg_down", (buffer_param("act"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
+                                      buffer_param("y", "f32", "out"), *int_params("hidden", "inter"), *_RANGE),
            ({"ceil_div": ["hidden", DENSE_TILES["WG_BN"]]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
-    Kernel(WG_MODULE, "moe_router_gemm", (_buf("x"), _buf("W"), _buf("y", "f32", "out"), *_ints("rows", "N", "K")),
+    Kernel(WG_MODULE, "moe_router_gemm", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"), *int_params("rows", "N", "K")),
            ({"ceil_div": ["N", DENSE_TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]}), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
-    Kernel(WG_MODULE, "moe_combine_residual", (_buf("y", "f32"), _buf("ids", "i32"), _buf("weights", "f32"),
-                                               _buf("res", direction="inout"), *_ints("rows", "top_k", "hidden"),
+    Kernel(WG_MODULE, "moe_combine_residual", (buffer_param("y", "f32"), buffer_param("ids", "i32"), buffer_param("weights", "f32"),
+                                               buffer_param("res", direction="inout"), *int_params("rows", "top_k", "hidden"),
                                                *_RANGE), ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
-    Kernel(WG_MODULE, "moe_combine_push", (_buf("y", "f32"), _buf("ids", "i32"), _buf("weights", "f32"),
-                                           _buf("recv", "f32", "out"), _buf("parts", "u64"),
-                                           *_ints("rows", "top_k", "hidden"), *_RANGE,
-                                           *_ints("rank", "ranks", "offset")),
+    Kernel(WG_MODULE, "moe_combine_push", (buffer_param("y", "f32"), buffer_param("ids", "i32"), buffer_param("weights", "f32"),
+                                           buffer_param("recv", "f32", "out"), buffer_param("parts", "u64"),
+                                           *int_params("rows", "top_k", "hidden"), *_RANGE,
+                                           *int_params("rank", "ranks", "offset")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
