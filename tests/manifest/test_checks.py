@@ -1,4 +1,4 @@
-"""What `kern verify` checks, one class at a time (DESIGN.md, "What kern verify checks").
+"""What `kern verify` checks, one class at a time (docs/architecture.md, "What kern verify checks").
 
 Each test takes the tiny generated llama manifest (conftest.py), breaks it exactly one way,
 and shows the problem the verifier names: its place (`where`) and a key phrase of `what`.

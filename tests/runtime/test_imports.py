@@ -1,4 +1,4 @@
-"""Imports in kern.runtime run one way (DESIGN.md, "Layout"): no two of its modules import each
+"""Imports in kern.runtime run one way (docs/architecture.md, "Layers"): no two of its modules import each
 other, directly or round a longer loop, and none imports a floor above it (the host loop, the
 judge, the bench, the server, the api, the commands). Every import counts, also those inside
 functions (the cuda device is imported lazily, but a loop through it is still a loop)."""

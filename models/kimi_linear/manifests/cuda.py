@@ -30,7 +30,7 @@ KDA_CHUNK = 16
 DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
 # The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read
 # 128 experts' rows a layer where the grouped GEMMs of decode_wide read each touched expert once
-# (H200, 8 layers of the real shape: batch 16 narrow 8.19 ms a step, batch 64 wide 4.45 ms).
+# (the step times behind the bound: docs/hybrid.md, "On sm_90a").
 NARROW_SEQS = 4
 WIDE_SEQS = 256
 PREFILL_SEQS = 256

@@ -40,8 +40,7 @@ MAX_CONTEXT = 32768
 # is split over the fewest blocks that leave each a whole number of at most this many. The
 # block's heads are the rows of its mma, so more heads a block cost little more a block and
 # launch fewer blocks: at 1 row one head a block is fastest, past a few rows the whole group
-# (measured on the H200, cuda/KERNELS.md: Qwen3-30B-A3B's G = 8, 64 rows, 18.1 / 21.4 / 37.0 /
-# 67.4 us at 8 / 4 / 2 / 1 heads a block). The bits do not change.
+# (the timings: kernels/cuda/KERNELS.md). The bits do not change.
 DECODE_GROUP_HEADS = 1
 WIDE_GROUP_HEADS = 8
 # The verify program (speculative rounds, docs/speculative.md; invariant builds only): at most

@@ -1,6 +1,6 @@
 """The verifier's checks: pure functions over the manifest that yield problems.
 
-One file per group, numbered as in DESIGN.md ("What kern verify checks"); ALL runs them in
+One file per group, numbered as in docs/architecture.md ("What kern verify checks"); ALL runs them in
 that order. Each problem names its place. Expressions are bounded by interval arithmetic over
 the var ranges [1, max] (expr.interval): "at the var minima" is the least value an expression
 can take, "at the var maxima" the greatest."""
