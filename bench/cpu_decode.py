@@ -45,7 +45,6 @@ def main() -> None:
     from kern.tokenizer import Tokenizer
     from kern_models.embedded import prepare
 
-    sys.path.insert(0, os.path.dirname(__file__))
     from decode import cache_kw, cache_of  # bench/decode.py: the cache argument across transformers releases
 
     ckpt = prepare(progress=False)

@@ -11,7 +11,6 @@ phase timings. Targets: <= 60 s per verdict on the 2-core CPU machine, <= 10 s o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -20,14 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _planted():
-    spec = importlib.util.spec_from_file_location("planted", ROOT / "tests" / "judge" / "planted.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from shared import repo_import
 
 
 def main() -> int:
@@ -41,12 +33,11 @@ def main() -> int:
     from kern_models.embedded import prepare
     from kern_models.llama.generator import generate
 
-    planted = _planted()
+    planted = repo_import("tests.judge.planted")
     ckpt = prepare(progress=False)
     tmp = Path(tempfile.mkdtemp(prefix="kern-test-bench-"))
     a = generate(json.loads((ckpt / "config.json").read_text()), tmp / "a", model="SmolLM2-135M-Instruct").parent
-    sys.path.insert(0, str(ROOT))  # tests/judge/fused.py: programs fused differently, as a GPU build's are
-    from tests.judge import fused
+    fused = repo_import("tests.judge.fused")  # programs fused differently, as a GPU build's are
 
     def fused_bug(bug):
         return lambda base, out: bug(fused.fused(base, out.with_name(out.name + "-base")), out)

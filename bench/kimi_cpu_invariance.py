@@ -22,8 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_invariance import side_by_side, swapped  # noqa: E402
+from cpu_invariance import side_by_side, swapped  # bench/ is this script's sys.path[0]
 
 SHAPES = {"tiny": ("tiny", {}),
           "wide": ("kimi-linear-48b-a3b", dict(layers=4, num_local_experts=16, vocab_size=32768))}

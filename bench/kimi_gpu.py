@@ -47,9 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from gpu import Run, family_args, family_setup, verdict_line  # noqa: E402
+from shared import ROOT, Run, family_args, family_setup, verdict_line
 
 # Each step's script starts with this: a traceback where it hangs, timed progress, results a line each.
 PREAMBLE = r"""

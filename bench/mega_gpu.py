@@ -28,8 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-from gpu import Run, install, models_env  # noqa: E402  (beside this script)
+from shared import ROOT, Run, install, models_env
 
 SMOKE = """
 import faulthandler, json, sys, time

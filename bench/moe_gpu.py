@@ -36,9 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from gpu import Run, family_args, family_setup, verdict_line  # noqa: E402
+from shared import ROOT, Run, family_args, family_setup, verdict_line, with_bench
 
 READ_TB_S = 4.8  # the H200's HBM3e read bandwidth, the batch-1 ceiling's denominator
 
@@ -72,8 +70,7 @@ import faulthandler, json, sys, time
 faulthandler.dump_traceback_later(int(sys.argv[1]) - 5, exit=True)
 import numpy as np
 from pathlib import Path
-sys.path.insert(0, sys.argv[4] + "/bench")
-from decode import run_kern
+from decode import run_kern  # bench/decode.py: the step passes bench/ on PYTHONPATH
 from kern.drive.parity import compare
 from kern.drive.raw_pages import raw
 from kern.api import Model
@@ -240,7 +237,7 @@ def main() -> int:
             report()
             continue
         text = r.step(step, [sys.executable, "-c", KERN, str(timeout), str(ckpt), args.batch, str(ROOT),
-                             str(READ_TB_S), args.target, str(ep)], timeout)
+                             str(READ_TB_S), args.target, str(ep)], timeout, with_bench(r.env))
         tag = "" if ep == 1 else f"_ep{ep}"
         s.setdefault("decode" + tag, [])
         for ln in text.splitlines():

@@ -34,7 +34,7 @@ NVLINK_GB_S = 450.0  # H200 NVLink 4: 900 GB/s a GPU, both directions together
 
 
 def device_run(args) -> int:
-    from gpu import Run, install, installed_env
+    from shared import Run, install, installed_env
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)

@@ -325,7 +325,7 @@ def run_shape(args) -> list[dict]:
 def device_run(args) -> int:
     """The measurement first (the known kernels), then the new ones in a process of their own (a
     fault there cannot take the measurement with it), then the tp GPU tests; one checkpoint."""
-    from gpu import Run, install
+    from shared import Run, install
 
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
