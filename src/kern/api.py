@@ -21,10 +21,10 @@ from .generation.params import DEFAULT_MAX_TOKENS, SamplingParams
 from .generation.speculative import SPEC_FIELDS, SpecStats, Speculate
 from .speculation import speculator_for
 from .manifest import load_verified
-from .runtime.stepping import open_engine
+from .world.stepping import open_engine
 from .errors import KernError
-from .runtime.errors import BoundsError
-from .runtime.jsonfiles import read_object, token_ids
+from .errors import BoundsError
+from .files.jsonfiles import read_object, token_ids
 from .deployments import default_model, deployment_for, refuse_faster_build
 from .tokenizer import Tokenizer
 

@@ -19,9 +19,9 @@ import time
 from functools import cache
 from pathlib import Path
 
-from .runtime.jsonfiles import read_object
+from .files.jsonfiles import read_object
 from .errors import KernError
-from .runtime.modules import cache_dir
+from .files.modules import cache_dir
 
 STALE_BUILD_S = 3600  # a .build-* folder this old is abandoned even if its owner's pid lives on
 

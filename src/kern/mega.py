@@ -28,7 +28,7 @@ from .manifest.verify import Verified
 from .deployments import deployment_for
 from .runtime.engine import Engine
 from .errors import KernError
-from .runtime.errors import BoundsError
+from .errors import BoundsError
 
 TARGET = "mega"  # the generator target of the one-kernel deployment
 

@@ -11,7 +11,7 @@ from .generation.draft import DraftProposer, check_pair
 from .generation.speculative import NgramProposer, Speculate, SpeculateError, Speculator
 from .manifest import load_verified
 from .manifest.protocol import verify_problem
-from .runtime.stepping import open_engine
+from .world.stepping import open_engine
 
 # The draft's state memory: its own pool beside the target's (a draft is the smaller model; its
 # sequences are the target's, at the same lengths).

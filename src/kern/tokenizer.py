@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .runtime.jsonfiles import read_object
+from .files.jsonfiles import read_object
 from .errors import KernError
 
 

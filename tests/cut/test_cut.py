@@ -9,8 +9,8 @@ import pytest
 
 from kern.cli import main
 from kern.judge.judge import Options
-from kern.judge.pipeline import judge_pipeline
-from kern.manifest.cut import CutError, plan, stage_manifest
+from kern.cut.judge import judge_pipeline
+from kern.cut.plan import CutError, plan, stage_manifest
 from kern.manifest.verify import load_verified, verify_text
 
 SMALL = Options(seed=0, seqs=3, decode_steps=3, max_prompt=40)
@@ -94,7 +94,7 @@ def test_the_sm90a_example_cuts_into_stages_that_verify(tmp_path):
     tests/bench/test_bench_gpu.py)."""
     from pathlib import Path
 
-    from kern.commands.cut import write_stages
+    from kern.cut.stages import write_stages
 
     sm90a = Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a"
     write_stages(sm90a, 2, tmp_path / "s")
@@ -119,7 +119,7 @@ def test_cut_reads_kern_bench_json_as_times(tiny_a, tiny_ckpt, tmp_path, capsys)
 
 
 def test_a_call_timed_below_zero_costs_nothing_in_the_balance(tmp_path):
-    from kern.commands.cut import read_times
+    from kern.cut.stages import read_times
 
     call = {"call": 0, "us": {"p50": -1.5}}
     doc = {"kern_bench": 1, "manifest": {"sha256": "ab"}, "scenarios": [

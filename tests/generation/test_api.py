@@ -8,7 +8,7 @@ import pytest
 import kern
 from kern.api import Model
 from kern.generation import SamplingParams
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 
 from .test_loop import _prompts
 

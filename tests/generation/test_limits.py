@@ -7,7 +7,7 @@ import pytest
 
 from kern.generation.limits import held_tokens, limits_for
 from kern.manifest.protocol import ServingProtocol, Stepper
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 
 
 def _protocol(context: int) -> ServingProtocol:

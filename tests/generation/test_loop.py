@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kern.generation import SamplingParams
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 
 from .conftest import make_loop
 

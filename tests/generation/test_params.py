@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kern.generation import SamplingParams
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 
 BAD = [
     (dict(max_tokens=0), "max_tokens must be an integer >= 1, got 0"),

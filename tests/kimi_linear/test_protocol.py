@@ -97,7 +97,7 @@ def test_kern_kernels_rebuilds_each_module_with_the_family_that_owns_it(kimi_dep
 def test_a_slot_outside_the_state_is_refused_before_launch(kimi_model, slot):
     import numpy as np
 
-    from kern.runtime.errors import BoundsError
+    from kern.errors import BoundsError
 
     e = kimi_model.engine
     st = e.protocol.for_rows(1, 1)

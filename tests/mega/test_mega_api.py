@@ -12,7 +12,7 @@ import pytest
 
 from kern.mega import MegaModel
 from kern.runtime.devices.cpu import CpuDevice
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 from kern_models.llama.generator import generate
 
 from tests.reliability.conftest import write_safetensors

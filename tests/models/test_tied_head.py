@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from kern.drive.parity import compare, teacher_forced  # noqa: E402
 from kern.manifest import load_verified  # noqa: E402
 from kern.runtime.engine import Engine  # noqa: E402
-from kern.runtime.errors import WeightError  # noqa: E402
+from kern.files.errors import WeightError  # noqa: E402
 
 FAMILIES = ("llama", "qwen3_moe", "kimi_linear")
 

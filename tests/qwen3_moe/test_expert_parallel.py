@@ -1,5 +1,5 @@
 """Expert parallel on the cpu: the experts split over the ranks of an `ep` group (threads of one
-process, kern.runtime.ranks), rows dispatched to their experts' ranks and combined back by the
+process, kern.world.ranks), rows dispatched to their experts' ranks and combined back by the
 all-to-all collectives over peer buffers; the logits and tokens equal the single device's bit
 for bit. `--ep` on kern run and kern.load; the refusals, one line each."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 from tests.reliability.conftest import kern, make_tiny
 from kern.drive.parity import teacher_forced
 

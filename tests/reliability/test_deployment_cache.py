@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kern import deployments
-from kern.runtime.modules import cache_dir
+from kern.files.modules import cache_dir
 
 
 def _deployments() -> Path:

@@ -1,4 +1,4 @@
-"""Modules fetched by URL (runtime/modules.py), against a loopback HTTP server: fetched once and
+"""Modules fetched by URL (files/modules.py), against a loopback HTTP server: fetched once and
 cached by sha256, a wrong sha256 refused before anything loads the bytes, and an interrupted or
 truncated download never cached (the next fetch downloads again)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kern.runtime.errors import ModuleError
-from kern.runtime.modules import cache_dir, fetch
+from kern.files.errors import ModuleError
+from kern.files.modules import cache_dir, fetch
 
 BODY = b"# a CPU module\nVALUE = 42\n" * 100
 SHA = hashlib.sha256(BODY).hexdigest()

@@ -15,7 +15,8 @@ from safetensors.numpy import load_file, save_file
 from kern.api import Model
 from kern.manifest import load_verified
 from kern.runtime.engine import Engine
-from kern.runtime.errors import BoundsError, ModuleError, WeightError
+from kern.errors import BoundsError
+from kern.files.errors import ModuleError, WeightError
 
 
 def _copy(tiny, tmp_path):

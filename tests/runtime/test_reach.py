@@ -10,7 +10,7 @@ import pytest
 
 from kern.api import Model
 from kern.manifest.protocol import ProtocolError
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 from kern.drive.raw_pages import raw
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kern.api import Model, deployment_for
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 from kern.drive.raw_pages import raw
 
 

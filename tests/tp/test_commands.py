@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kern.runtime.errors import BoundsError
+from kern.errors import BoundsError
 from tests.reliability.conftest import kern, make_tiny
 
 

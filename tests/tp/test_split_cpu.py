@@ -75,7 +75,7 @@ def test_a_bad_step_is_refused_once_before_any_rank_runs(pair):
     """The split deployment checks a step once, on the caller's thread, before any rank writes
     or launches: a token outside the vocabulary is one BoundsError, and every rank's inputs are
     still the last good step's."""
-    from kern.runtime.errors import BoundsError
+    from kern.errors import BoundsError
 
     _, two = pair
     st = two.protocol.for_rows(1, 1)

@@ -11,7 +11,7 @@ import pytest
 
 from kern.manifest import verify_path, verify_text
 from kern.runtime.errors import KernError
-from kern.runtime.ranks import RankedEngine, RankError, rank_manifests
+from kern.world.ranks import RankedEngine, RankError, rank_manifests
 from kern_models.llama.config import ConfigError
 from kern_models.llama.generator import generate
 

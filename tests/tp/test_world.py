@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kern.runtime.world import World, WorldError, all_gather
+from kern.world.processes import World, WorldError, all_gather
 
 OK = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 

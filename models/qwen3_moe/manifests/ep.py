@@ -15,7 +15,7 @@ is wrapped in two all-to-alls over peer buffers the manifest declares:
             order: every rank holds the whole MoE output, bit for bit the single device's.
 
 The barrier and peer writes are the collectives module's (the cpu device runs ranks as threads
-of one process, kern.runtime.ranks, so CI runs this end to end)."""
+of one process, kern.world.ranks, so CI runs this end to end)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _where(source: str, sha256: str, base: Path) -> dict:
     """Where the module's bytes are and whether they hash to the pin."""
-    from ..runtime.modules import cache_dir
+    from ..files.modules import cache_dir
 
     if source.startswith(("https://", "hf:")):
         blob = cache_dir() / "blobs" / sha256

@@ -37,7 +37,7 @@ def main(args) -> int:
     from ..errors import KernError
     from ..judge import judge as judging
     from ..judge.judge import Options
-    from ..runtime.pipeline import PIPELINE_FILE
+    from ..cut.pipeline import PIPELINE_FILE
 
     weights = args.weights
     if weights is None:
@@ -52,7 +52,7 @@ def main(args) -> int:
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
         if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence
-            from ..judge.pipeline import judge_pipeline
+            from ..cut.judge import judge_pipeline
 
             report = judge_pipeline(args.reference, args.candidate, weights, opts, say)
         else:

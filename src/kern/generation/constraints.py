@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..runtime.errors import BoundsError
+from ..errors import BoundsError
 
 # How a JSON schema's document is spelled: one space after ':' and ',' and no free whitespace
 # between tokens (a small model given free whitespace can spend its budget on newlines), the

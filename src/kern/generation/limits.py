@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..manifest.protocol import ServingProtocol
-from ..runtime.errors import BoundsError
+from ..errors import BoundsError
 
 
 # A lease is promised its prompt and this many tokens more; past that its pages come from the

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..runtime.errors import BoundsError, KernError
+from ..errors import BoundsError, KernError
 from ..runtime.paging import Paging
 from .constraints import Grammars
 from .detok import TextStream
@@ -33,7 +33,7 @@ from .scheduler import StepPlan, Scheduler
 from .sequence import SequenceState
 
 if TYPE_CHECKING:
-    from ..runtime.stepping import StepEngine
+    from ..world.stepping import StepEngine
     from ..tokenizer import Tokenizer
 
 

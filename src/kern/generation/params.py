@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..runtime.errors import BoundsError
+from ..errors import BoundsError
 
 
 # Temperatures below this act as greedy (docs/serve.md): the device divides in float32, where 1/T

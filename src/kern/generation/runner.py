@@ -13,7 +13,7 @@ import numpy as np
 from ..manifest.protocol import ServingProtocol, Stepper
 
 if TYPE_CHECKING:
-    from ..runtime.stepping import StepEngine
+    from ..world.stepping import StepEngine
 
 
 @dataclass(frozen=True, slots=True)

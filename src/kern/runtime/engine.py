@@ -19,14 +19,15 @@ from ..manifest.protocol import ServingProtocol, derive
 from ..manifest.verify import Verified
 from ..pool import Pool
 from .device import Device, Program
-from .errors import BoundsError, DeviceError
+from ..errors import BoundsError
+from .errors import DeviceError
 from .lower import LoweredLaunch, lower_program
 from .paging import Paging, host_budget, plan_pool, state_sizes
 from .pointers import fill_pointers, pointer_tables
-from .modules import fetch
-from .safetensors import WeightFiles
+from ..files.modules import fetch
+from ..files.safetensors import WeightFiles
 from .dtypes import NP
-from .weights import bind_all
+from ..files.weights import bind_all
 
 DEFAULT_STATE_BUDGET = 512 << 20  # where the device shares the host's memory (cpu)
 # Where the device has its own memory, the state budget defaults to this share of it, less what

@@ -1,18 +1,8 @@
-"""Runtime errors: each says what is wrong, where, and who has to act."""
+"""The runtime's errors: each says what is wrong, where, and who has to act (a request or step
+outside a bound is kern.errors.BoundsError; a module or checkpoint that cannot be read is
+kern.files.errors')."""
 
 from ..errors import KernError
-
-
-class ModuleError(KernError):
-    """A module cannot be fetched, or its bytes do not match the pinned sha256."""
-
-
-class WeightError(KernError):
-    """Checkpoint tensors are missing or mis-shaped; lists each."""
-
-
-class BoundsError(KernError):
-    """A step outside a var bound or an input outside its domain, refused before launch."""
 
 
 class DeviceError(KernError):

@@ -13,7 +13,7 @@ from ..generation.params import SamplingParams
 from . import formats, prompts as prompts_in
 from .errors import HugeInt, RequestError, kind as _kind
 from .tools import ToolPlan
-from ..runtime.errors import BoundsError
+from ..errors import BoundsError
 
 MAX_N = 16  # choices per request: each is a sequence of its own in the loop
 

@@ -2,7 +2,7 @@
 allreduce.cu) in numpy, so that CI runs tensor parallelism end to end without a GPU.
 
 This file is a kern module, pinned by sha256. The cpu device runs each rank on a thread of one
-process, so a peer buffer's addresses (a u64 per rank, filled in by kern.runtime.ranks) are
+process, so a peer buffer's addresses (a u64 per rank, filled in by kern.world.ranks) are
 plain host addresses that every rank can read. The algorithm is the GPU kernel's: bump the
 epoch, write it into every rank's flag slot of this rank, wait until every rank's flag in this
 rank's slots has reached it, then sum every rank's part in rank order (the same bits on every
@@ -24,7 +24,7 @@ def _at(address, dtype, n):
 def _barrier(parts, flag_peers, flags, epoch, rank, ranks):
     if not (parts.all() and flag_peers.all()):
         raise ValueError("the peer tables are empty: a split deployment's ranks load together "
-                         "(kern.runtime.ranks), not one rank alone")
+                         "(kern.world.ranks), not one rank alone")
     e = int(epoch[0]) + 1
     epoch[0] = e
     for p in range(ranks):

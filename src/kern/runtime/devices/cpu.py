@@ -12,7 +12,8 @@ import numpy as np
 
 from ...manifest.expr import evaluate
 from ..dtypes import NP
-from ..errors import DeviceError, LaunchError, ModuleError
+from ...files.errors import ModuleError
+from ..errors import DeviceError, LaunchError
 from ..lower import LoweredLaunch, StateRef, View
 
 

@@ -52,7 +52,7 @@ class CudaDevice:
         self.tensor_maps = TensorMaps()  # the tiled views' maps (tensormap.py), made as programs are
         self._bounce_bytes = 1 << 20  # reads up to this size go through pinned memory
         self._bounce = memory.PinnedHost(self._bounce_bytes, "read bounce")
-        self.communicator = None  # NCCL, set by kern.runtime.ranks for a split deployment
+        self.communicator = None  # NCCL, set by kern.world.ranks for a split deployment
 
     @property
     def blas(self):
@@ -148,7 +148,7 @@ class CudaDevice:
         """The launch of an NCCL extern (an in-place bf16 sum of x[:n] over the ranks)."""
         if self.communicator is None:
             raise DeviceError(f"{where}: an NCCL all-reduce needs every rank of the split deployment loaded "
-                              "together (kern.runtime.ranks); this device has no communicator")
+                              "together (kern.world.ranks); this device has no communicator")
         x, n = vals
         return lambda s, comm=self.communicator: comm.all_reduce_sum_bf16(x, n, s.handle)
 

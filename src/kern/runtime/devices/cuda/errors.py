@@ -1,7 +1,8 @@
 """Errors of the CUDA device, in the KernError family. Each says what failed, where, and who has
 to act."""
 
-from kern.runtime.errors import DeviceError, ModuleError
+from kern.files.errors import ModuleError
+from kern.runtime.errors import DeviceError
 
 
 class CudaUnavailable(DeviceError):

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ..manifest.verify import load_verified
-from .engine import Engine
+from ..runtime.engine import Engine
 from ..errors import KernError
-from .jsonfiles import read_object
+from ..files.jsonfiles import read_object
 
 PIPELINE_FILE = "pipeline.json"
 

@@ -12,7 +12,7 @@ at once and each waits on its own: a rank's kernels wait for the others inside t
 so a single thread that launched and waited rank after rank would deadlock the first
 all-reduce. Each thread owns its rank's device (a CUDA context is current per thread) and
 captures its own graphs. One process per rank (torchrun, Slurm: `load_split` under WORLD_SIZE)
-is `kern.runtime.world`.
+is `kern.world.processes`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import numpy as np
 
 from ..manifest import load_verified
 from ..manifest.verify import Verified
-from .device import Device
-from .engine import DEFAULT_STATE_BUDGET, Engine
-from .paging import Paging
+from ..runtime.device import Device
+from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
+from ..runtime.paging import Paging
 from ..errors import KernError
-from .errors import DeviceError
+from ..runtime.errors import DeviceError
 
 
 class RankError(KernError):
@@ -105,11 +105,11 @@ def rank_device(v: Verified, ordinal: int) -> Device:
     """The device rank `ordinal` of this process runs on: a cpu device of its own, or GPU `ordinal`."""
     target = v.manifest.target
     if target.device == "cpu":
-        from .devices.cpu import CpuDevice
+        from ..runtime.devices.cpu import CpuDevice
 
         return CpuDevice()
     try:
-        from .devices.cuda.device import CudaDevice
+        from ..runtime.devices.cuda.device import CudaDevice
     except ImportError as exc:
         raise DeviceError(f"manifest targets cuda {target.arch or ''}, but the CUDA device cannot load: {exc}") from None
     return CudaDevice(arch=target.arch, ordinal=ordinal)
@@ -198,8 +198,8 @@ class RankedEngine:
 def load_split(v: Verified, weights: str | Path | None, **kw) -> "Engine | RankedEngine":
     """The engine of a split deployment (v: one of its rank manifests, verified). Under a
     launcher (WORLD_SIZE > 1: torchrun, Slurm) this process's rank alone, on GPU LOCAL_RANK,
-    joined to the others (kern.runtime.world); else every rank, one thread each (RankedEngine)."""
-    from .world import World, join
+    joined to the others (kern.world.processes); else every rank, one thread each (RankedEngine)."""
+    from .processes import World, join
 
     world = World.from_env()
     if world is None:
@@ -215,12 +215,12 @@ def link(ranks: list[Engine], workers: Workers) -> None:
     and NCCL communicators where a manifest calls NCCL; then every peer buffer filled with the
     address of its exported buffer on each rank."""
     if ranks[0].device.kind == "cuda":
-        from .devices.cuda import peer
+        from ..runtime.devices.cuda import peer
 
         ctxs = [e.device.dev for e in ranks]
         workers.each(lambda r: peer.enable(ctxs[r], [c for p, c in enumerate(ctxs) if p != r]))
         if any(l.entry.startswith("extern:nccl_") for ls in ranks[0].launches.values() for l in ls):
-            from .devices.cuda import nccl
+            from ..runtime.devices.cuda import nccl
 
             comms = nccl.init_all([c.ordinal for c in ctxs])
             for e, comm in zip(ranks, comms):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from math import prod
 
 from ..errors import KernError
-from .expr import evaluate, names
-from .schema import DTYPE_BYTES, BufArg, StateArg
-from .verify import Verified
+from ..manifest.expr import evaluate, names
+from ..manifest.schema import DTYPE_BYTES, BufArg, StateArg
+from ..manifest.verify import Verified
 
 
 class CutError(KernError, ValueError):
@@ -275,7 +275,7 @@ def _calls_of(v: Verified, program: str, p: CutPlan, k: int):
 
 def _prune_names(doc: dict) -> dict:
     """Drop vars and constants nothing in the stage names (the verifier refuses unused ones)."""
-    from .schema import Manifest
+    from ..manifest.schema import Manifest
 
     m = Manifest.model_validate(doc)
     exprs: list = []

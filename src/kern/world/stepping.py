@@ -13,10 +13,10 @@ import numpy as np
 
 from ..manifest.protocol import ServingProtocol
 from ..manifest.verify import Verified
-from .device import Device
-from .engine import DEFAULT_STATE_BUDGET, Engine
-from .lower import LoweredLaunch
-from .paging import Paging
+from ..runtime.device import Device
+from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
+from ..runtime.lower import LoweredLaunch
+from ..runtime.paging import Paging
 
 
 class StepEngine(Protocol):

@@ -131,7 +131,7 @@ def join(world: World, engine) -> None:
     if engine.device.kind != "cuda":
         raise WorldError("one process a rank needs cuda: the cpu device runs a split deployment's ranks as threads "
                          "of one process (leave WORLD_SIZE unset)")
-    from .devices.cuda import ipc, nccl
+    from ..runtime.devices.cuda import ipc, nccl
 
     peers = {n: b for n, b in engine.m.buffers.items() if b.kind == "peer"}
     uses_nccl = any(l.entry.startswith("extern:nccl_") for ls in engine.launches.values() for l in ls)
