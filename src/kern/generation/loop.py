@@ -152,11 +152,9 @@ class Loop:
         if len(prompt_ids) + 1 > self.context:
             raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
                               f"context of {self.context} positions (the prompt plus one generated token)")
-        room = self.context - len(prompt_ids)
-        if params.max_tokens > room:  # refused, never clipped: the server's 400 says the same
-            raise BoundsError(f"request {request_id!r}: max_tokens is {params.max_tokens}, but the prompt's "
-                              f"{len(prompt_ids)} tokens leave room for at most {room} in the context of "
-                              f"{self.context} positions")
+        if params.max_tokens > (room := self.context - len(prompt_ids)):  # refused, never clipped (HTTP's 400)
+            raise BoundsError(f"request {request_id!r}: max_tokens is {params.max_tokens}, but the prompt's {len(prompt_ids)} "
+                              f"tokens leave room for at most {room} in the context of {self.context} positions")
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
