@@ -217,12 +217,12 @@ def _rows_attention(p: str, rows: str, seqs: str, pages, split: int):
 def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
     """Prefill as decode computes each row: the gemm twins of decode's projections and
     attention_rows (decode's split order), so a prompt's last token gets the same logits here
-    as decoded after a cache hit; the LM head takes each sequence's last row of x."""
+    as decoded after a cache hit; the LM head takes each sequence's last row of x (`last_x`)."""
     rows, seqs = "tokens", "prefill_seqs"
     calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), GEMM_FAMILY)
-    calls.append({"op": "gather_last", "args": [buffer_arg(p + "x"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last"), value_arg(seqs),
+    calls.append({"op": "gather_last", "args": [buffer_arg(p + "x"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last_x"), value_arg(seqs),
                                                 value_arg("hidden")]})
-    calls.append(_proj(p, GEMM_FAMILY["logits"], [buffer_arg(p + "last"), buffer_arg("final_norm"), buffer_arg("lm_head"),
+    calls.append(_proj(p, GEMM_FAMILY["logits"], [buffer_arg(p + "last_x"), buffer_arg("final_norm"), buffer_arg("lm_head"),
                                                   buffer_arg(p + "logits"), value_arg(seqs), value_arg("vocab"), value_arg("hidden"), value_arg(s.eps)]))
     calls.append(_argmax(p, seqs))
     return calls
@@ -366,7 +366,10 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                                           dtype="f32")
                 buffers[p + "gsem"] = buffer([tiles], "carry", "i32")
         else:
-            buffers[p + "last"] = bw([gseqs, "hidden"])
+            # each sequence's last row: of h (normed) for the LM head, or of x (the residual
+            # stream) where the head's kernel applies the final norm itself; two names, since kern
+            # test pairs the buffers two builds share by name
+            buffers[p + ("last_x" if batch_invariant else "last")] = bw([gseqs, "hidden"])
             calls = (_invariant_prefill_calls(s, p, pages, decode_split) if batch_invariant
                      else _prefill_calls(s, p, pages))
         # decode and verify are CUDA graphs (one a batch size and reach bucket; a round's one a
