@@ -45,7 +45,7 @@ def test_bench_on_cuda_attributes_every_call_inside_the_program_and_passes_the_g
 def test_cut_sm90a_pipeline_is_bit_identical_on_the_gpu(ckpt, tmp_path):
     from kern.cut.stages import write_stages
     from kern.judge.judge import Options
-    from kern.cut.judge import judge_pipeline
+    from kern.judge.pipeline import judge_pipeline
 
     write_stages(SM90A, 2, tmp_path / "stages")
     r = judge_pipeline(SM90A, tmp_path / "stages", ckpt, Options(seed=0, seqs=4, decode_steps=4))

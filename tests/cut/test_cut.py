@@ -9,7 +9,7 @@ import pytest
 
 from kern.cli import main
 from kern.judge.judge import Options
-from kern.cut.judge import judge_pipeline
+from kern.judge.pipeline import judge_pipeline
 from kern.cut.plan import CutError, plan, stage_manifest
 from kern.manifest.verify import load_verified, verify_text
 

@@ -118,7 +118,7 @@ def test_thin_logit_evidence_grows_the_workload_with_natural_prompts(smol_a, smo
 def test_pipeline_stages_pass(smol_a, smollm2, tmp_path):
     """kern cut's stages, run in sequence, against the uncut manifest: bit-identical."""
     from kern.cut.stages import write_stages
-    from kern.cut.judge import judge_pipeline
+    from kern.judge.pipeline import judge_pipeline
 
     write_stages(smol_a, 2, tmp_path / "stages")
     r = judge_pipeline(smol_a, tmp_path / "stages", smollm2, SMALL)

@@ -66,7 +66,7 @@ def test_kern_bench_times_every_expert_op(moe_dep, moe_ckpt):
 
 
 def test_kern_cut_stages_chain_back_bit_for_bit(moe_dep, moe_ckpt, tmp_path):
-    from kern.cut.judge import judge_pipeline
+    from kern.judge.pipeline import judge_pipeline
 
     assert main(["cut", str(moe_dep), "--stages", "2", "--out", str(tmp_path / "cut")]) == 0
     r = judge_pipeline(moe_dep, tmp_path / "cut", moe_ckpt, SMALL)

@@ -18,11 +18,11 @@ FLOORS = (
     ("manifest", "pool"),
     ("files",),
     ("runtime",),
-    ("world",),
+    ("world", "cut"),
     ("drive", "tokenizer"),
     ("judge", "generation", "deployments"),
     ("speculation",),
-    ("serve", "hosts", "api", "mega", "bench", "cut"),
+    ("serve", "hosts", "api", "mega", "bench"),
     ("commands",),
     ("cli", "kern"),
 )

@@ -52,7 +52,7 @@ def main(args) -> int:
     say = (lambda s: None) if args.json else (lambda s: print(s, flush=True))
     try:
         if (Path(args.candidate) / PIPELINE_FILE).is_file():  # a kern cut folder: its stages in sequence
-            from ..cut.judge import judge_pipeline
+            from ..judge.pipeline import judge_pipeline
 
             report = judge_pipeline(args.reference, args.candidate, weights, opts, say)
         else:

@@ -17,13 +17,13 @@ from ..drive import script
 from ..drive.engine_io import EngineIO
 from ..manifest.verify import load_verified
 from ..runtime.engine import Engine
-from .pipeline import Pipeline
-from ..judge.facts import end_to_end
-from ..judge.judge import JudgeError, Options, Report
-from ..judge.workloads import limits
-from ..judge.record import StepOut, stepper_for
-from ..judge.replay import free_run
-from ..judge.verdict import Facts, decide
+from ..cut.pipeline import Pipeline
+from .facts import end_to_end
+from .judge import JudgeError, Options, Report
+from .workloads import limits
+from .record import StepOut, stepper_for
+from .replay import free_run
+from .verdict import Facts, decide
 
 
 def judge_pipeline(reference: str | Path, stages: str | Path, weights: str | Path | None,
@@ -66,7 +66,7 @@ def judge_pipeline(reference: str | Path, stages: str | Path, weights: str | Pat
     secs["free_b"] = time.perf_counter() - t
     gc.collect()
     if err:
-        from ..judge.verdict import EndToEnd
+        from .verdict import EndToEnd
 
         e2e = EndToEnd(0, False, False, False, 0.0, (), 0, (), err)
     else:
