@@ -267,6 +267,9 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
                     ("pp", pp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
+    if pp > 1 and max(tp, ep) > 1:
+        raise KernError(f"--pp {pp} with --{'tp' if tp > 1 else 'ep'} {max(tp, ep)}: pipeline stages of a split "
+                        "deployment are not supported yet; give one of them")
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if target == "cpu" and memory is not None and memory > ram:  # the pool's bookkeeping alone would not fit
         raise BoundsError(f"memory {memory / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
@@ -289,9 +292,6 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
                         "programs (leave out --manifest, or give a manifest built with invariant=False)")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
                                                                   batch_invariant=batch_invariant)
-    if pp > 1 and max(tp, ep) > 1:
-        raise KernError(f"--pp {pp} with --{'tp' if tp > 1 else 'ep'} {max(tp, ep)}: pipeline stages of a split "
-                        "deployment are not supported yet; give one of them")
     if pp > 1:
         model_kw["pp"] = pp
     return Model(man, ckpt, context=context, max_seqs=max_seqs,

@@ -72,6 +72,11 @@ def cut_stages(v: Verified, n: int) -> tuple[list[Verified], Plan]:
         for b in {b for s in p.segments if s.stage == k for b in s.receives}:
             if doc["buffers"][b]["kind"] == "input":  # written by the peer copy, not the caller
                 doc["buffers"][b]["kind"] = "carry"
+        kept, whole = sorted(doc["states"]), sorted(v.manifest.states)
+        if kept and kept != whole:
+            raise StageError(f"--pp {n}: stage {k} keeps states {', '.join(kept)} of the deployment's "
+                             f"{', '.join(whole)}: the stages share one pool, so a stage keeps every state or "
+                             "none; this deployment does not pipeline yet")
         r = verify_text(json.dumps(doc), f"{v.base_dir}: stage {k} of {n}", v.base_dir)
         if r.verified is None:
             raise StageError(f"--pp {n}: stage {k} does not verify (a kern cut bug): {r.problems[0]}")
@@ -138,9 +143,13 @@ class StagedEngine:
         out = {}
         for s in self.plan.of(program):
             if s.hi > s.lo:
-                for name, b in self.stages[s.stage].m.buffers.items():
-                    if name in self.m.buffers and self.m.buffers[name].kind == "output" and b.kind != "input":
-                        out[name] = s.stage
+                e = self.stages[s.stage]
+                for c in e.m.programs[program].calls:
+                    for a in c.args:
+                        name = getattr(a, "buf", None)
+                        if name in self.m.buffers and self.m.buffers[name].kind == "output" and \
+                                e.m.buffers[name].kind != "input":
+                            out[name] = s.stage
         return out
 
     # ---- stepping -------------------------------------------------------------------------
