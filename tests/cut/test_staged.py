@@ -48,17 +48,10 @@ def _decode_step_logits(m, seqs: int = 4) -> tuple[np.ndarray, np.ndarray, np.nd
     try:
         for p, pg in zip(prompts, pages):
             raw(m).step_rows(p, 0, pg, ragged=True)
+        tokens, logits = raw(m).step_many([p[:1] for p in prompts], [len(p) for p in prompts], pages)
         st = m.protocol.for_rows(seqs, 1)
-        inputs = {st.inputs["token"]: np.array([p[0] for p in prompts], np.int32),
-                  st.inputs["position"]: np.array([len(p) for p in prompts], np.int32)}
-        for pt in st.page_tables:
-            table = np.zeros((seqs, m.engine.shapes[pt.buffer][1]), np.int32)
-            for i, pg in enumerate(pages):
-                table[i, :len(pg)] = pg
-            inputs[pt.buffer] = table
-        env = m.engine.run(st.program, st.vars_for(seqs, 1, reach=max(map(len, prompts)) + 1), inputs)
-        return (m.engine.read(st.outputs["tokens"], env), m.engine.read(st.outputs["logits"], env),
-                m.engine.read_rows(st.outputs["logits"], env, [3, 1]))
+        env = m.engine.env(st.program, st.vars_for(seqs, 1, reach=max(map(len, prompts)) + 1))
+        return tokens, logits, m.engine.read_rows(st.outputs["logits"], env, [3, 1])
     finally:
         for pg in pages:
             raw(m).give(pg)
