@@ -166,3 +166,14 @@ def test_kern_serve_refuses_what_pp_cannot_honour_in_one_line(capsys, flags, lin
 
     r = kern(capsys, "serve", "/nonexistent", *flags)
     assert r.code == 1 and r.err.strip() == line
+
+
+def test_a_micro_batch_takes_its_groups_of_each_input_and_rebased_cu_seqlens():
+    """The cuda decode programs take cu_seqlens (0, 1, .., n): a micro-batch's starts at 0."""
+    from kern.runtime.staged import micro_inputs
+
+    step = {"ids": np.array([7, 8, 9, 10, 11]), "cu": np.arange(6, dtype=np.int32),
+            "table": np.arange(10).reshape(5, 2)}
+    got = micro_inputs(step, 2, 4, "cu")
+    assert got["ids"].tolist() == [9, 10] and got["cu"].tolist() == [0, 1, 2]
+    assert got["table"].tolist() == [[4, 5], [6, 7]]

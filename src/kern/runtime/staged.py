@@ -104,7 +104,7 @@ class StagedEngine:
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
         sv, self.plan = cut_stages(v, stages)
-        ordinals = ordinals or list(range(stages))
+        ordinals = ordinals or _ordinals(sv[0], stages)
         self.micro_batches = micro_batches or 2 * stages
         self.workers = Workers(stages)
         self.stages: list[Engine] = self.workers.each(lambda k: Engine(
@@ -159,7 +159,9 @@ class StagedEngine:
         st = next((s for s in self.protocol.steppers if s.program == program), None)
         gvar = st.groups_var if st is not None and st.rows == 1 else None
         n = vars.get(gvar, 0) if gvar else 0
-        by_group = all(list(self.m.buffers[b].shape[:1]) == [gvar] for b in [*inputs, *self._writer[program]])
+        cu = st.inputs.get("cu_seqlens") if st is not None else None  # a group a row: 0, 1, .., n
+        by_group = all(list(self.m.buffers[b].shape[:1]) == [gvar] for b in [*inputs, *self._writer[program]]
+                       if b != cu)
         m = min(self.micro_batches, n) if gvar and by_group else 1
         if m <= 1:
             return [(0, n)]
@@ -184,11 +186,12 @@ class StagedEngine:
         for see in self.observers:
             see(program, env, inputs)
         parts = self._split(program, vars, inputs)
-        gvar = next((s.groups_var for s in self.protocol.steppers if s.program == program), None)
+        st = next((s for s in self.protocol.steppers if s.program == program), None)
+        gvar, cu = (st.groups_var, st.inputs.get("cu_seqlens")) if st is not None else (None, None)
         tickets = []
         for lo, hi in parts:
             tv = {**vars, gvar: hi - lo} if len(parts) > 1 else vars
-            tin = {b: np.asarray(x)[lo:hi] for b, x in inputs.items()} if len(parts) > 1 else inputs
+            tin = micro_inputs(inputs, lo, hi, cu) if len(parts) > 1 else inputs
             tickets.append([self.stages[s.stage].checked(
                 program, {k: x for k, x in tv.items() if k in self.stages[s.stage].m.vars},
                 {b: x for b, x in tin.items() if b in self.stages[s.stage].m.buffers
@@ -315,6 +318,25 @@ class StagedEngine:
 
     def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
         raise StageError("a pipelined deployment has no host tier: its pages are not parked")
+
+
+def micro_inputs(inputs: dict[str, np.ndarray], lo: int, hi: int, cu: str | None) -> dict[str, np.ndarray]:
+    """Groups [lo, hi) of a step's inputs, each laid out by group; `cu` (a decode program's
+    cu_seqlens: 0, 1, .., n) rebased to the micro-batch's first row."""
+    return {b: (np.asarray(x)[lo:hi + 1] - np.asarray(x)[lo]) if b == cu else np.asarray(x)[lo:hi]
+            for b, x in inputs.items()}
+
+
+def _ordinals(v: Verified, n: int) -> list[int]:
+    """Stage k's device: cpu, a CpuDevice of its own; cuda, GPU k (refused where there are fewer)."""
+    if v.manifest.target.device == "cuda":
+        from .devices.cuda.driver import call, open_device
+
+        open_device(0)
+        gpus = call("cuDeviceGetCount")
+        if gpus < n:
+            raise StageError(f"--pp {n}: a stage a GPU needs {n} GPUs, this machine has {gpus}")
+    return list(range(n))
 
 
 def _link(stages: list[Engine], workers: Workers) -> None:
