@@ -63,7 +63,7 @@ class RawPages:
         """One step of several sequences together: sequence i's rows `seqs[i]` at positions
         starts[i].. in its pages. Decode (one row each) unless ragged: one prefill step of every
         row, cu_seqlens between them. Returns the step's tokens and logits as its outputs hold
-        them (the llama family's: a row a sequence, its last)."""
+        them (a row a sequence, its last, where the logits output is laid out by sequence)."""
         m = self.model
         n = len(seqs)
         st = m.protocol.for_rows(n, None if ragged else 1)
