@@ -177,3 +177,26 @@ def test_a_micro_batch_takes_its_groups_of_each_input_and_rebased_cu_seqlens():
     got = micro_inputs(step, 2, 4, "cu")
     assert got["ids"].tolist() == [9, 10] and got["cu"].tolist() == [0, 1, 2]
     assert got["table"].tolist() == [[4, 5], [6, 7]]
+
+
+def test_a_steps_outputs_stay_readable_after_another_programs_step(models):
+    """The loop may launch a prefill before it reads the decode step's logits (their buffers are
+    apart): a micro-batched step's gathered outputs outlive the next program's step."""
+    from kern.drive.raw_pages import raw
+
+    got = []
+    for m in (models[1], models[2]):
+        prompts = [p[:20] for p in PROMPTS[:4]]
+        pages = [raw(m).take(2) for _ in range(5)]
+        try:
+            for p, pg in zip(prompts, pages):
+                raw(m).step_rows(p, 0, pg, ragged=True)
+            raw(m).step_many([p[:1] for p in prompts], [len(p) for p in prompts], pages[:4])
+            st = m.protocol.for_rows(4, 1)
+            env = m.engine.env(st.program, st.vars_for(4, 1, reach=21))
+            raw(m).step_rows(PROMPTS[5][:9], 0, pages[4], ragged=True)  # another program's step
+            got.append(m.engine.read(st.outputs["logits"], env))
+        finally:
+            for pg in pages:
+                raw(m).give(pg)
+    assert got[0].tobytes() == got[1].tobytes()

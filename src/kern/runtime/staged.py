@@ -251,7 +251,8 @@ class StagedEngine:
                 raise
 
         self.workers.each(stage)
-        self._last = {b: (w, self._gathered[(w, b)] if split else None) for b, w in writer.items()}
+        # kept per output, across programs: the loop may run another program before it reads these
+        self._last.update({b: (w, self._gathered[(w, b)] if split else None) for b, w in writer.items()})
 
     def _gather_buffer(self, k: int, b: str):
         """A step-sized buffer on stage k's device that a micro-batched step's output `b` is gathered in."""
