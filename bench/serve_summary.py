@@ -11,7 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
-LABELS = ("kern", "vllm", "transformers")
+LABELS = ("kern", "vllm", "transformers")  # serve_gpu.sh's; others are found by their start-up files
+
+
+def labels(out: Path) -> list[str]:
+    found = {p.name[:-len("_startup.json")] for p in out.glob("*_startup.json")}
+    return [*LABELS, *sorted(found - set(LABELS))]
 
 
 def rows(out: Path, label: str, kind: str) -> list[dict]:
@@ -30,7 +35,7 @@ def rows(out: Path, label: str, kind: str) -> list[dict]:
 
 def summary(out: Path) -> dict:
     doc = {"gpu": (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").is_file() else None, "servers": {}}
-    for label in LABELS:
+    for label in labels(out):
         s = {"lone": rows(out, label, "_lone"), "curve": rows(out, label, ""), "long": rows(out, label, "_long")}
         up = out / f"{label}_startup.json"
         if up.is_file():

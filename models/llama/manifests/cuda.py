@@ -216,12 +216,12 @@ def _rows_attention(p: str, rows: str, seqs: str, pages, split: int):
 def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
     """Prefill as decode computes each row: the gemm twins of decode's projections and
     attention_rows (decode's split order), so a prompt's last token gets the same logits here
-    as decoded after a cache hit; the LM head takes each sequence's last row of x."""
+    as decoded after a cache hit; the LM head takes each sequence's last row of x (`last_x`)."""
     rows, seqs = "tokens", "prefill_seqs"
     calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), GEMM_FAMILY)
-    calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last"), v(seqs),
+    calls.append({"op": "gather_last", "args": [b(p + "x"), b(p + "cu_seqlens"), b(p + "last_x"), v(seqs),
                                                 v("hidden")]})
-    calls.append(_proj(p, GEMM_FAMILY["logits"], [b(p + "last"), b("final_norm"), b("lm_head"),
+    calls.append(_proj(p, GEMM_FAMILY["logits"], [b(p + "last_x"), b("final_norm"), b("lm_head"),
                                                   b(p + "logits"), v(seqs), v("vocab"), v("hidden"), v(s.eps)]))
     calls.append(_argmax(p, seqs))
     return calls
@@ -365,7 +365,10 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
                                           dtype="f32")
                 buffers[p + "gsem"] = buf([tiles], "carry", "i32")
         else:
-            buffers[p + "last"] = bw([gseqs, "hidden"])
+            # each sequence's last row: of h (normed) for the LM head, or of x (the residual
+            # stream) where the head's kernel applies the final norm itself; two names, since kern
+            # test pairs the buffers two builds share by name
+            buffers[p + ("last_x" if invariant else "last")] = bw([gseqs, "hidden"])
             calls = (_invariant_prefill_calls(s, p, pages, decode_split) if invariant
                      else _prefill_calls(s, p, pages))
         # decode and verify are CUDA graphs (one a batch size and reach bucket; a round's one a

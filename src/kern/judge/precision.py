@@ -4,8 +4,11 @@ A bf16 port of an f32 reference can never match its bytes; what it can match is 
 reference itself gives once every value it reads and writes is held in the candidate's dtypes.
 So A runs again call by call: before a span, the float buffers it reads are rounded to B's
 dtype of the same buffer (`compare.rounded`); after every call, what the call wrote is rounded
-the same way; f32 scalar arguments move one ulp. The error of that run against A's own record
-is the span's measured floor, and the same run end to end gives the logits' floor.
+the same way; f32 scalar arguments move one ulp. A buffer only A declares (an intermediate that
+B fuses away, a norm's output inside B's normed projection) is held in B's working dtype, the
+narrowest float dtype of B's own activations: a fused bf16 port feeds its tensor cores bf16
+operands, so that rounding is part of a faithful port. The error of that run against A's own
+record is the span's measured floor, and the same run end to end gives the logits' floor.
 
 States are opaque bytes, so they cannot be rounded: a state whose declaration differs between
 A and B (a KV cache in bf16 against one in f32) is *carried* instead of restored: each side's
@@ -38,6 +41,11 @@ def of(v_a: Verified, v_b: Verified) -> Precision:
     ba, bb = v_a.manifest.buffers, v_b.manifest.buffers
     dtypes = {n: bb[n].dtype for n, b in ba.items()
               if n in bb and b.kind != "weight" and b.dtype in compare.FLOATS and bb[n].dtype in compare.FLOATS}
+    working = [b.dtype for b in bb.values() if b.kind != "weight" and b.dtype in compare.FLOATS]
+    if working:  # A's buffers that B has no name for, in B's working dtype
+        narrowest = min(working, key=lambda d: np.dtype(compare.NP[d]).itemsize)
+        dtypes |= {n: narrowest for n, b in ba.items()
+                   if n not in bb and b.kind != "weight" and b.dtype in compare.FLOATS}
     sa, sb = v_a.manifest.states, v_b.manifest.states
     carried = frozenset(n for n in sa if n in sb and sa[n].model_dump() != sb[n].model_dump())
     return Precision(dtypes, carried)
