@@ -200,3 +200,77 @@ def test_a_steps_outputs_stay_readable_after_another_programs_step(models):
             for pg in pages:
                 raw(m).give(pg)
     assert got[0].tobytes() == got[1].tobytes()
+
+
+def _run_steps(m, steps: int = 5, seqs: int = 4, observe=None):
+    """run_steps as the loop's run-ahead drives it: `steps` decode steps of `seqs` sequences,
+    each step's tokens fed back; every step's tokens and logits."""
+    from kern.drive.raw_pages import raw
+
+    prompts = [p[:20] for p in PROMPTS[:seqs]]
+    pages = [raw(m).take(2) for _ in range(seqs)]
+    try:
+        first = [raw(m).step_rows(p, 0, pg, ragged=True)[0] for p, pg in zip(prompts, pages)]
+        st = m.protocol.for_rows(seqs, 1)
+        table = np.zeros((seqs, m.engine.shapes[st.page_tables[0].buffer][1]), np.int32)
+        for i, pg in enumerate(pages):
+            table[i, :len(pg)] = pg
+        pos = np.array([len(p) for p in prompts], np.int32)
+        inputs = {st.inputs["token"]: np.array(first, np.int32), st.inputs["position"]: pos,
+                  st.page_tables[0].buffer: table}
+        later = [{st.inputs["position"]: pos + j} for j in range(1, steps)]
+        return m.engine.run_steps(st.program, st.vars_for(seqs, 1, reach=int(pos.max()) + steps), inputs, later,
+                                  {st.outputs["tokens"]: st.inputs["token"]}, [st.outputs["logits"]])
+    finally:
+        for pg in pages:
+            raw(m).give(pg)
+
+
+def test_run_steps_feeds_each_micro_batch_back_and_gives_the_one_devices_bytes(models):
+    one, two, three = (_run_steps(models[n]) for n in (1, 2, 3))
+    assert len(one) == 5
+    for a, b, c in zip(one, two, three):
+        assert sorted(a) == sorted(b) == sorted(c)
+        assert all(a[k].tobytes() == b[k].tobytes() == c[k].tobytes() for k in a)
+
+
+def test_run_steps_starts_the_next_step_while_the_last_stage_finishes_this_one(models):
+    """Stage 1 holds the last micro-batch of step 0 until stage 0 has started step 1's first:
+    micro-batch 0 of step 1 needs only micro-batch 0 of step 0 sampled."""
+    e = models[2].engine
+    started = threading.Event()
+    calls = {0: 0, 1: 0}
+    seen = {}
+
+    def stage0(program, env, inputs):
+        if program == "decode":
+            calls[0] += 1
+            if calls[0] == e.micro_batches + 1:
+                started.set()
+
+    def stage1(program, env, inputs):
+        if program == "decode":
+            calls[1] += 1
+            if calls[1] == e.micro_batches:
+                seen["overlap"] = started.wait(timeout=20)
+
+    e.stages[0].observers.append(stage0)
+    e.stages[1].observers.append(stage1)
+    try:
+        _run_steps(models[2], steps=2)
+    finally:
+        e.stages[0].observers.pop()
+        e.stages[1].observers.pop()
+    assert seen == {"overlap": True}
+
+
+def test_the_loop_running_ahead_through_the_stages_gives_the_one_devices_tokens(models, tiny_a, tiny_ckpt):
+    """As on cuda, where the loop runs 8 steps a host wait: run_steps through the stages."""
+    ahead = Model(tiny_a, tiny_ckpt, pp=2, run_ahead=4)
+    runs = []
+    plain = ahead.engine.run_steps
+    ahead.engine.run_steps = lambda *a, **kw: runs.append(len(a[3]) + 1) or plain(*a, **kw)
+    params = SamplingParams(max_tokens=12)
+    assert [g.tokens for g in ahead.generate_batch(PROMPTS, params)] == \
+        [g.tokens for g in models[1].generate_batch(PROMPTS, params)]
+    assert runs and max(runs) == 4

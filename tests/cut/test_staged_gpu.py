@@ -38,7 +38,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module", params=["two_gpus", "one_gpu"])
 def pair(request, ckpt, tmp_path_factory):
     from kern.api import Model
-    from kern.runtime import staged
+    from kern.runtime import stage_links
     from kern_models.llama.generator import generate
 
     gpus = _gpus()
@@ -48,7 +48,7 @@ def pair(request, ckpt, tmp_path_factory):
     one = Model(man, ckpt, state_budget=256 << 20)
     if request.param == "one_gpu":  # both stages on GPU 0
         mp = pytest.MonkeyPatch()
-        mp.setattr(staged, "_ordinals", lambda v, n: [0] * n)
+        mp.setattr(stage_links, "ordinals", lambda v, n: [0] * n)
         try:
             two = Model(man, ckpt, state_budget=256 << 20, pp=2)
         finally:

@@ -10,7 +10,9 @@ activations at a cut (the buffers kern cut's plan says a stage sends) go from th
 buffer into the receiver's by a peer copy (cuda: cuMemcpyPeerAsync on the receiver's stream;
 cpu: a copy between the stages' host memory), once a micro-batch, only the micro-batch's bytes.
 A program whose inputs are not all laid out by group (prefill: ragged rows; speculative rounds)
-runs its step as one micro-batch through the stages.
+runs its step as one micro-batch through the stages. run_steps (the loop's run-ahead: steps
+whose tokens feed the next) is one flow over the steps' micro-batches: micro-batch i of step
+s + 1 starts as soon as micro-batch i of step s is sampled, so the stages stay busy across steps.
 
 Why the tokens are the one device's, bit for bit: every stage runs exactly the uncut manifest's
 calls in order (kern cut's guarantee, judged by kern test), and a micro-batch is a batch of
@@ -31,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import KernError
 from ..manifest.expr import evaluate
 from ..manifest.cut import CutError, Plan, plan, stage_manifest
 from ..manifest.protocol import derive
@@ -42,12 +43,10 @@ from .engine import DEFAULT_STATE_BUDGET, Engine
 from .errors import BoundsError
 from .paging import Paging
 from .ranks import Workers, rank_device
+from . import stage_links
+from .stage_links import StageError, link, micro_inputs, peer_copy
 
 WAIT_S = 600.0  # a stage that never hands over (it failed on another thread): an error, not a hang
-
-
-class StageError(KernError):
-    """A pipelined deployment cannot be made or run as asked; one line naming why."""
 
 
 def cut_stages(v: Verified, n: int) -> tuple[list[Verified], Plan]:
@@ -104,13 +103,13 @@ class StagedEngine:
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
         sv, self.plan = cut_stages(v, stages)
-        ordinals = ordinals or _ordinals(sv[0], stages)
+        ordinals = ordinals or stage_links.ordinals(sv[0], stages)
         self.micro_batches = micro_batches or 2 * stages
         self.workers = Workers(stages)
         self.stages: list[Engine] = self.workers.each(lambda k: Engine(
             sv[k], weights, device=rank_device(sv[k], ordinals[k]), state_budget=state_budget,
             paged=paged and bool(sv[k].manifest.states), own_paging=False))
-        _link(self.stages, self.workers)
+        link(self.stages, self.workers)
         held = [e for e in self.stages if e.pool is not None]
         for k, e in enumerate(self.stages):
             if e.pool is not None and _layout(e) != _layout(held[0]):
@@ -136,7 +135,10 @@ class StagedEngine:
         return next(e.page_bytes(state) for e in self.stages if state in e.m.states)
 
     def runs_steps_natively(self, program: str) -> bool:
-        return False
+        """As the stages' device: on cuda each stage's steps are graphs (the loop buckets its
+        batch sizes, captures them at start-up and runs ahead, run_steps pipelining the steps'
+        micro-batches); on the cpu the loop steps one at a time."""
+        return self.stages[0].runs_steps_natively(program)
 
     def _writers(self, program: str) -> dict[str, int]:
         """Output -> the stage that writes it last in `program` (where the host loop reads it)."""
@@ -168,10 +170,9 @@ class StagedEngine:
         sizes = [n // m + (i < n % m) for i in range(m)]
         return [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(m)]
 
-    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
-            wait: bool = True) -> dict[str, int]:
-        """One step through every stage, micro-batched; checked whole before any stage runs."""
-        inputs = dict(inputs or {})
+    def _check(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray]) -> tuple[dict, list]:
+        """The step's env and the stages that take part, the whole step checked by every one of
+        them before any runs (a bad step is refused once, nothing written)."""
         if program not in self._writer:
             raise BoundsError(f"no program named {program!r}; the pipeline steps {', '.join(self._writer)}")
         env = self.env(program, vars)
@@ -179,28 +180,41 @@ class StagedEngine:
             if b not in self.m.buffers:
                 raise BoundsError(f"program {program!r}: no buffer named {b!r}")
         segs = [s for s in self.plan.of(program) if s.hi > s.lo]
-        for s in segs:  # the whole step checked by every stage that takes a part of it
-            e = self.stages[s.stage]
-            e.checked(program, {k: x for k, x in vars.items() if k in e.m.vars},
-                      {b: x for b, x in inputs.items() if b in e.m.buffers and e.m.buffers[b].kind == "input"})
+        for s in segs:
+            self._checked(s.stage, program, vars, inputs)
+        return env, segs
+
+    def _checked(self, k: int, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray]):
+        e = self.stages[k]
+        return e.checked(program, {n: x for n, x in vars.items() if n in e.m.vars},
+                         {b: x for b, x in inputs.items() if b in e.m.buffers and e.m.buffers[b].kind == "input"})
+
+    def _part(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray], parts: list, i: int):
+        """Micro-batch i's vars and inputs."""
+        if len(parts) == 1:
+            return vars, inputs
+        st = next(s for s in self.protocol.steppers if s.program == program)
+        lo, hi = parts[i]
+        return {**vars, st.groups_var: hi - lo}, micro_inputs(inputs, lo, hi, st.inputs.get("cu_seqlens"))
+
+    def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
+            wait: bool = True) -> dict[str, int]:
+        """One step through every stage, micro-batched; checked whole before any stage runs."""
+        inputs = dict(inputs or {})
+        env, segs = self._check(program, vars, inputs)
         for see in self.observers:
             see(program, env, inputs)
         parts = self._split(program, vars, inputs)
-        st = next((s for s in self.protocol.steppers if s.program == program), None)
-        gvar, cu = (st.groups_var, st.inputs.get("cu_seqlens")) if st is not None else (None, None)
-        tickets = []
-        for lo, hi in parts:
-            tv = {**vars, gvar: hi - lo} if len(parts) > 1 else vars
-            tin = micro_inputs(inputs, lo, hi, cu) if len(parts) > 1 else inputs
-            tickets.append([self.stages[s.stage].checked(
-                program, {k: x for k, x in tv.items() if k in self.stages[s.stage].m.vars},
-                {b: x for b, x in tin.items() if b in self.stages[s.stage].m.buffers
-                 and self.stages[s.stage].m.buffers[b].kind == "input"}) for s in segs])
-        self._flow(program, segs, tickets, parts)
+        tickets = [{s.stage: self._checked(s.stage, program, *self._part(program, vars, inputs, parts, i))
+                    for s in segs} for i in range(len(parts))]
+        self._flow(program, segs, parts, 1, lambda k, t, wait_for: tickets[t][k])
         return env
 
-    def _flow(self, program: str, segs: list, tickets: list[list], parts: list[tuple[int, int]]) -> None:
-        """Every stage's thread runs the micro-batches in order, handing activations over (above)."""
+    def _flow(self, program: str, segs: list, parts: list[tuple[int, int]], steps: int, make, after=None) -> None:
+        """Every stage's thread runs the tickets (step j's micro-batch i is ticket j * m + i) in
+        order, handing activations over (above). make(k, t, wait_for): stage k's checked step of
+        ticket t (it may wait for an earlier ticket's outputs); after(k, t, engine, env): once
+        stage k has run ticket t."""
         stage_at = {s.stage: i for i, s in enumerate(segs)}
         # (receiver, buffer) -> the newest earlier stage that sends it (a middle stage may receive
         # and send a buffer of the same name: the residual stream)
@@ -208,9 +222,9 @@ class StagedEngine:
                   for r in segs for b in r.receives}
         receivers = {s.stage: sorted({r for (r, b), k in sender.items() if k == s.stage}) for s in segs}
         writer = self._writer[program]
-        split = len(parts) > 1
-        done = {s.stage: 0 for s in segs}  # micro-batches a stage has finished
-        taken = {s.stage: -1 for s in segs}  # the last micro-batch whose activations a stage has copied in
+        m = len(parts)
+        done = {s.stage: 0 for s in segs}  # tickets a stage has finished
+        taken = {s.stage: -1 for s in segs}  # the last ticket whose activations a stage has copied in
         cv = threading.Condition()
         failed: list[BaseException] = []
 
@@ -226,23 +240,25 @@ class StagedEngine:
                 return
             seg, e = segs[stage_at[k]], self.stages[k]
             try:
-                for j, (lo, hi) in enumerate(parts):
-                    step = tickets[j][stage_at[k]]
-                    wait_for(lambda: all(taken[r] >= j - 1 for r in receivers[k]))
-                    wait_for(lambda: all(done[sender[k, b]] > j for b in seg.receives))
+                for t in range(steps * m):
+                    lo, hi = parts[t % m]
+                    wait_for(lambda: all(taken[r] >= t - 1 for r in receivers[k]))
+                    wait_for(lambda: all(done[sender[k, b]] > t for b in seg.receives))
+                    step = make(k, t, wait_for)
                     for b in seg.receives:
-                        src = self.stages[sender[k, b]]
-                        peer_copy(e, b, src, b, e._step_bytes(b, step.env))
+                        peer_copy(e, b, self.stages[sender[k, b]], b, e._step_bytes(b, step.env))
                     with cv:
-                        taken[k] = j
+                        taken[k] = t
                         cv.notify_all()
                     e.run_checked(step)
-                    if split:
+                    if m > 1:
                         for b in (b for b, w in writer.items() if w == k):
                             row = prod(self.shapes[b][1:]) * DTYPE_BYTES[self.m.buffers[b].dtype]
                             peer_copy(e, self._gather_buffer(k, b), e, b, (hi - lo) * row, dst_offset=lo * row)
+                    if after is not None:
+                        after(k, t, e, step.env)
                     with cv:
-                        done[k] = j + 1
+                        done[k] = t + 1
                         cv.notify_all()
             except BaseException as exc:
                 with cv:
@@ -252,7 +268,7 @@ class StagedEngine:
 
         self.workers.each(stage)
         # kept per output, across programs: the loop may run another program before it reads these
-        self._last.update({b: (w, self._gathered[(w, b)] if split else None) for b, w in writer.items()})
+        self._last.update({b: (w, self._gathered[(w, b)] if m > 1 else None) for b, w in writer.items()})
 
     def _gather_buffer(self, k: int, b: str):
         """A step-sized buffer on stage k's device that a micro-batched step's output `b` is gathered in."""
@@ -264,18 +280,52 @@ class StagedEngine:
     def run_steps(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray],
                   steps: list[dict[str, np.ndarray]], feedback: dict[str, str], collect: list[str],
                   each=None) -> list[dict[str, np.ndarray]]:
-        """Engine.run_steps as a host loop of micro-batched steps (the fed-back token read and
-        given again: every step writes every input, as a micro-batch holds only its part)."""
+        """Engine.run_steps (1 + len(steps) steps, step j's `feedback` inputs from step j - 1's
+        outputs) as one flow of tickets: micro-batch i of step j starts in stage 0 as soon as
+        the last stage has finished micro-batch i of step j - 1 (its tokens fed back through the
+        host), so with at least as many micro-batches as stages every stage stays busy across
+        the steps. Every ticket writes every input of its micro-batch (a micro-batch's buffers
+        hold only its part). The outputs of `collect` and `feedback` are read a micro-batch at a
+        time and returned a step at a time; `each` is told of each step once all have run."""
+        inputs = dict(inputs)
         collect = list(dict.fromkeys([*collect, *feedback]))
-        outs: list[dict[str, np.ndarray]] = []
-        cur = dict(inputs)
-        for j in range(1 + len(steps)):
+        env, segs = self._check(program, vars, inputs)
+        for b in collect:
+            if b not in self._writer[program]:
+                raise BoundsError(f"program {program!r}: {b!r} is not an output the program writes")
+        for see in self.observers:
+            for j in range(1 + len(steps)):
+                see(program, env, {**inputs, **steps[j - 1]} if j else inputs)
+        parts = self._split(program, vars, inputs)
+        m = len(parts)
+        got: dict[int, dict[str, np.ndarray]] = {}  # ticket -> its collected outputs (host)
+        writer = self._writer[program]
+        lock = threading.Lock()
+
+        def make(k: int, t: int, wait_for):
+            j, i = divmod(t, m)
+            step = dict(inputs)
             if j:
-                cur = {**cur, **steps[j - 1], **{d: outs[-1][s] for s, d in feedback.items()}}
-            env = self.run(program, vars, cur)
-            outs.append({c: self.read(c, env) for c in collect})
-            if each is not None:
-                each(j, outs[-1])
+                step.update(steps[j - 1])
+            tv, mine = self._part(program, vars, step, parts, i)
+            e = self.stages[k]
+            fed = [(s, d) for s, d in feedback.items() if d in e.m.buffers and e.m.buffers[d].kind == "input"]
+            if j and fed:
+                wait_for(lambda: t - m in got and all(s in got[t - m] for s, _ in fed))
+                mine = {**mine, **{d: got[t - m][s] for s, d in fed}}
+            return self._checked(k, program, tv, mine)
+
+        def after(k: int, t: int, e: Engine, step_env: dict[str, int]) -> None:
+            mine = {c: e.read(c, step_env) for c in collect if writer[c] == k}
+            with lock:
+                got.setdefault(t, {}).update(mine)
+
+        self._flow(program, segs, parts, 1 + len(steps), make, after)
+        outs = [{c: np.concatenate([got[j * m + i][c] for i in range(m)]) for c in collect}
+                for j in range(1 + len(steps))]
+        if each is not None:
+            for j, o in enumerate(outs):
+                each(j, o)
         return outs
 
     # ---- reading: the stage that wrote an output last (or its gathered copy) -----------------
@@ -319,53 +369,3 @@ class StagedEngine:
 
     def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
         raise StageError("a pipelined deployment has no host tier: its pages are not parked")
-
-
-def micro_inputs(inputs: dict[str, np.ndarray], lo: int, hi: int, cu: str | None) -> dict[str, np.ndarray]:
-    """Groups [lo, hi) of a step's inputs, each laid out by group; `cu` (a decode program's
-    cu_seqlens: 0, 1, .., n) rebased to the micro-batch's first row."""
-    return {b: (np.asarray(x)[lo:hi + 1] - np.asarray(x)[lo]) if b == cu else np.asarray(x)[lo:hi]
-            for b, x in inputs.items()}
-
-
-def _ordinals(v: Verified, n: int) -> list[int]:
-    """Stage k's device: cpu, a CpuDevice of its own; cuda, GPU k (refused where there are fewer)."""
-    if v.manifest.target.device == "cuda":
-        from .devices.cuda.driver import call, open_device
-
-        open_device(0)
-        gpus = call("cuDeviceGetCount")
-        if gpus < n:
-            raise StageError(f"--pp {n}: a stage a GPU needs {n} GPUs, this machine has {gpus}")
-    return list(range(n))
-
-
-def _link(stages: list[Engine], workers: Workers) -> None:
-    """cuda: peer access between the stages' GPUs (the hand-over copies between them)."""
-    if stages[0].device.kind == "cuda" and len({e.device.dev.ordinal for e in stages}) > 1:
-        from .devices.cuda import peer
-
-        ctxs = [e.device.dev for e in stages]
-        workers.each(lambda k: peer.enable(ctxs[k], [c for c in ctxs if c.ordinal != ctxs[k].ordinal]))
-
-
-def peer_copy(dst: Engine, dst_buf, src: Engine, src_buf, nbytes: int, dst_offset: int = 0) -> None:
-    """nbytes from the start of src's buffer (a name, or a storage) into dst's at byte dst_offset,
-    on the caller's thread (dst's): cpu, a copy between host arrays; cuda, a peer copy on dst's
-    stream (a device copy when both are one GPU), waited for."""
-    d = dst.buffers[dst_buf] if isinstance(dst_buf, str) else dst_buf
-    s = src.buffers[src_buf] if isinstance(src_buf, str) else src_buf
-    if nbytes <= 0:
-        return
-    if isinstance(d, np.ndarray):
-        d.view(np.uint8)[dst_offset:dst_offset + nbytes] = s.view(np.uint8)[:nbytes]
-        return
-    from .devices.cuda.driver import call
-
-    dd, sd = dst.device, src.device
-    if dd.dev.ordinal == sd.dev.ordinal:
-        call("cuMemcpyDtoDAsync", d.ptr + dst_offset, s.ptr, nbytes, dd.stream.handle, where="pipeline copy")
-    else:
-        call("cuMemcpyPeerAsync", d.ptr + dst_offset, dd.dev.context, s.ptr, sd.dev.context, nbytes,
-             dd.stream.handle, where=f"pipeline peer copy GPU {sd.dev.ordinal} -> {dd.dev.ordinal}")
-    dd.synchronize()
