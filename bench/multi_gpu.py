@@ -17,7 +17,8 @@ Steps (`--steps`, in order):
          greedy tokens (equal, bit for bit, is the claim) and decode tok/s at --moe-batch
   pp     the Llama-3.1-8B shape (random): kern cut's 2 stages on GPU 0 and GPU 1 (`--pp 2`) against
          one GPU: greedy tokens of --streams streams (equal is the claim) and decode tok/s of
-         all of them stepping together (bench/decode.py's run_kern, one host wait a step), then
+         all of them stepping together (bench/decode.py's run_kern, one host wait a step and
+         run-ahead 8, at each --micro micro-batches a step), then
          the host loop's output tok/s over the same streams (Model.generate_batch: prefill,
          scheduling and decode, as kern serve steps them)
 Random weights: the throughput figures are real, the tokens mean only "the same or not".
@@ -64,7 +65,7 @@ def device_run(args) -> int:
         else:
             cmd = [sys.executable, __file__, "--step", step, "--new", str(args.new), "--moe-layers",
                    str(args.moe_layers), "--moe-batch", args.moe_batch, "--moe-shape", args.moe_shape, "--pp-shape", args.pp_shape,
-                   "--streams", str(args.streams), "--memory", str(args.memory)]
+                   "--streams", str(args.streams), "--memory", str(args.memory), "--micro", args.micro]
         text = r.step(step, cmd, budget[step])
         lines = [ln for ln in text.splitlines() if ln.startswith("{")]
         tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
@@ -128,11 +129,16 @@ def pp_step(args) -> list[dict]:
                       for e in getattr(models[pp].engine, "stages", [models[pp].engine])])
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, cfg["vocab_size"], (args.streams, 32)).astype(np.int32)
-    r = {pp: run_kern(m, prompts, args.new, 1) for pp, m in models.items()}
-    emit(rows, step="pp", streams=args.streams, what="decode steps (run_kern)", one_gpu_tok_s=round(r[1]["tok_s"], 1),
-         pp2_tok_s=round(r[2]["tok_s"], 1), speedup=round(r[2]["tok_s"] / r[1]["tok_s"], 3),
-         one_gpu_step_ms=round(r[1]["step_ms"], 2), pp2_step_ms=round(r[2]["step_ms"], 2),
-         micro_batches=models[2].engine.micro_batches, same_tokens=r[1]["tokens"] == r[2]["tokens"])
+    for ahead in (1, 8):  # a host wait a step; the loop's run-ahead (the steps' micro-batches in one flow)
+        one = run_kern(models[1], prompts, args.new, ahead)
+        for micro in [int(x) for x in args.micro.split(",")]:
+            models[2].engine.micro_batches = micro
+            two = run_kern(models[2], prompts, args.new, ahead)
+            emit(rows, step="pp", streams=args.streams, what="decode steps (run_kern)", run_ahead=ahead,
+                 micro_batches=micro, one_gpu_tok_s=round(one["tok_s"], 1), pp2_tok_s=round(two["tok_s"], 1),
+                 speedup=round(two["tok_s"] / one["tok_s"], 3), one_gpu_step_ms=round(one["step_ms"], 2),
+                 pp2_step_ms=round(two["step_ms"], 2), same_tokens=one["tokens"] == two["tokens"])
+    models[2].engine.micro_batches = int(args.micro.split(",")[0])
     params = SamplingParams(max_tokens=args.new)
     loop = {}
     for pp, m in models.items():
@@ -158,6 +164,7 @@ def main() -> int:
     ap.add_argument("--moe-batch", default="1,16,64")
     ap.add_argument("--pp-shape", default="llama-3.1-8b")
     ap.add_argument("--streams", type=int, default=128)
+    ap.add_argument("--micro", default="2,4", help="micro-batches a step (pp), each measured")
     ap.add_argument("--memory", type=int, default=16, help="GiB of state memory a device (pp)")
     ap.add_argument("--target", default="cuda", help="a dry run's: cpu (small --pp-shape, few --streams)")
     ap.add_argument("--tests-timeout", type=int, default=100)

@@ -3,7 +3,7 @@ a `CpuDevice` a stage, as the cpu ranks of a split deployment; cuda: GPU k), one
 behind the Engine's face (`kern serve --pp N`, `kern run --pp N`, `kern.load(pp=N)`).
 
 A step of a decode program (b groups of one row) is cut into micro-batches of contiguous groups
-(`micro_batches`, default 2 a stage). Each stage's thread runs the micro-batches in order; stage
+(`micro_batches`, default one a stage). Each stage's thread runs the micro-batches in order; stage
 k starts micro-batch j as soon as every stage it receives from has finished j and every stage it
 sends to has taken j - 1, so stage k works on j while stage k + 1 works on j - 1. The
 activations at a cut (the buffers kern cut's plan says a stage sends) go from the sender's
@@ -104,7 +104,7 @@ class StagedEngine:
         self.shapes = {n: tuple(evaluate(d, self.max_env) for d in b.shape) for n, b in self.m.buffers.items()}
         sv, self.plan = cut_stages(v, stages)
         ordinals = ordinals or stage_links.ordinals(sv[0], stages)
-        self.micro_batches = micro_batches or 2 * stages
+        self.micro_batches = micro_batches or stages
         self.workers = Workers(stages)
         self.stages: list[Engine] = self.workers.each(lambda k: Engine(
             sv[k], weights, device=rank_device(sv[k], ordinals[k]), state_budget=state_budget,
