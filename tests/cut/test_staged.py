@@ -274,3 +274,34 @@ def test_the_loop_running_ahead_through_the_stages_gives_the_one_devices_tokens(
     assert [g.tokens for g in ahead.generate_batch(PROMPTS, params)] == \
         [g.tokens for g in models[1].generate_batch(PROMPTS, params)]
     assert runs and max(runs) == 4
+
+
+def test_the_megakernel_deployment_does_not_pipeline_in_one_line():
+    """--mega with --pp: its decode is one cooperative launch over a pointer table."""
+    from pathlib import Path
+
+    from kern.manifest.verify import load_verified
+    from kern.runtime.staged import StageError, cut_stages
+
+    mega = Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a-mega"
+    with pytest.raises(StageError, match=r"^--pp 2: kern cut takes a single-rank manifest without peer or pointers "
+                                         r"buffers \(.*\)$"):
+        cut_stages(load_verified(mega), 2)
+
+
+def test_the_sm90a_deployment_cuts_into_stages_a_gpu_can_run():
+    """No GPU needed to cut: the sm_90a example's two stages verify in memory, and its decode
+    programs' inputs are laid out by sequence (cu_seqlens rebased), so they micro-batch."""
+    from pathlib import Path
+
+    from kern.manifest.protocol import derive
+    from kern.manifest.verify import load_verified
+    from kern.runtime.staged import cut_stages
+
+    v = load_verified(Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a")
+    stages, plan = cut_stages(v, 2)
+    assert [sorted(s.manifest.states) for s in stages] == [sorted(v.manifest.states)] * 2
+    for st in derive(v).steppers:
+        if st.rows == 1 and st.groups_var:
+            shapes = {b: list(v.manifest.buffers[b].shape[:1]) for r, b in st.inputs.items() if r != "cu_seqlens"}
+            assert all(s == [st.groups_var] for r, s in shapes.items() if r not in (st.inputs.get("mask"),)), shapes
