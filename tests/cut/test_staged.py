@@ -305,3 +305,26 @@ def test_the_sm90a_deployment_cuts_into_stages_a_gpu_can_run():
         if st.rows == 1 and st.groups_var:
             shapes = {b: list(v.manifest.buffers[b].shape[:1]) for r, b in st.inputs.items() if r != "cu_seqlens"}
             assert all(s == [st.groups_var] for r, s in shapes.items() if r not in (st.inputs.get("mask"),)), shapes
+
+
+def test_a_stage_failing_mid_flow_raises_its_own_error(models):
+    """A token outside the vocabulary in the second of run_steps' steps is refused by the stage
+    that checks it when its turn comes; that error, not the others' giving up, reaches the caller."""
+    from kern.drive.raw_pages import raw
+    from kern.runtime.errors import BoundsError
+
+    m = models[2]
+    pages = [raw(m).take(2) for _ in range(2)]
+    try:
+        st = m.protocol.for_rows(2, 1)
+        table = np.zeros((2, m.engine.shapes[st.page_tables[0].buffer][1]), np.int32)
+        table[:, :2] = pages
+        pos = np.array([3, 4], np.int32)
+        with pytest.raises(BoundsError, match=r"input 'd_ids' holds values in \[99999, 99999\], outside its domain"):
+            m.engine.run_steps(st.program, st.vars_for(2, 1, reach=8),
+                               {st.inputs["token"]: np.array([1, 2], np.int32), st.inputs["position"]: pos,
+                                st.page_tables[0].buffer: table},
+                               [{st.inputs["token"]: np.array([1, 99999], np.int32)}], {}, [st.outputs["tokens"]])
+    finally:
+        for pg in pages:
+            raw(m).give(pg)

@@ -262,11 +262,17 @@ class StagedEngine:
                         cv.notify_all()
             except BaseException as exc:
                 with cv:
-                    failed.append(exc)
+                    if not isinstance(exc, StageError) or not failed:
+                        failed.append(exc)
                     cv.notify_all()
                 raise
 
-        self.workers.each(stage)
+        try:
+            self.workers.each(stage)
+        except StageError:
+            if failed and not isinstance(failed[0], StageError):
+                raise failed[0] from None  # the stage that failed first, not one that gave up on it
+            raise
         # kept per output, across programs: the loop may run another program before it reads these
         self._last.update({b: (w, self._gathered[(w, b)] if m > 1 else None) for b, w in writer.items()})
 
