@@ -40,6 +40,10 @@ def main() -> int:
                 "a_batch_invariant": a["alone"] == a["together"], "b_batch_invariant": b["alone"] == b["together"],
                 "prompts": len(a["alone"])}
         print(json.dumps({"compare": args.compare, **rows}))
+        for i, (x, y) in enumerate(zip(a["alone"], b["alone"])):  # where they part, to read the cause
+            if x != y:
+                at = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                print(f"prompt {i}: part at character {at}: {x[max(0, at - 20):at + 40]!r} / {y[max(0, at - 20):at + 40]!r}")
         return 0 if rows["same_alone"] and rows["same_together"] else 1
     if not (args.url and args.out):
         print("same_text.py: --url and --out, or --compare A B")

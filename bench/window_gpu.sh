@@ -68,11 +68,10 @@ kern_server() {  # $1 label, $2 checkpoint, then kern serve's flags: start, meas
   stop $pid
 }
 
-finish() {
+finish() {  # the summary printed; everything under $OUT in one archive (a call returns 8 files at most)
   python3 bench/serve_summary.py $OUT 2> /dev/null | tee $OUT/summary_$PHASE.json
   [ -f $OUT/speculative.jsonl ] && cat $OUT/speculative.jsonl
-  LOGS=$(cd $OUT && ls *.log *.txt 2>/dev/null)
-  [ -n "$LOGS" ] && tar czf $OUT/logs_$PHASE.tgz -C $OUT $LOGS && (cd $OUT && rm -f $LOGS)
+  (cd $OUT && tar czf /tmp/all_$PHASE.tgz * && rm -rf ./* && mv /tmp/all_$PHASE.tgz .)
 }
 
 if [ "$PHASE" = kern ]; then
@@ -137,6 +136,7 @@ for pair in vllm_1b:8102 vllm_kern_1b:8104 vllm_8b:8103 vllm_smol_ngram:8105; do
   [ $label = vllm_kern_1b ] && TEXTS=1 measure $label http://127.0.0.1:$port
   stop $(cat /tmp/$label.pid)
 done
+cp /tmp/kern_plugin_texts.json $OUT/ 2> /dev/null
 [ -f $OUT/vllm_kern_1b_texts.json ] && python3 bench/same_text.py --compare /tmp/kern_plugin_texts.json \
   $OUT/vllm_kern_1b_texts.json | tee $OUT/plugin_text.json
 finish

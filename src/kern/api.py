@@ -59,7 +59,7 @@ RUN_AHEAD = 8
 class Model:
     def __init__(self, manifest: Path, checkpoint: Path, *, state_budget: int | None = None,
                  run_ahead: int | None = None, context: int | None = None, max_seqs: int | None = None,
-                 host_bytes: int | None = 0, device=None, speculate: str | Speculate | None = None):
+                 host_bytes: int | None = 0, device=None, speculate: str | Speculate | None = None, pp: int = 1):
         """`run_ahead`: greedy decode steps a host wait (Engine.run_steps, the token fed back on
         the device) when one sequence runs alone. Default: RUN_AHEAD where the device runs them
         as one launch (CUDA: one graph for all of them), else 1 (a loop of single steps saves
@@ -71,12 +71,13 @@ class Model:
         sessions' cached prefixes park in under pressure and wake from (None: twice the state
         budget, at most a quarter of the machine's memory; 0: none, they are dropped).
         `speculate`: `ngram[:K]` or `draft:DIR[:K]` (docs/speculative.md): decode steps become
-        rounds of proposed tokens verified at once, the tokens unchanged."""
+        rounds of proposed tokens verified at once, the tokens unchanged. `pp`: pipeline stages,
+        kern cut's stages on that many devices (docs/pipeline.md)."""
         self.verified = load_verified(manifest)
         self.checkpoint = checkpoint
         self._tokenizer: Tokenizer | None = None
         self.engine = open_engine(self.verified, checkpoint, device=device, state_budget=state_budget, paged=True,
-                                  host_bytes=host_bytes)
+                                  host_bytes=host_bytes, pp=pp)
         self.protocol, self.paging = self.engine.protocol, self.engine.paging
         if self.paging.state is None:
             raise KernError(f"{manifest}: kern steps manifests with at least one paged state, this one has none")
@@ -245,7 +246,7 @@ def _repo_hint(text: str) -> str:
 def load(model: str | Path | None = None, *, manifest: str | Path | None = None, weights: str | Path | None = None,
          target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, state_budget: int | None = None,
-         progress: bool = True, tp: int = 1, ep: int = 1, batch_invariant: bool = True,
+         progress: bool = True, tp: int = 1, ep: int = 1, pp: int = 1, batch_invariant: bool = True,
          speculate: str | Speculate | None = None, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); a deployment folder (manifest.json and kernels, no weights) binding the
@@ -257,12 +258,18 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     `tp`: tensor-parallel ranks, the model split over that many devices (docs/tensor-parallel.md);
     a deployment generated for it, or the rank manifest given with manifest=. `ep`: expert-
     parallel ranks, a mixture of experts' experts split over that many devices
-    (docs/expert-parallel.md), likewise. `batch_invariant=False`: a generated GPU deployment
+    (docs/expert-parallel.md), likewise. `pp`: pipeline stages, the deployment cut into that many
+    stages (kern cut) on as many devices, micro-batches in flight (docs/pipeline.md); not with
+    tp or ep above 1. `batch_invariant=False`: a generated GPU deployment
     whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md).
     `speculate`: `"ngram[:K]"` or `"draft:DIR[:K]"` (docs/speculative.md)."""
-    for name, v in (("context", context), ("max_seqs", max_seqs), ("state_budget", state_budget), ("tp", tp), ("ep", ep)):
+    for name, v in (("context", context), ("max_seqs", max_seqs), ("state_budget", state_budget), ("tp", tp),
+                    ("ep", ep), ("pp", pp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
+    if pp > 1 and max(tp, ep) > 1:
+        raise KernError(f"--pp {pp} with --{'tp' if tp > 1 else 'ep'} {max(tp, ep)}: pipeline stages of a split "
+                        "deployment are not supported yet; give one of them")
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if target == "cpu" and state_budget is not None and state_budget > ram:  # the pool's bookkeeping alone would not fit
         raise BoundsError(f"state budget (--memory) {state_budget / 2**30:.4g} GiB is more than this machine has ({ram / 2**30:.4g} GiB)")
@@ -285,5 +292,7 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
                             "leave out --manifest, or give a manifest built with batch_invariant=False")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
                                                                   batch_invariant=batch_invariant)
+    if pp > 1:
+        model_kw["pp"] = pp
     return Model(man, ckpt, context=context, max_seqs=max_seqs,
                  state_budget=state_budget, speculate=speculate, **model_kw)

@@ -83,5 +83,5 @@ def test_host_memory_on_a_split_deployment_is_refused_in_one_line():
     r = subprocess.run([sys.executable, "-m", "kern.cli", "serve", "--host-memory", "1G", "--tp", "2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
-    assert r.stderr.strip() == ("kern serve: --host-memory: a split deployment (--tp or --ep above 1) has no host "
-                                "tier; leave it out or give 0")
+    assert r.stderr.strip() == ("kern serve: --host-memory: a split or pipelined deployment (--tp, --ep or --pp "
+                                "above 1) has no host tier; leave it out or give 0")

@@ -98,3 +98,29 @@ def test_a_split_deployment_tells_its_observers_of_each_step_once(pair):
         two.engine.observers.pop()
     st = two.protocol.for_rows(1, 1)
     assert seen and seen.count(st.program) == len(seen) - 1  # one prefill, then one line a decode step
+
+
+def test_two_ranks_are_batch_invariant_and_reproducible(pair):
+    """Not the one device's bytes (docs/tensor-parallel.md: the split sums each fan-in projection's
+    K in two halves and adds them, which a single device's K loop does not), but a request's own:
+    its row of a four-sequence decode step (and its last prompt row of a four-prompt prefill) has
+    the bits it has alone, and again on a second run.
+    The all-reduce adds the ranks' parts in rank order, element by element, at every size."""
+    from kern.drive.raw_pages import raw
+
+    _, two = pair
+    prompts = [[int(i) for i in np.random.default_rng(10 + s).integers(0, 256, 4 + 5 * s)] for s in range(4)]
+    pages = [raw(two).take(2) for _ in prompts]
+    try:
+        first = raw(two).step_many([p[:-1] for p in prompts], [0] * 4, pages, ragged=True)[1]
+        alone_first = [raw(two).step_many([p[:-1]], [0], [pg], ragged=True)[1][0] for p, pg in zip(prompts, pages)]
+        last = [len(p) - 2 for p in prompts]
+        assert all(first[i].tobytes() == a.tobytes() for i, a in enumerate(alone_first))  # prefill, too
+        step = ([p[-1:] for p in prompts], [x + 1 for x in last], pages)
+        together, again = raw(two).step_many(*step)[1], raw(two).step_many(*step)[1]
+        alone = [raw(two).step_many([p[-1:]], [x + 1], [pg])[1][0] for p, x, pg in zip(prompts, last, pages)]
+    finally:
+        for pg in pages:
+            raw(two).give(pg)
+    assert together.tobytes() == again.tobytes()
+    assert all(together[i].tobytes() == a.tobytes() for i, a in enumerate(alone))

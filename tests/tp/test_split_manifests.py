@@ -76,6 +76,19 @@ def test_two_all_reduces_a_layer_chosen_by_message_size(tmp_path):
                      "decode_wide": ["all_reduce"] * 4}
 
 
+def test_past_two_ranks_every_all_reduce_is_the_fixed_order_peer_kernel(tmp_path):
+    """NCCL's sum is one addition an element only over two ranks (the same bits whatever its
+    algorithm); over four its order moves with the message size, so every size takes the peer
+    kernel (the rank-order sum), prefill's 2,048-row messages included."""
+    cfg = {**LLAMA, "hidden_size": 1024}
+    generate(cfg, tmp_path, target="cuda", tp=4)
+    for m in _ranks(tmp_path, 4):
+        entries = {la.get("entry") for op in m["ops"].values() for la in op["impl"]["launches"]}
+        assert not any(e.startswith("extern:nccl") for e in entries), entries
+        assert [c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("all_reduce")] == \
+            ["all_reduce"] * 4
+
+
 @pytest.mark.parametrize("cfg, tp, why", [
     (LLAMA, 3, "tp 3: num_attention_heads 8 does not split over 3 ranks; num_key_value_heads 4 does not split "
                "over 3 ranks; intermediate_size 512 does not split over 3 ranks"),

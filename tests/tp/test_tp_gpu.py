@@ -87,3 +87,29 @@ def test_graph_run_ahead_and_batches_give_the_one_gpu_tokens(pair):
     assert same >= 0.75, (a, b)
     g1, g2 = one.generate(prompts[0], max_tokens=40), two.generate(prompts[0], max_tokens=40)
     assert g1.tokens[:16] == g2.tokens[:16]
+
+
+
+def test_two_gpus_decode_batch_invariant_and_reproducibly(pair):
+    """Deterministic all-reduces: the peer kernel sums the ranks' parts in rank order, and NCCL
+    (prefill here, past 2 MiB) over two ranks adds two values an element, whatever algorithm its
+    message size picks. A sequence's decode row (gemv program, pushed parts) has the same bits
+    alone as in a step of four, and a second run of a step, prefill (NCCL) included, gives the
+    same bytes. Not asserted: a prompt's prefill row alone against beside others, as the split's
+    prefill GEMMs are cuBLASLt's (docs/tensor-parallel.md, determinism)."""
+    from kern.drive.raw_pages import raw
+
+    _, two = pair
+    prompts = [[int(i) for i in np.random.default_rng(20 + s).integers(0, 512, 120 + 37 * s)] for s in range(4)]
+    pages = [raw(two).take(-(-(len(p) + 2) // two.page_tokens)) for p in prompts]
+    try:
+        first = raw(two).step_many(prompts, [0] * 4, pages, ragged=True)[1]
+        assert first.tobytes() == raw(two).step_many(prompts, [0] * 4, pages, ragged=True)[1].tobytes()
+        step = ([[p[0]] for p in prompts], [len(p) for p in prompts], pages)
+        d4, again = raw(two).step_many(*step)[1], raw(two).step_many(*step)[1]
+        d1 = [raw(two).step_many([[p[0]]], [len(p)], [pg])[1][0] for p, pg in zip(prompts, pages)]
+    finally:
+        for pg in pages:
+            raw(two).give(pg)
+    assert d4.tobytes() == again.tobytes()
+    assert all(d4[i].tobytes() == a.tobytes() for i, a in enumerate(d1))

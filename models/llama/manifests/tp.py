@@ -10,7 +10,8 @@ nothing but the all-reduces and the logits' all-gather crosses between GPUs).
 
 The transform is data: constants (heads, kv_heads, inter become a rank's), bind segments with
 row / column ranges, and each fan-in projection followed by an all-reduce call. The all-reduce
-a call gets is chosen by its largest message (its var maxima): up to PEER_MAX_BYTES (2 MiB) the
+a call gets is chosen by its largest message (its var maxima) and the ranks: up to
+PEER_MAX_BYTES (2 MiB), or at any size over more than NCCL_MAX_RANKS (2) ranks, the
 peer-memory kernel after the projection (kernels/cuda/allreduce.cu: one barrier; on cuda decode
 the projection pushes its part into every rank's buffer and the all-reduce sums them locally,
 elsewhere the all-reduce reads every rank's part over NVLink), past it NCCL (the runtime's
@@ -34,6 +35,13 @@ from ..config import ConfigError, Shape
 from ..kernels.cuda import CUBINS
 
 PEER_MAX_BYTES = 2 << 20
+# NCCL takes the large messages only where its sum is one addition an element: over 2 ranks
+# each element is round(a + b) = round(b + a), the same bits whatever algorithm, protocol or
+# chunking NCCL picks for a message's size. Over more ranks its ring or tree adds the parts in
+# an order that depends on the element's chunk and on the message size (and rounds to bf16
+# between hops), so a token's bytes would depend on how many rows shared its prefill step: there
+# the peer kernel takes every size, summing in rank order (docs/tensor-parallel.md, determinism).
+NCCL_MAX_RANKS = 2
 AR_BLOCKS_CUDA = 16  # blocks of the peer kernel: each owns a barrier slot (flags, epoch) and a stripe
 AR_THREADS = 512
 TP_GROUP = "tp"
@@ -185,7 +193,8 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     n = {"mul": [rows, "hidden"]}
     residual = op == "gemv_residual"
     part_dtype = "f32" if residual or not cuda else "bf16"
-    if cuda and rows_max * m["constants"]["hidden"] * (4 if part_dtype == "f32" else 2) > PEER_MAX_BYTES:
+    if cuda and ranks <= NCCL_MAX_RANKS and \
+            rows_max * m["constants"]["hidden"] * (4 if part_dtype == "f32" else 2) > PEER_MAX_BYTES:
         if residual:
             raise ConfigError(f"{prog}: a residual projection's message is past the peer kernel's limit")
         ops.setdefault("all_reduce_nccl", {

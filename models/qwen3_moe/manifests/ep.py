@@ -162,7 +162,7 @@ def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
             y, pos, w, out = a[:4]  # moe_combine (the faster build's): y, pos, w, out, rows, top_k, hidden
             combine = lambda dst: {"op": "moe_combine_part", "args": [y, pos, {"buf": p + "topk_ids"}, w, dst,
                                                                      *a[4:], first, count]}
-            if rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
+            if ranks <= tensor_parallel.NCCL_MAX_RANKS and rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
                 ops.setdefault("all_reduce_nccl", {"params": ["x: inout buffer<bf16>", "n: i32"], "impl": {
                     "launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
                 calls += [combine(out), {"op": "all_reduce_nccl", "args": [out, {"value": n}]}]

@@ -116,6 +116,10 @@ def loop_options(p: argparse.ArgumentParser) -> None:
                         "verified in one step, the tokens exactly those without it; ngram looks them up in the "
                         "sequence's own tokens, draft:DIR runs a smaller model of the same tokenizer "
                         "(docs/speculative.md)")
+    p.add_argument("--pp", type=positive, default=1,
+                   help="pipeline stages: the model cut into N stages (kern cut) on N devices, one thread a "
+                        "stage, a decode step's sequences in micro-batches in flight (default 1; not with --tp "
+                        "or --ep above 1)")
     p.add_argument("--ep", type=positive, default=1,
                    help="expert-parallel ranks: a mixture of experts' experts split over N devices, one thread "
                         "a rank (default 1)")

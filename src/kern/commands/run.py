@@ -46,10 +46,11 @@ def main(args) -> int:
     try:
         target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, weights=args.weights, target=target, context=args.context,
-                     max_seqs=args.max_seqs, state_budget=args.state_budget, run_ahead=args.run_ahead, tp=args.tp, ep=args.ep,
-                     batch_invariant=args.batch_invariant, speculate=args.speculate)
+                     max_seqs=args.max_seqs, state_budget=args.state_budget, run_ahead=args.run_ahead, tp=args.tp,
+                     ep=args.ep, pp=args.pp, batch_invariant=args.batch_invariant, speculate=args.speculate)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "") + \
-            (f" x {args.ep} (expert parallel)" if args.ep > 1 else "")
+            (f" x {args.ep} (expert parallel)" if args.ep > 1 else "") + \
+            (f" x {args.pp} (pipeline stages)" if args.pp > 1 else "")
         print(f"[kern] {model.verified.manifest.model} on {dev}{' (decode: one kernel a step)' if args.mega else ''}",
               file=sys.stderr)
         prompt = args.prompt

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host memory idle conversations' cached prefixes park in when the state memory runs "
                         "short, to wake into their next turn without recomputing, e.g. 4G; 0: none, they are "
                         "dropped (default: twice the state memory, at most a quarter of this machine's; none "
-                        "with --tp or --ep above 1)")
+                        "with --tp, --ep or --pp above 1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=port, default=8000, help="TCP port to listen on (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
@@ -31,14 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: str | None, tp: int = 1, ep: int = 1,
                batch_invariant: bool = True, host_memory: int | None = None, weights: str | None = None,
-               speculate: str | None = None):
+               speculate: str | None = None, pp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
     from ..runtime.target import pick_target
 
     model = load(model, manifest=manifest, weights=weights, target=pick_target(target, "serving"), context=context,
-                 max_seqs=max_seqs, state_budget=state_budget, progress=True, tp=tp, ep=ep,
+                 max_seqs=max_seqs, state_budget=state_budget, progress=True, tp=tp, ep=ep, pp=pp,
                  batch_invariant=batch_invariant, host_bytes=host_memory, speculate=speculate)
     loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
     t0 = time.monotonic()
@@ -61,13 +61,17 @@ def main(args) -> int:
     from ..errors import KernError
     from ..serve.server import serve_forever
 
-    if args.host_memory and max(args.tp, args.ep) > 1:  # one rank's pages cannot stand for the others'
-        print("kern serve: --host-memory: a split deployment (--tp or --ep above 1) has no host tier; "
-              "leave it out or give 0", file=sys.stderr)
+    if args.host_memory and max(args.tp, args.ep, args.pp) > 1:  # one rank's pages cannot stand for the others'
+        print("kern serve: --host-memory: a split or pipelined deployment (--tp, --ep or --pp above 1) has no "
+              "host tier; leave it out or give 0", file=sys.stderr)
+        return 1
+    if args.pp > 1 and max(args.tp, args.ep) > 1:
+        print(f"kern serve: --pp {args.pp} with --{'tp' if args.tp > 1 else 'ep'} {max(args.tp, args.ep)}: pipeline "
+              "stages of a split deployment are not supported yet; give one of them", file=sys.stderr)
         return 1
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
                         args.state_budget, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory, args.weights,
-                        args.speculate)
+                        args.speculate, args.pp)
     try:
         # the model id a request gives: the served name, or the path exactly as given here
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,

@@ -57,3 +57,32 @@ class RawPages:
         tok = int(m.engine.read(st.outputs["tokens"], env)[0])
         logits = m.engine.read(st.outputs["logits"], env)[0] if "logits" in st.outputs else None
         return tok, logits
+
+    def step_many(self, seqs: list[list[int]], starts: list[int], pages: list[list[int]],
+                  ragged: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """One step of several sequences together: sequence i's rows `seqs[i]` at positions
+        starts[i].. in its pages. Decode (one row each) unless ragged: one prefill step of every
+        row, cu_seqlens between them. Returns the step's tokens and logits as its outputs hold
+        them (a row a sequence, its last, where the logits output is laid out by sequence)."""
+        m = self.model
+        n = len(seqs)
+        st = m.protocol.for_rows(n, None if ragged else 1)
+        inputs = {st.inputs["token"]: np.array([t for s in seqs for t in s], np.int32),
+                  st.inputs["position"]: np.array([a + j for s, a in zip(seqs, starts) for j in range(len(s))],
+                                                  np.int32)}
+        for pt in st.page_tables:
+            table = np.zeros((n, m.engine.shapes[pt.buffer][1]), np.int32)
+            for i, pg in enumerate(pages):
+                table[i, :len(pg)] = pg
+            inputs[pt.buffer] = table
+        for si in st.slots:
+            inputs[si.buffer] = np.array([self._leases[tuple(pg)].slot(si.state) for pg in pages], np.int32)
+        if "seq_len" in st.inputs:
+            inputs[st.inputs["seq_len"]] = np.array([a + len(s) for s, a in zip(seqs, starts)], np.int32)
+        if "cu_seqlens" in st.inputs:
+            inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(s) for s in seqs], dtype=np.int32)
+        rows = sum(map(len, seqs))
+        reach = max(a + len(s) for s, a in zip(seqs, starts))
+        env = m.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
+        logits = m.engine.read(st.outputs["logits"], env) if "logits" in st.outputs else None
+        return m.engine.read(st.outputs["tokens"], env), logits

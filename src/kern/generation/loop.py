@@ -164,7 +164,8 @@ class Loop:
         constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         seed = params.seed if params.seed is not None else _seed_of(request_id)
         self.scheduler.waiting.append(SequenceState(request_id, list(prompt_ids), params,
-                                               TextStream(self.tokenizer, params.stop), seed, constraint=constraint))
+                                                    TextStream(self.tokenizer, params.stop, prompt_ids), seed,
+                                                    constraint=constraint))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:

@@ -20,7 +20,7 @@ from ..runtime.paging import Paging
 
 
 class StepEngine(Protocol):
-    """An engine as the host loop drives it: Engine and RankedEngine are both one."""
+    """An engine as the host loop drives it: Engine, RankedEngine and StagedEngine are each one."""
 
     v: Verified
     protocol: ServingProtocol
@@ -56,11 +56,17 @@ class StepEngine(Protocol):
 
 def open_engine(v: Verified, weights: str | Path | None, *, device: Device | None = None,
                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False,
-                host_bytes: int | None = 0) -> StepEngine:
+                host_bytes: int | None = 0, pp: int = 1) -> StepEngine:
     """The engine of the verified deployment `v`. A split deployment (a topology of more than
     one rank, docs/tensor-parallel.md) opens every rank (its sibling rank manifests verified
     once each, `v` not again) and refuses a host tier (the default, None, is none there);
-    `device` is for one-device deployments. `host_bytes` None: the host tier's default size."""
+    `device` is for one-device deployments. `host_bytes` None: the host tier's default size.
+    `pp` above 1: kern cut's stages of `v` on that many devices, micro-batches in flight
+    (kern.world.staged; no host tier)."""
+    if pp > 1:
+        from .staged import StagedEngine
+
+        return StagedEngine(v, weights, pp, state_budget=state_budget, paged=paged, host_bytes=host_bytes or 0)
     if v.manifest.topology.ranks > 1:
         from .ranks import load_split
 

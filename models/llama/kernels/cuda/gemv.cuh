@@ -3,19 +3,17 @@
 //
 // One block per 16 output columns (grid ceil_div(N, 16), block 256 = 8 warps). The block's
 // 16 W rows are cut along K into units of 256 elements; warp w takes units w, w+8, ...
-// Each lane issues all 16 of its 16-byte W loads of a unit (rows g and g+8, g = lane/4)
+// Each lane issues all 32 of its 8-byte W loads of a unit (rows g and g+8, g = lane/4)
 // before using any, then feeds them straight into tensor-core mma.m16n8k16 (bf16 in, fp32
 // accumulate) with x as the 8-column operand: W is read from memory exactly once for up to
 // 32 rows (rows in tiles of 8; rows > 32 go in passes of 32, re-reading W).
 // The k16 sets: a tensor-core step's sum depends on which 16 k it takes, not on which k slot
 // holds which (measured: bench/probes/mma_sums.cu), so each step takes 16 consecutive elements,
-// as wgmma does from shared memory. Lane (g, t = lane%4) loads elements 8t..8t+7 of a 32-element
-// step (one 16-byte load a row: lanes 0, 1 hold the first k16 step, lanes 2, 3 the second) and
-// swaps half of it with lane t^2, so that each lane holds 4 elements of each step: elements
-// 4s..4s+3 and 16+4s..16+4s+3, s = sigma(t) = 2 (t & 1) + (t >> 1), in the mma's k slots
-// {2t, 2t+1, 2t+8, 2t+9} of that half's step. x takes the same elements (x_slot below); every
-// warp load covers whole 32-byte sectors (8 rows x 64 contiguous bytes). So a many-row kernel
-// on wgmma (gemm.cu) walking K in the same sets and partials gets the same bits.
+// as wgmma does from shared memory: lane (g, t = lane%4) loads the 4 elements 4t..4t+3 of each
+// half of a 32-element step (8-byte loads, k0 = unit + 32u + 4t and k0 + 16) into the mma's k
+// slots {2t, 2t+1, 2t+8, 2t+9} of that half's k16 step: no shuffles, no shared memory for W,
+// and every warp load covers whole 32-byte sectors (8 rows x 2 x 32 contiguous bytes). So a
+// many-row kernel on wgmma (gemm.cu) walking K in the same sets and partials gets the same bits.
 // The 8 warps' partial sums are added in warp order through shared memory: fixed order, no
 // atomics, bitwise deterministic for a given (rows, N, K).
 // Variants (one template: how x is formed, how y is stored): gemv_bf16 / gemv_f32 store y;
@@ -48,14 +46,11 @@ static_assert(GEMV_COLS == 16, "a block's columns are the 16 W rows of one mma t
 static_assert(8 * GEMV_XLD * 2 <= GEMV_WARP_SMEM && GEMV_MAX_NT * 4 * 32 * 4 <= GEMV_WARP_SMEM, "");
 // Streaming weight load: read-only path, no L1 allocation, 256-byte L2 prefetch. Volatile keeps
 // the first unit's loads before griddepcontrol.wait.
-__device__ __forceinline__ uint4 ld_stream16(const bf16 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+__device__ __forceinline__ uint2 ld_stream8(const bf16 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
-// The 4-element slice of each k16 step that lane t feeds the mma (the header says why).
-__device__ __forceinline__ int x_slot(int t) { return 2 * (t & 1) + (t >> 1); }
 // Activations (x, the residual) are written by the previous kernel, which under PDL may still
 // be finishing when this kernel starts: read them at L2 (ld.global.cg). Neither the
 // non-coherent path (__ldg) nor plain L1-cached loads are safe here: with plain loads, eager
@@ -75,13 +70,12 @@ __device__ __forceinline__ uint2 ld_act8(const bf16 *p) {
     asm("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
-// A lane's x operand of one 32-element step from a row at `p` (the step's first element):
-// elements 4s..4s+3 (x, y) and 16+4s..16+4s+3 (z, w), s = x_slot(t), zero past K (k: the
-// step's index of p).
+// A lane's mma operand of one 32-element step from a row at `p` (the step's first element):
+// elements 4t..4t+3 (x, y) and 16+4t..16+4t+3 (z, w), zero past K (k: the step's index of p).
 template <class Ld>
-__device__ __forceinline__ uint4 step_operand(const Ld &ld, const bf16 *p, int k, int s, int K) {
-    const uint2 lo = k + 4 * s < K ? ld(p + 4 * s) : make_uint2(0, 0);
-    const uint2 hi = k + 16 + 4 * s < K ? ld(p + 16 + 4 * s) : make_uint2(0, 0);
+__device__ __forceinline__ uint4 step_operand(const Ld &ld, const bf16 *p, int k, int t, int K) {
+    const uint2 lo = k + 4 * t < K ? ld(p + 4 * t) : make_uint2(0, 0);
+    const uint2 hi = k + 16 + 4 * t < K ? ld(p + 16 + 4 * t) : make_uint2(0, 0);
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 template <typename T>
@@ -106,8 +100,8 @@ struct XPlain {
     __device__ XPlain after() const { return {after_wait(x)}; }
     __device__ uint4 fetch(int row, int k, int K) const { return ld_act(x + (size_t)row * K + k); }
     // this lane's operand of the 32-element step at k of row `row` (step_operand)
-    __device__ uint4 operand(int row, int k, int s, int K) const {
-        return step_operand([](const bf16 *p) { return ld_act8(p); }, x + (size_t)row * K + k, k, s, K);
+    __device__ uint4 operand(int row, int k, int t, int K) const {
+        return step_operand([](const bf16 *p) { return ld_act8(p); }, x + (size_t)row * K + k, k, t, K);
     }
 };
 
@@ -235,32 +229,17 @@ __device__ __forceinline__ YRopeAppend rope_append_y(bf16 *y, char *kv_state, co
     return {y, pos, table, app, n_q_heads, n_kv_heads, head_dim};
 }
 
-// A loaded step as the mma's operand: half of it swapped with lane t^2. Lanes t < 2 keep their
-// first 4 elements (of the step's first k16 set) and take their partner's first 4 (of the
-// second), lanes t >= 2 the reverse: elements 4s..4s+3 and 16+4s..16+4s+3, s = x_slot(t).
-__device__ __forceinline__ uint4 w_slots(const uint4 &v, int t) {
-    const bool first = t < 2;
-    const unsigned sx = __shfl_xor_sync(0xffffffffu, first ? v.z : v.x, 2);
-    const unsigned sy = __shfl_xor_sync(0xffffffffu, first ? v.w : v.y, 2);
-    return first ? make_uint4(v.x, v.y, sx, sy) : make_uint4(sx, sy, v.z, v.w);
-}
-
-// A unit's W loads for rows w0, w1: the lane's 16-byte loads, elements 8t..8t+7 of each
-// 32-element step, zero past K. Used through w_slots once they arrive.
 __device__ __forceinline__ void ld_unit(uint4 *a, uint4 *b, const bf16 *w0, const bf16 *w1,
                                         bool ok0, bool ok1, int kb, int t, int K) {
+    const auto ld = [](const bf16 *p) { return ld_stream8(p); };
 #pragma unroll
     for (int u = 0; u < GEMV_KU; ++u) {
         const int k = kb + 32 * u;
-        a[u] = (ok0 ? k : K) + 8 * t < K ? ld_stream16(w0 + k + 8 * t) : make_uint4(0, 0, 0, 0);
-        b[u] = (ok1 ? k : K) + 8 * t < K ? ld_stream16(w1 + k + 8 * t) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < GEMV_KU; ++u) {
-        a[u] = w_slots(a[u], t);
-        b[u] = w_slots(b[u], t);
+        a[u] = step_operand(ld, w0 + k, ok0 ? k : K, t, K);
+        b[u] = step_operand(ld, w1 + k, ok1 ? k : K, t, K);
     }
 }
+
 // Where a pass keeps its staged x rows and the warps' partial sums. The per-op kernels: a warp's
 // 8 staged rows, later its slice of the reduction, in the same bytes (GEMV_WARP_SMEM a warp).
 struct GemvSmem {
@@ -345,7 +324,7 @@ __device__ __forceinline__ void gemv_tile(const X &xs0, const bf16 *__restrict__
                 // the epilogue drops.
 #pragma unroll
                 for (int u = 0; u < GEMV_KU; ++u) {
-                    const bf16 *xs8 = xw + g * GEMV_XLD + 32 * u + 4 * x_slot(t);  // the W operand's elements
+                    const bf16 *xs8 = xw + g * GEMV_XLD + 32 * u + 4 * t;  // step_operand's elements
                     const uint2 lo = *reinterpret_cast<const uint2 *>(xs8), hi = *reinterpret_cast<const uint2 *>(xs8 + 16);
                     const uint4 xv = make_uint4(lo.x, lo.y, hi.x, hi.y);
                     mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
@@ -359,7 +338,7 @@ __device__ __forceinline__ void gemv_tile(const X &xs0, const bf16 *__restrict__
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const int row = nt * 8 + g;
-                    const uint4 xv = row < R ? xs.operand(r0 + row, k, x_slot(t), K) : make_uint4(0, 0, 0, 0);
+                    const uint4 xv = row < R ? xs.operand(r0 + row, k, t, K) : make_uint4(0, 0, 0, 0);
                     mma_bf16(c[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);
                     mma_bf16(c[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);
                 }
