@@ -44,15 +44,16 @@ def test_the_invariant_build_declares_a_verify_program(sm90):
 
 
 def test_a_verify_row_takes_a_decode_rows_kernels(sm90):
-    """Every projection of the verify program is one the wide decode program runs (the gemm
-    twins, the same bits as the gemv decode's), attention is attention_rows (decode's split
-    order), no row is gathered: the LM head, the draw and then accept over every row."""
+    """Every projection of the verify program is one the decode program runs (the gemv kernels:
+    a round's few rows read each weight once; the same bits as the wide decode's gemm twins),
+    attention is attention_rows (decode's split order), no row is gathered: the LM head, the
+    draw and then accept over every row."""
     m = sm90.manifest
     ops = _ops(m, "verify_round")
-    wide = set(_ops(m, "decode_wide"))
-    assert {o for o in ops if "gemm" in o} <= wide
+    decode = set(_ops(m, "decode"))
+    assert {o for o in ops if "gemv" in o or "gemm" in o} <= decode
     assert "attention_rows" in ops and "gather_last" not in ops and "attention_decode" not in ops
-    assert ops[-3:] == [_ops(m, "decode_wide")[-2], "sample", "accept"]
+    assert ops[-3:] == [_ops(m, "decode")[-2], "sample", "accept"]
     accept = m.programs["verify_round"].calls[-1]
     assert [a.buf for a in accept.args[:4]] == ["v_ids", "v_cu_seqlens", "v_next", "v_accepted"]
 

@@ -230,12 +230,14 @@ def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
 
 def _verify_calls(s: Shape, p: str, pages, split: int) -> list:
     """A speculative round: each sequence's last token and its proposed tokens as ragged rows,
-    every row computed as a decode row (the wide decode's gemm twins, split over K where a
-    projection is narrow, and attention_rows), each row's K/V appended at its position; the LM
+    every row computed as a decode row (the gemv kernels, and attention_rows), each row's K/V appended at its position; the LM
     head and the draw over every row, then `accept` (a thread a sequence) counts the proposed
     tokens kept. What rows past the kept ones wrote lies past the sequence's length: never read."""
     rows, seqs = "verify_tokens", "verify_seqs"
-    family, _ = _wide_family(s)
+    # the gemv kernels: a round's few rows (a lone stream's k + 1) read each weight once, as a
+    # decode step does, where the split twins pay the wide decode's partial stores and rms_prep
+    # launches; the same bits either way (gemm.cu), past 32 rows in passes of 32
+    family = GEMV_FAMILY
     calls = _fused_layers(s, p, rows, seqs, pages, _rows_attention(p, rows, seqs, pages, split), family)
     calls.append(_proj(p, family["logits"], [buffer_arg(p + "x"), buffer_arg("final_norm"), buffer_arg("lm_head"), buffer_arg(p + "logits"),
                                              value_arg(rows), value_arg("vocab"), value_arg("hidden"), value_arg(s.eps)]))
@@ -350,7 +352,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         if prog == "decode" or batch_invariant:
             for n in ("h", "attn_out", "gate_up", "mlp_out"):
                 del buffers[p + n]  # fused away: see _fused_layers
-        if prog != "decode" and batch_invariant:  # rms_prep's x and 1/rms a row, for the normed gemm twins
+        if prog not in ("decode", "verify_round") and batch_invariant:  # rms_prep's x and 1/rms a row, for the normed gemm twins
             buffers[p + "xn"] = bw([rows, "hidden"])
             buffers[p + "rs"] = bw([rows], dtype="f32")
         if prog == "decode":
@@ -360,7 +362,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
             calls = (_verify_calls(s, p, pages, decode_split) if verify else
                      _decode_calls(s, p, pages, decode_split, family, rows, WIDE_GROUP_HEADS) if batch_invariant
                      else _wide_calls(s, p, pages, decode_split))
-            if batch_invariant and tiles_x:  # the split projections' scratch and counters, for the widest of them
+            if batch_invariant and tiles_x and not verify:  # the split projections' scratch and counters, for the widest of them
                 tiles = {"mul": [{"ceil_div": [rows, 64]}, tiles_x]}
                 buffers[p + "gpart"] = bw([{"mul": [tiles, table.GEMM_SPLIT * table.TILES["WG_SPLIT_PART"]]}],
                                           dtype="f32")
