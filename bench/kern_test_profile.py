@@ -29,10 +29,11 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
 
-    from kern.judge import blas, corpus, precision, workload
-    from kern.judge.diff import diff
+    from kern.drive import script
     from kern.drive.engine_io import EngineIO
-    from kern.judge.judge import Options, _floors, limits
+    from kern.judge import blas, corpus, precision, workloads
+    from kern.judge.diff import diff
+    from kern.judge.judge import Options, _floors
     from kern.judge.record import record
     from kern.judge.replay import free_run, replay
     from kern.manifest.verify import verify_path
@@ -48,7 +49,7 @@ def main() -> int:
 
     def load():
         state["io"] = EngineIO(Engine(v_a, args.weights))
-        state["wl"] = workload.make(opts.seed, limits(state["io"], opts), seqs=opts.seqs,
+        state["wl"] = script.make(opts.seed, workloads.limits(state["io"], opts, v_b), seqs=opts.seqs,
                                     decode_steps=opts.decode_steps, corpus=corpus.tokens(args.weights), mixed=True)
 
     phases = [
