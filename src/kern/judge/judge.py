@@ -223,11 +223,12 @@ def _judge_loaded(v_a: Verified, v_b: Verified, reference: str | Path, candidate
         t = time.perf_counter()
         return _floors(io_a, prec, wl, opts.seed + 1), time.perf_counter() - t
 
-    def wide_free() -> list[StepOut]:
-        return free_run(io_a, wide)[0] if wide is not None else []
+    def wide_free() -> tuple[list[StepOut], float]:
+        return free_run(io_a, wide) if wide is not None else ([], 0.0)
 
-    def wide_floor() -> list[StepOut]:
-        return _floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []
+    def wide_floor() -> tuple[list[StepOut], float]:
+        t = time.perf_counter()
+        return (_floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []), time.perf_counter() - t
 
     def noise_of(r: Live) -> tuple[list[SpanRun], float]:  # forked: every record, as it is made
         return replay(io_a, "a", d, r, prec)
@@ -271,8 +272,10 @@ def _judge_loaded(v_a: Verified, v_b: Verified, reference: str | Path, candidate
     else:
         (noise, secs["noise"]), (sim, secs["floor"]), floored = noise_part.result(), sim_part.result(), -1
     a_sim, secs["floor_e2e"] = floors_e2e.result()
-    rows = Rows(a=list(rec.outputs) + wide_parts[0].result(), b=b.out + b.wide_out,
-                a_sim=a_sim + wide_parts[1].result())
+    (wide_a, secs["wide_a"]), (wide_sim, secs["wide_floor"]) = wide_parts[0].result(), wide_parts[1].result()
+    if wide is None:
+        del secs["wide_a"], secs["wide_floor"]
+    rows = Rows(a=list(rec.outputs) + wide_a, b=b.out + b.wide_out, a_sim=a_sim + wide_sim)
     only_b = tuple(sorted({x.program for x in b.wide_out} - set(v_a.manifest.programs)))
     if fork:
         secs["wait_a"] = time.perf_counter() - t
