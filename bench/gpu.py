@@ -194,7 +194,7 @@ def verdict(r: Run, site: Path, env: dict) -> None:
             r.summary.append(f"{label} cpu vs sm_90a, real embedded weights: {(lines or ['(no output)'])[-1]} "
                              f"({time.monotonic() - t0:.1f} s)")
         text = r.step("profile", [sys.executable, str(ROOT / "bench/kern_test_profile.py"), "--reference", cpu,
-                                  "--candidate", cuda, "--weights", ckpt], 60, emb, cwd=Path("/tmp"))
+                                  "--candidate", cuda, "--weights", ckpt], 120, emb, cwd=Path("/tmp"))
         r.summary += [ln for ln in text.splitlines() if ln.startswith(("#", "##"))]
     tenv = {**env, "KERN_CACHE": str(cache), "PIP_FIND_LINKS": "/tmp/smol", "PIP_NO_INDEX": "1"}
     text = r.step("harness_gpu", [sys.executable, "-m", "pytest", "tests/judge/test_cuda_vs_cpu.py",

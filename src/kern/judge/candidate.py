@@ -1,8 +1,9 @@
-"""The candidate's run: loaded, run free on the workload, then every span replayed from A's
-record. In the judging process, after A is released; or, when A and B live on different
-devices, in a process of its own started beside A's record (`python -m kern.judge.candidate`,
-a fresh interpreter, so a CUDA candidate never inherits a forked context), taking the record
-through a Feed as A makes it, so that B's load, free run and replays hide behind A's record."""
+"""The candidate's run: loaded, run free on the workload (and the wide one, and each sequence
+alone), then every span replayed from A's record. In the judging process, after A is released;
+or, when A and B live on different devices, in a process of its own started before A loads
+(`python -m kern.judge.candidate`, a fresh interpreter, so a CUDA candidate never inherits a
+forked context), taking the diff and workloads once A has loaded and then the record through a
+Feed as A makes it, so that B's load, free runs and replays hide behind A's load and record."""
 
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def run(v_b: Verified, weights: str | Path | None, d: Diff, prec: Precision, wl:
         start = {s: io.read_state(s, io.state_prefix(s, wl.pages_used, len(wl.seqs))).copy() for s in prec.carried
                  if s in io.e.states}
         o.out, o.seconds["free_b"] = free_run(io, wl)
-        o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)
+        # what needs no record first: beside A, B runs these while A is still recording
         if wide is not None:
             o.wide_out, o.seconds["wide_b"] = free_run(io, wide)
         o.alone = [invariance.check(io, wl, o.out)]
         if wide is not None:  # the wide decode program's rows against the narrow one's
             o.alone.append(invariance.check(io, wide, o.wide_out, "wide"))
         o.seconds["alone_b"] = sum(x.seconds for x in o.alone)
+        # the replays restore what each span reads (a carried state from B's own bytes at load)
+        o.runs, o.seconds["replay_b"] = replay(io, "b", d, rec, prec, start=start, wl=wl)
     except Exception as exc:  # the candidate's failure is a finding, not a crash of kern test
         o.error = f"{type(exc).__name__}: {exc}"
     return o
