@@ -67,7 +67,7 @@ class Model:
         clipped to what the state budget holds for one sequence). `max_seqs`: sequences
         running at once (default: what the state budget holds, up to the programs' bound).
         `state_budget`: bytes of state memory (None: 90% of a GPU less what the weights take,
-        512 MiB on the cpu; Engine's auto_budget). `host_bytes`: host memory that idle
+        512 MiB on the cpu; auto_budget in runtime/paging.py). `host_bytes`: host memory that idle
         sessions' cached prefixes park in under pressure and wake from (None: twice the state
         budget, at most a quarter of the machine's memory; 0: none, they are dropped).
         `speculate`: `ngram[:K]` or `draft:DIR[:K]` (docs/speculative.md): decode steps become

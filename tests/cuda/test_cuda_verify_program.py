@@ -103,3 +103,18 @@ def test_the_example_deployment_verifies_rounds():
     path = Path(__file__).resolve().parents[2] / "examples" / "smollm2-135m-instruct-sm90a" / "manifest.json"
     m = json.loads(path.read_text())
     assert "verify_round" in m["programs"] and "accept" in m["modules"]
+
+
+def test_a_last_row_buffer_the_cpu_reference_also_names_holds_what_the_cpu_gathers(sm90, tmp_path):
+    """kern test pairs the buffers two builds share by name: where sm_90a's LM head normalises
+    the residual itself, its gathered last rows (of x) must not take the name of the cpu's
+    gathered last rows (of the normed h)."""
+    cpu = load_verified(generate(TINY, tmp_path, target="cpu", model="tiny")).manifest
+
+    def gathered(m) -> dict[str, str]:  # gather_last's output -> its input, every program
+        return {c.args[2].buf: c.args[0].buf for pr in m.programs.values() for c in pr.calls
+                if c.op == "gather_last"}
+    ours, theirs = gathered(sm90.manifest), gathered(cpu)
+    assert ours and theirs
+    for out, src in ours.items():
+        assert out not in theirs or theirs[out] == src, (out, src, theirs[out])

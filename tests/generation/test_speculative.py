@@ -219,7 +219,7 @@ def test_keyed_rounds_follow_the_targets_distribution(tiny_llama):
     loop.runner.run([Feed(prompt[:-1], 0, Units.of(lease))], logits=False)
     _, logits = loop.runner.run([Feed([prompt[-1]], len(prompt) - 1, Units.of(lease))], logits=True)
     t, p, proposal = favourite(logits[0], (1.0, 0.5, 0.2, 0.1, 0.05, 0.02))
-    from kern.generation.loop import draw_key
+    from kern.generation.keys import draw_key
 
     draws = []
     for seed in range(3000):

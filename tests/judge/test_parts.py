@@ -128,3 +128,23 @@ def test_tape_versions_read_back(edits):
     r = tape.reader()
     for v, want in states:
         assert np.array_equal(r.at(v), want)
+
+
+def test_a_buffer_only_the_reference_has_is_held_in_the_candidates_working_dtype():
+    """A's normed `h` that B fuses into its LM head's kernel: a faithful bf16 port feeds its
+    tensor cores bf16 operands, so A in B's precision rounds `h` to bf16 too (else the logits'
+    floor is A's own f32 noise, and every fused bf16 head deviates from it)."""
+    from types import SimpleNamespace as NS
+
+    from kern.judge import precision
+
+    def verified(buffers: dict) -> NS:
+        return NS(manifest=NS(buffers={n: NS(kind=k, dtype=d) for n, (k, d) in buffers.items()}, states={}))
+
+    a = verified({"x": ("scratch", "f32"), "h": ("scratch", "f32"), "logits": ("scratch", "f32"),
+                  "w": ("weight", "f32")})
+    b = verified({"x": ("scratch", "bf16"), "logits": ("scratch", "f32"), "w": ("weight", "bf16")})
+    p = precision.of(a, b)
+    assert p.dtypes == {"x": "bf16", "logits": "f32", "h": "bf16"}
+    same = precision.of(a, a)  # a candidate in A's own dtypes: nothing narrower
+    assert same.dtypes["h"] == "f32" and "w" not in same.dtypes

@@ -85,6 +85,14 @@ def post(server: LiveServer, path: str, body: bytes | dict, key: str | None = AP
     return r.status, json.loads(data)
 
 
+def chat_text(server: LiveServer, model: str, content: str, n: int) -> str:
+    """One greedy chat completion's text (status 200 asserted)."""
+    status, body = post(server, "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": n, "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
 def get(server: LiveServer, path: str) -> tuple[int, str]:
     u = urlsplit(server.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)

@@ -11,7 +11,7 @@ import pytest
 from kern.commands.serve import build_loop
 from kern.serve.server import start
 
-from .conftest import API_KEY, CONTEXT, post, words
+from .conftest import API_KEY, CONTEXT, chat_text, words
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +22,8 @@ def pp_server(checkpoint):
     running.close()
 
 
-def _chat(server, model, content: str, n: int = 24) -> str:
-    status, body = post(server, "/v1/chat/completions", {
-        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": n, "temperature": 0})
-    assert status == 200, body
-    return body["choices"][0]["message"]["content"]
+def _chat(server, model, content: str) -> str:
+    return chat_text(server, model, content, 24)
 
 
 def test_a_pipelined_server_answers_concurrent_requests_as_the_plain_one(server, pp_server, model_name):

@@ -11,7 +11,7 @@ import pytest
 from kern.commands.serve import build_loop
 from kern.serve.server import start
 
-from .conftest import API_KEY, CONTEXT, get, post, words
+from .conftest import API_KEY, CONTEXT, chat_text, get, words
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +22,8 @@ def spec_server(checkpoint):
     running.close()
 
 
-def _chat(server, model, content: str, n: int = 40) -> str:
-    status, body = post(server, "/v1/chat/completions", {
-        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": n, "temperature": 0})
-    assert status == 200, body
-    return body["choices"][0]["message"]["content"]
+def _chat(server, model, content: str) -> str:
+    return chat_text(server, model, content, 40)
 
 
 def test_a_speculating_server_answers_as_the_plain_one_and_counts_its_rounds(server, spec_server, model_name):

@@ -33,10 +33,16 @@ class EngineIO:
     def __init__(self, engine: Engine):
         self.e = engine
         self._segments: dict[tuple[str, int, int], Program | None] = {}
+        self._launches: dict[tuple[str, int, int], list[LoweredLaunch]] = {}
 
     # ---- launches -------------------------------------------------------------------------
     def launches(self, program: str, lo: int, hi: int) -> list[LoweredLaunch]:
-        return [l for l in self.e.launches[program] if lo <= l.call < hi]
+        """Calls [lo, hi)'s launches (one list a range, kept: callers never change it)."""
+        key = (program, lo, hi)
+        ls = self._launches.get(key)
+        if ls is None:
+            ls = self._launches[key] = [l for l in self.e.launches[program] if lo <= l.call < hi]
+        return ls
 
     def run_calls(self, program: str, lo: int, hi: int, env: dict[str, int]) -> list[LoweredLaunch]:
         """Run calls [lo, hi) of a program; returns their launches."""

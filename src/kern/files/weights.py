@@ -58,7 +58,7 @@ def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: WeightFil
         arr = np.empty(total, dtype=np_dtype)
         at = 0
         for p in parts:
-            arr[at:at + p.size] = p.astype(np_dtype, copy=False)
+            np.copyto(arr[at:at + p.size], p, casting="unsafe")  # cast in place: no temporary of the tensor
             at += p.size
         out[name] = arr
     if problems:

@@ -24,6 +24,7 @@ from ..errors import BoundsError, KernError
 from ..runtime.paging import Paging
 from .constraints import Grammars
 from .detok import TextStream
+from .keys import HostDraw, draw_key, seed_of
 from .limits import Limits
 from .outputs import Delta, LoopStats, TokenLogprob
 from .params import SamplingParams
@@ -162,9 +163,9 @@ class Loop:
             raise BoundsError(f"request {request_id!r}: logit_bias and grammars need the logits, which this "
                               "deployment's programs do not output")
         constraint = self.grammars.matcher(params.grammar) if params.grammar is not None else None
-        seed = params.seed if params.seed is not None else _seed_of(request_id)
-        self.scheduler.waiting.append(SequenceState(request_id, list(prompt_ids), params,
-                                                    TextStream(self.tokenizer, params.stop, prompt_ids), seed,
+        seed = params.seed if params.seed is not None else seed_of(request_id)
+        text = TextStream(self.tokenizer, params.stop, prompt_ids)
+        self.scheduler.waiting.append(SequenceState(request_id, list(prompt_ids), params, text, seed,
                                                     constraint=constraint))
         self._ids.add(request_id)
 
@@ -364,39 +365,3 @@ class Loop:
     @staticmethod
     def _delta(s: SequenceState, new: list[int], text: str, lps: list[TokenLogprob]) -> Delta:
         return Delta(s.id, tuple(new), text, tuple(lps), s.finish, len(s.prompt), s.cached, len(s.out))
-
-
-def draw_key(seed: int, n: int) -> int:
-    """The 64-bit key of a request's n-th device draw: its seed and n mixed (splitmix64), so a
-    seed reproduces every draw whatever else shares the batch."""
-    return _mix64((seed ^ _mix64(n)) & _M64)
-
-
-_M64 = (1 << 64) - 1
-
-
-class HostDraw:
-    """The uniform number of a host draw, from the same key as the device's draw of that token:
-    a function of the request's seed and the token's index, never of its slot or its history
-    of steps (preempted, resumed, batched anyhow, the n-th token draws the same number)."""
-
-    def __init__(self, key: int):
-        self.key = key
-
-    def random(self) -> float:
-        return (self.key >> 11) * 2.0 ** -53  # the key's top 53 bits: in [0, 1)
-
-
-def _mix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def _seed_of(request_id: str) -> int:
-    """A request without a seed draws from one derived from its id: reproducible, and no two
-    requests share a stream by accident of arrival order."""
-    import hashlib
-
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little")

@@ -1,6 +1,6 @@
 """Sampling on the host, vectorized over the rows of a step that read logits: logit bias,
 penalties, a grammar's mask, temperature, top_k, top_p, min_p, then one draw per row from a uniform number keyed by that
-request's seed and the token's index (loop.HostDraw).
+request's seed and the token's index (keys.HostDraw).
 (On the device it needs sampling kernels; until then greedy rows take the device's argmax.)"""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _penalize_rows(z: np.ndarray, params: Sequence[SamplingParams], prompts: Seq
 
 
 class Uniform(Protocol):
-    """Where a row's draw comes from: a number in [0, 1) (loop.HostDraw; a numpy Generator)."""
+    """Where a row's draw comes from: a number in [0, 1) (keys.HostDraw; a numpy Generator)."""
 
     def random(self) -> float: ...
 

@@ -15,7 +15,7 @@ class SequenceState:
     prompt: list[int]
     params: SamplingParams  # Loop.add refused it unless prompt + max_tokens fit the context
     text: TextStream
-    seed: int  # the request's seed (its own or one derived from its id): keys every draw (loop.draw_key)
+    seed: int  # the request's seed (its own or one derived from its id): keys every draw (keys.draw_key)
     out: list[int] = field(default_factory=list)
     lease: Lease | None = None
     written: int = 0  # tokens of prompt + out whose state the device holds (the lease's tokens)

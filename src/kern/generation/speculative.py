@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..errors import KernError
-from .loop import draw_key
+from .keys import draw_key
 from .runner import Feed, Units
 
 if TYPE_CHECKING:

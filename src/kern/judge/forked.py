@@ -73,6 +73,16 @@ class Feed:
         for q in self._queues:
             q.put(data)
 
+    def abort(self) -> None:
+        """Give up: every reader sees the end of its pipe (before start() too)."""
+        if self._queues:
+            for q in self._queues:
+                q.put(None)
+        else:
+            for w in self._writes:
+                os.close(w)
+        self._writes, self._queues = [], []
+
     def close(self) -> None:
         self.send((_END,))
         for q in self._queues:

@@ -168,6 +168,24 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     if v_b is None:
         f = Facts((), EndToEnd(0, False, False, False, 0.0, (), 0), opts.limit, refused=why)
         return Report(lines, decide(f), f, secs)
+    feed = forked.Feed() if fork else None
+    # a candidate on another device loads in its own process from the start, beside A's load
+    remote = candidate_mod.Beside(candidate, weights, feed) if feed and candidate_mod.apart(v_a, v_b) else None
+    try:
+        return _judge_loaded(v_a, v_b, reference, candidate, weights, opts, fact, lines, secs, feed, remote, t_all)
+    except BaseException:
+        if feed is not None:
+            feed.abort()
+        if remote is not None:
+            remote.abandon()
+        raise
+
+
+def _judge_loaded(v_a: Verified, v_b: Verified, reference: str | Path, candidate: str | Path,
+                  weights: str | Path | None, opts: Options, fact: Callable[[str], None], lines: list[str],
+                  secs: dict[str, float], feed: forked.Feed | None, remote: candidate_mod.Beside | None,
+                  t_all: float) -> Report:
+    fork = feed is not None
     if v_a.manifest.target != v_b.manifest.target:
         fact(f"targets: A {v_a.manifest.target.device} {v_a.manifest.target.arch or ''}, B "
              f"{v_b.manifest.target.device} {v_b.manifest.target.arch or ''}".replace("  ", " "))
@@ -205,11 +223,12 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
         t = time.perf_counter()
         return _floors(io_a, prec, wl, opts.seed + 1), time.perf_counter() - t
 
-    def wide_free() -> list[StepOut]:
-        return free_run(io_a, wide)[0] if wide is not None else []
+    def wide_free() -> tuple[list[StepOut], float]:
+        return free_run(io_a, wide) if wide is not None else ([], 0.0)
 
-    def wide_floor() -> list[StepOut]:
-        return _floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []
+    def wide_floor() -> tuple[list[StepOut], float]:
+        t = time.perf_counter()
+        return (_floors(io_a, prec, wide, opts.seed + 2) if wide is not None else []), time.perf_counter() - t
 
     def noise_of(r: Live) -> tuple[list[SpanRun], float]:  # forked: every record, as it is made
         return replay(io_a, "a", d, r, prec)
@@ -217,18 +236,14 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     def floor_of(r: Live) -> tuple[list[SpanRun], float]:
         return replay(io_a, "a", d, r, prec, np.random.Generator(np.random.PCG64(opts.seed)))
 
-    feed = forked.Feed() if fork else None
-    remote = None
     if feed is not None:
         floors_e2e = forked.Part(e2e_floor, True)
         wide_parts = (forked.Part(wide_free, wide is not None), forked.Part(wide_floor, wide is not None))
         noise_part = forked.Part(lambda msgs: noise_of(Live(msgs)), True, feed)
         sim_part = forked.Part(lambda msgs: floor_of(Live(msgs)), True, feed)
-        if candidate_mod.apart(v_a, v_b):  # B loads and runs in its own process beside A's record
-            remote = candidate_mod.Beside(candidate, weights, d, prec, wl, wide, feed)
         feed.start()
-        if remote is not None:
-            remote.send_setup(feed)
+        if remote is not None:  # B, loaded beside A's load, runs beside A's record
+            remote.send_setup(feed, d, prec, wl, wide)
     try:
         rec: Recording = record(io_a, d, wl, prec.carried, feed.send if feed is not None else None)
     finally:
@@ -257,8 +272,10 @@ def _judge(v_a: Verified, reference: str | Path, candidate: str | Path, weights:
     else:
         (noise, secs["noise"]), (sim, secs["floor"]), floored = noise_part.result(), sim_part.result(), -1
     a_sim, secs["floor_e2e"] = floors_e2e.result()
-    rows = Rows(a=list(rec.outputs) + wide_parts[0].result(), b=b.out + b.wide_out,
-                a_sim=a_sim + wide_parts[1].result())
+    (wide_a, secs["wide_a"]), (wide_sim, secs["wide_floor"]) = wide_parts[0].result(), wide_parts[1].result()
+    if wide is None:
+        del secs["wide_a"], secs["wide_floor"]
+    rows = Rows(a=list(rec.outputs) + wide_a, b=b.out + b.wide_out, a_sim=a_sim + wide_sim)
     only_b = tuple(sorted({x.program for x in b.wide_out} - set(v_a.manifest.programs)))
     if fork:
         secs["wait_a"] = time.perf_counter() - t

@@ -22,20 +22,12 @@ from .device import Device, Program
 from ..errors import BoundsError
 from .errors import DeviceError
 from .lower import LoweredLaunch, lower_program
-from .paging import Paging, host_budget, plan_pool, state_sizes
+from .paging import DEFAULT_STATE_BUDGET, Paging, auto_budget, host_budget, plan_pool, state_sizes
 from .pointers import fill_pointers, pointer_tables
 from ..files.modules import fetch
 from ..files.safetensors import WeightFiles
 from .dtypes import NP
 from ..files.weights import bind_all
-
-DEFAULT_STATE_BUDGET = 512 << 20  # where the device shares the host's memory (cpu)
-# Where the device has its own memory, the state budget defaults to this share of it, less what
-# the weights and buffers took and GRAPH_RESERVE for the captured graphs and libraries that come
-# after the pool (vLLM's default share is the same 90%).
-DEVICE_SHARE = 0.9
-GRAPH_RESERVE = 1 << 30
-
 
 @dataclass(frozen=True)
 class Checked:
@@ -81,26 +73,6 @@ def _alloc(where: str, nbytes: int, alloc, *args, **kw):
     except MemoryError:
         raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes "
                           f"({nbytes / 2**30:.1f} GiB)") from None
-
-
-def auto_budget(device: Device, asked: int | None) -> tuple[int, str]:
-    """The state budget in bytes and a line saying where it came from: `asked`, else
-    DEVICE_SHARE of the device's memory less what is in use (weights, buffers, other processes)
-    and GRAPH_RESERVE; a device without memory of its own gets DEFAULT_STATE_BUDGET."""
-    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
-    if asked is not None:
-        return asked, f"state memory {gib(asked)} (asked)"
-    mem = device.memory()
-    if mem is None:
-        return DEFAULT_STATE_BUDGET, f"state memory {DEFAULT_STATE_BUDGET >> 20} MiB (the default; --memory sets it)"
-    free, total = mem
-    used = total - free
-    budget = int(DEVICE_SHARE * total) - used - GRAPH_RESERVE
-    if budget < DEFAULT_STATE_BUDGET:
-        raise DeviceError(f"the device has {gib(free)} free of {gib(total)}: too little for a state budget past "
-                          f"{gib(used)} in use and {gib(GRAPH_RESERVE)} for graphs (--memory sets one)")
-    return budget, (f"state memory {gib(budget)}: {DEVICE_SHARE:.0%} of the device's {gib(total)}, less "
-                    f"{gib(used)} in use (weights, buffers) and {gib(GRAPH_RESERVE)} for graphs (--memory sets it)")
 
 
 class Engine:

@@ -19,12 +19,20 @@ from ..manifest.verify import Verified
 from ..pool import Evict, Granted, NeverFits, Pool, Remap, StateDecl, Wait
 from ..pool.plans import MemoryPlan
 from ..errors import KernError
+from .device import Device
+from .errors import DeviceError
 
 MIN_CHUNK = 2 << 20
 MAX_CHUNK = 64 << 20
 TARGET_CHUNKS = 2048
 HOST_SHARE = 4  # the host tier's default is at most a quarter of this machine's memory...
 HOST_OVER_DEVICE = 2  # ...and twice the device's state budget: idle sessions outnumber running ones
+DEFAULT_STATE_BUDGET = 512 << 20  # where the device shares the host's memory (cpu)
+# Where the device has its own memory, the state budget defaults to this share of it, less what
+# the weights and buffers took and GRAPH_RESERVE for the captured graphs and libraries that come
+# after the pool (vLLM's default share is the same 90%).
+DEVICE_SHARE = 0.9
+GRAPH_RESERVE = 1 << 30
 
 
 class States(Protocol):
@@ -212,3 +220,23 @@ class Paging:
         except Busy:
             return False
         return True
+
+
+def auto_budget(device: Device, asked: int | None) -> tuple[int, str]:
+    """The state budget in bytes and a line saying where it came from: `asked`, else
+    DEVICE_SHARE of the device's memory less what is in use (weights, buffers, other processes)
+    and GRAPH_RESERVE; a device without memory of its own gets DEFAULT_STATE_BUDGET."""
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    if asked is not None:
+        return asked, f"state memory {gib(asked)} (asked)"
+    mem = device.memory()
+    if mem is None:
+        return DEFAULT_STATE_BUDGET, f"state memory {DEFAULT_STATE_BUDGET >> 20} MiB (the default; --memory sets it)"
+    free, total = mem
+    used = total - free
+    budget = int(DEVICE_SHARE * total) - used - GRAPH_RESERVE
+    if budget < DEFAULT_STATE_BUDGET:
+        raise DeviceError(f"the device has {gib(free)} free of {gib(total)}: too little for a state budget past "
+                          f"{gib(used)} in use and {gib(GRAPH_RESERVE)} for graphs (--memory sets one)")
+    return budget, (f"state memory {gib(budget)}: {DEVICE_SHARE:.0%} of the device's {gib(total)}, less "
+                    f"{gib(used)} in use (weights, buffers) and {gib(GRAPH_RESERVE)} for graphs (--memory sets it)")
