@@ -3,7 +3,8 @@
 # alone on the GPU, then vLLM's servers, started together (their start-ups, ~4 min each alone,
 # overlap) and measured one at a time while the others idle.
 #
-#   PHASE=kern   kern serve with no flags on seeded random Llama-3.2-1B and Llama-3.1-8B shapes
+#   PHASE=kern   (K2 set: the embedded model with --speculate ngram:$K2 too)
+#                kern serve with no flags on seeded random Llama-3.2-1B and Llama-3.1-8B shapes
 #                (bench/serve.py's workload: 512-token prompts sharing 256, 128 out, at $CONC
 #                streams, and one stream alone), the 1B again with --no-batch-invariance, the real
 #                embedded model plain and with --speculate ngram:$K (bench/speculative.py's
@@ -98,6 +99,7 @@ if [ "$PHASE" = kern ]; then
   cp $OUT/kern_plugin_deployment_texts.json /tmp/kern_plugin_texts.json
   kern_server kern_smol $SMOL
   kern_server kern_smol_ngram $SMOL --speculate ngram:$K
+  [ -n "${K2:-}" ] && kern_server kern_smol_ngram$K2 $SMOL --speculate ngram:$K2  # a second K, to choose the default by
   # kern test across devices on the embedded weights, as a user runs it: the cold verdict's time
   DEPS=$(cd /tmp && python3 -c "from kern.deployments import default_model, deployment_for; c = default_model(progress=False); print(c, deployment_for(c, 'cpu').parent, deployment_for(c, 'cuda').parent)")
   set -- $DEPS

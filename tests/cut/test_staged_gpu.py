@@ -38,7 +38,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module", params=["two_gpus", "one_gpu"])
 def pair(request, ckpt, tmp_path_factory):
     from kern.api import Model
-    from kern.runtime import stage_links
+    from kern.world import stage_links
     from kern_models.llama.generator import generate
 
     gpus = _gpus()
