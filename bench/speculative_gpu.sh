@@ -89,4 +89,4 @@ for w in dict.fromkeys(w for w, _ in tok):
 EOF
 cat $OUT/kern-ngram_metrics.txt 2> /dev/null
 # what comes back is at most 8 files: the logs travel as one archive
-tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt 2>/dev/null) && (cd $OUT && rm -f *.log *_metrics.txt)
+tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log *.txt 2>/dev/null) && (cd $OUT && rm -f $(cd $OUT && ls *.log | grep -vx speculative.log) *_metrics.txt)  # bench/gpu.py reads speculative.log after
