@@ -20,6 +20,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from kern.commands.serve import build_loop  # noqa: E402
 from kern.serve.server import LiveServer, start  # noqa: E402
 from kern_models.common.random_checkpoint import word_tokenizer  # noqa: E402
 
@@ -57,6 +58,15 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(checkpoint) -> LiveServer:
     running = start(partial(engines.model_loop, checkpoint, CONTEXT, 16), api_key=API_KEY, aliases=(str(checkpoint),))
+    yield running
+    running.close()
+
+
+def flagged_server(checkpoint: Path, **flags):
+    """A server on the loop `kern serve` builds with these flags (pp=2, speculate="ngram:6"), for
+    a module fixture to `yield from`."""
+    running = start(partial(build_loop, str(checkpoint), None, "cpu", CONTEXT, 16, None, None, **flags),
+                    api_key=API_KEY, aliases=(str(checkpoint),))
     yield running
     running.close()
 

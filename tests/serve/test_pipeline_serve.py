@@ -4,22 +4,15 @@ served at once (their decode steps in micro-batches) get the plain server's text
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import pytest
 
-from kern.commands.serve import build_loop
-from kern.serve.server import start
-
-from .conftest import API_KEY, CONTEXT, chat_text, words
+from .conftest import chat_text, flagged_server, words
 
 
 @pytest.fixture(scope="module")
 def pp_server(checkpoint):
-    running = start(partial(build_loop, str(checkpoint), None, "cpu", CONTEXT, 16, None, None, pp=2),
-                    api_key=API_KEY, aliases=(str(checkpoint),))
-    yield running
-    running.close()
+    yield from flagged_server(checkpoint, pp=2)
 
 
 def _chat(server, model, content: str) -> str:

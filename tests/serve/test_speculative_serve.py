@@ -4,22 +4,15 @@ plain server gives it, and /metrics reports the rounds."""
 from __future__ import annotations
 
 import re
-from functools import partial
 
 import pytest
 
-from kern.commands.serve import build_loop
-from kern.serve.server import start
-
-from .conftest import API_KEY, CONTEXT, chat_text, get, words
+from .conftest import chat_text, flagged_server, get, words
 
 
 @pytest.fixture(scope="module")
 def spec_server(checkpoint):
-    running = start(partial(build_loop, str(checkpoint), None, "cpu", CONTEXT, 16, None, None, speculate="ngram:6"),
-                    api_key=API_KEY, aliases=(str(checkpoint),))
-    yield running
-    running.close()
+    yield from flagged_server(checkpoint, speculate="ngram:6")
 
 
 def _chat(server, model, content: str) -> str:
