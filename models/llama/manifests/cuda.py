@@ -230,9 +230,9 @@ def _invariant_prefill_calls(s: Shape, p: str, pages, split: int) -> list:
 
 def _verify_calls(s: Shape, p: str, pages, split: int) -> list:
     """A speculative round: each sequence's last token and its proposed tokens as ragged rows,
-    every row computed as a decode row (the gemv kernels, and attention_rows), each row's K/V appended at its position; the LM
-    head and the draw over every row, then `accept` (a thread a sequence) counts the proposed
-    tokens kept. What rows past the kept ones wrote lies past the sequence's length: never read."""
+    every row computed as a decode row (the gemv kernels, and attention_rows), each row's K/V
+    appended at its position; the LM head and the draw over every row, then `accept` (a thread
+    a sequence) counts the proposed tokens kept. What rows past the kept ones wrote lies past the sequence's length: never read."""
     rows, seqs = "verify_tokens", "verify_seqs"
     # the gemv kernels: a round's few rows (a lone stream's k + 1) read each weight once, as a
     # decode step does, where the split twins pay the wide decode's partial stores and rms_prep
