@@ -53,9 +53,9 @@ def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_exp
     decode = _ops(published, "decode")
     assert decode.count("moe_gather_gate_up") == decode.count("moe_gather_down") == 2  # layers 0 and 2
     assert "moe_sort" not in decode and decode.count("norm_gemv_swiglu") == 1  # layer 1 stays dense
-    for prog in ("prefill", "decode_wide"):
-        ops = _ops(published, prog)
-        assert [ops.count(o) for o in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", "moe_router_gemm")] == [2] * 4
+    for prog, router in (("prefill", "moe_router_gemm"), ("decode_wide", "moe_router_gemm_split")):
+        ops = _ops(published, prog)  # the wide decode's few rows: the router's K over 8 blocks
+        assert [ops.count(o) for o in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", router)] == [2] * 4
     for prog in ("prefill", "decode", "decode_wide"):  # every program adds a row's MoE output into x alike
         ops = _ops(published, prog)
         assert ops.count("moe_combine_residual") == ops.count("rms_norm") == 2, prog

@@ -129,9 +129,10 @@ def test_every_pair_gets_the_same_expert_bytes_by_gather_by_tile_and_alone(gpu, 
 
 @pytest.mark.parametrize("hidden,inter,experts,top_k", SHAPES)
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_the_router_gemm_gives_each_row_the_gemv_bytes(gpu, hidden, inter, experts, top_k, rows):
+def test_the_router_gemms_give_each_row_the_gemv_bytes(gpu, hidden, inter, experts, top_k, rows):
     e = Experts(gpu, hidden, inter, experts, top_k, rows, seed=rows)
     every = list(range(rows))
     assert np.array_equal(e.router("moe_router_gemm", every), e.router("gemv_logits", every))
+    assert np.array_equal(e.router("moe_router_gemm_split", every), e.router("gemv_logits", every))  # the wide decode's
     assert np.array_equal(e.router("moe_router_gemm", [rows - 1])[0], e.router("moe_router_gemm", every)[-1])
 

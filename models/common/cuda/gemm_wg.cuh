@@ -146,13 +146,13 @@ __device__ __forceinline__ void wg_produce_tma(const void *xmap, const void *wma
 }
 
 // A consumer warpgroup (wg = 0 .. NWG - 1): the chains of partials p0 .. p1 - 1 over its 64 x rows,
-// each added to tot in order (tot must start at 0).
+// each added to tot in order (tot must start at 0). i: the ring's stage count so far (a
+// persistent block's earlier work items); returns it after this item's stages.
 template <class C>
-__device__ __forceinline__ void wg_consume(float (&tot)[C::ACC], char *ring, uint64_t *full, uint64_t *empty, int wg,
-                                           int K, int p0, int p1) {
+__device__ __forceinline__ int wg_consume(float (&tot)[C::ACC], char *ring, uint64_t *full, uint64_t *empty, int wg,
+                                          int K, int p0, int p1, int i = 0) {
     const int nu = (K + WG_UNIT - 1) / WG_UNIT;
     float acc[C::ACC];
-    int i = 0;
     for (int p = p0; p < p1; ++p) {
         const int steps = wg_units_of(p, nu) * (WG_UNIT / WG_BK);
         if (steps == 0) continue;  // the gemv adds this partial's 0: the total (never -0) keeps its bits
@@ -174,6 +174,7 @@ __device__ __forceinline__ void wg_consume(float (&tot)[C::ACC], char *ring, uin
 #pragma unroll
         for (int j = 0; j < C::ACC; ++j) tot[j] += acc[j];
     }
+    return i;
 }
 
 // A Y whose put reads what it writes (a residual add) may offer old(i) and put_old(i, v, o):

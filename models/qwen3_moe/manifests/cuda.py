@@ -101,7 +101,15 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
                                                              value_arg("moe_inter"), *held]}]
             else:
                 sorted_ = buffer_arg(p + "moe_sorted")
-                calls += [{"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"), value_arg("hidden")]},
+                # the wide decode's router on 8 blocks (a partial each), in the wide
+                # projections' scratch and counters; prefill's many rows fill blocks unsplit
+                router_calls = ({"op": "moe_router_gemm_split", "args": [h, router_w, router, buffer_arg(p + "gpart"),
+                                                                          buffer_arg(p + "gsem"), value_arg(rows), value_arg("experts"),
+                                                                          value_arg("hidden")]}
+                                if first["op"].endswith("_split") else
+                                {"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
+                                                                   value_arg("hidden")]})
+                calls += [router_calls,
                           route, *sort(),
                           {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"),
                                                             value_arg("moe_inter"), value_arg("hidden"), *held, value_arg(tiles)]},

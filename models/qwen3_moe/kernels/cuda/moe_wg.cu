@@ -101,11 +101,17 @@ moe_gather_down(const bf16 *__restrict__ act, const int *__restrict__ ids, const
 }
 
 // ---- wide decode and prefill: moe_sort's tiles on wgmma ----------------------------------------
-// gemm_wg.cuh's producer with the block's x rows gathered: tile row i is a_row(i) (nullptr: a
-// zero row); the W rows, the stages and their order are wg_produce's.
+// gemm_wg.cuh's producer with the block's x rows gathered: tile row i is a_row(i) (nullptr: no
+// row); the W rows, the stages and their order are wg_produce's. A tile row past the tile's
+// positions is not copied at all: its shared memory keeps whatever an earlier stage left, which
+// reaches only that row's own outputs (an MMA's output row r reads only row r of x), and those are
+// never stored. At 16-64 decode rows a tile holds 1-8 positions of its 64, so the producer's copies
+// and shared-memory writes are the expert's W rows and little else. i: the ring's stage count so
+// far (the block's earlier work items); returns it after this item's stages.
 template <class C, class Y, class ARow>
-__device__ __forceinline__ void wg_produce_rows(const ARow &a_row, const bf16 *__restrict__ W, const Y &ys,
-                                                char *ring, uint64_t *full, uint64_t *empty, int q0, int N, int K) {
+__device__ __forceinline__ int wg_produce_rows(const ARow &a_row, const bf16 *__restrict__ W, const Y &ys,
+                                               char *ring, uint64_t *full, uint64_t *empty, int q0, int N, int K,
+                                               int i) {
     const int tid = threadIdx.x, c = tid & 7, r0 = tid >> 3;
     const int nu = (K + WG_UNIT - 1) / WG_UNIT;
     constexpr int AR = C::BM / 16, BR = C::BN / 16;
@@ -132,7 +138,6 @@ __device__ __forceinline__ void wg_produce_rows(const ARow &a_row, const bf16 *_
         }
         bp[j] = W + (size_t)(bok[j] ? w : 0) * K + 8 * c;
     }
-    int i = 0;
     for (int p = 0; p < WG_PARTS; ++p)
         for (int u = p; u < nu; u += WG_PARTS)
             for (int sub = 0; sub < WG_UNIT / WG_BK; ++sub, ++i) {
@@ -143,24 +148,44 @@ __device__ __forceinline__ void wg_produce_rows(const ARow &a_row, const bf16 *_
                 char *a = ring + s * C::STAGE, *bt = a + C::A_BYTES;
 #pragma unroll
                 for (int j = 0; j < AR; ++j)
-                    cp_async16_zfill(a + sw128(r0 + 16 * j, c), ap[j] + (kok ? k : 0), aok[j] && kok ? 16 : 0);
+                    if (aok[j]) cp_async16_zfill(a + sw128(r0 + 16 * j, c), ap[j] + (kok ? k : 0), kok ? 16 : 0);
 #pragma unroll
                 for (int j = 0; j < BR; ++j)
                     cp_async16_zfill(bt + sw128(r0 + 16 * j, c), bp[j] + (kok ? k : 0), bok[j] && kok ? 16 : 0);
                 cp_async_arrive(&full[s]);
             }
+    return i;
 }
 
-// One block of a grouped projection: the tile's sorted positions [s0, s1) (its rows a_row(i) =
-// position s0 + i) beside column tile blockIdx.x of W [N, K], the whole K in gemm_wg's order,
-// stored through ys at rows s0 .. s1 - 1. Dynamic shared memory C::SMEM.
-template <class C, class Y, class ARow>
-__device__ __forceinline__ void grouped_wg(const ARow &a_row, const bf16 *__restrict__ W, const Y &ys, int s0,
-                                           int s1, int N, int K) {
+// moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols; false
+// when its expert is not held here (expert parallel: e is the expert less `first`).
+struct MoeItems {
+    const int *tiles;
+    int first, count, cols;
+    __device__ int n() const { return tiles[0] * cols; }
+    __device__ bool at(int it, int &e, int &s0, int &s1, int &col) const {
+        const int t = it / cols;
+        col = it - t * cols;
+        e = tiles[1 + 3 * t] - first;
+        s0 = tiles[2 + 3 * t];
+        s1 = tiles[3 + 3 * t];
+        return e >= 0 && e < count;
+    }
+};
+
+// A grouped projection, persistent: block b takes work items b, b + gridDim.x, ... (a tile's
+// sorted positions [s0, s1), its rows rows(s0, s1, i), beside one column tile of its expert's W
+// [N, K] at W + e * w_expert), each the whole K in gemm_wg's order, stored through ys at rows
+// s0 .. s1 - 1. The producer runs on into the next item's stages while the consumer finishes an
+// item and stores it, so the ring never drains between items, and a block starts once a launch
+// (at 16-64 decode rows an item's W is 192-512 KB: as a block of its own, the ring's first fill
+// and last drain were a third of a short one's time). Dynamic shared memory C::SMEM.
+template <class C, class Y, class Rows>
+__device__ __forceinline__ void grouped_wg(const MoeItems &items, const Rows &rows, const bf16 *__restrict__ W,
+                                           size_t w_expert, const Y &ys, int N, int K) {
     extern __shared__ char moe_smem_raw[];
     char *ring = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(moe_smem_raw) + 1023) & ~uintptr_t(1023));
     uint64_t *full = reinterpret_cast<uint64_t *>(ring + C::STAGES * C::STAGE), *empty = full + C::STAGES;
-    const int q0 = blockIdx.x * (Y::PAIRED ? C::BN / 2 : C::BN);
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::STAGES; ++s) {
             mbar_init(&full[s], 128);
@@ -169,54 +194,49 @@ __device__ __forceinline__ void grouped_wg(const ARow &a_row, const bf16 *__rest
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    const int wg = threadIdx.x / 128 - 1;
-    if (wg < 0) {
-        wg_produce_rows<C>(a_row, W, ys, ring, full, empty, q0, N, K);
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        return;
-    }
-    float tot[C::ACC];
+    const int wg = threadIdx.x / 128 - 1, n = items.n();
+    int i = 0;
+    for (int it = blockIdx.x; it < n; it += gridDim.x) {
+        int e, s0, s1, col;
+        if (!items.at(it, e, s0, s1, col)) continue;
+        const int q0 = col * (Y::PAIRED ? C::BN / 2 : C::BN);
+        if (wg < 0) {
+            const auto a_row = [&](int r) { return rows(s0, s1, r); };
+            i = wg_produce_rows<C>(a_row, W + (size_t)e * w_expert, ys, ring, full, empty, q0, N, K, i);
+            continue;
+        }
+        float tot[C::ACC];
 #pragma unroll
-    for (int j = 0; j < C::ACC; ++j) tot[j] = 0.f;
-    wg_consume<C>(tot, ring, full, empty, wg, K, 0, WG_PARTS);
-    wg_store<C>(tot, ys, nullptr, wg, s0, q0, s1, N);
-}
-
-// Tile blockIdx.y of moe_sort's `tiles`: its expert (less first) and positions; false when there
-// is no such tile or its expert is not held here.
-__device__ __forceinline__ bool moe_tile(const int *__restrict__ tiles, int first, int count, int &e, int &s0,
-                                         int &s1) {
-    const int i = blockIdx.y;
-    if (i >= tiles[0]) return false;
-    e = tiles[1 + 3 * i] - first;
-    s0 = tiles[2 + 3 * i];
-    s1 = tiles[3 + 3 * i];
-    return e >= 0 && e < count;
+        for (int j = 0; j < C::ACC; ++j) tot[j] = 0.f;
+        i = wg_consume<C>(tot, ring, full, empty, wg, K, 0, WG_PARTS, i);
+        wg_store<C>(tot, ys, nullptr, wg, s0, q0, s1, N);
+    }
+    if (wg < 0) asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // act[s, c] = swiglu(x[sorted[s] / top_k] . gate_e[c], ... . up_e[c]) for the sorted positions s
-// of tile blockIdx.y. Grid (ceil_div(inter, WG_BN / 2), max_tiles), block WgExpert::THREADS.
+// of every tile. Grid (MOE_WG_BLOCKS), block WgExpert::THREADS.
 extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
 moe_wg_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const int *__restrict__ tiles,
                const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                int count) {
-    int e, s0, s1;
-    if (!moe_tile(tiles, first, count, e, s0, s1)) return;
-    const auto a_row = [&](int i) -> const bf16 * {
+    const auto rows = [&](int s0, int s1, int i) -> const bf16 * {
         return s0 + i < s1 ? x + (size_t)(sorted[s0 + i] / top_k) * hidden : nullptr;
     };
-    grouped_wg<WgExpert>(a_row, W + (size_t)e * 2 * inter * hidden, YActSwiGLU{act, nullptr}, s0, s1, inter, hidden);
+    const MoeItems items{tiles, first, count, (inter + WgExpert::BN / 2 - 1) / (WgExpert::BN / 2)};
+    grouped_wg<WgExpert>(items, rows, W, (size_t)2 * inter * hidden, YActSwiGLU{act, nullptr}, inter, hidden);
 }
 
 // y[sorted[s], c] = act[s] . down_e[c] (f32): each pair's expert output in its own row. Grid
-// (ceil_div(hidden, WG_BN), max_tiles), block WgExpert::THREADS.
+// (MOE_WG_BLOCKS), block WgExpert::THREADS.
 extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
 moe_wg_down(const bf16 *__restrict__ act, const int *__restrict__ sorted, const int *__restrict__ tiles,
             const bf16 *__restrict__ W, float *__restrict__ y, int hidden, int inter, int first, int count) {
-    int e, s0, s1;
-    if (!moe_tile(tiles, first, count, e, s0, s1)) return;
-    const auto a_row = [&](int i) -> const bf16 * { return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr; };
-    grouped_wg<WgExpert>(a_row, W + (size_t)e * hidden * inter, YRowsF32{y, sorted, hidden}, s0, s1, hidden, inter);
+    const auto rows = [&](int s0, int s1, int i) -> const bf16 * {
+        return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr;
+    };
+    const MoeItems items{tiles, first, count, (hidden + WgExpert::BN - 1) / WgExpert::BN};
+    grouped_wg<WgExpert>(items, rows, W, (size_t)hidden * inter, YRowsF32{y, sorted, hidden}, hidden, inter);
 }
 
 // The router's logits for many rows: y [rows, N] f32 = x . W, gemv_f32's order. Grid
@@ -225,6 +245,17 @@ extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
 moe_router_gemm(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *__restrict__ y, int rows, int N,
                 int K) {
     gemm_wg<WgExpert>(x, W, nullptr, YF32{y}, rows, N, K);
+}
+
+// The same logits for the wide decode's few rows: gemm_wg's split (grid z = WG_PARTS, a block a
+// partial; the last of a tile's blocks adds the 8 in order: moe_router_gemm's bits), 8 blocks
+// where the router's one column tile of 128 experts gave one block its whole K. part: scratch
+// floats a (tile, partial) WgExpert::PART; sem: a counter a tile, zero between launches. Grid
+// (ceil_div(N, WG_BN), ceil_div(rows, 64), WG_PARTS), block WgExpert::THREADS.
+extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
+moe_router_gemm_split(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *__restrict__ y,
+                      float *__restrict__ part, int *sem, int rows, int N, int K) {
+    gemm_wg<WgExpert>(x, W, nullptr, YF32{y}, rows, N, K, part, sem);
 }
 
 // ---- the combine ---------------------------------------------------------------------------

@@ -66,6 +66,11 @@ _GATHER_BLOCK = (32 * DENSE_TILES["GEMV_WARPS"],)
 _WG_BLOCK = (256,)
 _EXPERT_SMEM = DENSE_TILES["WG_SPLIT_SMEM"]
 _RANGE = int_params("first", "count")
+# The grouped projections are persistent (a block walks work items: moe_sort's tiles beside
+# column tiles): one block a multiprocessor of an H100 / H200 (their 197 KB of shared memory
+# hold one). Any count is correct; fewer multiprocessors run the blocks in turn.
+MOE_WG_BLOCKS = 132
+WG_PARTS = 8  # gemm_wg.cuh's partials: a split GEMM's grid z
 KERNELS += (
     Kernel(WG_MODULE, "moe_gather_gate_up", (buffer_param("x"), buffer_param("ids", "i32"), buffer_param("W"), buffer_param("act", direction="out"),
                                              *int_params("rows", "top_k", "inter", "hidden"), *_RANGE),
@@ -75,12 +80,17 @@ KERNELS += (
            ({"ceil_div": ["hidden", DENSE_TILES["GEMV_COLS"]]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
     Kernel(WG_MODULE, "moe_wg_gate_up", (buffer_param("x"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
                                          buffer_param("act", direction="out"), *int_params("top_k", "inter", "hidden"), *_RANGE),
-           ({"ceil_div": ["inter", DENSE_TILES["WG_BN"] // 2]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
     Kernel(WG_MODULE, "moe_wg_down", (buffer_param("act"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
                                       buffer_param("y", "f32", "out"), *int_params("hidden", "inter"), *_RANGE),
-           ({"ceil_div": ["hidden", DENSE_TILES["WG_BN"]]}, "max_tiles"), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
     Kernel(WG_MODULE, "moe_router_gemm", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"), *int_params("rows", "N", "K")),
            ({"ceil_div": ["N", DENSE_TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]}), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+    Kernel(WG_MODULE, "moe_router_gemm_split", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"),
+                                                buffer_param("part", "f32", "out"), buffer_param("sem", "i32", "inout"),
+                                                *int_params("rows", "N", "K")),
+           ({"ceil_div": ["N", DENSE_TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]}, WG_PARTS), _WG_BLOCK,
+           shared_mem=_EXPERT_SMEM),
     Kernel(WG_MODULE, "moe_combine_residual", (buffer_param("y", "f32"), buffer_param("ids", "i32"), buffer_param("weights", "f32"),
                                                buffer_param("res", direction="inout"), *int_params("rows", "top_k", "hidden"),
                                                *_RANGE), ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
@@ -91,7 +101,9 @@ KERNELS += (
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
-_TILED = ("max_tiles: i32",)  # a parameter only the grouped GEMMs' grid reads
+# moe.cu's grouped GEMMs' grid reads the tiles' bound; moe_wg.cu's persistent ones take it too
+# (the verifier bounds it), their grid one block a multiprocessor
+_TILED = ("max_tiles: i32",)
 OPS = {
     "moe_route": Op(("moe_route",)), "moe_gemv_gate_up": Op(("moe_gemv_gate_up",)),
     "moe_gemv_down_residual": Op(("moe_gemv_down_residual",)), "moe_sort": Op(("moe_sort",)),
@@ -102,7 +114,8 @@ OPS = {
     "moe_gather_gate_up": Op(("moe_gather_gate_up",)), "moe_gather_down": Op(("moe_gather_down",)),
     "moe_wg_gate_up": Op(("moe_wg_gate_up",), (*BY_ENTRY["moe_wg_gate_up"].params, *_TILED)),
     "moe_wg_down": Op(("moe_wg_down",), (*BY_ENTRY["moe_wg_down"].params, *_TILED)),
-    "moe_router_gemm": Op(("moe_router_gemm",)), "moe_combine_residual": Op(("moe_combine_residual",)),
+    "moe_router_gemm": Op(("moe_router_gemm",)), "moe_router_gemm_split": Op(("moe_router_gemm_split",)),
+    "moe_combine_residual": Op(("moe_combine_residual",)),
     "moe_combine_push": Op(("moe_combine_push",)),
 }
 
