@@ -157,21 +157,52 @@ __device__ __forceinline__ int wg_produce_rows(const ARow &a_row, const bf16 *__
     return i;
 }
 
-// moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols; false
-// when its expert is not held here (expert parallel: e is the expert less `first`).
+// moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols. A
+// block reads its next item's tile while it works on this one (a read after an item ended was a
+// memory latency a item with the ring full and the consumer waiting: a sixth of a down
+// projection's item at 16 rows).
 struct MoeItems {
     const int *tiles;
     int first, count, cols;
     __device__ int n() const { return tiles[0] * cols; }
-    __device__ bool at(int it, int &e, int &s0, int &s1, int &col) const {
+    // tile it / cols's (expert less first, start, end); e is out of [0, count) past n or where the
+    // expert is not held here (expert parallel)
+    __device__ int3 load(int it, int n) const {
+        if (it >= n) return make_int3(-1, 0, 0);
         const int t = it / cols;
-        col = it - t * cols;
-        e = tiles[1 + 3 * t] - first;
-        s0 = tiles[2 + 3 * t];
-        s1 = tiles[3 + 3 * t];
-        return e >= 0 && e < count;
+        return make_int3(__ldg(tiles + 1 + 3 * t) - first, __ldg(tiles + 2 + 3 * t), __ldg(tiles + 3 + 3 * t));
     }
+    __device__ bool held(int3 w) const { return w.x >= 0 && w.x < count; }
 };
+
+// YRowsF32's store (moe_wg_down): wg_store's layout, each of a thread's two rows' destination
+// (list[r], -1 past the tile) read before the item's K loop, so its latency hides under the loop.
+template <class C>
+__device__ __forceinline__ void wg_rows_of(const YRowsF32 &ys, int wg, int s0, int s1, int (&dst)[2]) {
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = s0 + wg * 64 + 16 * w + (lane >> 2) + 8 * h;
+        dst[h] = r < s1 ? __ldg(ys.list + r) : -1;
+    }
+}
+template <class C>
+__device__ __forceinline__ void wg_store_rows(const float (&tot)[C::ACC], const YRowsF32 &ys, const int (&dst)[2],
+                                              int q0, int N) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (dst[h] < 0) continue;
+        float *row = ys.y + (size_t)dst[h] * N;
+#pragma unroll
+        for (int j = 0; j < C::BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = q0 + 8 * j + 2 * t + e;
+                if (col < N) row[col] = tot[4 * j + 2 * h + e];
+            }
+    }
+}
 
 // A grouped projection, persistent: block b takes work items b, b + gridDim.x, ... (a tile's
 // sorted positions [s0, s1), its rows rows(s0, s1, i), beside one column tile of its expert's W
@@ -195,21 +226,30 @@ __device__ __forceinline__ void grouped_wg(const MoeItems &items, const Rows &ro
     }
     __syncthreads();
     const int wg = threadIdx.x / 128 - 1, n = items.n();
-    int i = 0;
-    for (int it = blockIdx.x; it < n; it += gridDim.x) {
-        int e, s0, s1, col;
-        if (!items.at(it, e, s0, s1, col)) continue;
-        const int q0 = col * (Y::PAIRED ? C::BN / 2 : C::BN);
-        if (wg < 0) {
-            const auto a_row = [&](int r) { return rows(s0, s1, r); };
-            i = wg_produce_rows<C>(a_row, W + (size_t)e * w_expert, ys, ring, full, empty, q0, N, K, i);
-            continue;
-        }
-        float tot[C::ACC];
+    constexpr bool scattered = std::is_same_v<Y, YRowsF32>;
+    int i = 0, it = blockIdx.x;
+    for (int3 cur = items.load(it, n); it < n; it += gridDim.x) {
+        const int3 next = items.load(it + gridDim.x, n);
+        if (items.held(cur)) {
+            const int e = cur.x, s0 = cur.y, s1 = cur.z;
+            const int q0 = (it % items.cols) * (Y::PAIRED ? C::BN / 2 : C::BN);
+            if (wg < 0) {
+                const auto a_row = [&](int r) { return rows(s0, s1, r); };
+                i = wg_produce_rows<C>(a_row, W + (size_t)e * w_expert, ys, ring, full, empty, q0, N, K, i);
+            } else {
+                int dst[2];
+                if constexpr (scattered) wg_rows_of<C>(ys, wg, s0, s1, dst);
+                float tot[C::ACC];
 #pragma unroll
-        for (int j = 0; j < C::ACC; ++j) tot[j] = 0.f;
-        i = wg_consume<C>(tot, ring, full, empty, wg, K, 0, WG_PARTS, i);
-        wg_store<C>(tot, ys, nullptr, wg, s0, q0, s1, N);
+                for (int j = 0; j < C::ACC; ++j) tot[j] = 0.f;
+                i = wg_consume<C>(tot, ring, full, empty, wg, K, 0, WG_PARTS, i);
+                if constexpr (scattered)
+                    wg_store_rows<C>(tot, ys, dst, q0, N);
+                else
+                    wg_store<C>(tot, ys, nullptr, wg, s0, q0, s1, N);
+            }
+        }
+        cur = next;
     }
     if (wg < 0) asm volatile("cp.async.wait_all;" ::: "memory");
 }
