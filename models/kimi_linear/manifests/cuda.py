@@ -70,8 +70,9 @@ def check_shape(s: KimiShape, batch_invariant: bool = True) -> None:
         problems += expert_problems(s.hidden, s.moe_inter, s.top_k)
     if s.hidden % 8 or s.inter % 8:
         problems.append(f"hidden_size {s.hidden}, intermediate_size {s.inter}: the dense kernels need multiples of 8")
-    widths = {"q_lora_rank": s.q_lora or 0, "num_attention_heads x v_head_dim": s.heads * s.v_dim if s.mla_layers else 0}
-    if batch_invariant and any(n % 8 for n in widths.values()):  # the gemv's and the tensor maps' rows
+    # the invariant projections' K: the gemv's 8-byte loads, the tensor maps' 16-byte rows
+    widths = {"q_lora_rank": s.q_lora or 0, "num_attention_heads x v_head_dim": s.heads * s.v_dim * bool(s.mla_layers)}
+    if batch_invariant and any(n % 8 for n in widths.values()):
         problems.append(", ".join(f"{k} {n}" for k, n in widths.items() if n % 8)
                         + ": the invariant projections take a K that is a multiple of 8")
     if problems:
@@ -112,8 +113,8 @@ class _Program:
         return buffer_arg(self.p + name)
 
     def lin(self, x: str, w: str, y: str, n, k, f32: bool = False) -> dict:
-        return {"op": self.proj(f32), "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y), value_arg(self.rows),
-                                                                 value_arg(n), value_arg(k)]}
+        return {"op": self.proj(f32), "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y),
+                                               value_arg(self.rows), value_arg(n), value_arg(k)]}
 
     def kda(self, l: int) -> list[dict]:
         s, p, R = self.s, self.p, self.rows
@@ -254,13 +255,13 @@ class _Program:
             sort, tiles = self.sort(ids)
             sorted_, tile_buf = buffer_arg(p + "moe_sorted"), buffer_arg(p + "moe_tiles")
             calls = [sort,
-                     {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf, gate_up, act, value_arg("top_k"), *sizes[::-1],
-                                                       *held, value_arg(tiles)]},
+                     {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf, gate_up, act, value_arg("top_k"),
+                                                       *sizes[::-1], *held, value_arg(tiles)]},
                      {"op": "moe_wg_down", "args": [act, sorted_, tile_buf, down, y, *sizes, *held, value_arg(tiles)]}]
         out = buffer_arg(p + "mlp_out")
         return [*calls, {"op": "zero", "args": [out, value_arg(R), value_arg("hidden")]},
-                {"op": "moe_combine_residual", "args": [y, ids, w, out, value_arg(R), value_arg("top_k"), value_arg("hidden"),
-                                                        *held]}]
+                {"op": "moe_combine_residual", "args": [y, ids, w, out, value_arg(R), value_arg("top_k"),
+                                                        value_arg("hidden"), *held]}]
 
     def calls(self) -> list[dict]:
         s, p, R, G = self.s, self.p, self.rows, self.seqs
@@ -283,7 +284,8 @@ class _Program:
             last = p + "last"
         # the gemv over decode's rows and prefill's last rows; the wide decode's many rows in a GEMM
         head = {"op": self.proj(True) if self.kind == "wide" else "gemv_logits",
-                "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"), value_arg("hidden")]}
+                "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"),
+                         value_arg("hidden")]}
         sample = {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "argmax_val"),
                                            buffer_arg(p + "argmax_idx"), buffer_arg(p + "next"), value_arg("vocab"), value_arg(G), value_arg(ARGMAX_CHUNKS)]}
         return calls + [head, sample]
