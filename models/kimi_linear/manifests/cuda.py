@@ -34,8 +34,8 @@ from ..kernels.cuda import table
 from .common import constants, state_constants, states, weight_buffers
 
 BF = "bf16"
-# Prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory): the
-# reference's, so the same prompts cross chunks on both sides.
+# The faster build's chunk of the prompt's recurrence (kda_chunked: S and six chunk tiles in
+# shared memory): the reference's chunked form's, so the same prompts cross chunks on both sides.
 KDA_CHUNK = 16
 DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
 # The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read
