@@ -150,6 +150,11 @@ def test_the_kernel_table_matches_the_sources():
     assert table_mismatches(CUBINS.folder, table.KERNELS) == []
 
 
+def test_every_kernel_of_the_family_is_launched_by_one_build_or_the_other(published, faster):
+    launched = {e for m in (published, faster) for p in m["programs"] for e in _entries(m, p)}
+    assert {k.entry for k in table.KERNELS} <= launched
+
+
 def test_the_pins_are_of_this_tree_s_sources():
     """A change to a .cu (or a shared header) needs `python -m kern_models.common.cubins
     kimi_linear OUT --record`, or a machine without nvcc cannot generate the deployment."""
