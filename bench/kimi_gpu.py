@@ -29,9 +29,10 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`
---kda-form tokens|chunked: the sm_90a build's prompt recurrence for parity, decode and profile
-(kda_tokens, decode's step a token at a time, batch-invariant; or the chunked kernel, the default):
-two calls with --steps ckpt,profile,decode price one against the other.
+--kda-form tokens|chunked: the sm_90a build for parity, decode and profile: the default build
+(batch-invariant; its prompt recurrence kda_tokens, decode's step a token at a time) or, with
+chunked, the faster one (batch_invariant=False: cuBLASLt, the chunked kernel): two calls with
+--steps ckpt,profile,decode price one against the other.
 $OUT/summary.json and $OUT/summary.txt are rewritten after each step; a step that fails leaves
 the others' results there (parity, decode and serve need a checkpoint: this call's ckpt step's
 or one an earlier call left in /tmp/kimi/ckpt).
@@ -113,8 +114,10 @@ ckpt, batches, steps = Path(sys.argv[2]), [int(b) for b in sys.argv[3].split(","
 parts = sys.argv[6].split(",")
 cfg = json.loads((ckpt / "config.json").read_text())
 form = sys.argv[7] if len(sys.argv) > 7 else ""  # the prompt recurrence's form ("": the build's default)
+# sm_90a's chunked recurrence is the faster build's (the invariant one refuses it)
+faster = {"batch_invariant": False} if form == "chunked" and sys.argv[5] != "cpu" else {}
 man = generate(cfg, ckpt.parent / f"deploy{'-' + form if form else ''}", target=sys.argv[5], model="kimi-linear-random",
-               context=1024, **({"kda_form": form} if form else {}))
+               context=1024, **({"kda_form": form} if form else {}), **faster)
 
 class Stepped:  # what kern.drive steps: an engine with its pool
     def __init__(self):

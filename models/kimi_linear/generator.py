@@ -22,7 +22,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
              context: int | None = None, batch_invariant: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path."""
     shape = shape_of(config)
-    # the cpu build is batch-invariant, the sm_90a one not (docs/determinism.md): each its only one
+    # the cpu build is batch-invariant, its only one; sm_90a has the faster one too (docs/determinism.md)
     check_batch_invariant(batch_invariant, "kimi_linear", target, has_faster=target != "cpu")
     for split in ("tp", "ep"):
         if (n := limits.pop(split, 1)) != 1:
@@ -38,7 +38,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             shutil.copyfile(src, out / "kernels" / file)
             m["modules"][name]["sha256"] = sha256_of(out / "kernels" / file)
         return deployment.write(out, m)
-    m = manifest_cuda.build(shape, model, context=context, **limits)
+    m = manifest_cuda.build(shape, model, context=context, batch_invariant=batch_invariant, **limits)
     digests = {}
     for cubins in (CUBINS, MOE_CUBINS, DENSE_CUBINS):  # each module from the family whose source makes it
         names = sorted({f"{n}.cubin" for n in m["modules"]} & {f"{s.stem}.cubin" for s in cubins.sources()} - set(digests))

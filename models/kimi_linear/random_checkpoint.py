@@ -26,6 +26,16 @@ SHAPES = {
         tie_word_embeddings=False, rms_norm_eps=1e-5,
         layer_types=["full_attention" if l in (3, 7, 11, 15, 19, 23, 26) else "linear_attention" for l in range(27)],
         mlp_layer_types=["dense"] + ["sparse"] * 26),
+    # the GPU tests': small, but every projection's K past one unit of the gemv's k order and the
+    # dense layer's down projection (K 2048) through all 8 of its partials, KDA heads of 64
+    "small": dict(
+        hidden_size=512, intermediate_size=2048, moe_intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=64, num_local_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+        n_group=4, topk_group=2, routed_scaling_factor=2.446, linear_head_dim=64, linear_num_heads=4,
+        vocab_size=512, tie_word_embeddings=False,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
     # CI's: every feature (KDA and MLA layers, a dense MLP and MoE layers, grouped routing) in a few ms a step
     "tiny": dict(
         hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,

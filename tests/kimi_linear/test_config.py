@@ -107,19 +107,27 @@ def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tm
 
 
 @pytest.mark.parametrize("target", ["cuda", "sm_90a"])
-def test_the_gpu_build_takes_either_prompt_form_and_refuses_another_in_one_line(target, tmp_path):
-    """sm_90a's prompt recurrence: the chunked kernel (the default) or decode's step a token at a
-    time (kda_tokens), each under the op kda_chunked that kern test pairs with the reference's."""
+def test_the_gpu_build_s_prompt_forms_and_the_refused_ones_in_one_line(target, tmp_path):
+    """sm_90a's prompt recurrence, under the op kda_chunked that kern test pairs with the
+    reference's: decode's step a token at a time (kda_tokens), the default build's only form and
+    the faster build's on request, or the chunked kernel, the faster build's default, which the
+    batch-invariant build refuses (its bits depend on where a prompt was cut)."""
     import json
 
     from kern_models.kimi_linear.generator import generate
 
-    for form, entry in (("chunked", "kda_chunked"), ("tokens", "kda_tokens")):
-        m = json.loads(generate({**BASE}, tmp_path / form, target=target, kda_form=form).read_text())
-        assert [la["entry"] for la in m["ops"]["kda_chunked"]["impl"]["launches"]] == [entry]
-    with pytest.raises(ConfigError) as e:
-        generate({**BASE}, tmp_path / "x", target=target, kda_form="blocked")
-    assert str(e.value) == "kda_form 'blocked': the sm_90a recurrence's prompt form is one of chunked, tokens"
+    for options, entry in (({}, "kda_tokens"), ({"batch_invariant": False}, "kda_chunked"),
+                           ({"batch_invariant": False, "kda_form": "tokens"}, "kda_tokens")):
+        m = json.loads(generate({**BASE}, tmp_path / entry / str(len(options)), target=target, **options).read_text())
+        assert [la["entry"] for la in m["ops"]["kda_chunked"]["impl"]["launches"]] == [entry], options
+    for options, message in (({"kda_form": "blocked"},
+                              "kda_form 'blocked': the sm_90a recurrence's prompt form is one of chunked, tokens"),
+                             ({"kda_form": "chunked"},
+                              "kda_form 'chunked': its bits depend on where a prompt was cut, so the batch-invariant "
+                              "build takes 'tokens' (the faster build, batch_invariant=False, takes either)")):
+        with pytest.raises(ConfigError) as e:
+            generate({**BASE}, tmp_path / "x", target=target, **options)
+        assert str(e.value) == message
 
 
 def _kernels():

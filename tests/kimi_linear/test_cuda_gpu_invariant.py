@@ -6,7 +6,9 @@ prompt was cut, on the GPU, bit for bit (docs/determinism.md):
   other sequences, or its last rows decoded by kda_step at any row of a batch, gives every
   token's output and the state after it the same bytes;
 - MLA: a prompt row through prefill's attention (absorb, attend, expand over ragged rows) gives
-  the bytes the same token gets decoded, whatever rows share either step.
+  the bytes the same token gets decoded, whatever rows share either step;
+- the default build's plain projections: linear_gemm (prefill's and the wide decode's rows)
+  gives every row the bytes linear_gemv (decode's) gives it, at any number of rows.
 
     python -m pytest -q tests/kimi_linear/test_cuda_gpu_invariant.py   (on the H200; seconds)"""
 
@@ -244,3 +246,23 @@ def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, ops, heads, nope,
                    [rows[i][1] for i in picks], table[[rows[i][0] for i in picks]])
     for j, i in enumerate(picks):
         assert np.array_equal(batch[j], pre[i]), f"row {rows[i]} decoded beside 19 others != prefill"
+
+
+# ---- the plain projections ----------------------------------------------------------------
+
+# (rows, N, K): the tiny model's narrowest K (16: less than a tensor map's box), a partial last
+# unit (576), all 8 partials (2048); rows past one 128-row block of linear_gemm, N past one tile
+@pytest.mark.parametrize("rows,N,K", [(3, 64, 16), (130, 200, 576), (259, 128, 2048)])
+def test_the_plain_projection_gives_each_row_the_gemv_bytes_at_any_rows(gpu, ops, rows, N, K):
+    rng = np.random.default_rng(rows + N + K)
+    x, W = _bf16(rng, (rows, K), 2.0), gpu.put(_bf16(rng, (N, K), 0.05))
+
+    def out_of(spec, r0, n):
+        y = gpu.empty(n * N * 2)
+        _run(gpu, ops[spec], dict(x=gpu.put(x[r0:r0 + n]), W=W, y=y, rows=n, N=N, K=K))
+        return gpu.get(y, BF16, (n, N))
+
+    want = out_of("linear", 0, rows)
+    assert not (want == 0xFFFF).any() and np.array_equal(out_of("linear_rows", 0, rows), want)
+    for r in sorted({0, rows // 2, rows - 1}):
+        assert np.array_equal(out_of("linear_rows", r, 1)[0], want[r]), f"row {r} alone != row {r} of {rows}"

@@ -24,15 +24,17 @@ pytestmark = pytest.mark.gpu
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=1)  # the host reads the logits' bytes
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from kern.api import Model
-    from kern_models.qwen3_moe.generator import generate
-    from kern_models.qwen3_moe.random_checkpoint import make
+def random_setup(family: str, tmp) -> tuple:
+    """A family's `small` random checkpoint on its default sm_90a build: the loop, the request's
+    prompt (200 tokens), 63 others' and the request's bytes alone (Kimi-Linear's tests play these
+    checks too)."""
+    from importlib import import_module
 
-    tmp = tmp_path_factory.mktemp("moe_invariance")
-    ckpt = make("small", tmp / "ckpt", max_positions=1024)
-    man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target="cuda", context=1024)
+    from kern.api import Model
+
+    ckpt = import_module(f"kern_models.{family}.random_checkpoint").make("small", tmp / "ckpt", max_positions=1024)
+    man = import_module(f"kern_models.{family}.generator").generate(
+        json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target="cuda", context=1024)
     model = Model(man, ckpt, state_budget=1 << 30, run_ahead=1)
     rng = np.random.default_rng(0)
     vocab = model.engine.consts["vocab"]
@@ -43,6 +45,11 @@ def setup(tmp_path_factory):
     alone = _bytes(_run(loop, {0: [("r", prompt, PARAMS)]})["r"])
     assert len(alone[0]) == PARAMS.max_tokens
     return loop, prompt, others, alone
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return random_setup("qwen3_moe", tmp_path_factory.mktemp("moe_invariance"))
 
 
 def test_a_request_chunked_by_16_gets_its_bytes_alone(setup):

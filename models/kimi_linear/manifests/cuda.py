@@ -1,10 +1,20 @@
 """The Kimi-Linear manifest for cuda sm_90a: bf16 activations, the KDA state in f32, the MLA
-cache in bf16; projections through cuBLASLt, norms, SwiGLU, the LM head and sampling the llama
-family's kernels, the experts the Qwen3-MoE family's, KDA, MLA and the router this family's
+cache in bf16; norms, SwiGLU, the LM head and sampling the llama family's kernels, the experts
+the Qwen3-MoE family's, KDA, MLA, the router and the plain projections this family's
 (kernels/cuda/KERNELS.md).
 
+The default build is batch-invariant (docs/determinism.md): every program computes a row as
+the others do. Projections reduce in llama's gemv k order: the gemv (`linear`, `gemv_logits`)
+in decode, its wgmma twins (`linear_rows`, `linear_rows_f32`) in prefill and the wide decode;
+the routed experts are Qwen3-MoE's invariant block (moe_wg.cu: the gather gemvs in decode,
+moe_sort's tiles on wgmma otherwise), their weighted sum added onto the shared expert's output
+in choice order (moe_combine_residual); the prompt's recurrence runs a token at a time through
+decode's step (kda_form "tokens"); MLA is row-wise in either form. batch_invariant=False (the
+faster build): projections through cuBLASLt (`linear`, `linear_f32`), the prompt's recurrence
+in 16-row chunks, the experts moe.cu's gemvs and wmma tiles.
+
 The calls mirror the cpu manifest (manifests/cpu.py) one to one where they can: the same op
-names over the same buffers (a projection is `linear`, or `linear_f32` where the cpu's f32
+names over the same buffers (a projection is `linear`, or an f32 one where the cpu's f32
 output feeds a gate, a beta or the router), so kern test pairs every KDA and MLA call with the
 reference's and names the one that deviates. Three programs step batches: `prefill` (ragged
 rows), `decode` (up to DECODE_SEQS sequences, a CUDA graph; the MoE gathers the chosen
@@ -24,8 +34,8 @@ from ..kernels.cuda import table
 from .common import constants, state_constants, states, weight_buffers
 
 BF = "bf16"
-# Prefill's chunk of the recurrence (kda_chunked: S and six chunk tiles in shared memory): the
-# reference's, so the same prompts cross chunks on both sides.
+# The faster build's chunk of the prompt's recurrence (kda_chunked: S and six chunk tiles in
+# shared memory): the reference's chunked form's, so the same prompts cross chunks on both sides.
 KDA_CHUNK = 16
 DECODE_SEQS = 32   # the gather gemv kernels of the experts step at most this many rows at once
 # The narrow decode program's default bound: at 16 rows the gathered experts (8 a row) read
@@ -39,7 +49,7 @@ MAX_CONTEXT = 32768
 DENSE_OPS = ("embed", "rms_norm", "add_rms_norm", "gather_last", "silu_mul", "sample", "gemv_logits")
 
 
-def check_shape(s: KimiShape) -> None:
+def check_shape(s: KimiShape, batch_invariant: bool = True) -> None:
     """What these kernels support (kernels/cuda/KERNELS.md); every problem at once."""
     t, problems = table, []
     if s.kda_layers and (s.kda_dim > t.MAX_DIM or s.kda_dim % 8):
@@ -60,33 +70,51 @@ def check_shape(s: KimiShape) -> None:
         problems += expert_problems(s.hidden, s.moe_inter, s.top_k)
     if s.hidden % 8 or s.inter % 8:
         problems.append(f"hidden_size {s.hidden}, intermediate_size {s.inter}: the dense kernels need multiples of 8")
+    # the invariant projections' K: the gemv's 8-byte loads, the tensor maps' 16-byte rows
+    widths = {"q_lora_rank": s.q_lora or 0, "num_attention_heads x v_head_dim": s.heads * s.v_dim * bool(s.mla_layers)}
+    if batch_invariant and any(n % 8 for n in widths.values()):
+        problems.append(", ".join(f"{k} {n}" for k, n in widths.items() if n % 8)
+                        + ": the invariant projections take a K that is a multiple of 8")
     if problems:
         raise ConfigError("cannot build the sm_90a Kimi-Linear manifest: " + "; ".join(problems))
 
 
-def _ops(kda_form: str) -> dict:
-    gemm = dense_table.EXTERN_OPS
+def _ops(kda_form: str, batch_invariant: bool) -> dict:
     dense = {n: op for n, op in dense_table.ops().items() if n in DENSE_OPS}
-    return {**dense, **moe_table.ops(), **table.ops(kda_form), "linear": gemm["gemm"],
-            "linear_f32": gemm["gemm_logits"]}
+    moe = moe_table.ops()
+    # many rows' f32 projections in the gemv's k order: the router's kernel (gemm_wg over 64 rows)
+    # serves the gate's and beta's projections and the wide LM head as well
+    proj = {"linear_rows_f32": moe["moe_router_gemm"]} if batch_invariant else \
+        {"linear": dense_table.EXTERN_OPS["gemm"], "linear_f32": dense_table.EXTERN_OPS["gemm_logits"]}
+    return {**dense, **moe, **table.ops(kda_form), **proj}
 
 
 class _Program:
     """One program's calls: p the buffer prefix, rows the var counting its rows, seqs the one
-    counting its sequences, kind prefill / decode / wide."""
+    counting its sequences, kind prefill / decode / wide; invariant: the batch-invariant build."""
 
-    def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict, kda_form: str):
+    def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict, kda_form: str,
+                 invariant: bool):
         self.s, self.p, self.rows, self.seqs, self.kind, self.buffers = s, p, rows, seqs, kind, buffers
-        self.kda_form = kda_form
+        self.kda_form, self.invariant = kda_form, invariant
         self.decode = kind != "prefill"
+
+    def proj(self, f32: bool) -> str:
+        """A projection's op: cuBLASLt in the faster build; in the invariant one the gemv for
+        decode's rows, its wgmma twin for prefill's and the wide decode's (the same bits a row)."""
+        if not self.invariant:
+            return "linear_f32" if f32 else "linear"
+        if self.kind == "decode":
+            return "gemv_logits" if f32 else "linear"
+        return "linear_rows_f32" if f32 else "linear_rows"
 
     def ws(self, name: str, shape: list, dtype: str = BF) -> dict:
         self.buffers.setdefault(self.p + name, buffer(shape, "workspace", dtype))
         return buffer_arg(self.p + name)
 
     def lin(self, x: str, w: str, y: str, n, k, f32: bool = False) -> dict:
-        return {"op": "linear_f32" if f32 else "linear", "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y), value_arg(self.rows),
-                                                                 value_arg(n), value_arg(k)]}
+        return {"op": self.proj(f32), "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y),
+                                               value_arg(self.rows), value_arg(n), value_arg(k)]}
 
     def kda(self, l: int) -> list[dict]:
         s, p, R = self.s, self.p, self.rows
@@ -173,6 +201,8 @@ class _Program:
         shared.append(self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"))
         self.ws("shared_out", [R, "hidden"])
         add = {"op": "add", "args": [buffer_arg(p + "mlp_out"), buffer_arg(p + "shared_out"), value_arg(R), value_arg("hidden")]}
+        if self.invariant:
+            return [logits, route, *self.routed(l, ids, w), *shared, add]
         if self.kind == "decode":  # the chosen experts' rows only, their weighted sum added onto zeros
             act = self.ws("moe_act", [R, "top_k", "moe_inter"])
             return [logits, route,
@@ -183,13 +213,11 @@ class _Program:
                                                               value_arg("hidden"), value_arg("moe_inter")]},
                     *shared, add]
         pairs = {"mul": [R, "top_k"]}
-        tiles = {"add": [{"ceil_div": [pairs, moe_table.TILES["MOE_BM"]]}, "experts"]}
-        sorted_, pos = self.ws("moe_sorted", [pairs], "i32"), self.ws("moe_pos", [pairs], "i32")
-        tile_buf = self.ws("moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
+        sort, tiles = self.sort(ids)
+        sorted_, pos, tile_buf = (buffer_arg(p + n) for n in ("moe_sorted", "moe_pos", "moe_tiles"))
         act, y = self.ws("moe_act", [pairs, "moe_inter"]), self.ws("moe_y", [pairs, "hidden"], "f32")
         return [
-            logits, route,
-            {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, value_arg(pairs), value_arg("experts")]},
+            logits, route, sort,
             {"op": "moe_group_gate_up", "args": [buffer_arg(p + "h"), sorted_, tile_buf, gate_up, act, value_arg("top_k"),
                                                  value_arg("moe_inter"), value_arg("hidden"), value_arg(0), value_arg("local_experts"), value_arg(tiles)]},
             {"op": "moe_group_down", "args": [act, tile_buf, down, y, value_arg("hidden"), value_arg("moe_inter"), value_arg(0),
@@ -197,6 +225,43 @@ class _Program:
             {"op": "moe_combine", "args": [y, pos, w, buffer_arg(p + "mlp_out"), value_arg(R), value_arg("top_k"), value_arg("hidden")]},
             *shared, add,
         ]
+
+    def sort(self, ids: dict) -> tuple[dict, dict]:
+        """moe_sort's call (the (row, choice) pairs by expert into moe_sorted, their places into
+        moe_pos, tiles of one expert into moe_tiles) and the bound on the tiles' count."""
+        pairs = {"mul": [self.rows, "top_k"]}
+        tiles = {"add": [{"ceil_div": [pairs, moe_table.TILES["MOE_BM"]]}, "experts"]}
+        sorted_, pos = self.ws("moe_sorted", [pairs], "i32"), self.ws("moe_pos", [pairs], "i32")
+        tile_buf = self.ws("moe_tiles", [{"add": [1, {"mul": [3, tiles]}]}], "i32")
+        return {"op": "moe_sort", "args": [ids, sorted_, pos, tile_buf, value_arg(pairs), value_arg("experts")]}, tiles
+
+    def routed(self, l: int, ids: dict, w: dict) -> list[dict]:
+        """The invariant build's routed experts (Qwen3-MoE's moe_wg.cu): every (row, choice)'s
+        output in f32 by pair, in the gemv's k order whichever kernel computes it (decode's gather
+        gemvs read only the chosen experts' rows; prefill and the wide decode run moe_sort's tiles
+        on wgmma), then each row's weighted sum in choice order into mlp_out (added onto zeros:
+        the routed output alone, where the cpu reference's combine writes it)."""
+        p, R = self.p, self.rows
+        pairs, held = {"mul": [R, "top_k"]}, [value_arg(0), value_arg("local_experts")]
+        gate_up, down, h = buffer_arg(f"experts_gate_up.{l}"), buffer_arg(f"experts_down.{l}"), buffer_arg(p + "h")
+        act, y = self.ws("moe_act", [pairs, "moe_inter"]), self.ws("moe_y", [pairs, "hidden"], "f32")
+        sizes = [value_arg("hidden"), value_arg("moe_inter")]
+        if self.kind == "decode":
+            calls = [{"op": "moe_gather_gate_up", "args": [h, ids, gate_up, act, value_arg(R), value_arg("top_k"),
+                                                           *sizes[::-1], *held]},
+                     {"op": "moe_gather_down", "args": [act, ids, down, y, value_arg(R), value_arg("top_k"), *sizes,
+                                                        *held]}]
+        else:
+            sort, tiles = self.sort(ids)
+            sorted_, tile_buf = buffer_arg(p + "moe_sorted"), buffer_arg(p + "moe_tiles")
+            calls = [sort,
+                     {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf, gate_up, act, value_arg("top_k"),
+                                                       *sizes[::-1], *held, value_arg(tiles)]},
+                     {"op": "moe_wg_down", "args": [act, sorted_, tile_buf, down, y, *sizes, *held, value_arg(tiles)]}]
+        out = buffer_arg(p + "mlp_out")
+        return [*calls, {"op": "zero", "args": [out, value_arg(R), value_arg("hidden")]},
+                {"op": "moe_combine_residual", "args": [y, ids, w, out, value_arg(R), value_arg("top_k"),
+                                                        value_arg("hidden"), *held]}]
 
     def calls(self) -> list[dict]:
         s, p, R, G = self.s, self.p, self.rows, self.seqs
@@ -217,9 +282,10 @@ class _Program:
             calls.append({"op": "gather_last", "args": [buffer_arg(p + "h"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "last"), value_arg(G),
                                                         value_arg("hidden")]})
             last = p + "last"
-        head = {"op": "linear_f32", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"), value_arg("hidden")]} \
-            if self.kind == "wide" else \
-            {"op": "gemv_logits", "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"), value_arg("hidden")]}
+        # the gemv over decode's rows and prefill's last rows; the wide decode's many rows in a GEMM
+        head = {"op": self.proj(True) if self.kind == "wide" else "gemv_logits",
+                "args": [buffer_arg(last), buffer_arg("lm_head"), buffer_arg(p + "logits"), value_arg(G), value_arg("vocab"),
+                         value_arg("hidden")]}
         sample = {"op": "sample", "args": [buffer_arg(p + "logits"), *sampling_args(p), buffer_arg(p + "argmax_val"),
                                            buffer_arg(p + "argmax_idx"), buffer_arg(p + "next"), value_arg("vocab"), value_arg(G), value_arg(ARGMAX_CHUNKS)]}
         return calls + [head, sample]
@@ -251,13 +317,22 @@ class _Program:
 
 
 def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,
-          wide_seqs: int = WIDE_SEQS, context: int | None = None, kda_form: str = "chunked") -> dict:
-    """kda_form: the prompt's recurrence, "chunked" (kda_chunked's 16-row chunks) or "tokens" (a
-    token at a time through decode's step, kda_tokens: a token's bits whatever cut its prompt)."""
+          wide_seqs: int = WIDE_SEQS, context: int | None = None, kda_form: str | None = None,
+          batch_invariant: bool = True) -> dict:
+    """batch_invariant (the default): every program computes a row as the others do, so a
+    request's bytes do not depend on its batch, its chunking or a cache hit (docs/determinism.md);
+    False: the faster build (cuBLASLt, moe.cu's expert kernels). kda_form: the prompt's
+    recurrence, "tokens" (a token at a time through decode's step, kda_tokens: a token's bits
+    whatever cut its prompt; the invariant build's only form) or "chunked" (kda_chunked's 16-row
+    chunks; the faster build's default)."""
+    kda_form = kda_form or ("tokens" if batch_invariant else "chunked")
     if kda_form not in table.KDA_FORMS:
         raise ConfigError(f"kda_form {kda_form!r}: the sm_90a recurrence's prompt form is one of "
                           f"{', '.join(table.KDA_FORMS)}")
-    check_shape(s)
+    if batch_invariant and kda_form != "tokens":
+        raise ConfigError(f"kda_form {kda_form!r}: its bits depend on where a prompt was cut, so the batch-invariant "
+                          "build takes 'tokens' (the faster build, batch_invariant=False, takes either)")
+    check_shape(s, batch_invariant)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the gathered-experts decode program steps at most {DECODE_SEQS} sequences "
                           f"(larger batches step through decode_wide, up to {WIDE_SEQS})")
@@ -267,13 +342,13 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
     for prog, p, rows, groups, kind in (("prefill", "p_", "tokens", "prefill_seqs", "prefill"),
                                         ("decode", "d_", "seqs", "seqs", "decode"),
                                         ("decode_wide", "w_", "wide_seqs", "wide_seqs", "wide")):
-        pr = _Program(s, p, rows, groups, kind, buffers, kda_form)
+        pr = _Program(s, p, rows, groups, kind, buffers, kda_form, batch_invariant)
         pr.io_buffers()
         programs[prog] = {"calls": pr.calls(), "graph": kind != "prefill",
                           "batch": {"groups": groups, "rows": 1, "reach": "reach"} if kind != "prefill"
                           else {"groups": groups, "rows": rows}}
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
-    ops = {n: op for n, op in _ops(kda_form).items() if n in used}
+    ops = {n: op for n, op in _ops(kda_form, batch_invariant).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})
     sizes = state_constants(s, 2)
     return {

@@ -1,5 +1,5 @@
-"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, route.cu), one typed table in the llama
-family's form (kern_models.llama.kernels.cuda.table: Kernel, Op). None launches under
+"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, route.cu, linear.cu), one typed table in the
+llama family's form (kern_models.llama.kernels.cuda.table: Kernel, Op). None launches under
 programmatic dependent launch: each starts when the kernel before it is done.
 
 The op names and their buffer parameters are the cpu manifest's (manifests/cpu.py), so kern
@@ -9,8 +9,12 @@ bug in one kernel fails in that kernel's span."""
 from __future__ import annotations
 
 from kern_models.common.kernel_table import ARCH, Kernel, Op, buffer_param, int_params
+from kern_models.llama.kernels.cuda import table as dense
 
-TILES: dict = {}  # no tile defines: every size below is a kernel's own #define or a parameter
+# linear.cu runs llama's gemv.cuh and gemm_wg.cuh (their k order is the one every row keeps), so
+# nvcc gets the llama constants they read; every other size below is a kernel's own #define or a
+# parameter.
+TILES = {k: dense.TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_BIG_SMEM")}
 CHUNK_THREADS = 256  # kda_chunked's block; a chunk is at most this many rows (its substitution: a thread a column)
 MAX_DIM = 128        # kda.cu KDA_MAX_DIM
 MAX_CONV = 8         # kda.cu KDA_MAX_CONV
@@ -32,6 +36,7 @@ _MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i3
 _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
            "eps: f32")
 _KV = "kv: inout state"
+_LINEAR = (buffer_param("x"), buffer_param("W"), buffer_param("y", direction="out"), *int_params("rows", "N", "K"))
 
 KERNELS: tuple[Kernel, ...] = (
     Kernel("kda", "kda_conv", (buffer_param("mix", direction="inout"), buffer_param("w"), _STATE, buffer_param("slot", "i32"),
@@ -79,6 +84,11 @@ KERNELS: tuple[Kernel, ...] = (
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
     Kernel("route", "zero", (buffer_param("x", direction="out"), *int_params("rows", "hidden")),
            ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+    # the batch-invariant build's bf16 projections: llama's gemv (decode) and its wgmma twin's
+    # prefill shape (x and W through tensor maps), one k order
+    Kernel("linear", "linear_gemv", _LINEAR, dense.GEMV_GRID, dense.GEMV_BLOCK),
+    Kernel("linear", "linear_gemm", _LINEAR, dense.GEMM_BIG_GRID, dense.GEMM_BIG_BLOCK,
+           shared_mem=dense.TILES["WG_BIG_SMEM"], tiles=(("x", (32, 64)), ("W", (32, 64)))),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
@@ -103,6 +113,8 @@ OPS = {
     **{e: Op((e,)) for e in ("kda_conv", "kda_conv_decode", "kda_gate", "kda_chunked", "kda_step", "kda_out_norm",
                              "mla_append", "mla_append_decode", "kimi_route", "add", "zero")},
     "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),
+    # the batch-invariant build's projections: decode's rows, prefill's and the wide decode's
+    "linear": Op(("linear_gemv",)), "linear_rows": Op(("linear_gemm",)),
 }
 
 
