@@ -10,7 +10,8 @@
 #   run(command="OUT=$OUT bash bench/vllm_kern_gpu.sh", carry=[".whl"], timeout_s=600)
 #
 # Results: $OUT/<label>.jsonl and <label>_lone.jsonl (bench/serve.py's lines), the servers' logs
-# and start-up times; labels vllm_kern and vllm. docs/vllm.md says how to read them.
+# and start-up times; labels vllm_kern and vllm. docs/vllm.md says how to read them. TRACE=1 adds
+# the steps vLLM fed kern (vllm_steps.trace) and kern bench's pricing of them (vllm_steps_bench.*).
 : "${OUT:?set OUT, the folder whose files come back from the device call}"
 . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree (its entry points)
 CKPT=/tmp/vllm-ckpt
@@ -48,6 +49,24 @@ for peer in vllm_kern vllm; do
   served $peer http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID $T0 $OUT $OUT/${peer}_serve.log
   stop $PID
 done
+# TRACE=1: where vLLM's steps spend kern's time. vLLM with the plugin once more, eager (its decode
+# graphs replay without calling the model, so a trace of a graphed vLLM misses them), KERN_TRACE
+# recording every call it fed kern at 32 streams; then `kern bench` of that trace (docs/vllm.md).
+if [ "${TRACE:-0}" = 1 ]; then
+  T0=$(date +%s.%N)
+  KERN_TRACE=$OUT/vllm_steps.trace KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 \
+    python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 --max-model-len $MAXLEN --enforce-eager \
+    --hf-overrides '{"architectures":["KernForCausalLM"]}' > $OUT/vllm_trace_serve.log 2>&1 &
+  PID=$!
+  if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
+    timeout ${CURVE_S:-90} python3 bench/serve.py --url http://127.0.0.1:8102 --label vllm_trace --requests 64 $WORK \
+      --concurrency 32 > /dev/null 2>> $OUT/vllm_trace_bench.log
+  fi
+  stop $PID
+  timeout ${TRACE_BENCH_S:-120} kern bench $MANIFEST --workload $OUT/vllm_steps.trace --weights $CKPT \
+    --json $OUT/vllm_steps_bench.json > $OUT/vllm_steps_bench.txt 2>&1
+  head -40 $OUT/vllm_steps_bench.txt
+fi
 python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path

@@ -6,6 +6,7 @@ and dtypes (torch: input_ids i32, positions i64, query_start_loc i32, block tabl
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -74,6 +75,7 @@ def model(monkeypatch, verified_1b):
         m.views[st.program] = views
     m.engine = NS(env=lambda program, vars: vars, programs={st.program: st.program for st in m.protocol.steppers})
     m.enqueuer = FakeLaunches(m)
+    m.trace = None
     return m
 
 
@@ -140,3 +142,34 @@ def test_the_spec_makes_vllm_count_kern_pages(model):
     backend = model.state.get_attn_backend()
     assert backend.get_kv_cache_shape(1000, 16, spec.num_kv_heads, spec.head_size) == (1000, 16, 2, 8, 16, 64)
     assert "kern_states.0" in fake_vllm.CONFIG.compilation_config.static_forward_context
+
+
+def test_kern_trace_records_the_steps_vllm_fed_as_a_kern_bench_workload(model, tmp_path):
+    """KERN_TRACE: every call the plugin ran, as `kern serve --trace` writes it, so `kern bench
+    --workload` prices the steps vLLM fed kern (docs/vllm.md). A step past the ragged program's
+    rows is two calls; a graph capture is left out (vLLM replays it without the model)."""
+    from kern.bench.trace import is_trace, open_trace, parse
+
+    path = tmp_path / "vllm.trace"
+    model.trace = open_trace(path, "m", "KERN_TRACE")
+    steps = [([0, 100, 37], [300, 1, 1]), ([0] * 6, [400] * 6), ([100 + i for i in range(12)], [1] * 12)]
+    for computed, scheduled in steps:
+        qsl, b = fake_vllm_batch(computed, scheduled)
+        model.step(common(qsl, qsl, b, int(b.seq_lens.max())), torch.from_numpy(b.input_ids),
+                   torch.from_numpy(b.positions))
+    text = path.read_text()
+    lines = [json.loads(ln) for ln in text.splitlines()]
+    assert is_trace(text) and lines[0] == {"kern_trace": 1, "model": "m"}
+    assert [ln["program"] for ln in lines[1:]] == [c[0] for c in model.enqueuer.calls]  # one line a call: 1 + 2 + 1
+    assert lines[1]["rows"] == [300, 1, 1] and lines[1]["start"] == [0, 100, 37]
+    assert sum(sum(ln["rows"]) for ln in lines[2:4]) == 2400 and lines[-1]["start"] == [100 + i for i in range(12)]
+    wl = parse(text, str(path))
+    assert sum(sh.weight for sh in wl.shapes) == 4 and (12, 1, 128) in {(sh.groups, sh.rows, sh.context) for sh in wl.shapes}
+
+
+def test_a_trace_path_that_cannot_be_written_is_one_line(tmp_path):
+    from kern.bench.trace import open_trace
+    from kern.errors import KernError
+
+    with pytest.raises(KernError, match=r"^KERN_TRACE .*missing/x: cannot write"):
+        open_trace(tmp_path / "missing" / "x", "m", "KERN_TRACE")

@@ -61,15 +61,33 @@ def parse(text: str, path: str = "trace") -> Workload:
     return Workload(path, 5, 0, shapes, ({"trace": path, "steps": len(steps)},))
 
 
+def open_trace(path: str | Path, model: str, flag: str) -> IO[str]:
+    """A trace file opened and its header written; `flag` names the setting that asked for it
+    in the one-line error a path that cannot be written gets."""
+    try:
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open for the server's life)
+    except OSError as exc:
+        from ..errors import KernError
+
+        raise KernError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
+    out.write(json.dumps({"kern_trace": VERSION, "model": model}) + "\n")
+    out.flush()
+    return out
+
+
+def write_step(out: IO[str], program: str, rows: list[int], start: list[int]) -> None:
+    """One program run: its sequences' rows and first positions, flushed so that a server
+    stopped at any moment leaves a trace that reads."""
+    out.write(json.dumps({"program": program, "rows": [int(x) for x in rows], "start": [int(x) for x in start]}) + "\n")
+    out.flush()
+
+
 class Writer:
-    """Appends one line per program run of an engine (Engine.observers), flushed line by line
-    so that a server stopped at any moment leaves a trace that reads."""
+    """Appends one line per program run of an engine (Engine.observers)."""
 
     def __init__(self, engine, out: IO[str]):
         self.out = out
         self.steppers = {st.program: st for st in engine.protocol.steppers}
-        out.write(json.dumps({"kern_trace": VERSION, "model": engine.m.model}) + "\n")
-        out.flush()
 
     def __call__(self, program: str, env: dict[str, int], inputs: dict[str, np.ndarray]) -> None:
         st = self.steppers.get(program)
@@ -85,18 +103,11 @@ class Writer:
             groups = env.get(st.groups_var, cu.size - 1) if st.groups_var else cu.size - 1
             rows = np.diff(cu[:groups + 1]).tolist()
             start = [int(pos[a]) for a in cu[:groups].tolist()]
-        self.out.write(json.dumps({"program": program, "rows": rows, "start": [int(x) for x in start]}) + "\n")
-        self.out.flush()
+        write_step(self.out, program, rows, start)
 
 
 def record(engine, path: str | Path) -> Writer:
     """Trace every step the engine runs from now on into `path` (kern serve --trace)."""
-    try:
-        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open for the server's life)
-    except OSError as exc:
-        from ..errors import KernError
-
-        raise KernError(f"--trace {path}: cannot write ({exc.strerror or exc})") from None
-    w = Writer(engine, out)
+    w = Writer(engine, open_trace(path, engine.m.model, "--trace"))
     engine.observers.append(w)
     return w

@@ -10,7 +10,12 @@ from vLLM's host-side metadata, which a captured decode graph fixes as vLLM does
 padded batch size, one row a sequence). The hidden states vLLM gets back are one float a row:
 the row's sequence index where the row is its sequence's last, else -1; compute_logits turns
 them into that sequence's logits (NaN for the others: kern computes no logits of prompt rows,
-so vLLM's prompt logprobs come out NaN)."""
+so vLLM's prompt logprobs come out NaN).
+
+KERN_TRACE=FILE records every step vLLM runs through the model as a `kern serve --trace` file
+(kern bench's workload: where vLLM's steps spend their time, `docs/vllm.md`). vLLM replays its
+captured decode graphs without calling the model, so a trace sees the steps of an eager vLLM
+(`--enforce-eager`) and, under graphs, only the steps vLLM runs eagerly."""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 
+from ...bench.trace import open_trace, write_step
 from ...manifest.verify import load_verified
 from ...manifest.protocol import derive
 from ...runtime.engine import Engine
@@ -84,6 +90,8 @@ class KernForCausalLM(nn.Module):
         self.max_seqs, self.max_rows = sched.max_num_seqs, sched.max_num_batched_tokens
         self.engine: Engine | None = None
         self.adopted = False
+        given = os.environ.get("KERN_TRACE")
+        self.trace = open_trace(given, self.v.manifest.model, "KERN_TRACE") if given else None
 
     # ---- loading -----------------------------------------------------------------------
     def load_weights(self, weights) -> set[str]:
@@ -187,6 +195,9 @@ class KernForCausalLM(nn.Module):
             env = self.engine.env(st.program, call.vars)
             self.enqueuer.enqueue(self.engine.programs[st.program], env, stream)
             self.logits[s0:s1].copy_(t["logits"][:g])
+            if self.trace is not None and not capturing:  # each piece's first position (the one sync a traced call makes)
+                first = positions[[p.row0 for p in call.pieces]].tolist()
+                write_step(self.trace, st.program, [p.rows for p in call.pieces], first)
         # each sequence's last row carries its index; other rows -1 (no logits)
         self.hidden.fill_(-1.0)
         seqs = c.query_start_loc[:c.num_reqs + 1]
