@@ -159,7 +159,7 @@ __device__ __forceinline__ int wg_produce_rows(const ARow &a_row, const bf16 *__
 
 // moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols. A
 // block reads its next item's tile while it works on this one (a read after an item ended was a
-// memory latency a item with the ring full and the consumer waiting: a sixth of a down
+// memory latency an item with the ring full and the consumer waiting: a sixth of a down
 // projection's item at 16 rows).
 struct MoeItems {
     const int *tiles;
