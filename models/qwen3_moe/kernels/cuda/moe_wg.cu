@@ -160,7 +160,9 @@ __device__ __forceinline__ int wg_produce_rows(const ARow &a_row, const bf16 *__
 // moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols. A
 // block reads its next item's tile while it works on this one (a read after an item ended was a
 // memory latency an item with the ring full and the consumer waiting: a sixth of a down
-// projection's item at 16 rows).
+// projection's item at 16 rows). The tiles and sorted[] are read through the non-coherent path
+// (__ldg): safe because these kernels launch without programmatic dependent launch, so moe_sort
+// has finished before they start; under PDL they would have to be read at L2 (gemv.cuh says why).
 struct MoeItems {
     const int *tiles;
     int first, count, cols;
