@@ -6,10 +6,11 @@
 #   bash bench/wheels.sh        then carry [".whl"]
 #
 # The list is the device image's gaps as seen there: without openai's httpx2 chain the serve GPU
-# tests skip ("could not import 'openai'"), and the GPU suite is not whole.
+# tests skip ("could not import 'openai'"); without fastapi's opentelemetry-api they skip too ("No
+# module named 'opentelemetry'"); either way the GPU suite is not whole.
 set -euo pipefail
 PKGS="pydantic pydantic-core annotated-types typing-inspection typing-extensions annotated-doc
-fastapi starlette uvicorn h11 anyio sniffio idna llguidance gguf
+fastapi opentelemetry-api starlette uvicorn h11 anyio sniffio idna llguidance gguf
 openai jiter httpx2 httpcore2 truststore
 jsonschema jsonschema-specifications referencing rpds-py"
 pins=()

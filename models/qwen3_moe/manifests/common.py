@@ -79,7 +79,9 @@ def prune(m: dict) -> None:
     passed = {a["buf"] for p in m["programs"].values() for c in p["calls"] for a in c["args"] if "buf" in a}
     passed |= {b["of"] for b in m["buffers"].values() if "of" in b}
     m["buffers"] = {n: b for n, b in m["buffers"].items() if n in passed}
-    named = set(_strings([m["buffers"], m["ops"], m["programs"], m["states"], m["vars"],
+    # (an op's grid names its own parameters, not constants: a kernel's `inter` parameter is no use
+    # of the constant)
+    named = set(_strings([m["buffers"], m["programs"], m["states"], m["vars"],
                           [v for k, v in m["constants"].items() if k != "inter"]]))
     if "inter" not in named:
         del m["constants"]["inter"]

@@ -92,29 +92,28 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
             h, y = ws(p + "h", [rows, "hidden"]), ws(p + "moe_y", [pairs, "hidden"], "f32")
             act = ws(p + "moe_act", [pairs, "moe_inter"])
             calls = [{"op": "rms_norm", "args": [x, ln2, h, value_arg(rows), value_arg("hidden"), eps]}]
-            if first["op"] == "norm_gemv_swiglu":  # narrow decode: only the chosen experts' rows are read
-                calls += [{"op": "gemv_logits", "args": [h, router_w, router, value_arg(rows), value_arg("experts"), value_arg("hidden")]},
-                          route,
-                          {"op": "moe_gather_gate_up", "args": [h, ids, gate_up, act, value_arg(rows), value_arg("top_k"),
-                                                                value_arg("moe_inter"), value_arg("hidden"), *held]},
-                          {"op": "moe_gather_down", "args": [act, ids, down, y, value_arg(rows), value_arg("top_k"), value_arg("hidden"),
-                                                             value_arg("moe_inter"), *held]}]
+            sorted_ = buffer_arg(p + "moe_sorted")
+            # the router: narrow decode's gemv, the wide decode's on 8 blocks (a partial each, in
+            # the wide projections' scratch and counters), prefill's many rows unsplit; then every
+            # program's experts as moe_sort's tiles on the persistent wgmma blocks, which read
+            # only the chosen experts' rows at any batch (at one row: 8 tiles beside 12 / 16
+            # column tiles, 96 / 128 blocks streaming, where the gather gemvs' short blocks ran)
+            if first["op"] == "norm_gemv_swiglu":
+                router_calls = {"op": "gemv_logits", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
+                                                              value_arg("hidden")]}
+            elif first["op"].endswith("_split"):
+                router_calls = {"op": "moe_router_gemm_split", "args": [h, router_w, router, buffer_arg(p + "gpart"),
+                                                                         buffer_arg(p + "gsem"), value_arg(rows), value_arg("experts"),
+                                                                         value_arg("hidden")]}
             else:
-                sorted_ = buffer_arg(p + "moe_sorted")
-                # the wide decode's router on 8 blocks (a partial each), in the wide
-                # projections' scratch and counters; prefill's many rows fill blocks unsplit
-                router_calls = ({"op": "moe_router_gemm_split", "args": [h, router_w, router, buffer_arg(p + "gpart"),
-                                                                          buffer_arg(p + "gsem"), value_arg(rows), value_arg("experts"),
-                                                                          value_arg("hidden")]}
-                                if first["op"].endswith("_split") else
-                                {"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
-                                                                   value_arg("hidden")]})
-                calls += [router_calls,
-                          route, *sort(),
-                          {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"),
-                                                            value_arg("moe_inter"), value_arg("hidden"), *held, value_arg(tiles)]},
-                          {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, value_arg("hidden"),
-                                                         value_arg("moe_inter"), *held, value_arg(tiles)]}]
+                router_calls = {"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
+                                                                  value_arg("hidden")]}
+            calls += [router_calls,
+                      route, *sort(),
+                      {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"),
+                                                        value_arg("moe_inter"), value_arg("hidden"), *held, value_arg(tiles)]},
+                      {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, value_arg("hidden"),
+                                                     value_arg("moe_inter"), *held, value_arg(tiles)]}]
             return calls + [{"op": "moe_combine_residual", "args": [y, ids, w, x, value_arg(rows), value_arg("top_k"), value_arg("hidden"),
                                                                     *held]}]
         # the faster build's wide decode and prefill: gemm(h, gate_up_w) .. gemm(act, down_w, mlp_out)
