@@ -12,6 +12,12 @@
 # Results: $OUT/<label>.jsonl and <label>_lone.jsonl (bench/serve.py's lines), the servers' logs
 # and start-up times; labels vllm_kern and vllm. docs/vllm.md says how to read them. TRACE=1 adds
 # the steps vLLM fed kern (vllm_steps.trace) and kern bench's pricing of them (vllm_steps_bench.*).
+# LOGITS=1 first runs bench/vllm_logits.py (the plugin's and vLLM's own teacher-forced logits
+# against transformers fp32, judged by transformers' bf16 spread: vllm_logits.json). CLEAN=1
+# first installs this tree as a user does, `pip install '.[vllm]'` into a fresh venv over the
+# image's site-packages (torch, cuda-bindings) from the wheel folders alone, and runs
+# tests/hosts/test_vllm_gpu.py with that venv's python (vllm serve with the plugin against kern
+# serve, text for text: clean_install.log, vllm_gpu_test.txt).
 : "${OUT:?set OUT, the folder whose files come back from the device call}"
 . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree (its entry points)
 CKPT=/tmp/vllm-ckpt
@@ -26,6 +32,15 @@ timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; ma
   > $OUT/checkpoint.log 2>&1 || { tail -5 $OUT/checkpoint.log; exit 1; }
 python3 bench/serve.py --prepare $CKPT
 . bench/servers.sh  # up, stop, served
+if [ "${CLEAN:-0}" = 1 ]; then
+  PY=/tmp/cvenv/bin/python  # the clean install's; if it cannot be made, the image's python over the peer wheels
+  python3 -m venv --system-site-packages /tmp/cvenv && $PY -m pip install -q --no-index \
+    --find-links /tmp/vwh --find-links .whl '.[vllm]' > $OUT/clean_install.log 2>&1 \
+    && $PY -c "from importlib.metadata import entry_points; print(entry_points(group='vllm.general_plugins'))" \
+      >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; tail -5 $OUT/clean_install.log; PY=python3; }
+  PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
+    -p no:cacheprovider -rfEs tests/hosts/test_vllm_gpu.py > $OUT/vllm_gpu_test.txt 2>&1; tail -3 $OUT/vllm_gpu_test.txt
+fi
 
 measure() {  # $1 label, $2 url
   timeout ${LONE_S:-60} python3 bench/serve.py --url $2 --label $1 --requests 4 --warmup 1 \
@@ -40,6 +55,10 @@ measure() {  # $1 label, $2 url
 # kern's deployment for the checkpoint at vLLM's context (what the plugin generates when
 # KERN_MANIFEST is unset; generated here first so that its cubins are not built inside vLLM's start-up)
 MANIFEST=$(PYTHONPATH=/tmp/vsite:$PYTHONPATH python3 -c "from pathlib import Path; from kern.deployments import deployment_for; print(deployment_for(Path('$CKPT'), 'sm_90a', context=$MAXLEN))")
+if [ "${LOGITS:-0}" = 1 ]; then
+  PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout ${LOGITS_S:-300} python3 bench/vllm_logits.py --ckpt $CKPT --manifest $MANIFEST \
+    --out $OUT/vllm_logits.json --context $MAXLEN > $OUT/vllm_logits.txt 2>&1; tail -6 $OUT/vllm_logits.txt | cut -c1-400
+fi
 for peer in vllm_kern vllm; do
   extra=""; [ $peer = vllm_kern ] && extra='--hf-overrides {"architectures":["KernForCausalLM"]}'
   T0=$(date +%s.%N)

@@ -1,0 +1,131 @@
+"""Issue 39's logits check, on the device inside vLLM's environment (its wheels on PYTHONPATH, as
+bench/vllm_kern_gpu.sh installs them): vLLM with kern's forward pass (the plugin) against vLLM
+with its own model, teacher-forced on seeded random token prompts, each judged against
+transformers fp32 by transformers' own bf16-vs-fp32 spread (the rule of every family's parity:
+kern_models.common.random_checkpoint.judge), and the plugin against vLLM's own model by the same
+yardstick.
+
+    python3 bench/vllm_logits.py --ckpt CKPT --manifest MANIFEST --out OUT.json
+
+vLLM gives a generated token's top TOPK log-probabilities (`logprobs`), not its logits, so every
+source is compared over the fp32 reference's top TOPK tokens of the position (renormalized there;
+a token a vLLM source did not return gets the lowest log-probability it did return, an upper
+bound; the verdict says how much of the reference's mass the set holds). Each vLLM
+runs in a process of its own (its memory freed between them), with its defaults but a short
+context, no tokenizer (token prompts) and the log-probabilities asked for."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, vocab, length)] for _ in range(n)]
+
+
+def vllm_role(args) -> None:
+    """One vLLM (the plugin's, or its own model) writing each prompt's per-position top TOPK as
+    JSON. Teacher-forced through prefixes: position i is the one token generated after the
+    prompt's first i + 1 tokens (the plugin computes a sequence's last row's logits only, so
+    vLLM's prompt_logprobs are not kern's to give; vLLM's prefix cache shares the prefixes)."""
+    from vllm import LLM, SamplingParams
+
+    extra = {"hf_overrides": {"architectures": ["KernForCausalLM"]}} if args.role == "plugin" else {}
+    llm = LLM(model=args.ckpt, max_model_len=args.context, max_logprobs=args.topk, skip_tokenizer_init=True,
+              gpu_memory_utilization=0.4, **extra)
+    ps = prompts(args.prompts, args.length, args.vocab, args.seed)
+    sp = SamplingParams(max_tokens=1, temperature=0, logprobs=args.topk, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p[:i + 1]} for p in ps for i in range(len(p) - 1)], sp)
+    flat = [{str(t): lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+    n = args.length - 1
+    Path(args.part).write_text(json.dumps([flat[k * n:(k + 1) * n] for k in range(len(ps))]))
+
+
+def restricted(full_lp: np.ndarray, top: np.ndarray) -> np.ndarray:
+    return np.take_along_axis(full_lp, top, axis=-1)
+
+
+def from_vllm(rows: list, top: np.ndarray) -> np.ndarray:
+    """A vLLM source's log-probabilities over the reference's tokens `top` [positions, TOPK]."""
+    flat = [pos for prompt in rows for pos in prompt]
+    out = np.empty(top.shape, np.float64)
+    for i, (pos, toks) in enumerate(zip(flat, top)):
+        floor = min(pos.values())
+        out[i] = [pos.get(str(int(t)), floor) for t in toks]
+    return out
+
+
+def judge_role(args) -> dict:
+    """transformers fp32 and bf16 on the GPU, then every comparison and its verdict."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kern.drive.parity import compare
+    from kern_models.common.random_checkpoint import judge
+
+    ps = prompts(args.prompts, args.length, args.vocab, args.seed)
+    lps = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = AutoModelForCausalLM.from_pretrained(args.ckpt, dtype=dtype).to(args.device).eval()
+        with torch.no_grad():
+            got = [torch.log_softmax(model(torch.tensor([p], device=args.device)).logits[0, :-1].float(), -1).cpu().numpy()
+                   for p in ps]
+        lps[name] = np.concatenate(got).astype(np.float64)
+        del model
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    top = np.argsort(-lps["fp32"], axis=-1)[:, :args.topk]
+    ref, bf16 = restricted(lps["fp32"], top), restricted(lps["bf16"], top)
+    sources = {role: from_vllm(json.loads(Path(f"{args.out}.{role}.json").read_text()), top)
+               for role in ("plugin", "own")}
+    spread = compare(ref, bf16)
+    result = {"positions": int(ref.shape[0]), "topk": args.topk,
+              "mass_in_topk": float(np.exp(ref).sum(-1).mean()),
+              "transformers_bf16_vs_fp32": spread}
+    for role, got in sources.items():
+        c = compare(ref, got)
+        result[f"vllm_{role}_vs_fp32"] = {**c, **judge(spread, c)}
+    c = compare(sources["own"], sources["plugin"])
+    result["vllm_plugin_vs_vllm_own"] = {**c, **judge(spread, c)}
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--manifest", help="KERN_MANIFEST for the plugin (default: the one it generates)")
+    ap.add_argument("--out", required=True, help="the verdict's JSON (each vLLM's part beside it)")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--topk", type=int, default=1024)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--device", default="cuda", help="transformers' device")
+    ap.add_argument("--role", choices=("plugin", "own"), help=argparse.SUPPRESS)
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role:
+        vllm_role(args)
+        return
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"KERN_MANIFEST": args.manifest} if args.manifest else {})}
+    for role in ("plugin", "own"):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--role", role, "--part", f"{args.out}.{role}.json"]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"vllm_logits: the {role} vLLM failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    result = judge_role(args)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    for k, v in result.items():
+        print(k, v)
+
+
+if __name__ == "__main__":
+    main()
