@@ -33,6 +33,23 @@ def test_the_1b_deployment_declares_its_kv_page(verified_1b):
     assert layout.page_bytes == 16 * 16 * 2 * 8 * 64 * 2  # page_tokens * bytes_per_token
 
 
+def test_the_moe_deployment_declares_the_same_kind_of_page_and_a_hosts_protocol(tmp_path):
+    """The Qwen3-MoE family's sm_90a default (Qwen3-30B-A3B's shape) is a host's deployment as
+    the dense one is: its attention's KV page declared for the host, its programs the roles the
+    plugin maps vLLM's batches onto. (Inside vLLM it has not run yet: docs/vllm.md.)"""
+    from kern.hosts.batch import check_protocol
+    from kern.manifest.protocol import derive
+    from kern.manifest.verify import load_verified
+    from kern_models.qwen3_moe.generator import generate
+    from tests.qwen3_moe.test_cuda import PUBLISHED
+
+    v = load_verified(generate(PUBLISHED, tmp_path, target="sm_90a", model="qwen3-moe", context=4096))
+    (layout,) = host_layouts(v).values()
+    layers, kv_heads, head_dim = (PUBLISHED[k] for k in ("num_hidden_layers", "num_key_value_heads", "head_dim"))
+    assert layout.axes == (("layer", layers), ("kv", 2), ("kv_head", kv_heads), ("token", 16), ("dim", head_dim))
+    check_protocol(derive(v))
+
+
 def test_the_kern_backends_cache_is_accepted_with_its_pages(verified_1b):
     (layout,) = host_layouts(verified_1b).values()
     assert check(layout, tensor((30_000, 16, 2, 8, 16, 64))) == 30_000
