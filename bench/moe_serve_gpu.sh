@@ -54,6 +54,15 @@
 #   8. wait for /tmp/kimi-bg/done in the call (the machine stays warm), its summary into $OUT
 #   9. `cd /tmp/kimitree && FAMILY=kimi SERVE_IN_BG=1 PHASE=vllm bash bench/moe_serve_gpu.sh` (same PYTHONPATH)
 #
+# On 2026-12-04 (FAMILY=moe, 24 layers, ~480 s of device time): the parts cut at 52 MB (the tree,
+# ~11 MB, travels with each), the tree copied on the device instead of carried twice:
+#   1. carry [.whl, vp7]: `mkdir -p /tmp/vw && cp vp7/* /tmp/vw/ && mkdir /tmp/moetree && cp -a
+#      $(ls -A | grep -v '^vp') /tmp/moetree/ && cd /tmp/moetree && source bench/device_env.sh &&
+#      (PHASE=bg SERVE_IN_BG=1 BG_STEPS=ckpt,kern setsid nohup bash bench/moe_serve_gpu.sh ... &)`
+#   2-7. carry [vpN]: into /tmp/vw (the last also starts `PHASE=wheels START_VLLM=1` from /tmp/moetree)
+#   8. from /tmp/moetree, device_env's exports by hand (PYTHONPATH=/tmp/kern-install:/tmp/site ...):
+#      `SERVE_IN_BG=1 BG_WAIT_S=480 VLLM_UP_S=480 PHASE=vllm bash bench/moe_serve_gpu.sh` in the
+#      background, the call waiting on it and packing what is there if it runs long
 # A dry run on a laptop: SHAPE=tiny DEVICE=cpu TARGET=cpu LAYERS=3 BATCH=1,2 VOCAB=256 REQUESTS=8 DECODE_OUT=16
 # KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern (FAMILY=kimi: LAYERS=4 BG_STEPS=ckpt,kern).
 : "${OUT:?set OUT (the device tool sets it)}"
