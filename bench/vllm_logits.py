@@ -48,10 +48,6 @@ def vllm_role(args) -> None:
     Path(args.part).write_text(json.dumps([flat[k * n:(k + 1) * n] for k in range(len(ps))]))
 
 
-def restricted(full_lp: np.ndarray, top: np.ndarray) -> np.ndarray:
-    return np.take_along_axis(full_lp, top, axis=-1)
-
-
 def from_vllm(rows: list, top: np.ndarray) -> np.ndarray:
     """A vLLM source's log-probabilities over the reference's tokens `top` [positions, TOPK]."""
     flat = [pos for prompt in rows for pos in prompt]
@@ -63,26 +59,23 @@ def from_vllm(rows: list, top: np.ndarray) -> np.ndarray:
 
 
 def judge_role(args) -> dict:
-    """transformers fp32 and bf16 on the GPU, then every comparison and its verdict."""
+    """transformers bf16 and fp32 (random_checkpoint.reference_logits, as every family's parity
+    takes them), then every comparison and its verdict."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kern.drive.parity import compare
-    from kern_models.common.random_checkpoint import judge
+    from kern.drive.parity import compare, log_softmax
+    from kern_models.common.random_checkpoint import judge, reference_logits
 
     ps = prompts(args.prompts, args.length, args.vocab, args.seed)
-    lps = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model = AutoModelForCausalLM.from_pretrained(args.ckpt, dtype=dtype).to(args.device).eval()
-        with torch.no_grad():
-            got = [torch.log_softmax(model(torch.tensor([p], device=args.device)).logits[0, :-1].float(), -1).cpu().numpy()
-                   for p in ps]
-        lps[name] = np.concatenate(got).astype(np.float64)
-        del model
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+    model = AutoModelForCausalLM.from_pretrained(args.ckpt, dtype=torch.bfloat16).to(args.device)
+    logits = reference_logits(model, ps)
+    del model
+    # each prompt's positions but its last (the vLLM sources' positions: a token after each prefix)
+    keep = np.concatenate([np.arange(k * args.length, (k + 1) * args.length - 1) for k in range(len(ps))])
+    lps = {name: log_softmax(logits[name][keep]) for name in ("fp32", "bf16")}
     top = np.argsort(-lps["fp32"], axis=-1)[:, :args.topk]
-    ref, bf16 = restricted(lps["fp32"], top), restricted(lps["bf16"], top)
+    ref, bf16 = (np.take_along_axis(lps[name], top, axis=-1) for name in ("fp32", "bf16"))
     sources = {role: from_vllm(json.loads(Path(f"{args.out}.{role}.json").read_text()), top)
                for role in ("plugin", "own")}
     spread = compare(ref, bf16)
