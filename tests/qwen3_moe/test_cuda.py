@@ -52,9 +52,12 @@ def _ops(m: dict, program: str) -> list[str]:
 def test_narrow_decode_reads_only_the_chosen_experts_and_wide_steps_group_by_expert(published):
     decode = _ops(published, "decode")
     assert "moe_gather_gate_up" not in decode and decode.count("norm_gemv_swiglu") == 1  # layer 1 stays dense
-    for prog, router in (("decode", "gemv_logits"), ("prefill", "moe_router_gemm"), ("decode_wide", "moe_router_gemm_split")):
+    for prog, router, routing in (("decode", "gemv_logits", "moe_route_sort"), ("prefill", "moe_router_gemm", "moe_sort"),
+                                  ("decode_wide", "moe_router_gemm_split", "moe_route_sort")):
         ops = _ops(published, prog)  # the wide decode's few rows: the router's K over 8 blocks
-        assert [ops.count(o) for o in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", router)] == [2] * 4
+        assert [ops.count(o) for o in (routing, "moe_wg_gate_up", "moe_wg_down", router)] == [2] * 4, prog
+        # decode routes and sorts in one launch; prefill's many rows route a block a row, then sort
+        assert ops.count("moe_route") == (2 if routing == "moe_sort" else 0), prog
     for prog in ("prefill", "decode", "decode_wide"):  # every program adds a row's MoE output into x alike
         ops = _ops(published, prog)
         assert ops.count("moe_combine_residual") == ops.count("rms_norm") == 2, prog
@@ -174,12 +177,18 @@ def test_ep2_on_two_gpus_gives_the_one_gpu_logits(tmp_path):
 
 
 def test_the_moe_kernels_keep_the_dense_chain_s_pdl_order(published):
-    """The MoE kernels launch without the PDL attribute (they start when the kernel before them
-    is done); the dense kernels around them keep the order common.cuh asks for."""
+    """The invariant block's kernels after the router launch with the PDL attribute and wait at
+    entry (LATE), the rest of the MoE kernels without it; the dense kernels around them keep the
+    order common.cuh asks for."""
     from tests.cuda.test_cuda_pdl_order import _violations
+    from kern_models.common.kernel_table import Pdl
+    from kern_models.qwen3_moe.kernels.cuda.table import KERNELS
 
+    late = {k.entry for k in KERNELS if k.pdl is Pdl.LATE}
+    assert late == {"moe_route_sort", "moe_wg_gate_up", "moe_wg_down", "moe_combine_residual"}
+    assert not any(k.pdl is Pdl.EARLY for k in KERNELS)  # nothing of theirs may start the next at entry
     for name, prog in published["programs"].items():
         seq = [(la["entry"], bool(la.get("pdl"))) for c in prog["calls"]
                for la in published["ops"][c["op"]]["impl"]["launches"]]
-        assert not any(pdl for entry, pdl in seq if entry.startswith("moe_")), name
+        assert {entry for entry, pdl in seq if entry.startswith("moe_") and pdl} <= late, name
         assert _violations(seq) == [], name

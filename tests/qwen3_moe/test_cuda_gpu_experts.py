@@ -136,3 +136,56 @@ def test_the_router_gemms_give_each_row_the_gemv_bytes(gpu, hidden, inter, exper
     assert np.array_equal(e.router("moe_router_gemm_split", every), e.router("gemv_logits", every))  # the wide decode's
     assert np.array_equal(e.router("moe_router_gemm", [rows - 1])[0], e.router("moe_router_gemm", every)[-1])
 
+
+
+def _sorted_reference(ids: np.ndarray, experts: int, bm: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """moe_sort's contract in numpy: each expert's pairs in pair order, tiles of <= bm positions."""
+    flat = ids.ravel()
+    order = np.argsort(flat, kind="stable").astype(np.int32)
+    pos = np.empty_like(order)
+    pos[order] = np.arange(len(order), dtype=np.int32)
+    tiles, at = [], 0
+    for e in range(experts):
+        c = int((flat == e).sum())
+        tiles += [v for s in range(at, at + c, bm) for v in (e, s, min(s + bm, at + c))]
+        at += c
+    return order, pos, [len(tiles) // 3, *tiles]
+
+
+@pytest.mark.parametrize("experts,top_k", [(16, 4), (128, 8), (256, 8)])
+@pytest.mark.parametrize("rows", [1, 3, 16, 64, 256])
+def test_the_fused_routing_is_moe_route_then_moe_sort_byte_for_byte(gpu, experts, top_k, rows):
+    """moe_route_sort (the decode programs' one launch) gives moe_route's ids and weights and
+    moe_sort's sorted, pos and tiles, and those are the stable counting sort's; the logits carry
+    ties (equal values in a row), which go to the lower expert in both."""
+    from kern_models.qwen3_moe.kernels.cuda import table
+
+    ops = table.ops()
+    rng = np.random.default_rng(rows * experts)
+    logits = rng.standard_normal((rows, experts)).astype(np.float32)
+    logits[:, 1::4] = logits[:, ::4][:, :logits[:, 1::4].shape[1]]  # ties
+    pairs, bm = rows * top_k, table.TILES["MOE_BM"]
+    n_tiles = -(-pairs // bm) + experts
+    outs = {}
+    for fused in (False, True):
+        g = gpu
+        lg = g.put(logits)
+        ids, w = g.empty(pairs * 4), g.empty(pairs * 4)
+        sorted_, pos, tiles = g.empty(pairs * 4), g.empty(pairs * 4), g.empty((1 + 3 * n_tiles) * 4)
+        if fused:
+            _run(g, ops, "moe_route_sort", dict(logits=lg, ids=ids, weights=w, sorted=sorted_, pos=pos, tiles=tiles,
+                                                rows=rows, experts=experts, top_k=top_k, norm_topk=1))
+        else:
+            _run(g, ops, "moe_route", dict(logits=lg, ids=ids, weights=w, rows=rows, experts=experts, top_k=top_k,
+                                           norm_topk=1))
+            _run(g, ops, "moe_sort", dict(ids=ids, sorted=sorted_, pos=pos, tiles=tiles, n_pairs=pairs, experts=experts))
+        got = [g.get(ids, np.int32, (rows, top_k)), g.get(w, np.uint32, pairs), g.get(sorted_, np.int32, pairs),
+               g.get(pos, np.int32, pairs)]
+        t = g.get(tiles, np.int32, 1 + 3 * n_tiles)
+        outs[fused] = got + [list(t[:1 + 3 * int(t[0])])]
+    for a, b in zip(outs[False], outs[True]):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    ids = outs[True][0]
+    assert all(len(set(r)) == top_k for r in ids.tolist()), "top_k distinct experts a row"
+    order, pos, tiles = _sorted_reference(ids, experts, bm)
+    assert np.array_equal(outs[True][2], order) and np.array_equal(outs[True][3], pos) and outs[True][4] == tiles

@@ -108,8 +108,17 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
             else:
                 router_calls = {"op": "moe_router_gemm", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
                                                                   value_arg("hidden")]}
+            # the decode programs route and sort in one launch (moe_route_sort: the same ids,
+            # weights and tiles as moe_route then moe_sort), within its bounds; prefill's many
+            # rows keep a block a row for the router
+            fused = (first["op"] != "norm_gemm_swiglu" and s.experts <= table.FUSED_EXPERTS
+                     and m["vars"][rows]["max"] * s.top_k <= table.FUSED_PAIRS)
+            routing = [{"op": "moe_route_sort", "args": [router, ids, w, ws(p + "moe_sorted", [pairs], "i32"),
+                                                         ws(p + "moe_pos", [pairs], "i32"), tile_buf(), value_arg(rows),
+                                                         value_arg("experts"), value_arg("top_k"),
+                                                         value_arg(int(s.norm_topk))]}] if fused else [route, *sort()]
             calls += [router_calls,
-                      route, *sort(),
+                      *routing,
                       {"op": "moe_wg_gate_up", "args": [h, sorted_, tile_buf(), gate_up, act, value_arg("top_k"),
                                                         value_arg("moe_inter"), value_arg("hidden"), *held, value_arg(tiles)]},
                       {"op": "moe_wg_down", "args": [act, sorted_, tile_buf(), down, y, value_arg("hidden"),

@@ -25,21 +25,19 @@
 using namespace nvcuda;
 
 // ---- the router ------------------------------------------------------------------------------
-// One warp a row; experts <= MOE_MAX_EXPERTS (moe_pairs.cuh), top_k <= 32. Grid (rows), block 32.
-
-extern "C" __global__ void __launch_bounds__(32)
-moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__restrict__ weights, int rows,
-          int experts, int top_k, int norm_topk) {
-    __shared__ float p[MOE_MAX_EXPERTS];
-    const int r = blockIdx.x, lane = threadIdx.x;
-    if (r >= rows) return;
-    const float *l = logits + (size_t)r * experts;
+// One warp a row; experts <= MOE_MAX_EXPERTS (moe_pairs.cuh), top_k <= 32. p: the warp's
+// `experts` floats of shared scratch. The logits are read at L2 (__ldcg): under programmatic
+// dependent launch (moe_route_sort) an L1 line may predate the router's writes (gemv.cuh).
+// Returns lane j's choice j (its expert in id, its weight in w); lanes past top_k return -1.
+__device__ __forceinline__ int route_row(const float *__restrict__ l, float *p, int experts, int top_k,
+                                         int norm_topk, float &w) {
+    const int lane = threadIdx.x & 31;
     float m = -INFINITY;
-    for (int e = lane; e < experts; e += 32) m = fmaxf(m, l[e]);
+    for (int e = lane; e < experts; e += 32) m = fmaxf(m, __ldcg(l + e));
     m = warp_max(m);
     float s = 0.f;
     for (int e = lane; e < experts; e += 32) {
-        p[e] = expf(l[e] - m);
+        p[e] = expf(__ldcg(l + e) - m);
         s += p[e];
     }
     s = warp_sum(s);
@@ -64,9 +62,22 @@ moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__rest
         if (lane == 0) p[at] = -2.f;  // taken
         __syncwarp();
     }
+    w = norm_topk ? mine / total : mine;
+    return lane < top_k ? mine_id : -1;
+}
+
+// Grid (rows), block 32.
+extern "C" __global__ void __launch_bounds__(32)
+moe_route(const float *__restrict__ logits, int *__restrict__ ids, float *__restrict__ weights, int rows,
+          int experts, int top_k, int norm_topk) {
+    __shared__ float p[MOE_MAX_EXPERTS];
+    const int r = blockIdx.x, lane = threadIdx.x;
+    if (r >= rows) return;
+    float w;
+    const int id = route_row(logits + (size_t)r * experts, p, experts, top_k, norm_topk, w);
     if (lane < top_k) {
-        ids[(size_t)r * top_k + lane] = mine_id;
-        weights[(size_t)r * top_k + lane] = norm_topk ? mine / total : mine;
+        ids[(size_t)r * top_k + lane] = id;
+        weights[(size_t)r * top_k + lane] = w;
     }
 }
 
@@ -257,50 +268,106 @@ moe_gemv_down_push(const bf16 *__restrict__ act, const int *__restrict__ ids, co
 // A stable counting sort of the n_pairs = rows * top_k pairs (pair = r * top_k + j) by expert:
 // sorted[s] = the pair at sorted position s (each expert's pairs in pair order), pos[pair] =
 // its position; tiles = [n_tiles, then (expert, start, end) a tile], tiles of at most MOE_BM
-// positions of one expert. One block of 1024 threads; ids staged through shared memory.
-#define MOE_SORT_CHUNK 4096
+// positions of one expert. One block of 1024 threads (experts <= 1024: a thread an expert in
+// the scan). Integers only, every position decided by the pair order: the same outputs
+// whichever thread runs first.
+__device__ __forceinline__ void sort_pairs(const int *ids, int *__restrict__ sorted, int *__restrict__ pos,
+                                           int *__restrict__ tiles, int n_pairs, int experts) {
+    __shared__ int count[MOE_MAX_EXPERTS];
+    __shared__ int warp_c[32], warp_t[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_pairs; i += blockDim.x) atomicAdd(&count[ids[i]], 1);  // integer: exact
+    __syncthreads();
+    // exclusive scans of the counts (an expert's first position) and of its tiles (its first
+    // tile's index): a warp's inclusive scans, then the warps' totals scanned by warp 0
+    const int c = tid < experts ? count[tid] : 0, t = (c + MOE_BM - 1) / MOE_BM;
+    int ci = c, ti = t;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int oc = __shfl_up_sync(0xffffffffu, ci, o), ot = __shfl_up_sync(0xffffffffu, ti, o);
+        if (lane >= o) { ci += oc; ti += ot; }
+    }
+    if (lane == 31) { warp_c[warp] = ci; warp_t[warp] = ti; }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        int wc = lane < nw ? warp_c[lane] : 0, wt = lane < nw ? warp_t[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int oc = __shfl_up_sync(0xffffffffu, wc, o), ot = __shfl_up_sync(0xffffffffu, wt, o);
+            if (lane >= o) { wc += oc; wt += ot; }
+        }
+        if (lane < nw) { warp_c[lane] = wc; warp_t[lane] = wt; }  // inclusive
+        if (lane == nw - 1) tiles[0] = wt;
+    }
+    __syncthreads();
+    if (tid < experts) {
+        const int at = ci - c + (warp > 0 ? warp_c[warp - 1] : 0), t0 = ti - t + (warp > 0 ? warp_t[warp - 1] : 0);
+        count[tid] = at;  // from here: expert tid's next free position
+        for (int k = 0; k < t; ++k) {
+            tiles[1 + 3 * (t0 + k)] = tid;
+            tiles[2 + 3 * (t0 + k)] = at + k * MOE_BM;
+            tiles[3 + 3 * (t0 + k)] = min(at + (k + 1) * MOE_BM, at + c);
+        }
+    }
+    __syncthreads();
+    // the scatter, blockDim pairs at a time: a pair's place is its expert's next free position
+    // plus the pairs of that expert before it in its warp (__match_any_sync); the warps take
+    // their turns in pair order, each bumping its experts' positions for the next
+    for (int base = 0; base < n_pairs; base += blockDim.x) {
+        const int i = base + tid, e = i < n_pairs ? ids[i] : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        const int before = __popc(same & ((1u << lane) - 1u)), first_lane = __ffs(same) - 1;
+        const int turns = min((int)blockDim.x, n_pairs - base + 31) >> 5;
+        for (int w = 0; w < turns; ++w) {
+            if (warp == w && e >= 0) {
+                const int at = count[e] + before;
+                sorted[at] = i;
+                pos[i] = at;
+            }
+            __syncwarp();  // every lane of a group read count[e] before its first lane bumps it
+            if (warp == w && e >= 0 && lane == first_lane) count[e] += __popc(same);
+            __syncthreads();
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(1024)
 moe_sort(const int *__restrict__ ids, int *__restrict__ sorted, int *__restrict__ pos, int *__restrict__ tiles,
          int n_pairs, int experts) {
-    __shared__ int count[MOE_MAX_EXPERTS + 1];
-    __shared__ int chunk[MOE_SORT_CHUNK];
-    for (int e = threadIdx.x; e <= experts; e += blockDim.x) count[e] = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&count[ids[i]], 1);  // integer: exact
-    __syncthreads();
-    if (threadIdx.x == 0) {  // exclusive scan (count[e] becomes expert e's first position) and the tiles
-        int at = 0, n_tiles = 0;
-        for (int e = 0; e < experts; ++e) {
-            const int c = count[e];
-            count[e] = at;
-            for (int s = at; s < at + c; s += MOE_BM) {
-                tiles[1 + 3 * n_tiles] = e;
-                tiles[2 + 3 * n_tiles] = s;
-                tiles[3 + 3 * n_tiles] = min(s + MOE_BM, at + c);
-                ++n_tiles;
-            }
-            at += c;
+    sort_pairs(ids, sorted, pos, tiles, n_pairs, experts);
+}
+
+// The decode programs' routing in one launch: moe_route's rows (warp w routes rows w, w + 32,
+// ...: the same function, so the same ids and weights) and moe_sort of their pairs (the same
+// outputs), the ids handed over in shared memory. experts <= MOE_FUSED_EXPERTS, rows * top_k
+// <= MOE_FUSED_PAIRS (the generator checks both). Launched with programmatic dependent launch:
+// it waits for the router's logits, then lets the expert projections launch. Grid 1, block 1024.
+#define MOE_FUSED_EXPERTS 256
+#define MOE_FUSED_PAIRS 2048
+extern "C" __global__ void __launch_bounds__(1024)
+moe_route_sort(const float *__restrict__ logits, int *__restrict__ ids, float *__restrict__ weights,
+               int *__restrict__ sorted, int *__restrict__ pos, int *__restrict__ tiles, int rows, int experts,
+               int top_k, int norm_topk) {
+    __shared__ float p[32][MOE_FUSED_EXPERTS];
+    __shared__ int sid[MOE_FUSED_PAIRS];
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < rows; r += blockDim.x >> 5) {
+        float w;
+        const int id = route_row(logits + (size_t)r * experts, p[warp], experts, top_k, norm_topk, w);
+        if (lane < top_k) {
+            ids[(size_t)r * top_k + lane] = id;
+            weights[(size_t)r * top_k + lane] = w;
+            sid[r * top_k + lane] = id;
         }
-        tiles[0] = n_tiles;
+        __syncwarp();
     }
     __syncthreads();
-    for (int base = 0; base < n_pairs; base += MOE_SORT_CHUNK) {
-        const int n = min(MOE_SORT_CHUNK, n_pairs - base);
-        for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = ids[base + i];
-        __syncthreads();
-        for (int e = threadIdx.x; e < experts; e += blockDim.x) {  // expert e's pairs, in pair order
-            int at = count[e];
-            for (int i = 0; i < n; ++i)
-                if (chunk[i] == e) {
-                    sorted[at] = base + i;
-                    pos[base + i] = at;
-                    ++at;
-                }
-            count[e] = at;
-        }
-        __syncthreads();
-    }
+    sort_pairs(sid, sorted, pos, tiles, rows * top_k, experts);
 }
 
 // One MOE_BM x MOE_BN output tile of a grouped GEMM on tensor cores (wmma 16x16x16, fp32

@@ -160,19 +160,19 @@ __device__ __forceinline__ int wg_produce_rows(const ARow &a_row, const bf16 *__
 // moe_sort's tiles as work items: item it is tile it / cols beside column tile it % cols. A
 // block reads its next item's tile while it works on this one (a read after an item ended was a
 // memory latency an item with the ring full and the consumer waiting: a sixth of a down
-// projection's item at 16 rows). The tiles and sorted[] are read through the non-coherent path
-// (__ldg): safe because these kernels launch without programmatic dependent launch, so moe_sort
-// has finished before they start; under PDL they would have to be read at L2 (gemv.cuh says why).
+// projection's item at 16 rows). The tiles and sorted[] are read at L2 (__ldcg), as everything
+// these kernels read that an earlier kernel wrote: they launch with programmatic dependent
+// launch, and an SM's L1 may hold lines from before the previous kernel's writes (gemv.cuh).
 struct MoeItems {
     const int *tiles;
     int first, count, cols;
-    __device__ int n() const { return tiles[0] * cols; }
+    __device__ int n() const { return __ldcg(tiles) * cols; }
     // tile it / cols's (expert less first, start, end); e is out of [0, count) past n or where the
     // expert is not held here (expert parallel)
     __device__ int3 load(int it, int n) const {
         if (it >= n) return make_int3(-1, 0, 0);
         const int t = it / cols;
-        return make_int3(__ldg(tiles + 1 + 3 * t) - first, __ldg(tiles + 2 + 3 * t), __ldg(tiles + 3 + 3 * t));
+        return make_int3(__ldcg(tiles + 1 + 3 * t) - first, __ldcg(tiles + 2 + 3 * t), __ldcg(tiles + 3 + 3 * t));
     }
     __device__ bool held(int3 w) const { return w.x >= 0 && w.x < count; }
 };
@@ -185,7 +185,7 @@ __device__ __forceinline__ void wg_rows_of(const YRowsF32 &ys, int wg, int s0, i
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = s0 + wg * 64 + 16 * w + (lane >> 2) + 8 * h;
-        dst[h] = r < s1 ? __ldg(ys.list + r) : -1;
+        dst[h] = r < s1 ? __ldcg(ys.list + r) : -1;
     }
 }
 template <class C>
@@ -262,8 +262,10 @@ extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
 moe_wg_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const int *__restrict__ tiles,
                const bf16 *__restrict__ W, bf16 *__restrict__ act, int top_k, int inter, int hidden, int first,
                int count) {
+    pdl_wait();  // moe_route_sort's tiles (or moe_sort's: then a no-op) before anything is read
+    pdl_launch_dependents();
     const auto rows = [&](int s0, int s1, int i) -> const bf16 * {
-        return s0 + i < s1 ? x + (size_t)(sorted[s0 + i] / top_k) * hidden : nullptr;
+        return s0 + i < s1 ? x + (size_t)(__ldcg(sorted + s0 + i) / top_k) * hidden : nullptr;
     };
     const MoeItems items{tiles, first, count, (inter + WgExpert::BN / 2 - 1) / (WgExpert::BN / 2)};
     grouped_wg<WgExpert>(items, rows, W, (size_t)2 * inter * hidden, YActSwiGLU{act, nullptr}, inter, hidden);
@@ -274,6 +276,8 @@ moe_wg_gate_up(const bf16 *__restrict__ x, const int *__restrict__ sorted, const
 extern "C" __global__ void __launch_bounds__(WgExpert::THREADS, 1)
 moe_wg_down(const bf16 *__restrict__ act, const int *__restrict__ sorted, const int *__restrict__ tiles,
             const bf16 *__restrict__ W, float *__restrict__ y, int hidden, int inter, int first, int count) {
+    pdl_wait();  // gate_up's act
+    pdl_launch_dependents();
     const auto rows = [&](int s0, int s1, int i) -> const bf16 * {
         return s0 + i < s1 ? act + (size_t)(s0 + i) * inter : nullptr;
     };
@@ -307,8 +311,8 @@ __device__ __forceinline__ float choice_sum(const float *__restrict__ y, const i
                                             int first, int count) {
     float acc = 0.f;
     for (int j = 0; j < top_k; ++j) {
-        const int pair = r * top_k + j, e = ids[pair] - first;
-        if (e >= 0 && e < count) acc = fmaf(weights[pair], rbf(y[(size_t)pair * hidden + n]), acc);
+        const int pair = r * top_k + j, e = __ldcg(ids + pair) - first;
+        if (e >= 0 && e < count) acc = fmaf(__ldcg(weights + pair), rbf(__ldcg(y + (size_t)pair * hidden + n)), acc);
     }
     return acc;
 }
@@ -319,10 +323,12 @@ __device__ __forceinline__ float choice_sum(const float *__restrict__ y, const i
 extern "C" __global__ void __launch_bounds__(256)
 moe_combine_residual(const float *__restrict__ y, const int *__restrict__ ids, const float *__restrict__ weights,
                      bf16 *res, int rows, int top_k, int hidden, int first, int count) {
+    pdl_wait();  // down's y
+    pdl_launch_dependents();
     const int r = blockIdx.x, n = blockIdx.y * blockDim.x + threadIdx.x;
     if (r >= rows || n >= hidden) return;
     const float acc = choice_sum(y, ids, weights, r, n, top_k, hidden, first, count);
-    res[(size_t)r * hidden + n] = to_bf(to_f(res[(size_t)r * hidden + n]) + rbf(acc));
+    res[(size_t)r * hidden + n] = to_bf(to_f(__ldcg(res + (size_t)r * hidden + n)) + rbf(acc));
 }
 
 // Expert parallel: this rank's choice_sum (f32) into slot `rank` of every rank's recv buffer

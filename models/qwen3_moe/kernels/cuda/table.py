@@ -1,11 +1,13 @@
-"""The Qwen3-MoE CUDA kernels (moe.cu), one typed table in the llama family's form
-(kern_models.llama.kernels.cuda.table: Kernel, Op): module, entry, parameters, grid, block. The MoE
-kernels launch without programmatic dependent launch: the kernel after one starts when it is
-done, so the llama chain's early triggers around them stay safe."""
+"""The Qwen3-MoE CUDA kernels (moe.cu, moe_wg.cu), one typed table in the llama family's form
+(kern_models.llama.kernels.cuda.table: Kernel, Op): module, entry, parameters, grid, block. The
+invariant block's kernels after the router (moe_route_sort, moe_wg_gate_up, moe_wg_down,
+moe_combine_residual) launch with programmatic dependent launch, LATE: each waits at entry,
+before it reads or writes anything, then lets the next launch, so the one after it may start
+while it runs but reads nothing early (common.cuh); the others launch without it."""
 
 from __future__ import annotations
 
-from kern_models.common.kernel_table import ARCH, Kernel, Op, buffer_param, int_params
+from kern_models.common.kernel_table import ARCH, Kernel, Op, Pdl, buffer_param, int_params
 from kern_models.llama.kernels.cuda.table import TILES as DENSE_TILES
 
 MODULE = "moe"
@@ -17,6 +19,10 @@ TILES = {
     "MOE_BK": 32,    # grouped GEMM: the reduction's step (K % MOE_BK == 0)
     "MOE_COLS": 8,   # gather gemv: output columns a block (a warp a column)
 }
+# moe_route_sort's bounds (moe.cu's MOE_FUSED_EXPERTS and MOE_FUSED_PAIRS: its shared memory, a
+# warp's router scratch and the pairs' ids); the generator fuses only within them
+FUSED_EXPERTS = 256
+FUSED_PAIRS = 2048
 # What nvcc gets: these, and the llama family's constants that gemv.cuh and gemm_wg.cuh read
 # (moe_wg.cu runs their arithmetic, so a row gets the gemv's bits).
 DEFINES = {**TILES, **{k: DENSE_TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_SPLIT_SMEM")}}
@@ -43,6 +49,10 @@ KERNELS: tuple[Kernel, ...] = (
            ("rows", {"ceil_div": ["hidden", TILES["MOE_COLS"]]}), GEMV_BLOCK),
     Kernel(MODULE, "moe_sort", (buffer_param("ids", "i32"), buffer_param("sorted", "i32", "out"), buffer_param("pos", "i32", "out"),
                                 buffer_param("tiles", "i32", "out"), *int_params("n_pairs", "experts")), (1,), (1024,)),
+    Kernel(MODULE, "moe_route_sort", (buffer_param("logits", "f32"), buffer_param("ids", "i32", "out"), buffer_param("weights", "f32", "out"),
+                                      buffer_param("sorted", "i32", "out"), buffer_param("pos", "i32", "out"),
+                                      buffer_param("tiles", "i32", "out"), *int_params("rows", "experts", "top_k", "norm_topk")),
+           (1,), (1024,), pdl=Pdl.LATE),
     Kernel(MODULE, "moe_group_gate_up", (buffer_param("x"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
                                          buffer_param("act", direction="out"),
                                          *int_params("top_k", "inter", "hidden", "first", "count")),
@@ -80,10 +90,10 @@ KERNELS += (
            ({"ceil_div": ["hidden", DENSE_TILES["GEMV_COLS"]]}, {"mul": ["rows", "top_k"]}), _GATHER_BLOCK),
     Kernel(WG_MODULE, "moe_wg_gate_up", (buffer_param("x"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
                                          buffer_param("act", direction="out"), *int_params("top_k", "inter", "hidden"), *_RANGE),
-           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM, pdl=Pdl.LATE),
     Kernel(WG_MODULE, "moe_wg_down", (buffer_param("act"), buffer_param("sorted", "i32"), buffer_param("tiles", "i32"), buffer_param("W"),
                                       buffer_param("y", "f32", "out"), *int_params("hidden", "inter"), *_RANGE),
-           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
+           (MOE_WG_BLOCKS,), _WG_BLOCK, shared_mem=_EXPERT_SMEM, pdl=Pdl.LATE),
     Kernel(WG_MODULE, "moe_router_gemm", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"), *int_params("rows", "N", "K")),
            ({"ceil_div": ["N", DENSE_TILES["WG_BN"]]}, {"ceil_div": ["rows", 64]}), _WG_BLOCK, shared_mem=_EXPERT_SMEM),
     Kernel(WG_MODULE, "moe_router_gemm_split", (buffer_param("x"), buffer_param("W"), buffer_param("y", "f32", "out"),
@@ -93,7 +103,7 @@ KERNELS += (
            shared_mem=_EXPERT_SMEM),
     Kernel(WG_MODULE, "moe_combine_residual", (buffer_param("y", "f32"), buffer_param("ids", "i32"), buffer_param("weights", "f32"),
                                                buffer_param("res", direction="inout"), *int_params("rows", "top_k", "hidden"),
-                                               *_RANGE), ("rows", {"ceil_div": ["hidden", 256]}), (256,)),
+                                               *_RANGE), ("rows", {"ceil_div": ["hidden", 256]}), (256,), pdl=Pdl.LATE),
     Kernel(WG_MODULE, "moe_combine_push", (buffer_param("y", "f32"), buffer_param("ids", "i32"), buffer_param("weights", "f32"),
                                            buffer_param("recv", "f32", "out"), buffer_param("parts", "u64"),
                                            *int_params("rows", "top_k", "hidden"), *_RANGE,
@@ -107,6 +117,7 @@ _TILED = ("max_tiles: i32",)
 OPS = {
     "moe_route": Op(("moe_route",)), "moe_gemv_gate_up": Op(("moe_gemv_gate_up",)),
     "moe_gemv_down_residual": Op(("moe_gemv_down_residual",)), "moe_sort": Op(("moe_sort",)),
+    "moe_route_sort": Op(("moe_route_sort",)),
     "moe_group_gate_up": Op(("moe_group_gate_up",), (*BY_ENTRY["moe_group_gate_up"].params, *_TILED)),
     "moe_group_down": Op(("moe_group_down",), (*BY_ENTRY["moe_group_down"].params, *_TILED)),
     "moe_combine": Op(("moe_combine",)), "moe_gemv_down_push": Op(("moe_gemv_down_push",)),
