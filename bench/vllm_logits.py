@@ -39,7 +39,8 @@ def vllm_role(args) -> None:
 
     extra = {"hf_overrides": {"architectures": ["KernForCausalLM"]}} if args.role == "plugin" else {}
     llm = LLM(model=args.ckpt, max_model_len=args.context, max_logprobs=args.topk, skip_tokenizer_init=True,
-              gpu_memory_utilization=0.4, **extra)
+              gpu_memory_utilization=0.4, enforce_eager=True, **extra)  # eager: a start-up without
+    # torch.compile and graph capture (minutes of a device call); the logits are the same model's
     ps = prompts(args.prompts, args.length, args.vocab, args.seed)
     sp = SamplingParams(max_tokens=1, temperature=0, logprobs=args.topk, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p[:i + 1]} for p in ps for i in range(len(p) - 1)], sp)
@@ -95,8 +96,8 @@ def main() -> None:
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--manifest", help="KERN_MANIFEST for the plugin (default: the one it generates)")
     ap.add_argument("--out", required=True, help="the verdict's JSON (each vLLM's part beside it)")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--length", type=int, default=48)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--topk", type=int, default=1024)
@@ -110,6 +111,8 @@ def main() -> None:
         return
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"KERN_MANIFEST": args.manifest} if args.manifest else {})}
     for role in ("plugin", "own"):
+        if Path(f"{args.out}.{role}.json").exists():  # a part an earlier, cut-off run wrote: kept
+            continue
         cmd = [sys.executable, __file__, *sys.argv[1:], "--role", role, "--part", f"{args.out}.{role}.json"]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode:

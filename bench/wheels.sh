@@ -7,12 +7,14 @@
 #
 # The list is the device image's gaps as seen there: without openai's httpx2 chain the serve GPU
 # tests skip ("could not import 'openai'"); without fastapi's opentelemetry-api they skip too ("No
-# module named 'opentelemetry'"); either way the GPU suite is not whole.
+# module named 'opentelemetry'"); either way the GPU suite is not whole. setuptools is the build
+# backend pyproject.toml names: a user's `pip install .` (vllm_kern_gpu.sh's CLEAN=1) builds kern
+# in an isolated env that finds it only here, offline.
 set -euo pipefail
 PKGS="pydantic pydantic-core annotated-types typing-inspection typing-extensions annotated-doc
 fastapi opentelemetry-api starlette uvicorn h11 anyio sniffio idna llguidance gguf
 openai jiter httpx2 httpcore2 truststore
-jsonschema jsonschema-specifications referencing rpds-py"
+jsonschema jsonschema-specifications referencing rpds-py setuptools"
 pins=()
 for p in $PKGS; do
   pin=$(grep -iE "^${p}==" constraints.txt || true)

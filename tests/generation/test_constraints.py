@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kern.generation import SamplingParams
-from kern.generation.constraints import json_schema_grammar, unpack
+from kern.generation.constraints import Grammars, _vocabulary, json_schema_grammar, unpack
 from kern.generation.sampling import penalize, sample
 
 from .conftest import make_loop
@@ -134,6 +134,37 @@ def test_a_seeded_constrained_request_gets_the_same_tokens_alone_and_batched(tin
                                                grammar=json_schema_grammar(SCHEMAS[1 + i % 4]))) for i in range(4)]
     got = _run(_loop(tiny_llama, byte_tokenizer), {0: others[:2], 1: [("s", [1, 2, 3], p)], 3: others[2:]})
     assert _tokens(got["s"]) == alone
+
+
+def test_several_end_tokens_each_end_a_document(tiny_llama, byte_tokenizer):
+    """Llama 3's tokenizers end a sequence on several tokens (128001, 128008, 128009): llguidance
+    gets all of them, and a complete document may end on any (where llguidance takes a list: the
+    version kern pins does; the next test is the older one's)."""
+    import llguidance
+
+    try:
+        llguidance.LLTokenizer(byte_tokenizer.tok.to_str(), n_vocab=256, eos_token=[0])
+    except TypeError:
+        pytest.skip("this llguidance takes one end token")
+    g = Grammars(byte_tokenizer, 256, {0, 10})
+    m = g.matcher(json_schema_grammar({"type": "integer"}))
+    assert m.consume_tokens([ord("7")])
+    assert g.allowed([m])[0][[0, 10]].all()
+
+
+def test_an_llguidance_that_takes_one_end_token_gets_the_lowest():
+    """vLLM 0.26 pins llguidance 1.6, whose LLTokenizer takes one end token and raises TypeError
+    for a list; kern runs in vLLM's process with it (this crashed `kern serve` there at start-up)."""
+    got = []
+
+    class OneEnd:
+        def __init__(self, text, n_vocab=None, eos_token=None):
+            if not isinstance(eos_token, int):
+                raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+            got.append((text, n_vocab, eos_token))
+
+    _vocabulary(type("llg", (), {"LLTokenizer": OneEnd}), "{}", 300, [128001, 128008, 128009])
+    assert got == [("{}", 300, 128001)]
 
 
 def test_plain_requests_never_touch_the_constraint_machinery(tiny_llama, byte_tokenizer):

@@ -50,6 +50,17 @@ def grammar_problem(grammar: str) -> str | None:
     return msg
 
 
+def _vocabulary(llg, tokenizer_json: str, width: int, eos: list[int]):
+    """llguidance's view of the vocabulary, every end-of-sequence token ending a grammar where
+    this llguidance takes a list of them; an older one (1.6, which vLLM 0.26 pins, and kern
+    runs in vLLM's process) takes one token, the lowest: the others still end a sequence in the
+    loop, but a grammar cannot end on them."""
+    try:
+        return llg.LLTokenizer(tokenizer_json, n_vocab=width, eos_token=eos)
+    except TypeError:
+        return llg.LLTokenizer(tokenizer_json, n_vocab=width, eos_token=eos[0] if eos else None)
+
+
 class Grammars:
     """The tokenizer-side of constrained decoding for one loop: llguidance's view of the
     vocabulary (built once, on the first constrained request: ~0.6 s for a 49k vocabulary)
@@ -75,7 +86,7 @@ class Grammars:
                 raise BoundsError(self._problem)
             llg = _llg()
             try:
-                self._lt = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.width, eos_token=self.eos)
+                self._lt = _vocabulary(llg, self.tokenizer.tok.to_str(), self.width, self.eos)
             except (ValueError, RuntimeError) as e:  # one llguidance cannot read (no byte-level decoder, say)
                 self._problem = f"structured output cannot read this checkpoint's tokenizer: {e}"
                 raise BoundsError(self._problem) from None
