@@ -34,7 +34,11 @@ python3 bench/serve.py --prepare $CKPT
 . bench/servers.sh  # up, stop, served
 if [ "${CLEAN:-0}" = 1 ]; then
   PY=/tmp/cvenv/bin/python  # the clean install's; if it cannot be made, the image's python over the peer wheels
-  python3 -m venv --system-site-packages /tmp/cvenv && $PY -m pip install -q --no-index \
+  # The image's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would reach the
+  # interpreter's base, not its torch and numpy, so the image's site-packages go in by a .pth (after
+  # the clean venv's own, which therefore wins where both hold a package).
+  python3 -m venv /tmp/cvenv && python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
+    > /tmp/cvenv/lib/python3.12/site-packages/image.pth && $PY -m pip install -q --no-index \
     --find-links /tmp/vwh --find-links .whl '.[vllm]' > $OUT/clean_install.log 2>&1 \
     && $PY -c "from importlib.metadata import entry_points; print(entry_points(group='vllm.general_plugins'))" \
       >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; tail -5 $OUT/clean_install.log; PY=python3; }
