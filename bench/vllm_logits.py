@@ -3,7 +3,8 @@ bench/vllm_kern_gpu.sh installs them): vLLM with kern's forward pass (the plugin
 with its own model, teacher-forced on seeded random token prompts, each judged against
 transformers fp32 by transformers' own bf16-vs-fp32 spread (the rule of every family's parity:
 kern_models.common.random_checkpoint.judge), and the plugin against vLLM's own model by the same
-yardstick.
+yardstick, and by how far transformers' bf16 is from vLLM's own model (a second bf16
+implementation of the same weights).
 
     python3 bench/vllm_logits.py --ckpt CKPT --manifest MANIFEST --out OUT.json
 
@@ -88,6 +89,12 @@ def judge_role(args) -> dict:
         result[f"vllm_{role}_vs_fp32"] = {**c, **judge(spread, c)}
     c = compare(sources["own"], sources["plugin"])
     result["vllm_plugin_vs_vllm_own"] = {**c, **judge(spread, c)}
+    # Two bf16 implementations of one model differ from each other by about the sum of their
+    # distances from fp32, more than one bf16-vs-fp32 spread admits on near-tie rows: so the
+    # plugin against vLLM's own model is also judged by how far transformers' bf16 is from it.
+    peer = compare(sources["own"], bf16)
+    result["transformers_bf16_vs_vllm_own"] = peer
+    result["vllm_plugin_vs_vllm_own_by_transformers_bf16"] = {**c, **judge(peer, c)}
     return result
 
 
