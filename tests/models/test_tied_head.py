@@ -202,7 +202,7 @@ def test_kimi_linear_shipping_one_is_refused_in_one_line(drop, tied, tmp_path, c
     full, config = tied("kimi_linear")
     ckpt = _without(full, tmp_path / "ckpt", drop)
     _, info = transformers.AutoModelForCausalLM.from_pretrained(ckpt, output_loading_info=True)
-    assert info["missing_keys"] == {drop}
+    assert set(info["missing_keys"]) == {drop}
     dep = _deploy("kimi_linear", config, tmp_path / "dep")
     capsys.readouterr()
     assert main(["run", str(ckpt), "--manifest", str(dep), "--target", "cpu", "--prompt", "w5 w6"]) == 1
