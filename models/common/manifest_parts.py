@@ -33,11 +33,16 @@ EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def embed_and_head(tied: bool, dtype: str) -> dict:
-    """The embedding and the LM head as weight buffers. Tied (tie_word_embeddings), each binds its
-    own tensor when the checkpoint ships it and the other's where it does not, as transformers
-    loads such a checkpoint: a config that ties yet an lm_head.weight that differs from the
-    embedding (transformers 5.24 saves Kimi-Linear so) is served with that lm_head.weight, which
-    transformers keeps untied; a tied checkpoint that ships only the embedding reads it twice."""
+    """The embedding and the LM head as weight buffers, bound as transformers loads them.
+    `tied`: transformers ties the pair on load, which it does where config.json's
+    tie_word_embeddings is true and the family's transformers class names lm_head.weight tied to
+    the embedding (its _tied_weights_keys: llama's and Qwen3-MoE's do; KimiLinearForCausalLM's
+    names nothing, so a Kimi-Linear checkpoint is never tied, whatever its config says).
+    Tied, each binds its own tensor when the checkpoint ships it and the other's where it does
+    not, as transformers' tie_weights does: a pair that differs (transformers 5.24 saves
+    Kimi-Linear with a tying config and its own head) stays untied and is served as shipped, a
+    checkpoint that ships one of the two reads it for both. Untied, each binds only its own: a
+    checkpoint without it is refused naming it, where transformers would start it random."""
     def w(tensor, other):
         return buffer(["vocab", "hidden"], "weight", dtype,
                       bind=[{"tensor": tensor, **({"fallback": other} if tied else {})}])

@@ -19,12 +19,14 @@ KDA, MLA = "linear_attention", "full_attention"
 
 @dataclass(frozen=True)
 class KimiShape:
+    """No `tied`: tie_word_embeddings is not read, as transformers' KimiLinearForCausalLM ties
+    nothing whatever it says (manifests/common.py binds the head)."""
+
     hidden: int
     layers: int
     vocab: int
     eps: float
     max_pos: int
-    tied: bool
     inter: int                  # the dense layers' MLP width
     mixers: tuple[str, ...]     # per layer: KDA or MLA
     sparse: tuple[bool, ...]    # per layer: a MoE block (True) or the dense MLP
@@ -136,7 +138,7 @@ def shape_of(cfg: dict) -> KimiShape:
         hidden=count_field(cfg, "hidden_size"), layers=layers, vocab=count_field(cfg, "vocab_size"),
         eps=real_field(cfg, "rms_norm_eps", 1e-5), max_pos=count_field(cfg, _first(cfg, "model_max_length",
                                                                          "max_position_embeddings"), 4096),
-        tied=bool(cfg.get("tie_word_embeddings", False)), inter=count_field(cfg, "intermediate_size"),
+        inter=count_field(cfg, "intermediate_size"),
         mixers=mixers, sparse=sparse,
         kda_heads=count_field(lin, "num_heads", None) if "num_heads" in lin else count_field(cfg, "linear_num_heads", 32),
         kda_dim=count_field(lin, "head_dim", None) if "head_dim" in lin else count_field(cfg, "linear_head_dim", 128),

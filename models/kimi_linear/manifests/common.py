@@ -17,9 +17,10 @@ PAGE_TOKENS = 16
 
 def weight_buffers(s: KimiShape, dtype: str) -> dict:
     w = lambda shape, *tensors: weight(shape, *tensors, dtype=dtype)
-    # tied or not, transformers' KimiLinearForCausalLM reads lm_head.weight (it ties nothing);
-    # a tied checkpoint without one is read as the llama family's (embed_and_head)
-    head = embed_and_head(s.tied, dtype)
+    # never tied: transformers' KimiLinearForCausalLM ties nothing (its _tied_weights_keys is
+    # empty) whatever tie_word_embeddings says, so it reads the shipped lm_head.weight and starts
+    # a missing one random; kern binds each tensor as its own and refuses a missing one by name
+    head = embed_and_head(False, dtype)
     out = {"embed": head["embed"], "final_norm": w(["hidden"], "model.norm.weight"), "lm_head": head["lm_head"]}
     for l in range(s.layers):
         pre, at = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
