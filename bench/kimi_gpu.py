@@ -29,6 +29,12 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`
+  long   the long-context case (bench/kimi_long.py, issue 38 item 3) on each of --long-servers
+         in turn, each its own process and timeout: 8 streams of 32,768-token prompts, then one of
+         131,072, 64 out, on CKPT-long (these weights, a config of 132,096 positions; made there
+         without a checkpoint); TTFT, output tok/s and the state memory a sequence holds,
+         measured and computed; $OUT/long_{kern,vllm}.json and long_summary.txt (vLLM from the
+         wheels in /tmp/vsite: bench/kimi_long_gpu.sh says which call does what)
 --kda-form tokens|chunked: the sm_90a build for parity, decode and profile: the default build
 (batch-invariant; its prompt recurrence kda_tokens, decode's step a token at a time) or, with
 chunked, the faster one (batch_invariant=False: cuBLASLt, the chunked kernel): two calls with
@@ -317,6 +323,10 @@ def main() -> int:
     ap.add_argument("--ckpt-timeout", type=int, default=120)
     ap.add_argument("--kern-timeout", type=int, default=100)
     ap.add_argument("--serve-timeout", type=int, default=240)
+    ap.add_argument("--long-servers", default="kern", help="the long step's servers in turn: kern, vllm or both")
+    ap.add_argument("--long-timeout", type=int, default=560, help="the long step's, each server's")
+    ap.add_argument("--long-flags", default="", help="bench/kimi_long.py's own flags (a dry run's: "
+                                                      "'--target cpu --cases 2x1500,1x3000 --output 16')")
     ap.add_argument("--kda-form", default="", choices=["", "chunked", "tokens"],
                     help="the prompt recurrence's form for parity, decode and profile (default: the build's own)")
     ap.add_argument("--serve-flags", default="", help="bench/hybrid_serve.py's own flags (a dry run's lighter "
@@ -325,7 +335,7 @@ def main() -> int:
     steps = args.steps.replace("kern", "parity,decode").split(",")
     out, env, ckpt, head = family_setup("kimi", args.layers)
     r = Run(out, env)
-    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "profile": [], "notes": []}
+    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "profile": [], "long": [], "notes": []}
 
     def report() -> None:
         r.report(s, table)
@@ -375,7 +385,19 @@ def main() -> int:
                                 str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
                       args.serve_timeout)
         collect(text, "serve", "SERVE OK")
-    if not ok:
+    if "long" in steps and ("ckpt" not in steps or ok):  # without a checkpoint kimi_long makes its own
+        for server in args.long_servers.split(","):
+            text = r.step(f"long_{server}", [sys.executable, str(ROOT / "bench/kimi_long.py"), str(ckpt), "--server",
+                                             server, "--out", str(out), "--layers", str(args.layers), "--shape",
+                                             args.shape, "--device", args.device, "--deadline-s",
+                                             str(args.long_timeout - 10), *shlex.split(args.long_flags)],
+                          args.long_timeout)
+            collect(text, f"long ({server})", f"LONG OK ({server})")
+        done = subprocess.run([sys.executable, str(ROOT / "bench/kimi_long.py"), "--table", str(out)],
+                              capture_output=True, text=True, cwd=ROOT, env=env)
+        s["notes"] += done.stdout.strip().splitlines() or [f"the long table: {done.stderr.strip()[-300:]}"]
+        report()
+    if not ok and steps != ["long"]:
         s["notes"].append(f"no checkpoint in {ckpt}: parity, decode and serve not run")
         report()
     print(table(s))

@@ -6,6 +6,7 @@
 #   FAMILY=moe  (the default) Qwen3-MoE: bench/moe_gpu.py, the Qwen3-30B-A3B shape at 24 layers
 #   FAMILY=kimi Kimi-Linear: bench/kimi_gpu.py, the Kimi-Linear-48B-A3B shape at 8 layers (its
 #               ckpt step's config.json carries the published fields vLLM's own config reads)
+#               (its long-context case, 131,072-token prompts beside vLLM: bench/kimi_long_gpu.sh)
 #
 #   PHASE=bg    (the first call, launched with setsid so it outlives the call while the vLLM wheel
 #               parts are copied in the next ones) the family script's ckpt and kern steps ($BG_STEPS):

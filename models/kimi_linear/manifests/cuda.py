@@ -45,7 +45,13 @@ NARROW_SEQS = 4
 WIDE_SEQS = 256
 PREFILL_SEQS = 256
 ARGMAX_CHUNKS = 128
-MAX_CONTEXT = 32768
+# The longest context the generator offers: the model's own max_position_embeddings, clipped to
+# this. llama's 32,768 is for its rope table and decode partials, which grow with the context;
+# Kimi-Linear's MLA has neither (no rope; mla_attend walks a row's tokens in one block), so here
+# the bound only sizes the page tables (ceil(context / 16) int32 a row, written by the host each
+# step: 64 KiB a row at 262,144), and it holds issue 38's 131,072-token prompt and its 64 out
+# (bench/kimi_long.py). Past it (the published model's million) is untested.
+MAX_CONTEXT = 262144
 DENSE_OPS = ("embed", "rms_norm", "add_rms_norm", "gather_last", "silu_mul", "sample", "gemv_logits")
 
 
