@@ -48,9 +48,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))  # the sibling scripts' helpers, also when a test imports this file
-from hybrid_serve import pool as kern_gauges, up  # noqa: E402
-from serve import prepare  # noqa: E402
+from hybrid_serve import pool as kern_gauges, up  # the sibling scripts' helpers (run as a script: bench/ is its path)
+from serve import prepare
 
 CASES = "8x32768,1x131072"
 OUTPUT = 64

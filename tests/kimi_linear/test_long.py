@@ -16,7 +16,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 spec = importlib.util.spec_from_file_location("kimi_long", BENCH / "kimi_long.py")  # a script, not a package
 kimi_long = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kimi_long)
+sys.path.insert(0, str(BENCH))  # its sibling scripts' helpers, as running it from bench/ finds them
+try:
+    spec.loader.exec_module(kimi_long)
+finally:
+    sys.path.remove(str(BENCH))
 
 MIB = 2 << 19
 
