@@ -48,7 +48,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from hybrid_serve import pool as kern_gauges, up  # the sibling scripts' helpers (run as a script: bench/ is its path)
+from hybrid_serve import emit, pool as kern_gauges, up  # the sibling scripts' helpers (run as a script: bench/ is its path)
 from serve import prepare
 
 CASES = "8x32768,1x131072"
@@ -59,10 +59,6 @@ POSITIONS = 131072 + 1024
 SHAPE, LAYERS = "kimi-linear-48b-a3b", 8
 H200 = 143771 << 20  # nvidia-smi's memory.total of an H200, bytes
 WARM_PROMPT = 8192   # one untimed request first: the long prefill's first launches (JIT, graphs) on neither clock
-
-
-def emit(**kw) -> None:
-    print("RESULT " + json.dumps(kw), flush=True)
 
 
 def cases(text: str) -> list[tuple[int, int]]:
@@ -78,11 +74,19 @@ def cases(text: str) -> list[tuple[int, int]]:
 
 # ---- the checkpoint ------------------------------------------------------------------------
 
+def saying(dst: Path, positions: int) -> Path:
+    """dst's config.json saying `positions` (transformers saves max_position_embeddings as
+    model_max_length, which kern reads first: both are set), prepared for bench/serve.py."""
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["model_max_length"] = cfg["max_position_embeddings"] = positions
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    prepare(dst)
+    return dst
+
+
 def long_checkpoint(src: Path, dst: Path, positions: int = POSITIONS) -> Path:
-    """dst: src's weights linked (no copy of ~28 GB), its JSON files copied, config.json saying
-    `positions` (transformers saves max_position_embeddings as model_max_length, which kern reads
-    first; both are set), prepared for bench/serve.py. The weights are the same: Kimi-Linear's
-    MLA rotates nothing, so its positions bound no tensor."""
+    """dst: src's weights linked (no copy of ~28 GB), its JSON files copied, saying `positions`.
+    The weights are the same: Kimi-Linear's MLA rotates nothing, so its positions bound no tensor."""
     dst.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):
         target = dst / f.name
@@ -92,11 +96,7 @@ def long_checkpoint(src: Path, dst: Path, positions: int = POSITIONS) -> Path:
             target.write_bytes(f.read_bytes())
         else:
             target.symlink_to(f.resolve())
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["model_max_length"] = cfg["max_position_embeddings"] = positions
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    prepare(dst)
-    return dst
+    return saying(dst, positions)
 
 
 def make_checkpoint(dst: Path, *, shape: str = SHAPE, layers: int = LAYERS, device: str = "cuda",
@@ -109,11 +109,7 @@ def make_checkpoint(dst: Path, *, shape: str = SHAPE, layers: int = LAYERS, devi
 
     torch.set_default_dtype(torch.bfloat16)
     save(model_of(shape, layers=layers, device=device, max_positions=positions).eval(), dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["model_max_length"] = cfg["max_position_embeddings"] = positions
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    prepare(dst)
-    return dst
+    return saying(dst, positions)
 
 
 # ---- the state memory a sequence holds: kern ------------------------------------------------

@@ -61,9 +61,9 @@ def bind_all(weights: dict[str, tuple[Buffer, tuple[int, ...]]], ckpt: WeightFil
             np.copyto(arr[at:at + p.size], p, casting="unsafe")  # cast in place: no temporary of the tensor
             at += p.size
         out[name] = arr
+    head = f"checkpoint {ckpt.folder} does not fit the manifest"
     if len(problems) == 1:  # one line, as a failed command prints it
-        raise WeightError(f"checkpoint {ckpt.folder} does not fit the manifest: {problems[0]}")
+        raise WeightError(f"{head}: {problems[0]}")
     if problems:
-        raise WeightError(f"checkpoint {ckpt.folder} does not fit the manifest ({len(problems)} problems):\n"
-                          + "\n".join(f"  {p}" for p in problems))
+        raise WeightError(f"{head} ({len(problems)} problems):\n" + "\n".join(f"  {p}" for p in problems))
     return out
