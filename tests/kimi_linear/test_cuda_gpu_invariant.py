@@ -201,10 +201,15 @@ def test_a_prompt_s_last_rows_decoded_among_others_get_the_bytes_they_get_in_pre
 
 # ---- MLA ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("mla_form", ["tensor", "cores"])
 @pytest.mark.parametrize("heads,nope,rope,v_dim,kv_lora", [(4, 128, 64, 128, 512), (9, 16, 16, 16, 32)])
-def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, ops, heads, nope, rope, v_dim, kv_lora):
+def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, mla_form, heads, nope, rope, v_dim, kv_lora):
     """Cached latents of three sequences (random, in shuffled pages); prefill's attention over a
-    ragged batch of their rows, then each row again through decode's, alone and beside others."""
+    ragged batch of their rows, then each row again through decode's, alone and beside others;
+    the attention on tensor cores (the default build's) and on CUDA cores (the faster build's)."""
+    from kern_models.kimi_linear.kernels.cuda import table
+
+    ops = table.ops("tokens", mla_form)
     rng = np.random.default_rng(heads)
     page_tokens, lengths, pages_per_seq = 16, [40, 17, 33], 3
     width = kv_lora + rope

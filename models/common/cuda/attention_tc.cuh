@@ -65,33 +65,20 @@ struct AttnRun {
     }
 };
 
-// One tile of keys kb .. kb + BN - 1 (K and V rows in shared memory, KP apart) for the warp's
-// 16 rows; lim_a, lim_b: the last key rows g and g + 8 may see. The warp computes output tiles
-// d0 .. d0 + ND - 1 (ND even); S and the softmax are the same whichever.
-template <int HD, int ND>
-__device__ __forceinline__ void attn_tile(AttnRun<ND> &st, const unsigned (&qf)[HD / 16][4], const bf16 *sK,
-                                          const bf16 *sV, int kb, int lim_a, int lim_b, int d0) {
-    using T = AttnTile<HD>;
+// The softmax and P V of one tile of BN keys kb .. kb + BN - 1 for the warp's 16 rows, given
+// the tile's raw scores sc (the mma's C fragments: S = q K^T, however its k steps were summed)
+// and V rows in shared memory KP bf16 apart; sl2: the scale in log2 units; lim_a, lim_b: the
+// last key rows g and g + 8 may see. The warp computes output tiles d0 .. d0 + ND - 1 (ND even);
+// the softmax is the same whichever. Shared by every query width: HD-wide heads (attn_tile) and
+// MLA's 576-wide scores over 512-wide values (kimi_linear mla.cu).
+template <int BN, int KP, int ND>
+__device__ __forceinline__ void attn_softmax_pv(AttnRun<ND> &st, float (&sc)[BN / 8][4], const bf16 *sV, int kb,
+                                                int lim_a, int lim_b, int d0, float sl2) {
+    constexpr int NT = BN / 8;
     const int lane = threadIdx.x & 31, t4 = lane & 3;
-    float sc[T::NT][4];
-#pragma unroll
-    for (int j = 0; j < T::NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-    const bf16 *kbase = sK + ((lane & 7) + 8 * (lane >> 4)) * T::KP + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kc = 0; kc < T::KC; ++kc)
-#pragma unroll
-        for (int j = 0; j < T::NT; j += 2) {
-            unsigned b[4];
-            ldsm_x4(b, kbase + 8 * j * T::KP + kc * 16);
-            mma_bf16(sc[j], qf[kc], b[0], b[1]);
-            mma_bf16(sc[j + 1], qf[kc], b[2], b[3]);
-        }
-    const float sl2 = (1.f / sqrtf((float)HD)) * LOG2E;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < T::NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float v = __fmul_rn(sc[j][e], sl2);
@@ -116,27 +103,53 @@ __device__ __forceinline__ void attn_tile(AttnRun<ND> &st, const unsigned (&qf)[
         }
     }
 #pragma unroll
-    for (int j = 0; j < T::NT; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float p = exp2f(__fsub_rn(sc[j][e], mx[e >> 1]));
             sc[j][e] = p;
             st.l[e >> 1] = __fadd_rn(st.l[e >> 1], p);
         }
-    const bf16 *vbase = sV + ((lane & 7) + 8 * ((lane >> 3) & 1)) * T::KP + 8 * (lane >> 4);
+    const bf16 *vbase = sV + ((lane & 7) + 8 * ((lane >> 3) & 1)) * KP + 8 * (lane >> 4);
 #pragma unroll
-    for (int kk = 0; kk < T::BN / 16; ++kk) {
+    for (int kk = 0; kk < BN / 16; ++kk) {
         const unsigned pa[4] = {pack_bf2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf2(sc[2 * kk][2], sc[2 * kk][3]),
                                 pack_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                                 pack_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
         for (int d = 0; d < ND; d += 2) {
             unsigned b[4];
-            ldsm_x4_t(b, vbase + 16 * kk * T::KP + 8 * (d0 + d));
+            ldsm_x4_t(b, vbase + 16 * kk * KP + 8 * (d0 + d));
             mma_bf16(st.acc[d], pa, b[0], b[1]);
             mma_bf16(st.acc[d + 1], pa, b[2], b[3]);
         }
     }
+}
+
+// One tile of keys kb .. kb + BN - 1 (K and V rows in shared memory, KP apart) for the warp's
+// 16 rows; lim_a, lim_b: the last key rows g and g + 8 may see. The warp computes output tiles
+// d0 .. d0 + ND - 1 (ND even); S and the softmax are the same whichever.
+template <int HD, int ND>
+__device__ __forceinline__ void attn_tile(AttnRun<ND> &st, const unsigned (&qf)[HD / 16][4], const bf16 *sK,
+                                          const bf16 *sV, int kb, int lim_a, int lim_b, int d0) {
+    using T = AttnTile<HD>;
+    const int lane = threadIdx.x & 31;
+    float sc[T::NT][4];
+#pragma unroll
+    for (int j = 0; j < T::NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+    const bf16 *kbase = sK + ((lane & 7) + 8 * (lane >> 4)) * T::KP + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kc = 0; kc < T::KC; ++kc)
+#pragma unroll
+        for (int j = 0; j < T::NT; j += 2) {
+            unsigned b[4];
+            ldsm_x4(b, kbase + 8 * j * T::KP + kc * 16);
+            mma_bf16(sc[j], qf[kc], b[0], b[1]);
+            mma_bf16(sc[j + 1], qf[kc], b[2], b[3]);
+        }
+    attn_softmax_pv<T::BN, T::KP, ND>(st, sc, sV, kb, lim_a, lim_b, d0, (1.f / sqrtf((float)HD)) * LOG2E);
 }
 
 // Folds a chunk (m, l) into the row's (M, L); A = A co + a cz for each of its outputs.

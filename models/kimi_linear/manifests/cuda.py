@@ -9,9 +9,11 @@ in decode, its wgmma twins (`linear_rows`, `linear_rows_f32`) in prefill and the
 the routed experts are Qwen3-MoE's invariant block (moe_wg.cu: the gather gemvs in decode,
 moe_sort's tiles on wgmma otherwise), their weighted sum added onto the shared expert's output
 in choice order (moe_combine_residual); the prompt's recurrence runs a token at a time through
-decode's step (kda_form "tokens"); MLA is row-wise in either form. batch_invariant=False (the
-faster build): projections through cuBLASLt (`linear`, `linear_f32`), the prompt's recurrence
-in 16-row chunks, the experts moe.cu's gemvs and wmma tiles.
+decode's step (kda_form "tokens"); MLA's attention on tensor cores (mla_tc.cu), one order a
+(row, head) in prefill and decode. batch_invariant=False (the faster build): projections
+through cuBLASLt (`linear`, `linear_f32`), the prompt's recurrence in 16-row chunks, the
+experts moe.cu's gemvs and wmma tiles, MLA's attention on CUDA cores (mla.cu's mla_attend);
+MLA is row-wise in either build.
 
 The calls mirror the cpu manifest (manifests/cpu.py) one to one where they can: the same op
 names over the same buffers (a projection is `linear`, or an f32 one where the cpu's f32
@@ -63,9 +65,10 @@ def check_shape(s: KimiShape, batch_invariant: bool = True) -> None:
     if s.kda_layers and not 1 <= s.conv <= t.MAX_CONV:
         problems.append(f"short_conv_kernel_size {s.conv}: kda_conv takes 1 to {t.MAX_CONV}")
     if s.mla_layers:
-        if s.kv_lora + s.rope > t.MAX_LATENT or (s.kv_lora + s.rope) % 8 or s.kv_lora % 32 or s.kv_lora > t.MAX_LORA:
+        # the width a multiple of 16: mla_tc.cu's k16 steps (mla.cu's 16-byte rows need 8)
+        if s.kv_lora + s.rope > t.MAX_LATENT or (s.kv_lora + s.rope) % 16 or s.kv_lora % 32 or s.kv_lora > t.MAX_LORA:
             problems.append(f"kv_lora_rank {s.kv_lora} + qk_rope_head_dim {s.rope}: the MLA kernels take a latent "
-                            f"that is a multiple of 32 up to {t.MAX_LORA} and a width that is a multiple of 8 up "
+                            f"that is a multiple of 32 up to {t.MAX_LORA} and a width that is a multiple of 16 up "
                             f"to {t.MAX_LATENT}")
         if s.nope > t.MAX_NOPE:
             problems.append(f"qk_nope_head_dim {s.nope}: mla_absorb takes at most {t.MAX_NOPE}")
@@ -92,7 +95,9 @@ def _ops(kda_form: str, batch_invariant: bool) -> dict:
     # serves the gate's and beta's projections and the wide LM head as well
     proj = {"linear_rows_f32": moe["moe_router_gemm"]} if batch_invariant else \
         {"linear": dense_table.EXTERN_OPS["gemm"], "linear_f32": dense_table.EXTERN_OPS["gemm_logits"]}
-    return {**dense, **moe, **table.ops(kda_form), **proj}
+    # MLA's attention on tensor cores in the default build; the faster build keeps the CUDA-core
+    # kernel (its manifest byte for byte) until the tensor-core one is measured on the H200
+    return {**dense, **moe, **table.ops(kda_form, "tensor" if batch_invariant else "cores"), **proj}
 
 
 class _Program:

@@ -2,7 +2,9 @@
 // prefill and decode alike attend over the cached latents themselves (one shared "kv head" of
 // kv_lora + rope channels), the query's key half mapped into latent space first (mla_absorb)
 // and the weighted latent mapped out through kv_b's value half after (mla_expand).
-// bf16 storage, fp32 math. Grids, blocks: table.py.
+// bf16 storage, fp32 math. Grids, blocks: table.py. mla_attend / mla_attend_decode are the
+// faster build's attention (CUDA cores); the default build's is mla_tc.cu's, on tensor cores,
+// between the same mla_absorb and mla_expand.
 //
 // The `kv` state, a page of page_tokens x token_bytes (the used part first):
 // [layer][token][latent (kv_lora, RMS-normed) | key part (rope)] in bf16. Kimi-Linear rotates

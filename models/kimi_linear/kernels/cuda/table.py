@@ -1,4 +1,4 @@
-"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, route.cu, linear.cu), one typed table in the
+"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, mla_tc.cu, route.cu, linear.cu), one typed table in the
 llama family's form (kern_models.llama.kernels.cuda.table: Kernel, Op). None launches under
 programmatic dependent launch: each starts when the kernel before it is done.
 
@@ -24,6 +24,13 @@ MAX_LATENT = 576     # mla.cu MLA_MAX_W (kv_lora + rope)
 MAX_LORA = 512       # mla.cu MLA_MAX_LORA
 MAX_NOPE = 256       # mla_absorb's query tile
 MLA_ROWS, MLA_HEADS = 16, 8  # mla.cu MLA_ROWS, MLA_HEADS
+# mla_tc.cu: a block a row's 16 heads a group of 4 warps, prefill 2 groups (the key tiles shared
+# by 32 heads), decode 1 (twice the blocks for a step's few rows); its dynamic shared memory
+# MLA_TC_SMEM(groups): two stages of 32 keys x (576 + 8) bf16 and a group's partial scores (8 KiB)
+MLA_TC_HEADS = {"mla_attend_tc": 32, "mla_attend_tc_decode": 16}
+MLA_TC_BN, MLA_TC_KP = 32, 576 + 8  # mla_tc.cu MLA_BN, MLA_KP
+MLA_TC_PART = 4 * (MLA_TC_BN // 8) * 4 * 32 * 4  # MLA_PART in bytes: 4 warps' C fragments of S
+MLA_TC_SMEM = {e: 2 * MLA_TC_BN * MLA_TC_KP * 2 + n // 16 * MLA_TC_PART for e, n in MLA_TC_HEADS.items()}
 
 _KDA = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
 _STATE = "state: inout state"
@@ -74,6 +81,17 @@ KERNELS: tuple[Kernel, ...] = (
                                         buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
                                         *int_params("pages_per_seq", "rows", "layer", "layers"), *_MLA),
            ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
+    # the same attention on tensor cores (mla_tc.cu), the default build's: the same parameters
+    Kernel("mla_tc", "mla_attend_tc", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
+                                       buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
+                                       *int_params("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA),
+           ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc"]]}), (8 * MLA_TC_HEADS["mla_attend_tc"],),
+           shared_mem=MLA_TC_SMEM["mla_attend_tc"]),
+    Kernel("mla_tc", "mla_attend_tc_decode", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
+                                              buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
+                                              *int_params("pages_per_seq", "rows", "layer", "layers"), *_MLA),
+           ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc_decode"]]}), (8 * MLA_TC_HEADS["mla_attend_tc_decode"],),
+           shared_mem=MLA_TC_SMEM["mla_attend_tc_decode"]),
     Kernel("mla", "mla_expand", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
                                  *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
            ({"ceil_div": ["rows", MLA_ROWS]}, "heads"), (256,)),
@@ -112,7 +130,7 @@ def _attention(attend: str) -> Op:
 OPS = {
     **{e: Op((e,)) for e in ("kda_conv", "kda_conv_decode", "kda_gate", "kda_chunked", "kda_step", "kda_out_norm",
                              "mla_append", "mla_append_decode", "kimi_route", "add", "zero")},
-    "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),
+    "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),  # ops(): mla_form's
     # the batch-invariant build's projections: decode's rows, prefill's and the wide decode's
     "linear": Op(("linear_gemv",)), "linear_rows": Op(("linear_gemm",)),
 }
@@ -123,11 +141,19 @@ OPS = {
 # cut anywhere or decoded). Either is the op kda_chunked, which kern test pairs with the cpu
 # reference's op of that name (itself either form).
 KDA_FORMS = ("chunked", "tokens")
+# MLA's attention: "tensor" (mla_tc.cu, mma.sync; the default build's) or "cores" (mla.cu's
+# mla_attend, CUDA cores; the faster build keeps it until the tensor-core one is measured on the
+# H200). Both are the ops mla_attention / mla_attention_decode, each row-wise: a prompt row gets
+# the bits the same token gets decoded in either form (not across forms).
+MLA_FORMS = {"tensor": ("mla_attend_tc", "mla_attend_tc_decode"), "cores": ("mla_attend", "mla_attend_decode")}
 
 
-def ops(kda_form: str = "chunked") -> dict:
-    """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form."""
-    table = {**OPS, "kda_chunked": Op(("kda_" + kda_form,))}
+def ops(kda_form: str = "chunked", mla_form: str = "tensor") -> dict:
+    """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form,
+    MLA's attention in mla_form."""
+    prefill, decode = MLA_FORMS[mla_form]
+    table = {**OPS, "kda_chunked": Op(("kda_" + kda_form,)),
+             "mla_attention": _attention(prefill), "mla_attention_decode": _attention(decode)}
     out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():
         for launch in op["impl"]["launches"]:
@@ -136,4 +162,4 @@ def ops(kda_form: str = "chunked") -> dict:
     return out
 
 
-__all__ = ["ARCH", "KDA_FORMS", "KERNELS", "MODULES", "TILES", "ops"]
+__all__ = ["ARCH", "KDA_FORMS", "MLA_FORMS", "KERNELS", "MODULES", "TILES", "ops"]

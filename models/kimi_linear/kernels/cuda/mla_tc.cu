@@ -1,0 +1,202 @@
+// MLA attention on tensor cores, the up-projections absorbed (as mla.cu's mla_attend, which
+// the faster build still runs): per (query row, head) the query [q_lat (kv_lora) | q_rope
+// (rope)] against the row's cached tokens' [latent | key part] rows (one kv head shared by
+// every query head) and the softmax-weighted latents out, o_lat f32 [rows, heads, kv_lora] for
+// mla_expand. Prefill (mla_attend_tc) and decode (mla_attend_tc_decode) run one device routine
+// (attend_tc) in one order, so a token prefilled and the same token decoded get the same bits,
+// whatever rows share either launch (the contract of docs/determinism.md).
+//
+// The order of one (row, head) over its keys 0 .. pos (no decode split: one chunk):
+// - q is rounded to bf16 (q_lat is f32 from mla_absorb; FlashMLA rounds it so too), the keys
+//   are the cache's bf16 rows; keys in tiles of MLA_BN from key 0;
+// - a tile's scores S = q K^T on mma.sync m16n8k16 (fp32 accumulate), the width's nk = width /
+//   16 k16 steps cut in 4 runs of kw = ceil(nk / 4) (run w: steps w kw .. , each run summed in
+//   step order from 0), S = ((run0 + run1) + run2) + run3, each add rounded;
+// - then attention_tc.cuh's softmax and P V (attn_softmax_pv): scale in log2 units, running
+//   max, exp2, l a thread's columns, P rounded to bf16 times the latents on mma;
+// - the row's l its quad's parts in attention_tc's xor order; o_lat = acc / l.
+// Every scalar op rounded explicitly (the header's and the adds here): inlining cannot change a
+// contraction. A block holds MT groups of 16 query heads of one row (the mma's 16 rows: heads
+// past `heads` repeat the last one, never stored); the mma sums a row's products depending on
+// that row alone, so which heads share a group or a block cannot change a head's bits.
+//
+// The 4 warps of a group split the work: for S, warp w the k run w (its q fragments in
+// registers, all MLA_BN keys); the 4 partial tiles meet in shared memory and every warp adds
+// them in the order above (the same bits in each); for P V, warp w the output dims 128 w ..
+// 128 w + 127 (a warp cannot hold 16 rows x 512 f32). Shared memory: two stages of one key
+// tile (the V operand is the latent half of the same rows) and the group's partial scores.
+// Grids, blocks, shared memory: table.py.
+#include "attention_tc.cuh"
+
+#define MLA_TC_MAX_W 576                      // kv_lora + rope, a multiple of 16
+#define MLA_TC_MAX_LORA 512                   // 4 warps x 128 dims
+#define MLA_BN 32                             // keys a tile
+#define MLA_KP (MLA_TC_MAX_W + 8)             // padded shared row (bf16): 1168 bytes, ldmatrix conflict-free
+#define MLA_KW 9                              // k16 steps of a warp's run, at most (576 / 16 / 4)
+#define MLA_ND 16                             // 8-dim output tiles a warp (128 dims)
+#define MLA_NT (MLA_BN / 8)                   // 8-key column tiles of S
+#define MLA_TILE (MLA_BN * MLA_KP)            // one stage (bf16 elements)
+#define MLA_PART (4 * MLA_NT * 4 * 32)        // a group's partial scores (f32): 4 warps x its C fragments
+// the dynamic shared memory of a block of MT groups (bytes): table.py MLA_TC_SMEM
+#define MLA_TC_SMEM(MT) (2 * MLA_TILE * 2 + (MT) * MLA_PART * 4)
+
+__device__ __forceinline__ const bf16 *mla_tc_row(const char *kv, int phys, int layer, int tok, int page_tokens,
+                                                  int width, int token_bytes) {
+    return reinterpret_cast<const bf16 *>(kv + (size_t)phys * page_tokens * token_bytes) +
+           ((size_t)layer * page_tokens + tok) * width;
+}
+
+// Keys kb .. kb + MLA_BN - 1 into a stage (cp.async, 16 bytes a copy): those past ctx
+// zero-filled, so P V never meets a NaN from a stale row (their P is 0).
+__device__ __forceinline__ void mla_tc_load(bf16 *dst, const char *__restrict__ kv, const int *__restrict__ table,
+                                            int kb, int ctx, int layer, int width, int page_tokens,
+                                            int token_bytes) {
+    const int n16 = width >> 3;  // 16-byte copies a row
+    for (int c = threadIdx.x; c < MLA_BN * n16; c += blockDim.x) {
+        const int tt = c / n16, ch = c % n16, t = kb + tt;
+        const bool ok = t < ctx;
+        const bf16 *src = ok ? mla_tc_row(kv, table[t / page_tokens], layer, t % page_tokens, page_tokens, width,
+                                          token_bytes) + ch * 8
+                             : reinterpret_cast<const bf16 *>(kv);
+        cp_async16_zfill(dst + tt * MLA_KP + ch * 8, src, ok ? 16 : 0);
+    }
+}
+
+// Two query channels c, c + 1 of head h of row r, rounded to bf16: q_lat's below kv_lora, the
+// rope part of q beyond (a k16 step never straddles kv_lora: it is a multiple of 16).
+__device__ __forceinline__ unsigned mla_tc_q2(const float *__restrict__ q_lat, const bf16 *__restrict__ q, int r,
+                                              int h, int c, int heads, int nope, int rope, int kv_lora) {
+    if (c < kv_lora) {
+        const float *p = q_lat + ((size_t)r * heads + h) * kv_lora + c;
+        return pack_bf2(p[0], p[1]);
+    }
+    const unsigned short *p = reinterpret_cast<const unsigned short *>(q) + (size_t)r * heads * (nope + rope) +
+                              (size_t)h * (nope + rope) + nope + (c - kv_lora);
+    return (unsigned)p[0] | ((unsigned)p[1] << 16);
+}
+
+// Row r (its context ctx = pos + 1, its sequence's page table `table`), heads h0 .. h0 + 16 MT
+// - 1, block 128 MT threads: warp 4 grp + w is group grp's warp w.
+template <int MT>
+__device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q,
+                                          const char *__restrict__ kv, const int *__restrict__ table,
+                                          float *__restrict__ o_lat, int r, int h0, int ctx, int layer, int heads,
+                                          int nope, int rope, int kv_lora, int page_tokens, int token_bytes,
+                                          unsigned char *smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp >> 2, w = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int width = kv_lora + rope, nk = width >> 4, kw = (nk + 3) >> 2, k0 = w * kw;
+    const int ha = h0 + 16 * grp + g, hb = ha + 8;  // this thread's two mma rows (heads)
+    bf16 *sK = reinterpret_cast<bf16 *>(smem);
+    float *part = reinterpret_cast<float *>(smem + 2 * MLA_TILE * 2) + grp * MLA_PART;
+
+    const int n_kt = (ctx + MLA_BN - 1) / MLA_BN;
+    mla_tc_load(sK, kv, table, 0, ctx, layer, width, page_tokens, token_bytes);
+    cp_async_commit();
+
+    // q fragments (A operand) of this warp's run of k16 steps; steps past nk stay zero
+    unsigned qf[MLA_KW][4];
+    {
+        const int ra = min(ha, heads - 1), rb = min(hb, heads - 1);
+#pragma unroll
+        for (int kc = 0; kc < MLA_KW; ++kc) {
+            const bool on = kc < kw && k0 + kc < nk;
+            const int c = (k0 + kc) * 16 + 2 * t4;
+            qf[kc][0] = on ? mla_tc_q2(q_lat, q, r, ra, c, heads, nope, rope, kv_lora) : 0u;
+            qf[kc][1] = on ? mla_tc_q2(q_lat, q, r, rb, c, heads, nope, rope, kv_lora) : 0u;
+            qf[kc][2] = on ? mla_tc_q2(q_lat, q, r, ra, c + 8, heads, nope, rope, kv_lora) : 0u;
+            qf[kc][3] = on ? mla_tc_q2(q_lat, q, r, rb, c + 8, heads, nope, rope, kv_lora) : 0u;
+        }
+    }
+    // the scale 1 / sqrt(nope + rope) (the model's, as the reference's), in log2 units
+    const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)(nope + rope))), LOG2E);
+
+    AttnRun<MLA_ND> st;
+    st.reset();
+    const int d0 = w * MLA_ND, lim = ctx - 1;
+    const bf16 *kbase0 = sK + ((lane & 7) + 8 * (lane >> 4)) * MLA_KP + 8 * ((lane >> 3) & 1);
+    for (int kt = 0; kt < n_kt; ++kt) {
+        const int stage = kt & 1, kb = kt * MLA_BN;
+        if (kt + 1 < n_kt)
+            mla_tc_load(sK + (stage ^ 1) * MLA_TILE, kv, table, kb + MLA_BN, ctx, layer, width, page_tokens,
+                        token_bytes);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        // this warp's run of the scores
+        float sc[MLA_NT][4];
+#pragma unroll
+        for (int j = 0; j < MLA_NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+        const bf16 *kbase = kbase0 + stage * MLA_TILE + 16 * k0;
+#pragma unroll
+        for (int kc = 0; kc < MLA_KW; ++kc)
+            if (kc < kw && k0 + kc < nk)
+#pragma unroll
+                for (int j = 0; j < MLA_NT; j += 2) {
+                    unsigned b[4];
+                    ldsm_x4(b, kbase + 8 * j * MLA_KP + kc * 16);
+                    mma_bf16(sc[j], qf[kc], b[0], b[1]);
+                    mma_bf16(sc[j + 1], qf[kc], b[2], b[3]);
+                }
+        // the 4 runs meet: a lane's C fragments sit at the same (row, key) in every warp
+#pragma unroll
+        for (int j = 0; j < MLA_NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[((w * MLA_NT + j) * 4 + e) * 32 + lane] = sc[j][e];
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < MLA_NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float s = part[(j * 4 + e) * 32 + lane];
+#pragma unroll
+                for (int ww = 1; ww < 4; ++ww) s = __fadd_rn(s, part[((ww * MLA_NT + j) * 4 + e) * 32 + lane]);
+                sc[j][e] = s;
+            }
+        attn_softmax_pv<MLA_BN, MLA_KP, MLA_ND>(st, sc, sK + stage * MLA_TILE, kb, lim, lim, d0, sl2);
+        __syncthreads();  // the next iteration's loads overwrite this stage and its scores this part
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int hh = h ? hb : ha;
+        if (hh >= heads) continue;
+        const float l = st.row_l(h);
+        float *orow = o_lat + ((size_t)r * heads + hh) * kv_lora + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_ND; ++d)
+            if (8 * (d0 + d) < kv_lora)
+                *reinterpret_cast<float2 *>(orow + 8 * (d0 + d)) =
+                    make_float2(__fdiv_rn(st.acc[d][2 * h], l), __fdiv_rn(st.acc[d][2 * h + 1], l));
+    }
+}
+
+// Prefill: a block a (row, 32 heads), two groups sharing the key tiles. Grid (rows,
+// ceil(heads / 32)), block 256.
+extern "C" __global__ void __launch_bounds__(256, 1)
+mla_attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
+              const int *__restrict__ page_table, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+              float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs, int layer, int layers, int heads,
+              int nope, int rope, int kv_lora, int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const int s = seq_of_row(cu_seqlens, n_seqs, r);
+    attend_tc<2>(q_lat, q, kv, page_table + (size_t)s * pages_per_seq, o_lat, r, blockIdx.y * 32, pos[r] + 1, layer,
+                 heads, nope, rope, kv_lora, page_tokens, token_bytes, mla_smem);
+}
+
+// Decode: a block a (row, 16 heads), twice prefill's blocks for the few rows of a step. Grid
+// (rows, ceil(heads / 16)), block 128.
+extern "C" __global__ void __launch_bounds__(128, 2)
+mla_attend_tc_decode(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
+                     const int *__restrict__ page_table, const int *__restrict__ pos, float *__restrict__ o_lat,
+                     int pages_per_seq, int rows, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+                     int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    attend_tc<1>(q_lat, q, kv, page_table + (size_t)r * pages_per_seq, o_lat, r, blockIdx.y * 16, pos[r] + 1, layer,
+                 heads, nope, rope, kv_lora, page_tokens, token_bytes, mla_smem);
+}

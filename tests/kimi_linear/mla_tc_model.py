@@ -1,0 +1,137 @@
+"""MLA's absorbed attention (kernels/cuda/mla_tc.cu) off the GPU: a float64 reference, a numpy
+model of the kernel's order, and a paged latent cache of random rows, shared by the CPU test of
+the model (test_mla_tc_model.py), the GPU tests (test_cuda_gpu_mla_tc.py) and the timing probe
+(bench/probes/mla_tc.py).
+
+The model follows mla_tc.cu step for step in f32: q rounded to bf16, keys in tiles of BN from
+key 0, a tile's scores the sum of 4 runs of k16 steps (((run0 + run1) + run2) + run3), the
+online softmax in log2 units (attention_tc.cuh's attn_softmax_pv), P rounded to bf16 times the
+latents, l a quad's 4 column parts added in xor order, o = acc / l. What it cannot model is
+the mma's own sum of a k16 step's 16 products (the hardware's, undocumented): it takes them in
+float64 rounded once to f32 (a k16 step) -- so it predicts the kernel within rounding, not to
+the bit. It runs any rows packed 16 to an mma tile in any order, as the kernel's groups do."""
+
+from __future__ import annotations
+
+import numpy as np
+
+BN, RUNS, K16 = 32, 4, 16  # mla_tc.cu MLA_BN, the 4 warps' runs of the scores, the mma's k
+LOG2E = np.float32(1.4426950408889634)
+BF16 = np.uint16
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """f32 -> bf16 -> f32, round to nearest even (the kernels' __float2bfloat16_rn)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    return (bf16_round(x).view(np.uint32) >> 16).astype(BF16)
+
+
+def from_bits(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def scale_log2(nope: int, rope: int) -> np.float32:
+    """The kernel's scale: (1 / sqrt(nope + rope)) * log2(e), each step rounded to f32."""
+    return np.float32(np.float32(1.0) / np.sqrt(np.float32(nope + rope))) * LOG2E
+
+
+def reference(q_abs: np.ndarray, keys: np.ndarray, kv_lora: int, nope: int, rope: int) -> np.ndarray:
+    """float64 absorbed attention of one query row of one head over its keys: q_abs [width]
+    (q_lat | q_rope), keys [ctx, width] (latent | key part); softmax(q . k / sqrt(nope + rope))
+    . latents, [kv_lora]."""
+    s = keys.astype(np.float64) @ q_abs.astype(np.float64) / np.sqrt(nope + rope)
+    p = np.exp(s - s.max())
+    return (p @ keys[:, :kv_lora].astype(np.float64)) / p.sum()
+
+
+def model_group(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nope: int, rope: int) -> np.ndarray:
+    """The kernel's order for one mma tile of 16 rows (heads) sharing one context: q_abs [16,
+    width] f32 (rounded to bf16 here, as the kernel loads it), keys [>= ctx, width] bf16 values in
+    f32. Returns o [16, kv_lora] f32."""
+    f32 = np.float32
+    width = keys.shape[1]
+    nk = width // K16
+    kw = (nk + RUNS - 1) // RUNS
+    q = bf16_round(q_abs).astype(np.float64)
+    sl2 = scale_log2(nope, rope)
+    m = np.full(16, -np.inf, f32)
+    lpart = np.zeros((16, 4), f32)  # a row's l: the 4 threads of its quad, 2 columns of each 8
+    acc = np.zeros((16, kv_lora), f32)
+    for kb in range(0, ctx, BN):
+        tile = np.zeros((BN, width), np.float64)
+        n = min(BN, ctx - kb)
+        tile[:n] = keys[kb:kb + n]
+        s = np.zeros((16, BN), f32)
+        for w in range(RUNS):  # a warp's run: its k16 steps in order, the mma's f32 accumulator
+            run = np.zeros((16, BN), f32)
+            for kc in range(w * kw, min((w + 1) * kw, nk)):
+                c = slice(kc * K16, (kc + 1) * K16)
+                run = (run + (q[:, c] @ tile[:, c].T).astype(f32)).astype(f32)
+            s = run if w == 0 else (s + run).astype(f32)
+        s = (s * sl2).astype(f32)
+        s[:, np.arange(BN) + kb >= ctx] = -np.inf
+        mn = np.maximum(m, s.max(axis=1))
+        mu = np.where(mn == -np.inf, f32(0), mn).astype(f32)
+        corr = np.exp2((m - mu).astype(f32)).astype(f32)
+        m = mn
+        lpart = (lpart * corr[:, None]).astype(f32)
+        acc = (acc * corr[:, None]).astype(f32)
+        p = np.exp2((s - mu[:, None]).astype(f32)).astype(f32)
+        # a thread's columns: 8 j + 2 t4 + {0, 1} for j = 0 .. BN / 8 - 1, added j by j, e by e
+        for j in range(BN // 8):
+            for e in range(2):
+                lpart = (lpart + p[:, 8 * j + 2 * np.arange(4) + e]).astype(f32)
+        pb = bf16_round(p).astype(np.float64)
+        for kk in range(BN // 16):  # P V in k16 steps of 16 keys
+            c = slice(16 * kk, 16 * kk + 16)
+            acc = (acc + (pb[:, c] @ tile[c, :kv_lora]).astype(f32)).astype(f32)
+    l = (lpart[:, 0] + lpart[:, 1]).astype(f32)
+    l2 = (lpart[:, 2] + lpart[:, 3]).astype(f32)
+    l = (l + l2).astype(f32)  # the xor order: (t0 + t1) + (t2 + t3)
+    return (acc / l[:, None]).astype(f32)
+
+
+def model_rows(q_abs: np.ndarray, keys_of, ctxs: np.ndarray, kv_lora: int, nope: int, rope: int,
+               order: np.ndarray | None = None) -> np.ndarray:
+    """Rows of (position, head) pairs, q_abs [n, width], packed 16 to a tile in `order` (a
+    permutation of the rows; rows of one tile must share a context: the kernel packs heads of one
+    position), the last tile padded by repeating its last row. keys_of(i): row i's keys."""
+    n = len(q_abs)
+    order = np.arange(n) if order is None else order
+    out = np.empty((n, kv_lora), np.float32)
+    for t0 in range(0, n, 16):
+        idx = order[t0:t0 + 16]
+        pad = np.concatenate([idx, np.repeat(idx[-1:], 16 - len(idx))])
+        assert len(set(ctxs[pad])) == 1, "a tile's rows share one context"
+        o = model_group(q_abs[pad], keys_of(idx[0]), int(ctxs[idx[0]]), kv_lora, nope, rope)
+        out[idx] = o[:len(idx)]
+    return out
+
+
+class Cache:
+    """A paged MLA cache of random bf16 rows: n_pages pages of page_tokens tokens, LAYERS layers,
+    [layer][token][latent | key part] a page (mla.cu's mla_row); sequence s's pages table[s]
+    (shuffled). tokens(s, layer, n): its first n cached rows as f32."""
+
+    def __init__(self, rng, lengths, kv_lora: int, rope: int, page_tokens: int = 16, layers: int = 2):
+        self.kv_lora, self.rope, self.width = kv_lora, rope, kv_lora + rope
+        self.page_tokens, self.layers = page_tokens, layers
+        self.token_bytes = 1 << (layers * self.width * 2 - 1).bit_length()
+        self.pages_per_seq = max(-(-n // page_tokens) for n in lengths)
+        n_pages = len(lengths) * self.pages_per_seq
+        self.bits = bf16_bits(rng.standard_normal(n_pages * page_tokens * self.token_bytes // 2).astype(np.float32))
+        self.table = rng.permutation(n_pages).astype(np.int32).reshape(len(lengths), self.pages_per_seq)
+
+    def tokens(self, s: int, layer: int, n: int) -> np.ndarray:
+        out = np.empty((n, self.width), np.float32)
+        per_page = self.page_tokens * self.token_bytes // 2
+        for t in range(n):
+            base = int(self.table[s, t // self.page_tokens]) * per_page
+            row = base + (layer * self.page_tokens + t % self.page_tokens) * self.width
+            out[t] = from_bits(self.bits[row:row + self.width])
+        return out

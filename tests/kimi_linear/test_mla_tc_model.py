@@ -1,0 +1,71 @@
+"""The numpy model of mla_tc.cu's order (mla_tc_model.py), on the CPU: it matches float64 absorbed
+attention within bf16's rounding at the real width and at the tiny models' (where a warp's run
+of the scores is short or empty and a tile is partly past the context), and a row's result does
+not depend on which rows share its mma tile or where in the tile it sits (the kernel's packing
+freedom, prefill's groups against decode's). The bits on the H200 are the GPU tests' to check
+(test_cuda_gpu_mla_tc.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mla_tc_model as M  # noqa: E402
+
+
+def _case(kv_lora, rope, nope, heads, ctx, seed):
+    rng = np.random.default_rng(seed)
+    width = kv_lora + rope
+    keys = M.from_bits(M.bf16_bits(rng.standard_normal((ctx, width)).astype(np.float32)))
+    q = (rng.standard_normal((heads, width)) * 0.6).astype(np.float32)
+    return keys, q
+
+
+# (kv_lora, rope, nope): the real model's, the small and tiny random checkpoints'
+@pytest.mark.parametrize("kv_lora,rope,nope", [(512, 64, 128), (128, 32, 32), (32, 16, 16)])
+@pytest.mark.parametrize("ctx", [1, 31, 33, 100])
+def test_the_model_matches_float64_attention_within_bf16_rounding(kv_lora, rope, nope, ctx):
+    keys, q = _case(kv_lora, rope, nope, 16, ctx, kv_lora + ctx)
+    got = M.model_group(q, keys, ctx, kv_lora, nope, rope)
+    for h in range(16):
+        want = M.reference(M.bf16_round(q[h]), keys[:ctx], kv_lora, nope, rope)
+        err = np.abs(got[h] - want)
+        assert err.max() < 1e-2 * max(1.0, np.abs(want).max()), (h, err.max())
+        # against the unrounded query too: what rounding q_lat to bf16 costs
+        assert np.abs(got[h] - M.reference(q[h], keys[:ctx], kv_lora, nope, rope)).max() < 3e-2
+
+
+def test_a_row_gets_the_same_bits_however_rows_are_packed():
+    """20 heads of one position: as decode packs them (heads 0-15, 16-19 + padding) and
+    shuffled (any packing a prefill block might use), each head's result to the bit."""
+    kv_lora, rope, nope, ctx = 128, 32, 32, 45
+    keys, q = _case(kv_lora, rope, nope, 20, ctx, 7)
+    ctxs = np.full(20, ctx)
+    plain = M.model_rows(q, lambda i: keys, ctxs, kv_lora, nope, rope)
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(20)
+        assert np.array_equal(M.model_rows(q, lambda i: keys, ctxs, kv_lora, nope, rope, order), plain)
+
+
+def test_keys_past_the_context_do_not_reach_a_row():
+    """The kernel walks whole tiles: what lies past a row's context (stale cache rows, here huge)
+    must not change its bits."""
+    kv_lora, rope, nope, ctx = 32, 16, 16, 40
+    keys, q = _case(kv_lora, rope, nope, 16, 64, 3)
+    want = M.model_group(q, keys, ctx, kv_lora, nope, rope)
+    keys[ctx:] = 1e30
+    assert np.array_equal(M.model_group(q, keys, ctx, kv_lora, nope, rope), want)
+
+
+def test_the_cache_reads_the_pages_mla_row_addresses():
+    rng = np.random.default_rng(0)
+    c = M.Cache(rng, [40, 17], 32, 16)
+    per_page = c.page_tokens * c.token_bytes // 2
+    s, t, layer = 1, 16, 1  # the first token of the sequence's second page
+    row = int(c.table[s, 1]) * per_page + (layer * c.page_tokens + 0) * c.width
+    assert np.array_equal(c.tokens(s, layer, 17)[t], M.from_bits(c.bits[row:row + c.width]))
