@@ -39,7 +39,7 @@ if [ "${CLEAN:-0}" = 1 ]; then
   # the clean venv's own, which therefore wins where both hold a package).
   python3 -m venv /tmp/cvenv && python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
     > /tmp/cvenv/lib/python3.12/site-packages/image.pth && $PY -m pip install -q --no-index \
-    --find-links /tmp/vwh --find-links .whl '.[vllm]' > $OUT/clean_install.log 2>&1 \
+    --find-links /tmp/vwh --find-links .whl $([ -d .whl17 ] && echo --find-links .whl17) '.[vllm]' > $OUT/clean_install.log 2>&1 \
     && $PY -c "from importlib.metadata import entry_points; print(entry_points(group='vllm.general_plugins'))" \
       >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; tail -5 $OUT/clean_install.log; PY=python3; }
   PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
@@ -63,15 +63,17 @@ if [ "${LOGITS:-0}" = 1 ]; then
   PYTHONPATH=/tmp/vsite:$PYTHONPATH timeout ${LOGITS_S:-300} python3 bench/vllm_logits.py --ckpt $CKPT --manifest $MANIFEST \
     --out $OUT/vllm_logits.json --context $MAXLEN > $OUT/vllm_logits.txt 2>&1; tail -6 $OUT/vllm_logits.txt | cut -c1-400
 fi
-for peer in vllm_kern vllm; do
-  extra=""; [ $peer = vllm_kern ] && extra='--hf-overrides {"architectures":["KernForCausalLM"]}'
-  T0=$(date +%s.%N)
-  KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server \
-    --model $CKPT --port 8102 --max-model-len $MAXLEN $extra > $OUT/${peer}_serve.log 2>&1 &
-  PID=$!
-  served $peer http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID $T0 $OUT $OUT/${peer}_serve.log
-  stop $PID
-done
+if [ "${MEASURE:-1}" = 1 ]; then  # MEASURE=0: the checks alone (CLEAN, LOGITS, TRACE), no serve curves
+  for peer in vllm_kern vllm; do
+    extra=""; [ $peer = vllm_kern ] && extra='--hf-overrides {"architectures":["KernForCausalLM"]}'
+    T0=$(date +%s.%N)
+    KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 python3 -m vllm.entrypoints.openai.api_server \
+      --model $CKPT --port 8102 --max-model-len $MAXLEN $extra > $OUT/${peer}_serve.log 2>&1 &
+    PID=$!
+    served $peer http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID $T0 $OUT $OUT/${peer}_serve.log
+    stop $PID
+  done
+fi
 # TRACE=1: where vLLM's steps spend kern's time. vLLM with the plugin once more, eager (its decode
 # graphs replay without calling the model, so a trace of a graphed vLLM misses them), KERN_TRACE
 # recording every call it fed kern at 32 streams; then `kern bench` of that trace (docs/vllm.md).
@@ -89,6 +91,7 @@ if [ "${TRACE:-0}" = 1 ]; then
   timeout ${TRACE_BENCH_S:-120} kern bench $MANIFEST --workload $OUT/vllm_steps.trace --weights $CKPT \
     --json $OUT/vllm_steps_bench.json > $OUT/vllm_steps_bench.txt 2>&1
   head -40 $OUT/vllm_steps_bench.txt
+  (cd $OUT && tar czf trace.tgz vllm_steps.trace vllm_steps_bench.* vllm_trace_*.log && rm -f vllm_steps.trace vllm_steps_bench.* vllm_trace_*.log)  # a call returns 8 files
 fi
 python3 - "$OUT" <<'PY'
 import json, sys
