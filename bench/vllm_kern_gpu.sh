@@ -37,11 +37,19 @@ if [ "${CLEAN:-0}" = 1 ]; then
   # The image's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would reach the
   # interpreter's base, not its torch and numpy, so the image's site-packages go in by a .pth (after
   # the clean venv's own, which therefore wins where both hold a package).
+  # The user the issue names is a team already running vLLM: their environment holds vLLM, and
+  # `pip install '.[vllm]'` resolves kern's own requirements beside it. So vLLM goes into the clean
+  # venv first as this image can hold it offline (its wheels without their dependency closure,
+  # --no-deps: the closure of vLLM 0.26 over this image is ~100 more wheels, cutlass-dsl and
+  # tilelang among them), then the clone is installed with pip resolving as a user's would.
+  # vLLM 0.26 declares llguidance >=1.7,<1.8: .whl17 carries 1.7.6 in place of the peer set's 1.6.1.
   python3 -m venv /tmp/cvenv && python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
-    > /tmp/cvenv/lib/python3.12/site-packages/image.pth && $PY -m pip install -q --no-index \
-    --find-links /tmp/vwh --find-links .whl $([ -d .whl17 ] && echo --find-links .whl17) '.[vllm]' > $OUT/clean_install.log 2>&1 \
-    && $PY -c "from importlib.metadata import entry_points; print(entry_points(group='vllm.general_plugins'))" \
-      >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; tail -5 $OUT/clean_install.log; PY=python3; }
+    > /tmp/cvenv/lib/python3.12/site-packages/image.pth \
+    && $PY -m pip install -q --no-index --no-deps $(ls /tmp/vwh/*.whl | grep -v /llguidance-) .whl17/llguidance-*.whl \
+      > $OUT/clean_install.log 2>&1 \
+    && $PY -m pip install -q --no-index --find-links .whl --find-links .whl17 '.[vllm]' >> $OUT/clean_install.log 2>&1 \
+    && $PY -c "from importlib.metadata import entry_points, version; print(entry_points(group='vllm.general_plugins'), version('kern-engine'), version('vllm'))" \
+      >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; grep -v WARNING $OUT/clean_install.log | tail -5; PY=python3; }
   PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
     -p no:cacheprovider -rfEs tests/hosts/test_vllm_gpu.py > $OUT/vllm_gpu_test.txt 2>&1; tail -3 $OUT/vllm_gpu_test.txt
 fi
