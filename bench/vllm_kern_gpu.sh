@@ -18,6 +18,10 @@
 # image's site-packages (torch, cuda-bindings) from the wheel folders alone, and runs
 # tests/hosts/test_vllm_gpu.py with that venv's python (vllm serve with the plugin against kern
 # serve, text for text: clean_install.log, vllm_gpu_test.txt).
+# CLEAN=1 needs, beside the peer set, the wheels of vLLM's requirements the image lacks (pip
+# re-checks an installed vLLM's requirements): `python3 bench/vllm_deps.py --freeze
+# image_freeze.txt --peer-wheels DIR` here makes them and their parts vd1..vdN (image_freeze.txt
+# is what any CLEAN=1 call writes to $OUT); join them on the device in /tmp/vd first.
 : "${OUT:?set OUT, the folder whose files come back from the device call}"
 . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree (its entry points)
 CKPT=/tmp/vllm-ckpt
@@ -33,6 +37,7 @@ timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; ma
 python3 bench/serve.py --prepare $CKPT
 . bench/servers.sh  # up, stop, served
 if [ "${CLEAN:-0}" = 1 ]; then
+  python3 -m pip list --format=freeze > $OUT/image_freeze.txt 2> /dev/null  # bench/vllm_deps.py --freeze
   PY=/tmp/cvenv/bin/python  # the clean install's; if it cannot be made, the image's python over the peer wheels
   # The image's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would reach the
   # interpreter's base, not its torch and numpy, so the image's site-packages go in by a .pth (after
@@ -40,14 +45,18 @@ if [ "${CLEAN:-0}" = 1 ]; then
   # The user the issue names is a team already running vLLM: their environment holds vLLM, and
   # `pip install '.[vllm]'` resolves kern's own requirements beside it. So vLLM goes into the clean
   # venv first as this image can hold it offline (its wheels without their dependency closure,
-  # --no-deps: the closure of vLLM 0.26 over this image is ~100 more wheels, cutlass-dsl and
-  # tilelang among them), then the clone is installed with pip resolving as a user's would.
-  # vLLM 0.26 declares llguidance >=1.7,<1.8: .whl17 carries 1.7.6 in place of the peer set's 1.6.1.
+  # --no-deps: the rest of vLLM 0.26's closure over this image is some 44 wheels, ~530 MB,
+  # cutlass-dsl and tilelang among them), then the clone is installed with pip resolving as a user's would.
+  # pip re-checks the installed vLLM's own requirements: the wheels of those the image lacks or holds
+  # at a version vLLM refuses come from bench/vllm_deps.py (its parts vdN joined in /tmp/vd
+  # beforehand, as the peer set's in /tmp/vw); among them llguidance 1.7 (vLLM 0.26 declares
+  # >=1.7,<1.8; the peer set's 1.6.1 is left out) and setuptools < 81.
   python3 -m venv /tmp/cvenv && python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
     > /tmp/cvenv/lib/python3.12/site-packages/image.pth \
-    && $PY -m pip install -q --no-index --no-deps $(ls /tmp/vwh/*.whl | grep -v /llguidance-) .whl17/llguidance-*.whl \
+    && $PY -m pip install -q --no-index --no-deps $(ls /tmp/vwh/*.whl | grep -v /llguidance-) \
       > $OUT/clean_install.log 2>&1 \
-    && $PY -m pip install -q --no-index --find-links .whl --find-links .whl17 '.[vllm]' >> $OUT/clean_install.log 2>&1 \
+    && { [ ! -d /tmp/vd ] || { mkdir -p /tmp/vdw && cat /tmp/vd/p_* | tar xf - -C /tmp/vdw; }; } \
+    && $PY -m pip install -q --no-index --find-links .whl --find-links /tmp/vdw '.[vllm]' >> $OUT/clean_install.log 2>&1 \
     && $PY -c "from importlib.metadata import entry_points, version; print(entry_points(group='vllm.general_plugins'), version('kern-engine'), version('vllm'))" \
       >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; grep -v WARNING $OUT/clean_install.log | tail -5; PY=python3; }
   PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
