@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import check_batch_invariant, refuse
+from kern_models.common.generator import FamilyGenerator
 
 from .config import ARCHITECTURES, ConfigError, shape_of
 from .kernels.cuda import CUBINS
@@ -64,18 +65,10 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                             tensor_parallel.add_module)
 
 
-class _Generator:
-    """What the engine finds through the kern.generators entry point."""
-
+class _Generator(FamilyGenerator):
     name = "llama"
     architectures = ARCHITECTURES
-
-    def accepts(self, config: dict) -> bool:
-        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
-
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, tp: int = 1, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, tp=tp, **limits)
+    generate = staticmethod(generate)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
         """A module this generator writes, rebuilt from its source (kern kernels --rebuild), or

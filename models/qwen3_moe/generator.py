@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import ConfigError, check_batch_invariant, refuse
+from kern_models.common.generator import FamilyGenerator
 from kern_models.llama.generator import CPU_KERNELS as DENSE_CPU_KERNELS, GENERATOR as DENSE
 from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
 from kern_models.llama.kernels.cuda.table import ARCH
@@ -59,18 +60,10 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                             expert_parallel.add_module)
 
 
-class _Generator:
-    """What the engine finds through the kern.generators entry point."""
-
+class _Generator(FamilyGenerator):
     name = "qwen3_moe"
     architectures = ARCHITECTURES
-
-    def accepts(self, config: dict) -> bool:
-        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
-
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, **limits)
+    generate = staticmethod(generate)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
         """A module this generator writes, rebuilt from its source (kern kernels --rebuild); the
