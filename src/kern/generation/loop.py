@@ -27,7 +27,7 @@ from .detok import TextStream
 from .keys import HostDraw, draw_key, seed_of
 from .limits import Limits
 from .outputs import Delta, LoopStats, TokenLogprob
-from .params import SamplingParams
+from .params import SamplingParams, context_room
 from .runner import Feed, Runner, Units
 from .sampling import logprobs_of, sample
 from .scheduler import StepPlan, Scheduler
@@ -150,12 +150,7 @@ class Loop:
         lo, hi = self._token_domain
         if not all(isinstance(t, int) and lo <= t < hi for t in prompt_ids):
             raise BoundsError(f"request {request_id!r}: prompt token ids must be integers in [{lo}, {hi})")
-        if len(prompt_ids) + 1 > self.context:
-            raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
-                              f"context of {self.context} positions (the prompt plus one generated token)")
-        if params.max_tokens > (room := self.context - len(prompt_ids)):  # refused, never clipped (HTTP's 400)
-            raise BoundsError(f"request {request_id!r}: max_tokens is {params.max_tokens}, but the prompt's {len(prompt_ids)} "
-                              f"tokens leave room for at most {room} in the context of {self.context} positions")
+        context_room(len(prompt_ids), self.context, params.max_tokens, f"request {request_id!r}: ")
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
@@ -341,7 +336,7 @@ class Loop:
                 text += s.text.push(t)
             if s.text.stopped or special:
                 return i + 1, text, "stop"
-            if len(s.out) >= s.max_tokens:
+            if s.left <= 0:
                 return i + 1, text, "length"
         return len(new), text, None
 
