@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=300, help="the request's prompt tokens (others: 20-400)")
     ap.add_argument("--beside", default="7,63", help="how many other requests share its steps, a run each")
-    ap.add_argument("--no-batch-invariance", dest="invariant", action="store_false",
+    ap.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",
                     help="the faster cuda build (prefill and the wide decode through cuBLASLt)")
     args = ap.parse_args()
 
@@ -64,7 +64,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     ckpt = make(args.shape, tmp / "ckpt", device=args.target)
     man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target=args.target,
-                   model=args.shape, context=2048, **({} if args.invariant else {"invariant": False}))
+                   model=args.shape, context=2048, batch_invariant=args.batch_invariant)
     model = Model(man, ckpt, state_budget=4 << 30 if args.target == "cuda" else 1 << 30)
     loop = model.loop
     vocab = model.engine.consts["vocab"]
@@ -72,7 +72,7 @@ def main() -> None:
     prompt = rng.integers(0, vocab, args.prompt).tolist()
     beside = [int(n) for n in args.beside.split(",")]
     others = [rng.integers(0, vocab, int(rng.integers(20, 400))).tolist() for _ in range(max(beside))]
-    out: dict = {"target": args.target, "shape": args.shape, "batch_invariant": args.invariant}
+    out: dict = {"target": args.target, "shape": args.shape, "batch_invariant": args.batch_invariant}
     base = loop.limits
     for mode, params in (("logprobs", SamplingParams(max_tokens=args.new, ignore_eos=True, logprobs=1)),
                          ("device_argmax", SamplingParams(max_tokens=args.new, ignore_eos=True))):

@@ -19,13 +19,13 @@ from .manifests import cpu as manifest_cpu, cuda as manifest_cuda
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, batch_invariant: bool = True, **limits) -> Path:
+             context: int | None = None, tp: int = 1, ep: int = 1, batch_invariant: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path."""
     shape = shape_of(config)
     # the cpu build is batch-invariant, its only one; sm_90a has the faster one too (docs/determinism.md)
     check_batch_invariant(batch_invariant, "kimi_linear", target, has_faster=target != "cpu")
-    for split in ("tp", "ep"):
-        if (n := limits.pop(split, 1)) != 1:
+    for split, n in (("tp", tp), ("ep", ep)):
+        if n != 1:
             raise refuse("kimi_linear", split, n, "runs on one device: it has no split build")
     if target not in ("cpu", "cuda", ARCH):
         raise ConfigError(f"target {target!r}: this generator builds cpu and cuda ({ARCH})")

@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import check_batch_invariant, refuse
+from kern_models.common.generator import FamilyGenerator
 
 from .config import ARCHITECTURES, ConfigError, shape_of
 from .kernels.cuda import CUBINS
@@ -19,8 +20,8 @@ CPU_KERNELS = Path(__file__).resolve().parent / "kernels" / "cpu" / "kernels.py"
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, tp: int = 1, tp_pdl: bool = True, batch_invariant: bool = True,
-             **limits) -> Path:
+             context: int | None = None, tp: int = 1, ep: int = 1, batch_invariant: bool = True,
+             tp_pdl: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     tp > 1: one manifest a rank of a tensor-parallel split (manifests/tp.py), rank0.json ...
     beside the kernels; the path returned is rank 0's. tp_pdl: the split decode's projections
@@ -30,7 +31,7 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
     context: the longest sequence the deployment serves (default: the model's
     max_position_embeddings, clipped to what the kernels support)."""
     shape = shape_of(config)
-    if (ep := limits.pop("ep", 1)) != 1:
+    if ep != 1:
         raise refuse("llama", "ep", ep, f"({shape.arch}) has no experts to split (expert parallel is for mixtures "
                      "of experts)")
     model = model or config.get("_name_or_path") or shape.arch
@@ -50,8 +51,8 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
             # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
             # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
             # (the split keeps the cuBLASLt programs too: the invariant build is single-device for now)
-            split = {"seqs": manifest_cuda.DECODE_SEQS, "batch_invariant": False} if tp != 1 else {}
-            m = manifest_cuda.build(shape, model, context=context, **{"batch_invariant": batch_invariant, **split, **limits})
+            sizes = {"seqs": manifest_cuda.DECODE_SEQS, **limits} if tp != 1 else limits
+            m = manifest_cuda.build(shape, model, context=context, batch_invariant=batch_invariant and tp == 1, **sizes)
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]
@@ -64,18 +65,10 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                             tensor_parallel.add_module)
 
 
-class _Generator:
-    """What the engine finds through the kern.generators entry point."""
-
+class _Generator(FamilyGenerator):
     name = "llama"
     architectures = ARCHITECTURES
-
-    def accepts(self, config: dict) -> bool:
-        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
-
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, tp: int = 1, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, tp=tp, **limits)
+    generate = staticmethod(generate)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
         """A module this generator writes, rebuilt from its source (kern kernels --rebuild), or

@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from kern_models.common import deployment
 from kern_models.common.cubins import sha256_of
 from kern_models.common.errors import ConfigError, check_batch_invariant, refuse
+from kern_models.common.generator import FamilyGenerator
 from kern_models.llama.generator import CPU_KERNELS as DENSE_CPU_KERNELS, GENERATOR as DENSE
 from kern_models.llama.kernels.cuda import CUBINS as DENSE_CUBINS
 from kern_models.llama.kernels.cuda.table import ARCH
@@ -26,14 +27,14 @@ CPU_MODULES = {"kernels": ("llama_cpu.py", DENSE_CPU_KERNELS),
 
 
 def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: str | None = None,
-             context: int | None = None, ep: int = 1, batch_invariant: bool = True, **limits) -> Path:
+             context: int | None = None, tp: int = 1, ep: int = 1, batch_invariant: bool = True, **limits) -> Path:
     """Write manifest.json and kernels/ for this config into out_dir; return the manifest path.
     ep > 1: one manifest a rank of an expert-parallel split (manifests/ep.py), rank0.json ...
     beside the kernels; the path returned is rank 0's."""
     shape = shape_of(config)
     # sm_90a: the batch-invariant build (the default) or the faster one; the cpu's is invariant, its only one
     batch_invariant = check_batch_invariant(batch_invariant, "qwen3_moe", target, has_faster=target != "cpu")
-    if (tp := limits.pop("tp", 1)) != 1:
+    if tp != 1:
         raise refuse("qwen3_moe", "tp", tp, "splits its experts (--ep), not its heads: there is no tensor-parallel "
                      "build of a mixture of experts")
     model = model or config.get("_name_or_path") or shape.dense.arch
@@ -59,18 +60,10 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
                             expert_parallel.add_module)
 
 
-class _Generator:
-    """What the engine finds through the kern.generators entry point."""
-
+class _Generator(FamilyGenerator):
     name = "qwen3_moe"
     architectures = ARCHITECTURES
-
-    def accepts(self, config: dict) -> bool:
-        return any(a in ARCHITECTURES for a in config.get("architectures") or [])
-
-    def generate(self, config: dict, out_dir, *, target: str = "cpu", model: str | None = None,
-                 context: int | None = None, **limits) -> Path:
-        return generate(config, out_dir, target=target, model=model, context=context, **limits)
+    generate = staticmethod(generate)
 
     def rebuild(self, source: str, target: str) -> bytes | None:
         """A module this generator writes, rebuilt from its source (kern kernels --rebuild); the

@@ -90,7 +90,7 @@ def _clean_abandoned(root: Path) -> None:
             shutil.rmtree(build, ignore_errors=True)
 
 
-def _build(gen, config: dict, root: Path, final: Path, target: str, model: str, limits: dict) -> Path:
+def _build(gen, config: dict, root: Path, final: Path, target: str, model: str, options: dict) -> Path:
     """Generate into a fresh .build-* folder and rename it to `final`; when another process
     finished first, keep its folder and drop ours."""
     root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +98,7 @@ def _build(gen, config: dict, root: Path, final: Path, target: str, model: str, 
     host = socket.gethostname().replace("-", "_")
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{host}-{os.getpid()}-"))
     try:
-        manifest = gen.generate(config, tmp, target=target, model=model, **limits)
+        manifest = gen.generate(config, tmp, target=target, model=model, **options)
         rel = Path(manifest).relative_to(tmp)
         try:
             os.rename(tmp, final)
@@ -129,7 +129,6 @@ def deployment_for(checkpoint: Path, target: str, context: int | None = None, tp
     (its `batch_invariant=False`); a generator whose only build for the target is batch-invariant (every
     cpu build) refuses it in one line naming its family, as it refuses any option it cannot honour."""
     split = {k: n for k, n in (("tp", tp), ("ep", ep)) if n != 1}
-    options = {} if batch_invariant else {"batch_invariant": False}
     if (checkpoint / "manifest.json").is_file():
         if split:
             flags = " ".join(f"--{k} {n}" for k, n in split.items())
@@ -142,11 +141,11 @@ def deployment_for(checkpoint: Path, target: str, context: int | None = None, tp
     if not cfg_path.exists():
         raise KernError(f"{checkpoint}: neither manifest.json nor config.json; give a deployment or checkpoint folder")
     config = read_object(cfg_path)
-    for ep in _entry_points("kern.generators"):
-        gen = ep.load()
+    options = {"context": context, "tp": tp, "ep": ep, "batch_invariant": batch_invariant}
+    for entry in _entry_points("kern.generators"):
+        gen = entry.load()
         if gen.accepts(config):
-            limits = {**({} if context is None else {"context": context}), **split, **options}
-            key = hashlib.sha256(json.dumps([config, target, ep.value, _source_digest(ep.module), limits],
+            key = hashlib.sha256(json.dumps([config, target, entry.value, _source_digest(entry.module), options],
                                             sort_keys=True).encode()).hexdigest()[:16]
             root = cache_dir() / "deployments"
             final = root / f"{checkpoint.name}-{target}-{key}"
@@ -156,8 +155,8 @@ def deployment_for(checkpoint: Path, target: str, context: int | None = None, tp
             model = config.get("_name_or_path") or checkpoint.name
             try:
                 return _build(gen, config, root, final, target, model if isinstance(model, str) else checkpoint.name,
-                              limits)
+                              options)
             except (ValueError, RuntimeError, OSError) as exc:  # the generator says why it cannot build
-                raise KernError(f"{cfg_path}: generator {ep.name!r} cannot build a {target} deployment: {exc}") from None
+                raise KernError(f"{cfg_path}: generator {entry.name!r} cannot build a {target} deployment: {exc}") from None
     archs = config.get("architectures")
     raise KernError(f"{cfg_path}: no installed generator builds architectures {archs}")

@@ -26,9 +26,9 @@ from .manifest.protocol import derive
 from .manifest.schema import Add, BufArg
 from .manifest.verify import Verified
 from .deployments import deployment_for
+from .errors import BoundsError, KernError
+from .generation.params import context_room
 from .runtime.engine import Engine
-from .errors import KernError
-from .errors import BoundsError
 
 TARGET = "mega"  # the generator target of the one-kernel deployment
 
@@ -123,10 +123,7 @@ class MegaModel:
         state: sequence i in pages of sequence i)."""
         if not prompts or any(len(p) < 1 for p in prompts):
             raise BoundsError("generate: every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
-        if start + longest + max_tokens > self.context:
-            raise BoundsError(f"generate: {start} + {longest} prompt + {max_tokens} new tokens pass the context "
-                              f"{self.context}")
+        context_room(start + max(len(p) for p in prompts), self.context, max_tokens, "generate: ")
         g = self.gen
         ids = np.concatenate([np.asarray(p, np.int32) for p in prompts])
         inputs = {g.token: ids,

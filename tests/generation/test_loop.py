@@ -160,7 +160,7 @@ def test_a_request_past_the_context_is_refused_not_clipped(tiny_llama):
     loop = make_loop(tiny_llama)
     ctx = loop.context
     with pytest.raises(BoundsError, match=f"max_tokens is 6, but the prompt's {ctx - 5} tokens leave room "
-                                          f"for at most 5 in the context of {ctx} positions"):
+                                          f"for at most 5 in this model's context of {ctx} positions"):
         loop.add("over", [5] * (ctx - 5), SamplingParams(max_tokens=6))
     assert not loop.has_work()
     loop.add("fits", [5] * (ctx - 5), SamplingParams(max_tokens=5))
@@ -300,7 +300,7 @@ def test_a_parked_checkpoint_wakes_with_the_same_tokens(tiny_llama, alone):
 
 BAD_REQUESTS = [
     ("empty prompt", [], GREEDY, "empty prompt"),
-    ("beyond the context", [1] * 512, GREEDY, "does not fit the context of 512 positions"),
+    ("beyond the context", [1] * 512, GREEDY, "the prompt is 512 tokens; this model's context is 512 positions"),
     ("outside the vocabulary", [1, 999], GREEDY, r"prompt token ids must be integers in \[0, 256\)"),
     ("bad params", [1], SamplingParams(top_p=2), r"top_p must be in \(0, 1\]"),
 ]

@@ -100,7 +100,8 @@ def test_decode_step_runs_the_one_row_decode_program(model):
 
 @pytest.mark.parametrize("call, says", [
     (lambda m: m.generate_batch([[1]] * 4, 2), "4 sequences at 64 positions each: the state holds 3"),
-    (lambda m: m.generate([1] * 60, 8), "generate: 0 + 60 prompt + 8 new tokens pass the context 64"),
+    (lambda m: m.generate([1] * 60, 8), "generate: max_tokens is 8, but the prompt's 60 tokens leave room for at "
+     "most 4 in this model's context of 64 positions"),
     (lambda m: m.generate_batch([[1], []], 2), "generate: every prompt needs at least one token"),
     (lambda m: m.decode_step(1, 64), "decode_step: position 64 is outside the context [0, 64)"),
     (lambda m: m.generate([300], 2), "input 'g_ids' holds values in [300, 300], outside its domain [0, 256)"),

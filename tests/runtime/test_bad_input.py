@@ -61,7 +61,7 @@ def model(tiny):
 
 def test_prompt_longer_than_the_context_bound(model):
     bound = model.engine.m.vars["context"].max
-    with pytest.raises(BoundsError, match=f"does not fit the context of {bound} positions"):
+    with pytest.raises(BoundsError, match=f"this model's context is {bound} positions"):
         model.generate(list(range(10)) * (bound // 10 + 1), max_tokens=4)
 
 

@@ -71,9 +71,9 @@ def test_without_host_memory_the_first_conversations_are_recomputed(checkpoint):
 def test_host_memory_sizes_and_none():
     from kern.cli import parser
 
-    assert parser().parse_args(["serve"]).host_memory is None  # the default: sized to the machine at load
-    assert parser().parse_args(["serve", "--host-memory", "4G"]).host_memory == 4 << 30
-    assert parser().parse_args(["serve", "--host-memory", "0"]).host_memory == 0
+    assert parser().parse_args(["serve"]).host_bytes is None  # the default: sized to the machine at load
+    assert parser().parse_args(["serve", "--host-memory", "4G"]).host_bytes == 4 << 30
+    assert parser().parse_args(["serve", "--host-memory", "0"]).host_bytes == 0
 
 
 def test_host_memory_on_a_split_deployment_is_refused_in_one_line():

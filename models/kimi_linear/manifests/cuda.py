@@ -102,18 +102,18 @@ def _ops(kda_form: str, batch_invariant: bool) -> dict:
 
 class _Program:
     """One program's calls: p the buffer prefix, rows the var counting its rows, seqs the one
-    counting its sequences, kind prefill / decode / wide; invariant: the batch-invariant build."""
+    counting its sequences, kind prefill / decode / wide; batch_invariant: which build."""
 
     def __init__(self, s: KimiShape, p: str, rows: str, seqs: str, kind: str, buffers: dict, kda_form: str,
-                 invariant: bool):
+                 batch_invariant: bool):
         self.s, self.p, self.rows, self.seqs, self.kind, self.buffers = s, p, rows, seqs, kind, buffers
-        self.kda_form, self.invariant = kda_form, invariant
+        self.kda_form, self.batch_invariant = kda_form, batch_invariant
         self.decode = kind != "prefill"
 
     def proj(self, f32: bool) -> str:
         """A projection's op: cuBLASLt in the faster build; in the invariant one the gemv for
         decode's rows, its wgmma twin for prefill's and the wide decode's (the same bits a row)."""
-        if not self.invariant:
+        if not self.batch_invariant:
             return "linear_f32" if f32 else "linear"
         if self.kind == "decode":
             return "gemv_logits" if f32 else "linear"
@@ -212,7 +212,7 @@ class _Program:
         shared.append(self.lin("shared_act", f"shared_down.{l}", "shared_out", "hidden", "shared_inter"))
         self.ws("shared_out", [R, "hidden"])
         add = {"op": "add", "args": [buffer_arg(p + "mlp_out"), buffer_arg(p + "shared_out"), value_arg(R), value_arg("hidden")]}
-        if self.invariant:
+        if self.batch_invariant:
             return [logits, route, *self.routed(l, ids, w), *shared, add]
         if self.kind == "decode":  # the chosen experts' rows only, their weighted sum added onto zeros
             act = self.ws("moe_act", [R, "top_k", "moe_inter"])

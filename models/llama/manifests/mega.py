@@ -82,8 +82,8 @@ def build(s: Shape, model: str, *, sms: int = SMS, phases: bool = False, graph: 
         raise ConfigError(f"sms {sms}: the megakernel's grid needs at least one block")
     # the megakernel steps up to 32 sequences faster than the wide program's GEMMs (docs/megakernel.md),
     # past the per-op gemv program's crossover
-    m = manifest_cuda.build(s, model, context=context,
-                            **{"seqs": manifest_cuda.DECODE_SEQS, "batch_invariant": False, **limits})
+    m = manifest_cuda.build(s, model, context=context, batch_invariant=False,
+                            **{"seqs": manifest_cuda.DECODE_SEQS, **limits})
     if m["vars"]["seqs"]["max"] > MAX_SEQS:
         raise ConfigError(f"seqs {m['vars']['seqs']['max']}: the megakernel steps at most {MAX_SEQS} sequences")
     bufs = m["buffers"]

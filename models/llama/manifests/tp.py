@@ -147,9 +147,7 @@ def _gathered(m: dict, ops: dict, prog: str, call: dict, cuda: bool, ranks: int,
     w = next(i for i, x in enumerate(a) if x.get("buf") == HEAD)
     y = a[w + 1]
     rows = m["buffers"][y["buf"]]["shape"][0]
-    part = f"lg_part.{prog}"
-    m["buffers"][part] = {"kind": "workspace", "dtype": "f32", "shape": [rows, "vocab_shard"]}
-    m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
+    part = exported(m, f"lg_part.{prog}", [rows, "vocab_shard"], "f32")
     head = {**call, "args": [*a[:w + 1], {"buf": part},
                              *({"value": "vocab_shard"} if x.get("value") == "vocab" else x for x in a[w + 2:])]}
     if cuda:
@@ -197,15 +195,11 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             rows_max * m["constants"]["hidden"] * (4 if part_dtype == "f32" else 2) > PEER_MAX_BYTES:
         if residual:
             raise ConfigError(f"{prog}: a residual projection's message is past the peer kernel's limit")
-        ops.setdefault("all_reduce_nccl", {
-            "params": ["x: inout buffer<bf16>", "n: i32"],
-            "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
+        ops.setdefault("all_reduce_nccl", nccl_all_reduce_op())
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
     if cuda and residual:
         return _pushed(m, ops, prog, call, rows, k, ranks, rank, pdl)
-    part = f"ar_part.{prog}"
-    m["buffers"][part] = {"kind": "workspace", "dtype": part_dtype, "shape": [2, rows, "hidden"]}
-    m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
+    part = exported(m, f"ar_part.{prog}", [2, rows, "hidden"], part_dtype)
     offset = {"mul": [k % 2, rows, "hidden"]} if k % 2 else 0
     view = {"buf": part, "offset": offset, "shape": [rows, "hidden"]} if k % 2 else \
         {"buf": part, "shape": [rows, "hidden"]}
@@ -215,7 +209,7 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
         ops.setdefault("all_reduce", _op("collectives", "all_reduce_sum", "y: out buffer<f32>", 1, 1))
         return [{**call, "args": [a[0], a[1], view]},
                 {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
-    ops.setdefault("all_reduce", _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS))
+    ops.setdefault("all_reduce", peer_all_reduce_op())
     return [{**call, "args": [a[0], a[1], view, *a[3:]]},
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
 
@@ -226,9 +220,7 @@ def _pushed(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks:
     `rank` of half k % 2 of every rank's part buffer [2, ranks, rows, hidden]) and
     all_reduce_add_local (the barrier, then the slots summed from local memory into res)."""
     x, w, res, *dims = call["args"]
-    part = f"ar_push.{prog}"
-    m["buffers"][part] = {"kind": "workspace", "dtype": "f32", "shape": [2, "ranks", rows, "hidden"]}
-    m["buffers"][part + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": part}
+    part = exported(m, f"ar_push.{prog}", [2, "ranks", rows, "hidden"], "f32")
     flag = {"pdl": True} if pdl else {}
     ops.setdefault("gemv_push", {
         "params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "recv: out buffer<f32>", "parts: in buffer<u64>",
@@ -253,6 +245,25 @@ def add_local_op(pdl: bool) -> dict:
                        "offset: i32", "n: i32"],
             "impl": {"launches": [{"module": "allreduce", "entry": "all_reduce_add_local", "grid": ["ar_blocks"],
                                    "block": [AR_THREADS], **({"pdl": True} if pdl else {})}]}}
+
+
+def exported(m: dict, name: str, shape: list, dtype: str) -> str:
+    """A workspace the other ranks reach, and its peer table (every rank's address of it)."""
+    m["buffers"][name] = {"kind": "workspace", "dtype": dtype, "shape": shape}
+    m["buffers"][name + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": name}
+    return name
+
+
+def peer_all_reduce_op() -> dict:
+    """all_reduce (cuda): the barrier, then every rank's bf16 part read over NVLink and summed in
+    rank order into y."""
+    return _op("allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", AR_THREADS)
+
+
+def nccl_all_reduce_op() -> dict:
+    """all_reduce_nccl: NCCL's in-place sum of x over the ranks (the runtime's extern call)."""
+    return {"params": ["x: inout buffer<bf16>", "n: i32"],
+            "impl": {"launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}}
 
 
 def _op(module: str, entry: str, out: str, grid, block, pdl: bool = False,

@@ -96,7 +96,7 @@ def _shard_cpu(m: dict, ranks: int, rank: int, per: int) -> None:
                 x, ids, y = a[0], a[1], a[4]
                 p = x["buf"].split("_", 1)[0] + "_"
                 rows = m["buffers"][x["buf"]]["shape"][0]
-                _exported(m, p + "recv", [rows, "hidden"], "f32")
+                tensor_parallel.exported(m, p + "recv", [rows, "hidden"], "f32")
                 calls.append({"op": "ep_dispatch", "args": [*_barrier(p + "recv"), x, ids, {"buf": p + "recv"},
                                                             *scalars]})
                 calls.append({**call, "args": [{"buf": p + "recv"}, ids, a[2], a[3], y,
@@ -106,7 +106,7 @@ def _shard_cpu(m: dict, ranks: int, rank: int, per: int) -> None:
                 p = y["buf"].split("_", 1)[0] + "_"
                 rows = m["buffers"][y["buf"]]["shape"][0]
                 ids = {"buf": p + "topk_ids"}
-                _exported(m, p + "gathered", [rows, "top_k", "hidden"], "f32")
+                tensor_parallel.exported(m, p + "gathered", [rows, "top_k", "hidden"], "f32")
                 calls.append({"op": "ep_combine", "args": [*_barrier(p + "gathered"), y, ids, w, out, *scalars]})
             else:
                 calls.append(call)
@@ -139,7 +139,7 @@ def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
         for call in prog["calls"]:
             a = list(call["args"])
             if call["op"] == "moe_combine_residual":  # y, ids, w, res, rows, top_k, hidden, first, count
-                recv = _exported(m, f"ep_push.{name}", [2, "ranks", rows, "hidden"], "f32")
+                recv = tensor_parallel.exported(m, f"ep_push.{name}", [2, "ranks", rows, "hidden"], "f32")
                 pushed = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
                 at = [{"value": rank}, {"value": ranks}, {"value": pushed}]
                 ops.setdefault("all_reduce_add_local", tensor_parallel.add_local_op(False))
@@ -163,24 +163,15 @@ def _shard_cuda(m: dict, ranks: int, rank: int, per: int) -> None:
             combine = lambda dst: {"op": "moe_combine_part", "args": [y, pos, {"buf": p + "topk_ids"}, w, dst,
                                                                      *a[4:], first, count]}
             if ranks <= tensor_parallel.NCCL_MAX_RANKS and rows_max * hidden * 2 > tensor_parallel.PEER_MAX_BYTES:
-                ops.setdefault("all_reduce_nccl", {"params": ["x: inout buffer<bf16>", "n: i32"], "impl": {
-                    "launches": [{"entry": "extern:nccl_all_reduce_sum_bf16"}]}})
+                ops.setdefault("all_reduce_nccl", tensor_parallel.nccl_all_reduce_op())
                 calls += [combine(out), {"op": "all_reduce_nccl", "args": [out, {"value": n}]}]
             else:
-                part = _exported(m, f"ep_part.{name}", [2, rows, "hidden"], "bf16")
-                ops.setdefault("all_reduce", tensor_parallel._op(
-                    "allreduce", "all_reduce_bf16", "y: out buffer<bf16>", "ar_blocks", tensor_parallel.AR_THREADS))
+                part = tensor_parallel.exported(m, f"ep_part.{name}", [2, rows, "hidden"], "bf16")
+                ops.setdefault("all_reduce", tensor_parallel.peer_all_reduce_op())
                 calls += [combine({"buf": part, "offset": offset, "shape": [rows, "hidden"]}),
                           {"op": "all_reduce", "args": [*_barrier(part), out, *scalars]}]
             k += 1
         prog["calls"] = calls
-
-
-def _exported(m: dict, name: str, shape: list, dtype: str) -> str:
-    """A workspace the other ranks reach, and its peer table (every rank's address of it)."""
-    m["buffers"][name] = {"kind": "workspace", "dtype": dtype, "shape": shape}
-    m["buffers"][name + "_peers"] = {"kind": "peer", "dtype": "u64", "shape": ["ranks"], "of": name}
-    return name
 
 
 def add_module(m: dict, kernels) -> None:

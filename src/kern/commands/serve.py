@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("cpu", "cuda"), default=None,
                    help="cpu or cuda (default: cuda when a GPU and the CUDA kernels are usable)")
     loop_options(p)
-    p.add_argument("--host-memory", type=host_memory, default=None, metavar="SIZE",
+    p.add_argument("--host-memory", dest="host_bytes", type=host_memory, default=None, metavar="SIZE",
                    help="host memory idle conversations' cached prefixes park in when the state memory runs "
                         "short, to wake into their next turn without recomputing, e.g. 4G; 0: none, they are "
                         "dropped (default: twice the state memory, at most a quarter of this machine's; none "
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: str | None, tp: int = 1, ep: int = 1,
-               batch_invariant: bool = True, host_memory: int | None = None, weights: str | None = None,
+               batch_invariant: bool = True, host_bytes: int | None = None, weights: str | None = None,
                speculate: str | None = None, pp: int = 1):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
@@ -39,7 +39,7 @@ def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: 
 
     model = load(model, manifest=manifest, weights=weights, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, state_budget=state_budget, progress=True, tp=tp, ep=ep, pp=pp,
-                 batch_invariant=batch_invariant, host_bytes=host_memory, speculate=speculate)
+                 batch_invariant=batch_invariant, host_bytes=host_bytes, speculate=speculate)
     loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
     t0 = time.monotonic()
     if loop.warm_up(progress=True):
@@ -61,7 +61,7 @@ def main(args) -> int:
     from ..errors import KernError
     from ..serve.server import serve_forever
 
-    if args.host_memory and max(args.tp, args.ep, args.pp) > 1:  # one rank's pages cannot stand for the others'
+    if args.host_bytes and max(args.tp, args.ep, args.pp) > 1:  # one rank's pages cannot stand for the others'
         print("kern serve: --host-memory: a split or pipelined deployment (--tp, --ep or --pp above 1) has no "
               "host tier; leave it out or give 0", file=sys.stderr)
         return 1
@@ -70,7 +70,7 @@ def main(args) -> int:
               "stages of a split deployment are not supported yet; give one of them", file=sys.stderr)
         return 1
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
-                        args.state_budget, args.trace, args.tp, args.ep, args.batch_invariant, args.host_memory, args.weights,
+                        args.state_budget, args.trace, args.tp, args.ep, args.batch_invariant, args.host_bytes, args.weights,
                         args.speculate, args.pp)
     try:
         # the model id a request gives: the served name, or the path exactly as given here

@@ -27,7 +27,7 @@ from .detok import TextStream
 from .keys import HostDraw, draw_key, seed_of
 from .limits import Limits
 from .outputs import Delta, LoopStats, TokenLogprob
-from .params import SamplingParams
+from .params import SamplingParams, context_room
 from .runner import Feed, Runner, Units
 from .sampling import logprobs_of, sample
 from .scheduler import StepPlan, Scheduler
@@ -150,12 +150,7 @@ class Loop:
         lo, hi = self._token_domain
         if not all(isinstance(t, int) and lo <= t < hi for t in prompt_ids):
             raise BoundsError(f"request {request_id!r}: prompt token ids must be integers in [{lo}, {hi})")
-        if len(prompt_ids) + 1 > self.context:
-            raise BoundsError(f"request {request_id!r}: a prompt of {len(prompt_ids)} tokens does not fit the "
-                              f"context of {self.context} positions (the prompt plus one generated token)")
-        if params.max_tokens > (room := self.context - len(prompt_ids)):  # refused, never clipped (HTTP's 400)
-            raise BoundsError(f"request {request_id!r}: max_tokens is {params.max_tokens}, but the prompt's {len(prompt_ids)} "
-                              f"tokens leave room for at most {room} in the context of {self.context} positions")
+        context_room(len(prompt_ids), self.context, params.max_tokens, f"request {request_id!r}: ")
         if not self.paging.fits(len(prompt_ids) + params.max_tokens):
             raise BoundsError(f"request {request_id!r}: {len(prompt_ids) + params.max_tokens} tokens never fit the "
                               "state budget: raise --memory or shorten the request")
@@ -218,9 +213,7 @@ class Loop:
             part = s.span(s.written, n)
             self.paging.extend(s.lease, part)
             s.written += n
-            t = s.params.device_temperature if s.pending == 0 and not self._host_draws(s) else 0.0
-            feeds.append(Feed(part, s.written - n, Units.of(s.lease), t,
-                              draw_key(s.seed, len(s.out)) if t else 0))
+            feeds.append(Feed(part, s.written - n, Units.of(s.lease), *self._draw_at(s, s.pending == 0)))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
         masked = [i for i in emitting if seqs[i].constraint is not None and not self._host_draws(seqs[i])]
@@ -245,6 +238,13 @@ class Loop:
             return False
         return not p.device_samples if self.runner.samples else p.needs_logits
 
+    def _draw_at(self, s: SequenceState, emits: bool) -> tuple[float, int]:
+        """The temperature and key s's feed carries: where its next token comes out of this step
+        (`emits`) and the device draws it, the device's draw at its params' device_temperature
+        under the key of that token; else 0 and no key (the device's argmax, unused or greedy)."""
+        t = s.params.device_temperature if emits and not self._host_draws(s) else 0.0
+        return t, draw_key(s.seed, len(s.out)) if t else 0
+
     def _host_between(self, s: SequenceState) -> bool:
         """Whether the host sees this row's token before its next step (no run-ahead, no rounds)."""
         return s.constraint is not None or self._host_draws(s)
@@ -258,9 +258,8 @@ class Loop:
         feeds, keys = [], [[] for _ in range(k - 1)]
         for s in seqs:
             self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)  # pages bound by the scheduler
-            t = s.params.device_temperature
-            feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t,
-                              draw_key(s.seed, len(s.out)) if t else 0))
+            t, key = self._draw_at(s, True)  # the scheduler runs ahead only rows the device draws
+            feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t, key))
             for j in range(1, k):
                 keys[j - 1].append(draw_key(s.seed, len(s.out) + j) if t else 0)
         made: list[list[int]] = [[] for _ in seqs]
@@ -341,7 +340,7 @@ class Loop:
                 text += s.text.push(t)
             if s.text.stopped or special:
                 return i + 1, text, "stop"
-            if len(s.out) >= s.max_tokens:
+            if s.left <= 0:
                 return i + 1, text, "length"
         return len(new), text, None
 

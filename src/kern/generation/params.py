@@ -85,6 +85,30 @@ class SamplingParams:
                 raise BoundsError(f"{name} must be {domain}, got {value!r}")
 
 
+class ContextError(BoundsError):
+    """A request that does not fit the context; `field`: "prompt" (it leaves no room) or
+    "max_tokens" (past the room it leaves)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def context_room(prompt: int, context: int, max_tokens: int | None = None, where: str = "") -> int:
+    """The tokens a prompt of `prompt` tokens leaves for generation in a context of `context`
+    positions, checked: the one refusal (kern serve's 400, Loop.add, MegaModel) of a prompt that
+    leaves none or of a max_tokens past what it leaves (refused, never clipped). `where`
+    prefixes the message (whose request)."""
+    room = context - prompt
+    if room < 1:
+        raise ContextError(f"{where}the prompt is {prompt} tokens; this model's context is {context} positions, "
+                           f"so a prompt may hold at most {context - 1}", "prompt")
+    if max_tokens is not None and max_tokens > room:
+        raise ContextError(f"{where}max_tokens is {max_tokens}, but the prompt's {prompt} tokens leave room for at most "
+                           f"{room} in this model's context of {context} positions", "max_tokens")
+    return room
+
+
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

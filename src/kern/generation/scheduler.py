@@ -157,9 +157,8 @@ class Scheduler:
     def _promise(self, s: SequenceState) -> int:
         """Tokens a lease is promised at admission: all it may reach, or its tokens so far and
         the headroom."""
-        worst = len(s.prompt) + s.max_tokens
         h = self.limits.headroom
-        return worst if h is None else min(worst, len(s.tokens) + h)
+        return s.reach if h is None else min(s.reach, len(s.tokens) + h)
 
     def _grow(self, rows: list[tuple[SequenceState, int]]) -> list[tuple[SequenceState, int]]:
         """Bind the pages this step's rows write, before anything is recorded; where the budget
@@ -189,7 +188,7 @@ class Scheduler:
             return 1
         if not all(s.out and s.pending == 1 and not host_draws(s) for s in run):
             return 1
-        if max(s.max_tokens - len(s.out) for s in run) < k:
+        if max(s.left for s in run) < k:
             return 1
         if any(s.written + k > self.limits.context for s in run):
             return 1  # a run may not step a row past the context, even where the row ends first

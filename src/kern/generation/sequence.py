@@ -37,8 +37,14 @@ class SequenceState:
         return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
 
     @property
-    def max_tokens(self) -> int:
-        return self.params.max_tokens
+    def left(self) -> int:
+        """Tokens it may still generate: its max_tokens less those out."""
+        return self.params.max_tokens - len(self.out)
+
+    @property
+    def reach(self) -> int:
+        """Positions it may hold at most: its prompt and max_tokens."""
+        return len(self.prompt) + self.params.max_tokens
 
     @property
     def pending(self) -> int:

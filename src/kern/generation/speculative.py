@@ -242,7 +242,7 @@ class Speculator:
         if pace[1] > 0:
             pace[1] -= 1
             return 0
-        return max(0, min(k, pace[0], s.max_tokens - len(s.out) - 1, context - s.written - 1))
+        return max(0, min(k, pace[0], s.left - 1, context - s.written - 1))
 
     def _learn(self, s: SequenceState, proposed: int, kept: int) -> None:
         if not proposed or s.id not in self._pace:

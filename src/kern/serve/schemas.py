@@ -9,7 +9,7 @@ import math
 import sys
 from dataclasses import dataclass, replace
 
-from ..generation.params import SamplingParams
+from ..generation.params import ContextError, SamplingParams, context_room
 from . import formats, prompts as prompts_in
 from .errors import HugeInt, RequestError, kind as _kind
 from .tools import ToolPlan
@@ -210,7 +210,7 @@ def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_
         raise RequestError("echo with logprobs asks for the prompt's logprobs, which kern does not compute",
                            param="echo", code="unsupported_parameter")
     budget = "max_completion_tokens" if "max_completion_tokens" in f else "max_tokens"
-    max_tokens = min(_room(ids, i, len(prompts), required, context, f, budget, chat) for i, (ids, _) in
+    max_tokens = min(_max_tokens(ids, i, len(prompts), required, context, f, budget, chat) for i, (ids, _) in
                      enumerate(prompts))
 
     if chat:
@@ -234,7 +234,7 @@ def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_
         params.check()
     except BoundsError as e:
         field = str(e).split(" ", 1)[0]
-        param = "top_logprobs" if chat and field == "logprobs" else field
+        param = {"logprobs": "top_logprobs" if chat else "logprobs", "max_tokens": budget}.get(field, field)
         raise RequestError(str(e).replace(field, param, 1), param=param) from None
     echo = tuple(text if text is not None else tokenizer.decode(ids) for ids, text in prompts) \
         if f.get("echo") else None
@@ -242,21 +242,17 @@ def parse(body: dict, *, chat: bool, tokenizer, vocab: int, context: int, model_
                logprobs is not None, echo, plan)
 
 
-def _room(ids: list[int], i: int, count: int, required: str, context: int, f: dict, budget: str, chat: bool) -> int:
-    """The max_tokens prompt i allows (its default where the request gives none), or a 400."""
+def _max_tokens(ids: list[int], i: int, count: int, required: str, context: int, f: dict, budget: str,
+                chat: bool) -> int:
+    """The max_tokens prompt i asks for (its default where the request gives none: OpenAI's,
+    what the context leaves for chat, at most 16 for completions), or a 400 where the context
+    has no room for it (SamplingParams.check refuses one below 1)."""
     where = required if count == 1 else f"{required}[{i}]"
     if not ids:
         raise RequestError(f"{where} is empty after tokenizing", param=required)
-    room = context - len(ids)
-    if room < 1:
-        raise RequestError(f"the prompt is {len(ids)} tokens; this model's context is {context} positions, "
-                           f"so a prompt may hold at most {context - 1}", param=required,
-                           code="context_length_exceeded")
-    max_tokens = f.get(budget, room if chat else min(16, room))
-    if max_tokens < 1:
-        raise RequestError(f"{budget} must be at least 1, got {max_tokens}", param=budget)
-    if max_tokens > room:
-        raise RequestError(f"{budget} is {max_tokens}, but the prompt's {len(ids)} tokens leave room for at most "
-                           f"{room} in this model's context of {context} positions", param=budget,
-                           code="context_length_exceeded")
-    return max_tokens
+    try:
+        room = context_room(len(ids), context, f.get(budget))
+    except ContextError as e:
+        raise RequestError(str(e).replace("max_tokens", budget, 1), param=required if e.field == "prompt" else budget,
+                           code="context_length_exceeded") from None
+    return f.get(budget, room if chat else min(16, room))
