@@ -25,7 +25,7 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 PROMPT, STEPS = 32, 24
 MAKE = r"""
