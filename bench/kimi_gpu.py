@@ -21,7 +21,9 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          spread is judgeable: kern_models.common.random_checkpoint.judge)
   decode greedy decode tok/s at each --batch (32-token prompts, --decode-steps steps, each step's
          tokens read back before the next: no run-ahead), stepped below the host loop
-         (kern.drive's pages and the `slot` role filled here); parity and decode share one
+         (kern.drive.raw_pages.greedy: a lease a sequence, its page tables and `slot` inputs
+         filled as the host loop fills them), and whether sequence 0's first 16 tokens are
+         those it got at the first batch (batch invariance); parity and decode share one
          process (`kern` names both)
   profile (in the kern process) one ragged prefill step as kern serve feeds the serve workload
          (4 prompts of 512 tokens: its 2,048-row budget) and the widest decode step, each launch's
@@ -111,7 +113,7 @@ KERN = PREAMBLE + r"""
 import numpy as np
 from pathlib import Path
 from kern.drive.parity import compare, teacher_forced
-from kern.drive.raw_pages import raw
+from kern.drive.raw_pages import give_many, greedy, lease_inputs, lease_many, raw
 from kern.manifest import load_verified
 from kern.runtime.engine import Engine
 from kern_models.common.random_checkpoint import judge
@@ -122,8 +124,10 @@ cfg = json.loads((ckpt / "config.json").read_text())
 form = sys.argv[7] if len(sys.argv) > 7 else ""  # the prompt recurrence's form ("": the build's default)
 # sm_90a's chunked recurrence is the faster build's (the invariant one refuses it)
 faster = {"batch_invariant": False} if form == "chunked" and sys.argv[5] != "cpu" else {}
+# the cpu build's bounds raised to the steps run here (a dry run: the profile's 2,048 rows, the widest batch)
+rows = {"tokens": 2048, "seqs": max(batches)} if sys.argv[5] == "cpu" else {}
 man = generate(cfg, ckpt.parent / f"deploy{'-' + form if form else ''}", target=sys.argv[5], model="kimi-linear-random",
-               context=1024, **({"kda_form": form} if form else {}), **faster)
+               context=1024, **({"kda_form": form} if form else {}), **faster, **rows)
 
 class Stepped:  # what kern.drive steps: an engine with its pool
     def __init__(self):
@@ -160,18 +164,8 @@ if "parity" in parts:
     except Exception as e:  # noqa: BLE001
         import traceback; traceback.print_exc()
         emit(parity_error=f"{type(e).__name__}: {e}"[:300])
-eng, paging, proto = model.engine, model.paging, model.protocol
+eng, proto = model.engine, model.protocol
 prompts = np.random.default_rng(1).integers(0, cfg["vocab_size"], (max(batches), 32)).astype(np.int32)
-
-def tables(st, leases, inputs):
-    for pt in st.page_tables:
-        t = np.zeros((len(leases), eng.shapes[pt.buffer][1]), np.int32)
-        for i, lease in enumerate(leases):
-            row = list(lease.page_table(paging.state))
-            t[i, :len(row)] = row
-        inputs[pt.buffer] = t
-    if "slot" in st.inputs:
-        inputs[st.inputs["slot"]] = np.array([lease.slot(proto.slot_state) for lease in leases], np.int32)
 
 def by_kernel(env_of_step, program):  # each launch's device time in one step, summed by kernel
     from kern.runtime.devices.cuda.profile import profile
@@ -185,17 +179,13 @@ def by_kernel(env_of_step, program):  # each launch's device time in one step, s
                           for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])}}
 
 def profile_prefill(seqs, length):  # one ragged prefill step as kern serve feeds the serve workload
-    leases = []
-    for _ in range(seqs):
-        lease = paging.lease([], length + 8, cache=False).lease
-        paging.extend(lease, [0] * (length + 8))
-        leases.append(lease)
+    leases = lease_many(model, seqs, length + 8)
     try:
         st = proto.for_rows(seqs, None)
         ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], seqs * length).astype(np.int32)
         inputs = {st.inputs["token"]: ids, st.inputs["position"]: np.tile(np.arange(length, dtype=np.int32), seqs),
-                  st.inputs["cu_seqlens"]: np.arange(0, length * (seqs + 1), length, dtype=np.int32)}
-        tables(st, leases, inputs)
+                  st.inputs["cu_seqlens"]: np.arange(0, length * (seqs + 1), length, dtype=np.int32),
+                  **lease_inputs(model, st, leases)}
         times = []
         for _ in range(4):
             t0 = time.perf_counter()
@@ -205,8 +195,7 @@ def profile_prefill(seqs, length):  # one ragged prefill step as kern serve feed
         emit(profile={"step": f"prefill {seqs} x {length}", "program": st.program,
                       "host_step_ms": round(float(np.median(times[1:])) * 1e3, 2), **by_kernel(env, st.program)})
     finally:
-        for lease in leases:
-            paging.pool.free(lease)
+        give_many(model, leases)
 
 if "profile" in parts:
     try:  # decode's figures come even where the profile fails
@@ -216,50 +205,22 @@ if "profile" in parts:
         import traceback; traceback.print_exc()
         emit(profile_error=f"{type(e).__name__}: {e}"[:300])
 
+# Each batch's sequences on leases of their own, their page tables and slots filled as the host
+# loop fills them (kern.drive.raw_pages.greedy); sequence 0's tokens must not depend on the batch.
 first = None
 for b in (batches if "decode" in parts else []):
-    n = 32 + steps + 8
-    leases = []
-    for _ in range(b):
-        lease = paging.lease([], n, cache=False).lease
-        paging.extend(lease, [0] * n)
-        leases.append(lease)
-    try:
-        st = proto.for_rows(b, None)
-        inputs = {st.inputs["token"]: prompts[:b].reshape(-1),
-                  st.inputs["position"]: np.tile(np.arange(32, dtype=np.int32), b),
-                  st.inputs["cu_seqlens"]: np.arange(0, 32 * (b + 1), 32, dtype=np.int32)}
-        tables(st, leases, inputs)
-        t0 = time.perf_counter()
-        env = eng.run(st.program, st.vars_for(b, 32 * b), inputs)
-        tok = eng.read(st.outputs["tokens"], env)[:b].copy()
-        prefill_s = time.perf_counter() - t0
-        st = proto.for_rows(b, 1)
-        inputs = {}
-        tables(st, leases, inputs)
-        out, times = [tok.copy()], []
-        for i in range(steps):
-            inputs[st.inputs["token"]] = tok.astype(np.int32)
-            inputs[st.inputs["position"]] = np.full(b, 32 + i, np.int32)
-            t0 = time.perf_counter()
-            env = eng.run(st.program, st.vars_for(b, b, reach=33 + i), inputs)
-            tok = eng.read(st.outputs["tokens"], env)[:b].copy()
-            times.append(time.perf_counter() - t0)
-            out.append(tok.copy())
-        warm = sorted(times[4:])  # the first steps capture the graphs
-        step = float(np.median(warm))
-        seq0 = [int(o[0]) for o in out]
-        first = first or seq0
-        row = {"batch": b, "program": st.program, "tok_s": round(b / step, 1), "step_ms": round(step * 1e3, 3),
-               "prefill_ms": round(prefill_s * 1e3, 1), "seq0_same_as_first_batch": seq0[:16] == first[:16]}
-        emit(decode=row)
-        say("decode", row)
-        if "profile" in parts and b == max(batches):
-            emit(profile={"step": f"decode {b} rows", "program": st.program, "host_step_ms": row["step_ms"],
-                          **by_kernel(env, st.program)})
-    finally:
-        for lease in leases:
-            paging.pool.free(lease)
+    g = greedy(model, prompts[:b], steps)
+    warm = sorted(g.step_s[4:])  # the first steps capture the graphs
+    step = float(np.median(warm))
+    seq0 = [int(t) for t in g.tokens[:, 0]]
+    first = first or seq0
+    row = {"batch": b, "program": g.program, "tok_s": round(b / step, 1), "step_ms": round(step * 1e3, 3),
+           "prefill_ms": round(g.prefill_s * 1e3, 1), "seq0_same_as_first_batch": seq0[:16] == first[:16]}
+    emit(decode=row)
+    say("decode", row)
+    if "profile" in parts and b == max(batches):
+        emit(profile={"step": f"decode {b} rows", "program": g.program, "host_step_ms": row["step_ms"],
+                      **by_kernel(g.env, g.program)})
 print("KERN OK")
 """
 

@@ -1,10 +1,14 @@
 """Stepping a model by hand, below the host loop (parity tests, device tests, benchmarks): lease
-pages without caching, run rows of one sequence through a program, give the pages back. A model
-is a kern.api.Model, or anything with its paging, protocol and engine."""
+pages without caching, run rows of one sequence through a program, give the pages back; or
+greedy-decode a batch of sequences, each on a lease of its own (greedy: the page tables and the
+`slot` inputs filled from the leases as the host loop fills them, lease_inputs). A model is a
+kern.api.Model, or anything with its paging, protocol and engine."""
 
 from __future__ import annotations
 
+import time
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,3 +90,103 @@ class RawPages:
         env = m.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
         logits = m.engine.read(st.outputs["logits"], env) if "logits" in st.outputs else None
         return m.engine.read(st.outputs["tokens"], env), logits
+
+
+# ---- many sequences on leases of their own ------------------------------------------------
+# What a benchmark steps below the host loop (bench/kimi_gpu.py's decode): a batch of sequences
+# each on a lease of its own, prefilled together from position 0, then decoded together.
+
+def lease_many(model, n: int, reserve: int) -> list:
+    """n leases of `reserve` tokens each, without caching, every page bound (raw pages' take)."""
+    leases = []
+    try:
+        for _ in range(n):
+            lease = model.paging.lease([], reserve, cache=False).lease
+            leases.append(lease)
+            model.paging.extend(lease, [0] * reserve)
+    except BaseException:
+        give_many(model, leases)
+        raise
+    return leases
+
+
+def give_many(model, leases: list) -> None:
+    for lease in leases:
+        model.paging.pool.free(lease)
+
+
+def lease_inputs(model, st, leases: list) -> dict[str, np.ndarray]:
+    """A step's page tables and `slot` inputs for `leases` (a lease a sequence, in the step's
+    order), as the host loop fills them (generation/runner.py): every page table a row a lease,
+    every slot input (`st.slots`: the slot role is not among `st.inputs`) each lease's slot of
+    its state. A slot input left unwritten keeps what its buffer held (zeros: every row on slot
+    0, stepping one recurrence), so each is written here, for every step."""
+    inputs = {}
+    for pt in st.page_tables:
+        table = np.zeros((len(leases), model.engine.shapes[pt.buffer][1]), np.int32)
+        for i, lease in enumerate(leases):
+            row = lease.page_table(pt.state)
+            table[i, :len(row)] = row
+        inputs[pt.buffer] = table
+    for si in st.slots:
+        inputs[si.buffer] = np.array([lease.slot(si.state) for lease in leases], np.int32)
+    return inputs
+
+
+@dataclass
+class Greedy:
+    """greedy()'s answer: tokens [1 + steps, sequences] (the prefill's, then each decode
+    step's), the `rows`' logits a step ({row: [1 + steps, vocab]}; prefill's from the row's
+    last prompt position), the prefill's and each decode step's host time in seconds, the
+    decode program and its last step's env (to profile it)."""
+
+    tokens: np.ndarray
+    logits: dict[int, np.ndarray]
+    prefill_s: float
+    step_s: list[float]
+    program: str
+    env: dict[str, int]
+
+
+def greedy(model, prompts, steps: int, rows: tuple[int, ...] = (), reserve: int | None = None) -> Greedy:
+    """Greedy decoding of len(prompts) sequences, each on a fresh lease (lease_many): one
+    ragged prefill step of every prompt from position 0, then `steps` decode steps of every
+    sequence at once (the program the protocol picks for that many rows), each step's tokens
+    read back before the next. The leases are given back at the end. With no sampling inputs
+    written, every row draws greedily (temperature 0)."""
+    m = model
+    prompts = np.asarray(prompts, np.int32)
+    b, n = prompts.shape
+    out, step_s = [], []
+    leases = lease_many(m, b, reserve or n + steps + 8)
+    try:
+        st = m.protocol.for_rows(b, None)
+        inputs = {st.inputs["token"]: prompts.reshape(-1),
+                  st.inputs["position"]: np.tile(np.arange(n, dtype=np.int32), b),
+                  st.inputs["cu_seqlens"]: np.arange(0, n * (b + 1), n, dtype=np.int32),
+                  **lease_inputs(m, st, leases)}
+        if "seq_len" in st.inputs:
+            inputs[st.inputs["seq_len"]] = np.full(b, n, np.int32)
+        t0 = time.perf_counter()
+        env = m.engine.run(st.program, st.vars_for(b, n * b, reach=n), inputs)
+        tok = m.engine.read(st.outputs["tokens"], env)[:b].copy()
+        prefill_s = time.perf_counter() - t0
+        out.append(tok)
+        logits = {r: [m.engine.read_rows(st.outputs["logits"], env, [r])[0]] for r in rows}
+        st = m.protocol.for_rows(b, 1)
+        inputs = lease_inputs(m, st, leases)
+        for i in range(steps):
+            inputs[st.inputs["token"]] = tok.astype(np.int32)
+            inputs[st.inputs["position"]] = np.full(b, n + i, np.int32)
+            if "seq_len" in st.inputs:
+                inputs[st.inputs["seq_len"]] = np.full(b, n + i + 1, np.int32)
+            t0 = time.perf_counter()
+            env = m.engine.run(st.program, st.vars_for(b, b, reach=n + i + 1), inputs)
+            tok = m.engine.read(st.outputs["tokens"], env)[:b].copy()
+            step_s.append(time.perf_counter() - t0)
+            out.append(tok)
+            for r in rows:
+                logits[r].append(m.engine.read_rows(st.outputs["logits"], env, [r])[0])
+    finally:
+        give_many(m, leases)
+    return Greedy(np.stack(out), {r: np.stack(v) for r, v in logits.items()}, prefill_s, step_s, st.program, env)
