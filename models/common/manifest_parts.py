@@ -55,6 +55,12 @@ def embed_and_head(tied: bool, dtype: str) -> dict:
 MASK_ROWS = "mask_rows"
 
 
+def program_batch(groups, rows, stepping: bool) -> dict:
+    """A program's batch: a stepping program (decode, its graphs) takes one row a sequence, its
+    reach bucketed; a prefill program takes ragged rows."""
+    return {"groups": groups, "rows": 1, "reach": "reach"} if stepping else {"groups": groups, "rows": rows}
+
+
 def sampling_inputs(p: str, groups) -> dict:
     """Each sequence's temperature (0: greedy), the 64-bit key of its draw, as two i32, and its
     token mask: `mask` the step's masked rows' bitmasks (bit t % 32 of word t // 32 allows token

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
 from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
@@ -356,8 +356,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
         pr = _Program(s, p, rows, groups, kind, buffers, kda_form, batch_invariant)
         pr.io_buffers()
         programs[prog] = {"calls": pr.calls(), "graph": kind != "prefill",
-                          "batch": {"groups": groups, "rows": 1, "reach": "reach"} if kind != "prefill"
-                          else {"groups": groups, "rows": rows}}
+                          "batch": program_batch(groups, rows, kind != "prefill")}
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {n: op for n, op in _ops(kda_form, batch_invariant).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})

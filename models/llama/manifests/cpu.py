@@ -10,7 +10,7 @@ the one a decode step would draw."""
 from __future__ import annotations
 
 from ..config import Shape
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
 
 from .common import PAGE_TOKENS, weight_buffers
 
@@ -72,8 +72,7 @@ def head_calls(p: str, decode: bool, eps: float, verify: bool = False) -> list[d
 
 def stepping_program(calls: list[dict], decode: bool) -> dict:
     """decode steps one row a sequence (its reach bucketed), prefill ragged rows."""
-    return {"calls": calls, "batch": {"groups": "seqs", "rows": 1, "reach": "reach"} if decode
-            else {"groups": "seqs", "rows": "tokens"}}
+    return {"calls": calls, "batch": program_batch("seqs", "tokens", decode)}
 
 
 def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import ConfigError, Shape
 from ..kernels.cuda import table
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
 
 from .common import PAGE_TOKENS, weight_buffers
 
@@ -377,8 +377,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         # decode and verify are CUDA graphs (one a batch size and reach bucket; a round's one a
         # (sequences, rows) pair, captured as first met): their launches cost more than their rows
         programs[prog] = {"calls": calls, "graph": decode or verify,
-                          "batch": {"groups": gseqs, "rows": 1, "reach": "reach"} if decode
-                          else {"groups": gseqs, "rows": rows}}
+                          "batch": program_batch(gseqs, rows, decode)}
 
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {name: op for name, op in table.ops().items() if name in used}
