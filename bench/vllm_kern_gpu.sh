@@ -18,6 +18,9 @@
 # image's site-packages (torch, cuda-bindings) from the wheel folders alone, and runs
 # tests/hosts/test_vllm_gpu.py with that venv's python (vllm serve with the plugin against kern
 # serve, text for text: clean_install.log, vllm_gpu_test.txt).
+# TRACE_FILE=bench/traces/vllm_llama1b_c32.trace with TRACE=1 prices a trace an earlier call took
+# (vLLM eager at 32 streams on this script's checkpoint and deployment, 2026-12-04) without
+# starting vLLM again: kern bench alone, ~70 s.
 # CLEAN=1 needs, beside the peer set, the wheels of vLLM's requirements the image lacks (pip
 # re-checks an installed vLLM's requirements): `python3 bench/vllm_deps.py --freeze
 # image_freeze.txt --peer-wheels DIR` here makes them and their parts vd1..vdN (image_freeze.txt
@@ -94,7 +97,11 @@ fi
 # TRACE=1: where vLLM's steps spend kern's time. vLLM with the plugin once more, eager (its decode
 # graphs replay without calling the model, so a trace of a graphed vLLM misses them), KERN_TRACE
 # recording every call it fed kern at 32 streams; then `kern bench` of that trace (docs/vllm.md).
+if [ "${TRACE:-0}" = 1 ] && [ -n "${TRACE_FILE:-}" ]; then
+  cp "$TRACE_FILE" $OUT/vllm_steps.trace  # a trace an earlier call took (bench/traces/), priced alone
+fi
 if [ "${TRACE:-0}" = 1 ]; then
+  if [ -z "${TRACE_FILE:-}" ]; then
   T0=$(date +%s.%N)
   KERN_TRACE=$OUT/vllm_steps.trace KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 \
     python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 --max-model-len $MAXLEN --enforce-eager \
@@ -105,10 +112,11 @@ if [ "${TRACE:-0}" = 1 ]; then
       --concurrency 32 > /dev/null 2>> $OUT/vllm_trace_bench.log
   fi
   stop $PID
-  timeout ${TRACE_BENCH_S:-120} kern bench $MANIFEST --workload $OUT/vllm_steps.trace --weights $CKPT \
+  fi
+  timeout ${TRACE_BENCH_S:-150} kern bench $MANIFEST --workload $OUT/vllm_steps.trace --weights $CKPT \
     --json $OUT/vllm_steps_bench.json > $OUT/vllm_steps_bench.txt 2>&1
   head -40 $OUT/vllm_steps_bench.txt
-  (cd $OUT && tar czf trace.tgz vllm_steps.trace vllm_steps_bench.* vllm_trace_*.log && rm -f vllm_steps.trace vllm_steps_bench.* vllm_trace_*.log)  # a call returns 8 files
+  (cd $OUT && tar czf trace.tgz vllm_steps.trace vllm_steps_bench.* $(ls vllm_trace_*.log 2> /dev/null) && rm -f vllm_steps.trace vllm_steps_bench.* vllm_trace_*.log)  # a call returns 8 files
 fi
 python3 - "$OUT" <<'PY'
 import json, sys
