@@ -172,7 +172,7 @@ vllm_measure() {  # $1 label, $2 port, $3 checkpoint: measured once up, then sto
 mg() {  # $1 a multi_gpu.py step, $2 its timeout: a --device run of it alone (its log and summary in $BG/mg_<step>)
   say "$1: starting (timeout $2 s)"
   OUT=$BG/mg_$1 $MG --device --no-install --steps $1 --${1//_/-}-timeout $2 $MG_FLAGS > $BG/mg_$1.out 2>&1
-  say "$1: $(grep -v '^\[' $BG/mg_$1.out | tail -1 | cut -c1-400)"
+  say "$(grep -v '^\[' $BG/mg_$1.out | tail -1 | cut -c1-400)"
 }
 
 wheels() {  # join vLLM's wheel parts in /tmp/vw and install them into /tmp/vsite (CPU and disk only)
