@@ -81,15 +81,18 @@
 # WAIT_S (collect), X2_BG (/tmp/x2-bg: the pipeline's folder), X2_CK (/tmp/x2-ck: checkpoints).
 # Where a warm machine already holds vLLM's wheels (/tmp/vsite.ok) and this tree: call 1 alone,
 # then collect calls.
-# A dry run on a laptop (tiny shapes on the cpu, no vLLM, a few requests; ~2 minutes):
-#   DRY=1 X2_BG=/tmp/x2-dry PHASE=all bash bench/multi_gpu_serve.sh; OUT=/tmp/x2-out DRY=1 X2_BG=/tmp/x2-dry PHASE=collect bash bench/multi_gpu_serve.sh
+# A dry run on a laptop (tiny shapes on the cpu, a few requests; ~1 minute):
+#   DRY=1 X2_BG=/tmp/x2-dry PHASE=all bash bench/multi_gpu_serve.sh; OUT=/tmp/x2-out X2_BG=/tmp/x2-dry PHASE=collect bash bench/multi_gpu_serve.sh
+# DRY=1 VLLM=fake STEPS=ckpt,serve_tp,serve_ep,vllm: the vLLM block too, with kern serve on the cpu
+# standing in for vLLM's server (its flags checked against the ones this script passes).
 PHASE=${PHASE:?PHASE=all|wheels|collect}
 DRY=${DRY:-0}
 BG=${X2_BG:-/tmp/x2-bg}  # the pipeline's results and marks: outlive the call that started it
 CK=${X2_CK:-/tmp/x2-ck}
+VSITE=${VSITE:-/tmp/vsite}  # vLLM installed there (and $VSITE.ok once it is)
 if [ "$DRY" = 1 ]; then
   TARGET=cpu SHAPE8=tiny SHAPEM=tiny LAYERS=${LAYERS:-3} MEMORY=${MEMORY:-1G} REQUESTS=${REQUESTS:-8}
-  CONC=${CONC:-2,4} PP_CONC=${PP_CONC:-4} VLLM=0 KERN_FLAGS="--target cpu" WORK_SHAPE="--prompt 64 --shared 32 --output 16"
+  CONC=${CONC:-2,4} PP_CONC=${PP_CONC:-4} VLLM=${VLLM:-0} KERN_FLAGS="--target cpu" WORK_SHAPE="--prompt 64 --shared 32 --output 16"
   STEPS=${STEPS:-ckpt,serve_tp,serve_ep,ep,ep_bench,serve_pp,pp}
   MG_FLAGS="--new 32 --streams 4 --memory 1 --micro 2 --moe-batch 1,2 --bench-rows 1,2 --bench-samples 2"
 else
@@ -102,6 +105,24 @@ fi
 C8=$CK/$SHAPE8
 CM=$CK/$SHAPEM-$LAYERS
 PIPE_S=${PIPE_S:-1500}
+PORT=${PORT:-8100}  # kern's; vLLM's: PORT + 2 (tp), PORT + 3 (ep)
+if [ "$DRY" = 1 ] && [ "$VLLM" = fake ]; then  # a stand-in for vLLM's server (kern serve on the cpu): the plumbing alone
+  VSITE=$BG-fake-vllm VLLM=1
+  mkdir -p $VSITE/vllm/entrypoints/openai && touch $VSITE.ok $VSITE/vllm/__init__.py $VSITE/vllm/entrypoints/__init__.py \
+    $VSITE/vllm/entrypoints/openai/__init__.py
+  cat > $VSITE/vllm/entrypoints/openai/api_server.py << 'PY'
+import argparse, os, sys
+ap = argparse.ArgumentParser()
+for f in ("--model", "--port", "--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes"):
+    ap.add_argument(f, required=True)
+ap.add_argument("--tensor-parallel-size", type=int, required=True)
+ap.add_argument("--enable-expert-parallel", action="store_true")
+a = ap.parse_args()
+split = ["--ep" if a.enable_expert_parallel else "--tp", str(a.tensor_parallel_size)]
+os.execvp(sys.executable, [sys.executable, "-m", "kern.cli", "serve", a.model, "--port", a.port, "--target", "cpu",
+                           "--memory", "1G", *split])
+PY
+fi
 MG="python3 bench/multi_gpu.py --target $TARGET --pp-shape $SHAPE8 --pp-ckpt $C8 --moe-shape $SHAPEM --moe-layers $LAYERS --moe-ckpt $CM"
 T0=$(date +%s)
 
@@ -147,9 +168,9 @@ kern_server() {  # $1 label, $2 checkpoint, $3 concurrencies, then kern serve's 
   local label=$1 ckpt=$2 conc=$3; shift 3
   say "$label: starting (GPU apps before: $(apps))"
   local t0=$(date +%s.%N)
-  setsid python3 -m kern.cli serve $ckpt --port 8100 --memory $MEMORY $KERN_FLAGS "$@" > $BG/${label}_serve.log 2>&1 < /dev/null &
+  setsid python3 -m kern.cli serve $ckpt --port $PORT --memory $MEMORY $KERN_FLAGS "$@" > $BG/${label}_serve.log 2>&1 < /dev/null &
   local pid=$!
-  came_up $label http://127.0.0.1:8100 ${KERN_UP_S:-240} $pid $t0 && measure $label http://127.0.0.1:8100 $conc $(vocab $ckpt)
+  came_up $label http://127.0.0.1:$PORT ${KERN_UP_S:-240} $pid $t0 && measure $label http://127.0.0.1:$PORT $conc $(vocab $ckpt)
   stop_group $pid
 }
 
@@ -157,16 +178,15 @@ vllm_start() {  # $1 label, $2 port, $3 checkpoint, then vLLM's flags: started i
   local label=$1 port=$2 ckpt=$3; shift 3
   date +%s.%N > $BG/$label.t0
   say "$label: starting vLLM $* (GPU apps before: $(apps))"
-  ( cd /tmp && PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 exec setsid python3 -m vllm.entrypoints.openai.api_server \
+  ( cd /tmp && PYTHONPATH=$VSITE:$PYTHONPATH HF_HUB_OFFLINE=1 exec setsid python3 -m vllm.entrypoints.openai.api_server \
     --model $ckpt --port $port --max-model-len 2048 --gpu-memory-utilization 0.1 \
     --kv-cache-memory-bytes $((${VLLM_KV_GIB:-16} << 30)) "$@" > $BG/${label}_serve.log 2>&1 < /dev/null ) &
   echo $! > $BG/$label.pid
 }
 
-vllm_measure() {  # $1 label, $2 port, $3 checkpoint: measured once up, then stopped
-  local pid=$(cat $BG/$1.pid)
-  came_up $1 http://127.0.0.1:$2 ${VLLM_UP_S:-480} $pid $(cat $BG/$1.t0) && measure $1 http://127.0.0.1:$2 $CONC $(vocab $3)
-  stop_group $pid
+vllm_up() {  # $1 label, $2 port, $3 when the start-ups began (date +%s): wait for it within VLLM_UP_S of then
+  local left=$((${VLLM_UP_S:-480} - ($(date +%s) - $3)))
+  came_up $1 http://127.0.0.1:$2 $((left > 2 ? left : 2)) $(cat $BG/$1.pid) $(cat $BG/$1.t0)
 }
 
 mg() {  # $1 a multi_gpu.py step, $2 its timeout: a --device run of it alone (its log and summary in $BG/mg_<step>)
@@ -175,10 +195,10 @@ mg() {  # $1 a multi_gpu.py step, $2 its timeout: a --device run of it alone (it
   say "$(grep -v '^\[' $BG/mg_$1.out | tail -1 | cut -c1-400)"
 }
 
-wheels() {  # join vLLM's wheel parts in /tmp/vw and install them into /tmp/vsite (CPU and disk only)
+wheels() {  # join vLLM's wheel parts in /tmp/vw and install them into $VSITE (CPU and disk only)
   ( cat /tmp/vw/p_* > /tmp/vw.tar && mkdir -p /tmp/vwh && tar xf /tmp/vw.tar -C /tmp/vwh && rm /tmp/vw.tar \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwh/*.whl \
-    && touch /tmp/vsite.ok ) > /tmp/vllm_install.log 2>&1
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target $VSITE /tmp/vwh/*.whl \
+    && touch $VSITE.ok ) > /tmp/vllm_install.log 2>&1
 }
 
 pack() {  # the summary, and everything in $BG as one archive: what comes back to $OUT (4 files)
@@ -203,9 +223,9 @@ all)
   fi
   say "pipeline: steps $STEPS, PIPE_S $PIPE_S"
   if [ "$VLLM" = 1 ] && want vllm; then  # the watcher: vLLM's wheels installed once call 7 marks the parts complete
-    ( for _ in $(seq 1 ${PARTS_WAIT_S:-900}); do [ -f /tmp/vw/.all ] && break; sleep 1; done
-      [ -f /tmp/vsite.ok ] || { [ -f /tmp/vw/.all ] && wheels; }
-      say "vLLM wheels: $([ -f /tmp/vsite.ok ] && echo installed || echo "not installed: $(tail -2 /tmp/vllm_install.log 2> /dev/null)")" ) &
+    ( for _ in $(seq 1 ${PARTS_WAIT_S:-900}); do [ -f /tmp/vw/.all ] || [ -f $VSITE.ok ] && break; sleep 1; done
+      [ -f $VSITE.ok ] || { [ -f /tmp/vw/.all ] && wheels; }
+      say "vLLM wheels: $([ -f $VSITE.ok ] && echo installed || echo "not installed: $(tail -2 /tmp/vllm_install.log 2> /dev/null)")" ) &
   fi
   # 1. the checkpoints (made on the GPU, not timed), the multi-GPU tests beside them (correctness only)
   TESTS=""
@@ -221,24 +241,31 @@ all)
   want serve_tp && fits serve_tp 70 && kern_server kern_tp2 $C8 $CONC --tp 2
   want serve_ep && fits serve_ep 90 && kern_server kern_ep2 $CM $CONC --ep 2
   TP_DONE=0
-  if [ "$VLLM" = 1 ] && want vllm && [ ! -f /tmp/vsite.ok ] && want tp && fits tp 170; then
+  if [ "$VLLM" = 1 ] && want vllm && [ ! -f $VSITE.ok ] && want tp && fits tp 170; then
     mg tp ${TP_S:-170}; TP_DONE=1  # the GPUs' work while the wheels install
   fi
   if [ "$VLLM" = 1 ] && want vllm && fits vllm 370; then
-    for _ in $(seq 1 ${WHEELS_WAIT_S:-300}); do [ -f /tmp/vsite.ok ] && break; sleep 1; done
-    if [ ! -f /tmp/vsite.ok ]; then
+    for _ in $(seq 1 ${WHEELS_WAIT_S:-300}); do [ -f $VSITE.ok ] && break; sleep 1; done
+    if [ ! -f $VSITE.ok ]; then
       say "vllm: skipped, its wheels are not installed ($(tail -2 /tmp/vllm_install.log 2> /dev/null))"
-    elif [ "${VLLM_TOGETHER:-1}" = 1 ]; then
-      vllm_start vllm_tp2 8102 $C8 --tensor-parallel-size 2
+    elif [ "${VLLM_TOGETHER:-1}" = 1 ]; then  # both up before either is measured (a start-up shares the GPUs)
+      t=$(date +%s)
+      vllm_start vllm_tp2 $((PORT + 2)) $C8 --tensor-parallel-size 2
       sleep 10
-      vllm_start vllm_ep2 8103 $CM --tensor-parallel-size 2 --enable-expert-parallel
-      # both up before either is measured (the other's start-up would share the GPUs)
-      up http://127.0.0.1:8102 ${VLLM_UP_S:-480} $(cat $BG/vllm_tp2.pid); up http://127.0.0.1:8103 ${VLLM_UP_S:-480} $(cat $BG/vllm_ep2.pid)
-      vllm_measure vllm_tp2 8102 $C8
-      vllm_measure vllm_ep2 8103 $CM
+      vllm_start vllm_ep2 $((PORT + 3)) $CM --tensor-parallel-size 2 --enable-expert-parallel
+      vllm_up vllm_tp2 $((PORT + 2)) $t && TP_UP=1
+      vllm_up vllm_ep2 $((PORT + 3)) $t && EP_UP=1
+      [ "${TP_UP:-0}" = 1 ] && measure vllm_tp2 http://127.0.0.1:$((PORT + 2)) $CONC $(vocab $C8)
+      stop_group $(cat $BG/vllm_tp2.pid)
+      [ "${EP_UP:-0}" = 1 ] && measure vllm_ep2 http://127.0.0.1:$((PORT + 3)) $CONC $(vocab $CM)
+      stop_group $(cat $BG/vllm_ep2.pid)
     else
-      vllm_start vllm_tp2 8102 $C8 --tensor-parallel-size 2; vllm_measure vllm_tp2 8102 $C8
-      vllm_start vllm_ep2 8103 $CM --tensor-parallel-size 2 --enable-expert-parallel; vllm_measure vllm_ep2 8103 $CM
+      vllm_start vllm_tp2 $((PORT + 2)) $C8 --tensor-parallel-size 2
+      vllm_up vllm_tp2 $((PORT + 2)) $(date +%s) && measure vllm_tp2 http://127.0.0.1:$((PORT + 2)) $CONC $(vocab $C8)
+      stop_group $(cat $BG/vllm_tp2.pid)
+      vllm_start vllm_ep2 $((PORT + 3)) $CM --tensor-parallel-size 2 --enable-expert-parallel
+      vllm_up vllm_ep2 $((PORT + 3)) $(date +%s) && measure vllm_ep2 http://127.0.0.1:$((PORT + 3)) $CONC $(vocab $CM)
+      stop_group $(cat $BG/vllm_ep2.pid)
     fi
   fi
   # 3. multi_gpu.py's steps on the same checkpoints, then --pp 2 served against one GPU
@@ -254,7 +281,7 @@ all)
   touch $BG/done
   ;;
 wheels)  # by hand, where the watcher did not run: join and install vLLM's wheels now
-  wheels; tail -3 /tmp/vllm_install.log; ls /tmp/vsite.ok
+  wheels; tail -3 /tmp/vllm_install.log; ls $VSITE.ok
   ;;
 collect)  # wait for the pipeline (at most WAIT_S), then bring back what it has
   : "${OUT:?set OUT, the folder whose files come back from the device call}"

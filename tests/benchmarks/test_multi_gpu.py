@@ -196,8 +196,8 @@ def test_the_recipe_parses_and_asks_vllm_for_its_own_flags():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     text = SCRIPT.read_text()
     # vLLM 0.26's ParallelConfig flags (vllm/engine/arg_utils.py), not guessed ones
-    assert "vllm_tp2 8102 $C8 --tensor-parallel-size 2\n" in text
-    assert "vllm_ep2 8103 $CM --tensor-parallel-size 2 --enable-expert-parallel" in text
+    assert "vllm_tp2 $((PORT + 2)) $C8 --tensor-parallel-size 2\n" in text
+    assert "vllm_ep2 $((PORT + 3)) $CM --tensor-parallel-size 2 --enable-expert-parallel" in text
     assert "kern_tp2 $C8 $CONC --tp 2" in text and "kern_ep2 $CM $CONC --ep 2" in text
     assert "kern_pp2 $C8 $PP_CONC --pp 2" in text and "kern_pp1 $C8 $PP_CONC\n" in text
 
@@ -236,3 +236,45 @@ def test_a_collect_call_does_not_wait_on_a_pipeline_that_is_gone(tmp_path):
                           timeout=60)
     assert "the pipeline is not running" in done.stdout and "not done" in done.stdout
     assert (out / "x2.tgz").is_file()
+
+
+def _free_ports() -> int:
+    """A port base whose base, base + 2 and base + 3 are free here."""
+    import random
+    import socket
+
+    for _ in range(50):
+        base = random.randrange(20000, 60000)
+        try:
+            for port in (base, base + 2, base + 3):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    pytest.skip("no free ports")
+
+
+def test_a_dry_run_serves_each_pair_and_sums_it_up(tmp_path):
+    """The pipeline end to end on the cpu (DRY=1): the tiny checkpoints, kern serve --tp 2, and
+    the vLLM block with kern serve standing in for vLLM's server (VLLM=fake: started together,
+    each measured once both are up, both stopped); then a collect call's files."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    bg, out = tmp_path / "bg", tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "DRY": "1", "VLLM": "fake", "STEPS": "ckpt,serve_tp,vllm", "CONC": "2", "REQUESTS": "4",
+           "PORT": str(_free_ports()), "X2_BG": str(bg), "X2_CK": str(tmp_path / "ck"), "PHASE": "all"}
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=BENCH.parent, env=env, capture_output=True, text=True,
+                          timeout=300)
+    progress = (bg / "progress.log").read_text()
+    assert done.returncode == 0 and (bg / "done").is_file(), progress + done.stderr[-2000:]
+    for label in ("kern_tp2", "vllm_tp2", "vllm_ep2"):
+        assert f"{label} up in" in progress and f"{label} c=2: " in progress, progress
+    assert "serve_ep" not in progress and "kern_ep2" not in progress  # not in STEPS
+    env = {**os.environ, "PHASE": "collect", "WAIT_S": "5", "X2_BG": str(bg), "OUT": str(out)}
+    subprocess.run(["bash", str(SCRIPT)], cwd=BENCH.parent, env=env, capture_output=True, text=True, check=True)
+    doc = json.loads((out / "summary.json").read_text())
+    assert list(doc["ratios"]) == ["tp"] and doc["ratios"]["tp"]["2"]["out_tok_s"] > 0
+    assert {r["server"] for r in doc["rows"]} == {"kern_tp2", "vllm_tp2", "vllm_ep2"}
+    assert set(doc["startup_s"]) == {"kern_tp2", "vllm_tp2", "vllm_ep2"}
