@@ -144,7 +144,15 @@ stop_group() {  # $1 a process group this script started (setsid: its leader's p
   for _ in $(seq 1 10); do kill -0 -- -$1 2> /dev/null || return 0; sleep 1; done
 }
 
-. bench/servers.sh  # up (and served, stop: not used here; the servers are process groups)
+up_by() {  # $1 url, $2 deadline (date +%s), $3 pid: /health answers before the deadline, the process alive
+  while [ $(date +%s) -lt $2 ]; do
+    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
+      2> /dev/null && return 0
+    kill -0 $3 2> /dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
 
 measure() {  # $1 label, $2 url, $3 concurrencies, $4 vocabulary: the serve workload, a JSON line a concurrency
   for c in ${3//,/ }; do
@@ -154,8 +162,8 @@ measure() {  # $1 label, $2 url, $3 concurrencies, $4 vocabulary: the serve work
   done
 }
 
-came_up() {  # $1 label, $2 url, $3 seconds, $4 pid, $5 start (date +%s.%N): wait for /health; its start-up in $BG/$1_startup.json
-  if up $2 $3 $4; then
+came_up() {  # $1 label, $2 url, $3 deadline (date +%s), $4 pid, $5 start (date +%s.%N): wait for /health; its start-up in $BG/$1_startup.json
+  if up_by $2 $3 $4; then
     echo "{\"label\": \"$1\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $5, 1))")}" > $BG/$1_startup.json
     say "$1 up in $(python3 -c "import json; print(json.load(open('$BG/$1_startup.json'))['startup_s'])") s (GPU apps: $(apps))"
     return 0
@@ -170,7 +178,7 @@ kern_server() {  # $1 label, $2 checkpoint, $3 concurrencies, then kern serve's 
   local t0=$(date +%s.%N)
   setsid python3 -m kern.cli serve $ckpt --port $PORT --memory $MEMORY $KERN_FLAGS "$@" > $BG/${label}_serve.log 2>&1 < /dev/null &
   local pid=$!
-  came_up $label http://127.0.0.1:$PORT ${KERN_UP_S:-240} $pid $t0 && measure $label http://127.0.0.1:$PORT $conc $(vocab $ckpt)
+  came_up $label http://127.0.0.1:$PORT $(($(date +%s) + ${KERN_UP_S:-240})) $pid $t0 && measure $label http://127.0.0.1:$PORT $conc $(vocab $ckpt)
   stop_group $pid
 }
 
@@ -184,9 +192,8 @@ vllm_start() {  # $1 label, $2 port, $3 checkpoint, then vLLM's flags: started i
   echo $! > $BG/$label.pid
 }
 
-vllm_up() {  # $1 label, $2 port, $3 when the start-ups began (date +%s): wait for it within VLLM_UP_S of then
-  local left=$((${VLLM_UP_S:-480} - ($(date +%s) - $3)))
-  came_up $1 http://127.0.0.1:$2 $((left > 2 ? left : 2)) $(cat $BG/$1.pid) $(cat $BG/$1.t0)
+vllm_up() {  # $1 label, $2 port, $3 when the start-ups began (date +%s): wait for it until VLLM_UP_S after then
+  came_up $1 http://127.0.0.1:$2 $(($3 + ${VLLM_UP_S:-480})) $(cat $BG/$1.pid) $(cat $BG/$1.t0)
 }
 
 mg() {  # $1 a multi_gpu.py step, $2 its timeout: a --device run of it alone (its log and summary in $BG/mg_<step>)
