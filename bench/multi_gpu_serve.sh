@@ -37,7 +37,8 @@
 #
 # Before the session, here: `bash bench/wheels.sh` (.whl), and vLLM 0.26's wheel set in parts of
 # 52 MB vp1..vp7, the last (vp7, ~33 MB) the smallest (/work/shared/tools/vllm-peer-wheels.sh with
-# `split -b 52m`; a call carries the ~12 MB tree and 64 MiB in all). The device calls, each fired
+# `split -b 52m`; a call carries the ~12 MB tree and 64 MiB in all; vp*/ and .whl/ listed in
+# .git/info/exclude, or every call carries them). The device calls, each fired
 # as soon as the last returns (the machine goes back when idle), with budgets (estimates: nothing
 # here has run on the x2 machine yet):
 #   1. carry [".whl", "vp7"], timeout_s 120 (~20 s; the machine's cold start before it, minutes):
@@ -66,9 +67,10 @@
 #   serve_pp: --pp 2 up ~40 s + 128 streams, one GPU likewise     110 s
 #   pp (micro-batches 2 and 4, run-ahead 1 and 8, the host loop)  200 s  (its timeout)
 #   ~1,545 s. A step runs only while the pipeline's PIPE_S (default 1500) still holds its
-#   estimate, else it is skipped with a note in progress.log: the later steps go first. Set
-#   PIPE_S from `status`'s budget_left_s before call 1: budget_left_s - 300 (the cold start, the
-#   last collect's packing).
+#   estimate, else it is skipped with a note in progress.log: when time runs short the last
+#   steps are the ones left out. Set PIPE_S from `status`'s budget_left_s before call 1:
+#   budget_left_s - 300 (the cold start, the last collect's packing); a step may run past its
+#   estimate up to its timeout.
 # After it, the figures: summary.json's `ratios` (tp/ep: kern / vLLM; pp: --pp 2 / one GPU, each
 # of output tok/s, TTFT p50, ITL p50; the tp target 1.3x and whether met), `rows` (a line a
 # server and concurrency: out_tok_s, ttft_p50_ms, itl_p50_ms; also serve_rows.jsonl in x2.tgz),
@@ -78,7 +80,9 @@
 # Knobs: STEPS (default all of ckpt,tests,serve_tp,serve_ep,vllm,tp,ep,ep_bench,serve_pp,pp),
 # CONC (32,128), PP_CONC (128), REQUESTS (256), MEMORY (40G), LAYERS (24), VLLM_KV_GIB (16),
 # VLLM_TOGETHER (1), VLLM_UP_S (480), KERN_UP_S (240), CURVE_S (150 a concurrency), PIPE_S,
-# WAIT_S (collect), X2_BG (/tmp/x2-bg: the pipeline's folder), X2_CK (/tmp/x2-ck: checkpoints).
+# WAIT_S (collect), X2_BG (/tmp/x2-bg: the pipeline's folder), X2_CK (/tmp/x2-ck: checkpoints),
+# KERN_FLAGS (none: kern's default context, the model's 131,072 positions where --memory holds
+# them; `--context 2048` matches vLLM's --max-model-len), PORT (8100: kern's; vLLM's + 2 and + 3).
 # Where a warm machine already holds vLLM's wheels (/tmp/vsite.ok) and this tree: call 1 alone,
 # then collect calls.
 # A dry run on a laptop (tiny shapes on the cpu, a few requests; ~1 minute):
