@@ -148,15 +148,7 @@ stop_group() {  # $1 a process group this script started (setsid: its leader's p
   for _ in $(seq 1 10); do kill -0 -- -$1 2> /dev/null || return 0; sleep 1; done
 }
 
-up_by() {  # $1 url, $2 deadline (date +%s), $3 pid: /health answers before the deadline, the process alive
-  while [ $(date +%s) -lt $2 ]; do
-    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
-      2> /dev/null && return 0
-    kill -0 $3 2> /dev/null || return 1
-    sleep 0.5
-  done
-  return 1
-}
+. bench/servers.sh  # up (its stop and served are not used: the servers here are process groups)
 
 measure() {  # $1 label, $2 url, $3 concurrencies, $4 vocabulary: the serve workload, a JSON line a concurrency
   for c in ${3//,/ }; do
@@ -167,7 +159,8 @@ measure() {  # $1 label, $2 url, $3 concurrencies, $4 vocabulary: the serve work
 }
 
 came_up() {  # $1 label, $2 url, $3 deadline (date +%s), $4 pid, $5 start (date +%s.%N): wait for /health; its start-up in $BG/$1_startup.json
-  if up_by $2 $3 $4; then
+  local left=$(($3 - $(date +%s)))
+  if up $2 $((left > 1 ? left : 1)) $4; then  # (one poll at least: up already, after the deadline, counts)
     echo "{\"label\": \"$1\", \"startup_s\": $(python3 -c "import time; print(round(time.time() - $5, 1))")}" > $BG/$1_startup.json
     say "$1 up in $(python3 -c "import json; print(json.load(open('$BG/$1_startup.json'))['startup_s'])") s (GPU apps: $(apps))"
     return 0
