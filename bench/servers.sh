@@ -1,7 +1,8 @@
 # Shell helpers the GPU serving benchmarks source (bench/serve_gpu.sh, moe_serve_gpu.sh).
 
-up() {  # wait for $1/health (at most $2 seconds) while process $3 lives
-  for _ in $(seq 1 $(($2 * 5))); do
+up() {  # wait for $1/health (at most $2 seconds, by the clock: each poll's python start-up counts) while process $3 lives
+  local until=$(($(date +%s) + $2))
+  while [ $(date +%s) -lt $until ]; do
     python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
       2> /dev/null && return 0
     kill -0 $3 2> /dev/null || return 1
