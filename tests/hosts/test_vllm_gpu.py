@@ -82,31 +82,41 @@ def setup(tmp_path_factory):
     return folder, ckpt, manifest, prompts
 
 
+def with_kern(folder, ckpt, manifest, log_name: str, work):
+    """`kern serve` on the deployment while `work(port, model)` runs; what it returns."""
+    port = free_port()
+    with open(folder / log_name, "w") as log:
+        p = serve([sys.executable, "-m", "kern.cli", "serve", str(ckpt), "--manifest", str(manifest),
+                   "--port", str(port)], port, log)
+        try:
+            model = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())["data"][0]["id"]
+            return work(port, model)
+        finally:
+            p.terminate()
+            p.wait(60)
+
+
+def with_vllm(folder, ckpt, manifest, log_name: str, work, *flags: str):
+    """`vllm serve` with the plugin on the deployment (model name "kern") while `work(port)` runs."""
+    port = free_port()
+    with open(folder / log_name, "w") as log:
+        p = serve([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
+                   "--served-model-name", "kern", "--port", str(port), "--max-model-len", str(CONTEXT),
+                   "--max-num-seqs", "16", *flags, "--hf-overrides", json.dumps({"architectures": ["KernForCausalLM"]})],
+                  port, log, env={"KERN_MANIFEST": str(manifest), "HF_HUB_OFFLINE": "1"})
+        try:
+            return work(port)
+        finally:
+            p.terminate()
+            p.wait(60)
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_vllm_with_kern_gives_kern_serves_greedy_text(setup):
     folder, ckpt, manifest, prompts = setup
-    port = free_port()
-    with open(folder / "kern.log", "w") as log:
-        p = serve([sys.executable, "-m", "kern.cli", "serve", str(ckpt), "--manifest", str(manifest),
-                   "--port", str(port)], port, log)
-        try:
-            kern = texts(port, json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())
-                         ["data"][0]["id"], prompts)
-        finally:
-            p.terminate()
-            p.wait(60)
-    port = free_port()
-    with open(folder / "vllm.log", "w") as log:
-        p = serve([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-                   "--served-model-name", "kern", "--port", str(port), "--max-model-len", str(CONTEXT),
-                   "--max-num-seqs", "16", "--hf-overrides", json.dumps({"architectures": ["KernForCausalLM"]})],
-                  port, log, env={"KERN_MANIFEST": str(manifest), "HF_HUB_OFFLINE": "1"})
-        try:
-            served = texts(port, "kern", prompts)
-        finally:
-            p.terminate()
-            p.wait(60)
+    kern = with_kern(folder, ckpt, manifest, "kern.log", lambda port, model: texts(port, model, prompts))
+    served = with_vllm(folder, ckpt, manifest, "vllm.log", lambda port: texts(port, "kern", prompts))
     assert kern[0] == kern[1], "kern serve: a prompt's text depends on its batch"
     assert served[0] == kern[0], f"vLLM+kern alone differs from kern serve:\n{served[0]}\n{kern[0]}"
     assert served[1] == kern[0], f"vLLM+kern batched differs from kern serve:\n{served[1]}\n{kern[0]}"
@@ -124,34 +134,17 @@ def preemptions(port: int) -> float:
 def test_vllm_preempting_on_kern_pages_keeps_kern_serves_text(setup):
     """vLLM given too few pages for its batch preempts requests (frees their pages, recomputes them
     later) on kern's pages: 8 prompts of 200 tokens + 32 out want 8 x 15 pages of 16 tokens, and
-    vLLM gets 72 (the fewest its 1,024-token context allows). Each text is still the one `kern
+    vLLM gets 72 (a few more than the 64 its 1,024-token context needs). Each text is still the one `kern
     serve` gives the prompt alone, and vLLM's counter says it did preempt (else this tests nothing)."""
     folder, ckpt, manifest, _ = setup
     prompts = [[1000 + 37 * i + j for j in range(200)] for i in range(8)]
-    port = free_port()
-    with open(folder / "kern_preempt.log", "w") as log:
-        p = serve([sys.executable, "-m", "kern.cli", "serve", str(ckpt), "--manifest", str(manifest),
-                   "--port", str(port)], port, log)
-        try:
-            model = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models").read())["data"][0]["id"]
-            kern = [complete(port, model, q) for q in prompts]
-        finally:
-            p.terminate()
-            p.wait(60)
-    port = free_port()
-    with open(folder / "vllm_preempt.log", "w") as log:
-        p = serve([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-                   "--served-model-name", "kern", "--port", str(port), "--max-model-len", str(CONTEXT),
-                   "--max-num-seqs", "16", "--num-gpu-blocks-override", "72",
-                   "--hf-overrides", json.dumps({"architectures": ["KernForCausalLM"]})],
-                  port, log, env={"KERN_MANIFEST": str(manifest), "HF_HUB_OFFLINE": "1"})
-        try:
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                served = list(pool.map(lambda q: complete(port, "kern", q), prompts))
-            preempted = preemptions(port)
-        finally:
-            p.terminate()
-            p.wait(60)
+    kern = with_kern(folder, ckpt, manifest, "kern_preempt.log",
+                     lambda port, model: [complete(port, model, q) for q in prompts])
+
+    def together(port):
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(lambda q: complete(port, "kern", q), prompts)), preemptions(port)
+    served, preempted = with_vllm(folder, ckpt, manifest, "vllm_preempt.log", together, "--num-gpu-blocks-override", "72")
     assert preempted > 0, "vLLM preempted nothing: the test did not reach preemption (give it fewer pages)"
     for i, (a, b) in enumerate(zip(served, kern)):
         assert a == b, f"prompt {i}: vLLM+kern under preemption differs from kern serve:\n{a}\n{b}"
