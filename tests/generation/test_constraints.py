@@ -153,8 +153,9 @@ def test_several_end_tokens_each_end_a_document(tiny_llama, byte_tokenizer):
 
 
 def test_an_llguidance_that_takes_one_end_token_gets_the_lowest():
-    """vLLM 0.26 pins llguidance 1.6, whose LLTokenizer takes one end token and raises TypeError
-    for a list; kern runs in vLLM's process with it (this crashed `kern serve` there at start-up)."""
+    """llguidance 1.6's LLTokenizer takes one end token and raises TypeError for a list; kern ran in
+    a vLLM environment that held it (the GPU image's peer wheel set; vLLM 0.26 itself declares
+    >=1.7,<1.8) and this crashed `kern serve` there at start-up."""
     got = []
 
     class OneEnd:
