@@ -29,22 +29,6 @@ LAYERS, LAYER, CONV, SLOTS = 2, 1, 4, 8
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    from cuda_gpu import Gpu
-    from cuda_kernel_docs import in_sources
-    from kern.runtime.devices.cuda.driver import open_device
-    from kern_models.kimi_linear.kernels.cuda import CUBINS
-
-    device = open_device(0)
-    out = tmp_path_factory.mktemp("kimi_cubins")
-    CUBINS.provide(out)
-    g = Gpu(device, out)
-    g.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
-    yield g
-    g.close()
-
-
-@pytest.fixture(scope="module")
 def ops():
     from kern_models.kimi_linear.kernels.cuda import table
 

@@ -33,22 +33,6 @@ LAYER = 1
 SHAPES = [(32, 128, 64, 512), (9, 16, 16, 32)]  # heads, nope, rope, kv_lora
 
 
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    from cuda_gpu import Gpu
-    from cuda_kernel_docs import in_sources
-    from kern.runtime.devices.cuda.driver import open_device
-    from kern_models.kimi_linear.kernels.cuda import CUBINS
-
-    device = open_device(0)
-    out = tmp_path_factory.mktemp("kimi_cubins")
-    CUBINS.provide(out)
-    g = Gpu(device, out)
-    g.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
-    yield g
-    g.close()
-
-
 class Attend:
     """One shape's cache (3 sequences of 150, 70 and 40 cached tokens) and queries (q_lat f32,
     q bf16 [rows, heads, nope | rope]) for every position of every sequence; attend(entry,
