@@ -30,9 +30,7 @@ class RawPages:
 
     def take(self, k: int) -> list[int]:
         """k pages leased from the pool without caching."""
-        n = k * self.page_tokens
-        lease = self.paging.lease([], n, cache=False).lease
-        self.paging.extend(lease, [0] * n)
+        lease = lease_many(self.model, 1, k * self.page_tokens)[0]
         pages = list(lease.page_table(self.state))
         self._leases[tuple(pages)] = lease
         return pages
@@ -47,12 +45,7 @@ class RawPages:
         st = m.protocol.for_rows(1, None if ragged or len(ids) > 1 else 1)
         inputs = {st.inputs["token"]: np.array(ids, np.int32),
                   st.inputs["position"]: np.arange(start, start + len(ids), dtype=np.int32)}
-        for pt in st.page_tables:
-            row = np.zeros((1, m.engine.shapes[pt.buffer][1]), np.int32)
-            row[0, :len(pages)] = pages
-            inputs[pt.buffer] = row
-        for si in st.slots:
-            inputs[si.buffer] = np.array([self._leases[tuple(pages)].slot(si.state)], np.int32)
+        inputs.update(lease_inputs(m, st, [self._leases[tuple(pages)]]))
         if "seq_len" in st.inputs:
             inputs[st.inputs["seq_len"]] = np.array([start + len(ids)], np.int32)
         if "cu_seqlens" in st.inputs:
@@ -74,13 +67,7 @@ class RawPages:
         inputs = {st.inputs["token"]: np.array([t for s in seqs for t in s], np.int32),
                   st.inputs["position"]: np.array([a + j for s, a in zip(seqs, starts) for j in range(len(s))],
                                                   np.int32)}
-        for pt in st.page_tables:
-            table = np.zeros((n, m.engine.shapes[pt.buffer][1]), np.int32)
-            for i, pg in enumerate(pages):
-                table[i, :len(pg)] = pg
-            inputs[pt.buffer] = table
-        for si in st.slots:
-            inputs[si.buffer] = np.array([self._leases[tuple(pg)].slot(si.state) for pg in pages], np.int32)
+        inputs.update(lease_inputs(m, st, [self._leases[tuple(pg)] for pg in pages]))
         if "seq_len" in st.inputs:
             inputs[st.inputs["seq_len"]] = np.array([a + len(s) for s, a in zip(seqs, starts)], np.int32)
         if "cu_seqlens" in st.inputs:
