@@ -46,6 +46,10 @@ def main() -> int:
     ap.add_argument("--python", default="python3.12", help="a Python 3.12 interpreter")
     ap.add_argument("--out", default=".vdeps")
     args = ap.parse_args()
+    for given, what in ((args.freeze, "--freeze: no such file"), (args.peer_wheels, "--peer-wheels: no such folder")):
+        if not Path(given).exists():
+            print(f"bench/vllm_deps.py: {what}: {given}", file=sys.stderr)
+            return 2
     image = {}
     for line in Path(args.freeze).read_text().splitlines():
         if "==" in line:

@@ -97,21 +97,19 @@ fi
 # TRACE=1: where vLLM's steps spend kern's time. vLLM with the plugin once more, eager (its decode
 # graphs replay without calling the model, so a trace of a graphed vLLM misses them), KERN_TRACE
 # recording every call it fed kern at 32 streams; then `kern bench` of that trace (docs/vllm.md).
-if [ "${TRACE:-0}" = 1 ] && [ -n "${TRACE_FILE:-}" ]; then
-  cp "$TRACE_FILE" $OUT/vllm_steps.trace  # a trace an earlier call took (bench/traces/), priced alone
-fi
 if [ "${TRACE:-0}" = 1 ]; then
-  if [ -z "${TRACE_FILE:-}" ]; then
-  T0=$(date +%s.%N)
-  KERN_TRACE=$OUT/vllm_steps.trace KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 \
-    python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 --max-model-len $MAXLEN --enforce-eager \
-    --hf-overrides '{"architectures":["KernForCausalLM"]}' > $OUT/vllm_trace_serve.log 2>&1 &
-  PID=$!
-  if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
-    timeout ${CURVE_S:-90} python3 bench/serve.py --url http://127.0.0.1:8102 --label vllm_trace --requests 64 $WORK \
-      --concurrency 32 > /dev/null 2>> $OUT/vllm_trace_bench.log
-  fi
-  stop $PID
+  if [ -n "${TRACE_FILE:-}" ]; then
+    cp "$TRACE_FILE" $OUT/vllm_steps.trace  # a trace an earlier call took (bench/traces/), priced alone
+  else
+    KERN_TRACE=$OUT/vllm_steps.trace KERN_MANIFEST=$MANIFEST PYTHONPATH=/tmp/vsite:$PYTHONPATH HF_HUB_OFFLINE=1 \
+      python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port 8102 --max-model-len $MAXLEN --enforce-eager \
+      --hf-overrides '{"architectures":["KernForCausalLM"]}' > $OUT/vllm_trace_serve.log 2>&1 &
+    PID=$!
+    if up http://127.0.0.1:8102 ${VLLM_UP_S:-300} $PID; then
+      timeout ${CURVE_S:-90} python3 bench/serve.py --url http://127.0.0.1:8102 --label vllm_trace --requests 64 $WORK \
+        --concurrency 32 > /dev/null 2>> $OUT/vllm_trace_bench.log
+    fi
+    stop $PID
   fi
   timeout ${TRACE_BENCH_S:-150} kern bench $MANIFEST --workload $OUT/vllm_steps.trace --weights $CKPT \
     --json $OUT/vllm_steps_bench.json > $OUT/vllm_steps_bench.txt 2>&1
