@@ -37,10 +37,11 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          without a checkpoint); TTFT, output tok/s and the state memory a sequence holds,
          measured and computed; $OUT/long_{kern,vllm}.json and long_summary.txt (vLLM from the
          wheels in /tmp/vsite: bench/kimi_long_gpu.sh says which call does what)
---kda-form tokens|chunked: the sm_90a build for parity, decode and profile: the default build
-(batch-invariant; its prompt recurrence kda_tokens, decode's step a token at a time) or, with
-chunked, the faster one (batch_invariant=False: cuBLASLt, the chunked kernel): two calls with
---steps ckpt,profile,decode price one against the other.
+--kda-form tc|tokens|chunked: the sm_90a build for parity, decode and profile: the default build
+(batch-invariant; its recurrence kda_tc, chunks fixed by position on tensor cores, or with tokens
+kda_tokens, decode's step a token at a time) or, with chunked, the faster one
+(batch_invariant=False: cuBLASLt, the chunked kernel): calls with --steps ckpt,profile,decode
+price one against the other.
 $OUT/summary.json and $OUT/summary.txt are rewritten after each step; a step that fails leaves
 the others' results there (parity, decode and serve need a checkpoint: this call's ckpt step's
 or one an earlier call left in /tmp/kimi/ckpt).
@@ -288,7 +289,7 @@ def main() -> int:
     ap.add_argument("--long-timeout", type=int, default=560, help="the long step's, each server's")
     ap.add_argument("--long-flags", default="", help="bench/kimi_long.py's own flags (a dry run's: "
                                                       "'--target cpu --cases 2x1500,1x3000 --output 16')")
-    ap.add_argument("--kda-form", default="", choices=["", "chunked", "tokens"],
+    ap.add_argument("--kda-form", default="", choices=["", "chunked", "tokens", "tc"],
                     help="the prompt recurrence's form for parity, decode and profile (default: the build's own)")
     ap.add_argument("--serve-flags", default="", help="bench/hybrid_serve.py's own flags (a dry run's lighter "
                                                       "workload, e.g. '--requests 16 --prompt 48 --shared 16')")

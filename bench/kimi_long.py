@@ -137,16 +137,26 @@ def kern_seq_bytes(mem: dict, tokens: int) -> int:
             + sum(mem["slot_bytes"].values()))
 
 
-def raw_state(cfg: dict, elem: int = 2) -> dict:
+def raw_state(cfg: dict, elem: int = 2, kda_rows: int = 0) -> dict:
     """Kimi-Linear's state before the generator pads it (manifests/common.py state_constants):
     the MLA cache a token (every MLA layer's latent and key part, `elem` bytes each: bf16 on
     sm_90a) and the KDA state a sequence (every KDA layer's recurrence [heads, dim, dim] and its
-    convolution windows [conv - 1, 3 x heads x dim], f32)."""
+    convolution windows [conv - 1, 3 x heads x dim], f32, and kda_rows rows of dim a head kept
+    inside a chunk: sm_90a's default build's kda_tc, 3 x 16)."""
     from kern_models.kimi_linear.config import shape_of
 
     s = shape_of(cfg)
     return {"token_bytes": len(s.mla_layers) * (s.kv_lora + s.rope) * elem,
-            "slot_bytes": len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2 + (s.conv - 1) * 3 * s.qkv) * 4}
+            "slot_bytes": len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2 + (s.conv - 1) * 3 * s.qkv
+                                               + kda_rows * s.qkv) * 4}
+
+
+def kda_rows(target: str) -> int:
+    """The rows of dim a KDA head keeps inside a chunk in `target`'s default build (sm_90a's
+    kda_tc: k, gc and v' of 16 rows; the cpu reference keeps none)."""
+    from kern_models.kimi_linear.kernels.cuda import table
+
+    return table.KDA_TC_ROWS * table.KDA_TC_C if target == "cuda" else 0
 
 
 def kern_plan(manifest: Path, device_bytes: int = H200, overhead: int = 1 << 30, lengths=(32768 + OUTPUT,
@@ -371,7 +381,7 @@ def measure(args, url: str, server: str, cfg: dict, result: dict, write) -> None
         target = args.target or "cuda"
         # the deployment kern serve generated for this checkpoint (the same key: a cache hit)
         mem = kern_memory(deployment_for(args.long_ckpt, target))
-        raw = raw_state(cfg, elem=2 if target == "cuda" else 4)
+        raw = raw_state(cfg, elem=2 if target == "cuda" else 4, kda_rows=kda_rows(target))
         result["memory"] = {"kern": mem, "raw": raw}
         first = kern_gauges(url)
         _, units = kern_sampler(url, mem, {})

@@ -3,10 +3,16 @@ mla_attend_tc*), at Kimi-Linear's shape (32 heads, kv_lora 512, rope 64, nope 12
 4 prompts x 512 (positions 0 .. 511 each) and a decode step of 64 rows at context 512 and
 4096. Each case: median ms of a CUDA graph replay (Gpu.graph_ms: 3 warm-up, 5 timed; the
 launch repeated REPS times in the graph), the tensor-core speed-up, TFLOP/s of the absorbed
-form (2 x heads x (576 + 512) a (row, key)), and the max |new - old| of o_lat. Writes
-$OUT/mla_tc.json (and prints it).
+form (2 x heads x (576 + 512) a (row, key)), and the max |new - old| of o_lat.
 
-    python bench/probes/mla_tc.py   (on the H200; under a minute)"""
+Issue 38's long contexts (tensor cores only: the CUDA-core kernel would take seconds): decode
+of 1 and 8 rows at context 32,768 and 131,072 at the deployment's split (MLA_CHUNK) against the
+same kernel unsplit (chunk = the context: one block a (row, head group) walks it all, the order
+before the split, other bits), and a prefill of 1 x 8,192 at offset 24,576 (positions 24,576 ..
+32,767). Each long sequence has its own pages (the 8 rows do not share keys), their contents
+a repeated random block. Writes $OUT/mla_tc.json (and prints it).
+
+    python bench/probes/mla_tc.py   (on the H200; a few minutes)"""
 
 from __future__ import annotations
 
@@ -28,15 +34,37 @@ from cuda_kernel_docs import in_sources  # noqa: E402
 from kern.runtime.devices.cuda.driver import open_device  # noqa: E402
 from kern_models.common.kernel_table import Op  # noqa: E402
 from kern_models.kimi_linear.kernels.cuda import CUBINS, table  # noqa: E402
+from kern_models.kimi_linear.manifests.cuda import MLA_CHUNK  # noqa: E402
 
 HEADS, NOPE, ROPE, LORA, PAGE = 32, 128, 64, 512, 64
 REPS = 10
 FORMS = {"cores": ("mla_attend", "mla_attend_decode"), "tensor": ("mla_attend_tc", "mla_attend_tc_decode")}
 
 
-def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool) -> dict:
-    """seqs sequences of ctx cached tokens; rows_of: the (seq, pos) rows of the step."""
-    cache = M.Cache(rng, [ctx] * seqs, LORA, ROPE, page_tokens=PAGE, layers=1)
+class LongCache:
+    """M.Cache's layout for long sequences without drawing every row: a random block of BLOCK
+    tokens repeated, each sequence on its own shuffled pages."""
+
+    BLOCK = 4096
+
+    def __init__(self, rng, lengths, kv_lora: int, rope: int, page_tokens: int, layers: int = 1):
+        self.kv_lora, self.rope, self.width = kv_lora, rope, kv_lora + rope
+        self.page_tokens, self.layers = page_tokens, layers
+        self.token_bytes = 1 << (layers * self.width * 2 - 1).bit_length()
+        self.pages_per_seq = max(-(-n // page_tokens) for n in lengths)
+        n_pages = len(lengths) * self.pages_per_seq
+        per = self.token_bytes // 2
+        base = M.bf16_bits(rng.standard_normal(self.BLOCK * per).astype(np.float32))
+        self.bits = np.resize(base, n_pages * page_tokens * per)
+        self.table = rng.permutation(n_pages).astype(np.int32).reshape(len(lengths), self.pages_per_seq)
+
+
+def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool, forms=("cores", "tensor"), chunks=(MLA_CHUNK,),
+         reps: int = REPS) -> dict:
+    """seqs sequences of ctx cached tokens; rows_of: the (seq, pos) rows of the step; the tensor
+    form at each of `chunks` (its split; the first is the one compared)."""
+    long = ctx > 4096
+    cache = (LongCache if long else M.Cache)(rng, [ctx] * seqs, LORA, ROPE, page_tokens=PAGE, layers=1)
     rows = len(rows_of)
     named = dict(q_lat=gpu.put((rng.standard_normal((rows, HEADS, LORA)) * 0.6).astype(np.float32)),
                  q=gpu.put(M.bf16_bits((rng.standard_normal((rows, HEADS, NOPE + ROPE)) * 0.6).astype(np.float32))),
@@ -50,16 +78,30 @@ def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool) -> dict:
         named |= dict(page_table=gpu.put(cache.table[[s for s, _ in rows_of]]))
     keys = sum(p + 1 for _, p in rows_of)
     out, o = {}, {}
-    for form, (pre, dec) in FORMS.items():
+    runs = [(f, None) for f in forms if f == "cores"] + [("tensor", c) for c in chunks if "tensor" in forms]
+    for form, chunk in runs:
+        pre, dec = FORMS[form]
+        name = form if chunk in (None, chunks[0]) else f"tensor_chunk{chunk}"
         named["o_lat"] = gpu.empty(rows * HEADS * LORA * 4)
-        launches = op_launches(gpu, Op((pre if prefill else dec,)).to_manifest(table.BY_ENTRY), named) * REPS
+        if chunk is not None:
+            splits = -(-ctx // chunk)
+            named |= dict(chunk=chunk, splits=splits, part_o=gpu.empty(rows * HEADS * splits * LORA * 4),
+                          part_ml=gpu.empty(rows * HEADS * splits * 2 * 4),
+                          sem=gpu.put(np.zeros(rows * HEADS, np.int32)))
+        launches = op_launches(gpu, Op((pre if prefill else dec,)).to_manifest(table.BY_ENTRY), named) * reps
         launch_all(launches[:1], gpu.stream)  # once outside the graph: the shared-memory attribute set
         gpu.stream.synchronize()
-        ms = gpu.graph_ms(launches, per=REPS)
-        o[form] = gpu.get(named["o_lat"], np.float32, (rows, HEADS, LORA))
-        out[form] = {"ms": round(ms, 4), "tflops": round(2 * HEADS * (LORA + ROPE + LORA) * keys / ms / 1e9, 2)}
-    out["speedup"] = round(out["cores"]["ms"] / out["tensor"]["ms"], 2)
-    out["max_abs_diff"] = float(np.abs(o["tensor"] - o["cores"]).max())
+        ms = gpu.graph_ms(launches, per=reps)
+        o[name] = gpu.get(named["o_lat"], np.float32, (rows, HEADS, LORA))
+        out[name] = {"ms": round(ms, 4), "tflops": round(2 * HEADS * (LORA + ROPE + LORA) * keys / ms / 1e9, 2)}
+        if chunk is not None:
+            out[name]["chunk"] = chunk
+    if "cores" in out and "tensor" in out:
+        out["speedup"] = round(out["cores"]["ms"] / out["tensor"]["ms"], 2)
+        out["max_abs_diff"] = float(np.abs(o["tensor"] - o["cores"]).max())
+    for name in [n for n in out if n.startswith("tensor_chunk")]:  # the split against one chunk
+        out[name + "_over_split"] = round(out[name]["ms"] / out["tensor"]["ms"], 2)
+        out[name]["max_abs_diff"] = float(np.abs(o[name] - o["tensor"]).max())
     return out
 
 
@@ -73,6 +115,13 @@ def main() -> None:
     res["prefill_4x512"] = case(gpu, rng, 4, [(s, p) for s in range(4) for p in range(512)], 512, True)
     for ctx in (512, 4096):
         res[f"decode_64_ctx{ctx}"] = case(gpu, rng, 64, [(s, ctx - 1) for s in range(64)], ctx, False)
+    # issue 38's long contexts, tensor cores: the split against the unsplit order (chunk = ctx)
+    for ctx in (32768, 131072):
+        for n in (1, 8):
+            res[f"decode_{n}_ctx{ctx}"] = case(gpu, rng, n, [(s, ctx - 1) for s in range(n)], ctx, False,
+                                               forms=("tensor",), chunks=(MLA_CHUNK, ctx))
+    res["prefill_1x8192_at24576"] = case(gpu, rng, 1, [(0, p) for p in range(24576, 32768)], 32768, True,
+                                         forms=("tensor",), reps=1)
     gpu.close()
     text = json.dumps(res, indent=1)
     print(text)

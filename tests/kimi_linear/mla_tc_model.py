@@ -3,10 +3,15 @@ model of the kernel's order, and a paged latent cache of random rows, shared by 
 the model (test_mla_tc_model.py), the GPU tests (test_cuda_gpu_mla_tc.py) and the timing probe
 (bench/probes/mla_tc.py).
 
-The model follows mla_tc.cu step for step in f32: q rounded to bf16, keys in tiles of BN from
-key 0, a tile's scores the sum of 4 runs of k16 steps (((run0 + run1) + run2) + run3), the
-online softmax in log2 units (attention_tc.cuh's attn_softmax_pv), P rounded to bf16 times the
-latents, l a quad's 4 column parts added in xor order, o = acc / l. What it cannot model is
+The model follows mla_tc.cu step for step in f32: q rounded to bf16; a row's keys cut in chunks
+of `chunk` keys from key 0 (CHUNK, the deployment's split: manifests/cuda.py MLA_CHUNK), a chunk
+in tiles of BN from its first key; a tile's scores the sum of 4 runs of k16 steps (((run0 +
+run1) + run2) + run3), the online softmax in log2 units (attention_tc.cuh's attn_softmax_pv), P
+rounded to bf16 times the latents; a chunk's l its quad's 4 column parts added in xor order; the
+chunks' (m, l, acc) folded in order 0, 1, ... from (-inf, 0, 0) (attention_tc.cuh's attn_fold),
+o = A / L. A chunk's (m, l, acc) depends on its keys alone, so decode (a block a chunk, its
+partial stored, the last block folding them) and prefill (a block walking the chunks, folding
+as it goes) give a row the same bits: model_partial and model_fold are those two halves. What it cannot model is
 the mma's own sum of a k16 step's 16 products (the hardware's, undocumented): it takes them in
 float64 rounded once to f32 (a k16 step) -- so it predicts the kernel within rounding, not to
 the bit. It runs any rows packed 16 to an mma tile in any order, as the kernel's groups do."""
@@ -16,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 BN, RUNS, K16 = 32, 4, 16  # mla_tc.cu MLA_BN, the 4 warps' runs of the scores, the mma's k
+CHUNK = 2048  # manifests/cuda.py MLA_CHUNK: keys a chunk (a multiple of BN)
 LOG2E = np.float32(1.4426950408889634)
 BF16 = np.uint16
 
@@ -49,10 +55,12 @@ def reference(q_abs: np.ndarray, keys: np.ndarray, kv_lora: int, nope: int, rope
     return (p @ keys[:, :kv_lora].astype(np.float64)) / p.sum()
 
 
-def model_group(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nope: int, rope: int) -> np.ndarray:
-    """The kernel's order for one mma tile of 16 rows (heads) sharing one context: q_abs [16,
-    width] f32 (rounded to bf16 here, as the kernel loads it), keys [>= ctx, width] bf16 values in
-    f32. Returns o [16, kv_lora] f32."""
+def model_partial(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nope: int, rope: int, k0: int,
+                  k1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk, keys k0 .. k1 - 1 (k0 a multiple of BN, k1 <= ctx), for one mma tile of 16 rows
+    (heads) sharing one context: q_abs [16, width] f32 (rounded to bf16 here, as the kernel loads
+    it), keys [>= ctx, width] bf16 values in f32. Returns the chunk's (m [16], l [16], acc [16,
+    kv_lora]) f32: what a decode block stores as its partial."""
     f32 = np.float32
     width = keys.shape[1]
     nk = width // K16
@@ -62,9 +70,9 @@ def model_group(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nop
     m = np.full(16, -np.inf, f32)
     lpart = np.zeros((16, 4), f32)  # a row's l: the 4 threads of its quad, 2 columns of each 8
     acc = np.zeros((16, kv_lora), f32)
-    for kb in range(0, ctx, BN):
+    for kb in range(k0, k1, BN):
         tile = np.zeros((BN, width), np.float64)
-        n = min(BN, ctx - kb)
+        n = min(BN, k1 - kb)
         tile[:n] = keys[kb:kb + n]
         s = np.zeros((16, BN), f32)
         for w in range(RUNS):  # a warp's run: its k16 steps in order, the mma's f32 accumulator
@@ -93,11 +101,43 @@ def model_group(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nop
     l = (lpart[:, 0] + lpart[:, 1]).astype(f32)
     l2 = (lpart[:, 2] + lpart[:, 3]).astype(f32)
     l = (l + l2).astype(f32)  # the xor order: (t0 + t1) + (t2 + t3)
-    return (acc / l[:, None]).astype(f32)
+    return m, l, acc
+
+
+def model_fold(parts) -> np.ndarray:
+    """The chunks' partials (m, l, acc) folded in order from (-inf, 0, 0), as attn_fold: M' =
+    max(M, m), co = exp2(M - M'), cz = exp2(m - M'), L = L co + l cz, A = A co + acc cz (each
+    product and sum rounded to f32); o = A / L."""
+    f32 = np.float32
+    M = L = A = None
+    for m, l, acc in parts:
+        if M is None:
+            M, L, A = np.full_like(m, -np.inf), np.zeros_like(l), np.zeros_like(acc)
+        Mn = np.maximum(M, m)
+        with np.errstate(invalid="ignore"):
+            co = np.exp2((M - Mn).astype(f32)).astype(f32)
+        cz = np.exp2((m - Mn).astype(f32)).astype(f32)
+        L = ((L * co).astype(f32) + (l * cz).astype(f32)).astype(f32)
+        A = ((A * co[:, None]).astype(f32) + (acc * cz[:, None]).astype(f32)).astype(f32)
+        M = Mn
+    return (A / L[:, None]).astype(f32)
+
+
+def chunks(ctx: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    """A row's chunks: keys [z chunk, min(ctx, (z + 1) chunk)) for z = 0 .. ceil(ctx / chunk) - 1."""
+    assert chunk % BN == 0
+    return [(k0, min(ctx, k0 + chunk)) for k0 in range(0, ctx, chunk)]
+
+
+def model_group(q_abs: np.ndarray, keys: np.ndarray, ctx: int, kv_lora: int, nope: int, rope: int,
+                chunk: int = CHUNK) -> np.ndarray:
+    """The kernel's order for one mma tile of 16 rows (heads) sharing one context (model_partial's
+    q_abs and keys): every chunk's partial, folded in order. Returns o [16, kv_lora] f32."""
+    return model_fold(model_partial(q_abs, keys, ctx, kv_lora, nope, rope, k0, k1) for k0, k1 in chunks(ctx, chunk))
 
 
 def model_rows(q_abs: np.ndarray, keys_of, ctxs: np.ndarray, kv_lora: int, nope: int, rope: int,
-               order: np.ndarray | None = None) -> np.ndarray:
+               order: np.ndarray | None = None, chunk: int = CHUNK) -> np.ndarray:
     """Rows of (position, head) pairs, q_abs [n, width], packed 16 to a tile in `order` (a
     permutation of the rows; rows of one tile must share a context: the kernel packs heads of one
     position), the last tile padded by repeating its last row. keys_of(i): row i's keys."""
@@ -108,7 +148,7 @@ def model_rows(q_abs: np.ndarray, keys_of, ctxs: np.ndarray, kv_lora: int, nope:
         idx = order[t0:t0 + 16]
         pad = np.concatenate([idx, np.repeat(idx[-1:], 16 - len(idx))])
         assert len(set(ctxs[pad])) == 1, "a tile's rows share one context"
-        o = model_group(q_abs[pad], keys_of(idx[0]), int(ctxs[idx[0]]), kv_lora, nope, rope)
+        o = model_group(q_abs[pad], keys_of(idx[0]), int(ctxs[idx[0]]), kv_lora, nope, rope, chunk)
         out[idx] = o[:len(idx)]
     return out
 

@@ -108,23 +108,33 @@ def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tm
 
 @pytest.mark.parametrize("target", ["cuda", "sm_90a"])
 def test_the_gpu_build_s_prompt_forms_and_the_refused_ones_in_one_line(target, tmp_path):
-    """sm_90a's prompt recurrence, under the op kda_chunked that kern test pairs with the
-    reference's: decode's step a token at a time (kda_tokens), the default build's only form and
-    the faster build's on request, or the chunked kernel, the faster build's default, which the
-    batch-invariant build refuses (its bits depend on where a prompt was cut)."""
+    """sm_90a's prompt recurrence, under the ops kda_chunked and kda_step that kern test pairs
+    with the reference's: chunks fixed by position on tensor cores (kda_tc_head and kda_tc, decode
+    kda_tc_decode),
+    the default build's default; decode's step a token at a time (kda_tokens, decode kda_step), on
+    request in either build; or the chunked kernel, the faster build's default, which the
+    batch-invariant build refuses (its bits depend on where a prompt was cut). kda_tc's slot
+    keeps the chunk's rows: 3 x 16 rows of dim f32 a head a layer more."""
     import json
 
     from kern_models.kimi_linear.generator import generate
 
-    for options, entry in (({}, "kda_tokens"), ({"batch_invariant": False}, "kda_chunked"),
-                           ({"batch_invariant": False, "kda_form": "tokens"}, "kda_tokens")):
+    slots = {}
+    tc = "kda_tc_head+kda_tc"  # the first chunk's rows a sequence continues, then the rest
+    for options, entry, step in (({}, tc, "kda_tc_decode"), ({"batch_invariant": False}, "kda_chunked", "kda_step"),
+                                 ({"kda_form": "tokens"}, "kda_tokens", "kda_step"),
+                                 ({"batch_invariant": False, "kda_form": "tokens"}, "kda_tokens", "kda_step"),
+                                 ({"batch_invariant": False, "kda_form": "tc"}, tc, "kda_tc_decode")):
         m = json.loads(generate({**BASE}, tmp_path / entry / str(len(options)), target=target, **options).read_text())
-        assert [la["entry"] for la in m["ops"]["kda_chunked"]["impl"]["launches"]] == [entry], options
+        assert "+".join(la["entry"] for la in m["ops"]["kda_chunked"]["impl"]["launches"]) == entry, options
+        assert [la["entry"] for la in m["ops"]["kda_step"]["impl"]["launches"]] == [step], options
+        slots[entry] = m["constants"]["kda_slot_bytes"]
+    assert slots[tc] > slots["kda_tokens"] == slots["kda_chunked"]
     for options, message in (({"kda_form": "blocked"},
-                              "kda_form 'blocked': the sm_90a recurrence's prompt form is one of chunked, tokens"),
+                              "kda_form 'blocked': the sm_90a recurrence's prompt form is one of chunked, tokens, tc"),
                              ({"kda_form": "chunked"},
                               "kda_form 'chunked': its bits depend on where a prompt was cut, so the batch-invariant "
-                              "build takes 'tokens' (the faster build, batch_invariant=False, takes either)")):
+                              "build takes 'tc' or 'tokens' (the faster build, batch_invariant=False, takes any)")):
         with pytest.raises(ConfigError) as e:
             generate({**BASE}, tmp_path / "x", target=target, **options)
         assert str(e.value) == message

@@ -87,7 +87,7 @@ def _entries(m: dict, program: str) -> list[str]:
 def test_every_program_of_the_default_build_computes_a_row_alike(published):
     """The default build is batch-invariant (docs/determinism.md): no program launches cuBLASLt
     or the chunked recurrence; every projection is the gemv or its wgmma twin, the experts
-    moe_wg.cu's, the prompt's recurrence decode's step a token at a time."""
+    moe_wg.cu's, the recurrence kda_tc.cu's chunks fixed by position (prefill and decode)."""
     for prog in ("prefill", "decode", "decode_wide"):
         entries = _entries(published, prog)
         assert not [e for e in entries if e.startswith("extern:")], prog
@@ -95,7 +95,9 @@ def test_every_program_of_the_default_build_computes_a_row_alike(published):
         assert _ops(published, prog).count("moe_combine_residual") == 7, prog
         assert not {"moe_gemv_gate_up", "moe_group_gate_up", "moe_combine"} & set(entries), prog
     decode, prefill, wide = (_entries(published, p) for p in ("decode", "prefill", "decode_wide"))
-    assert decode.count("kda_step") == wide.count("kda_step") == prefill.count("kda_tokens") == 6
+    assert decode.count("kda_tc_decode") == wide.count("kda_tc_decode") == prefill.count("kda_tc") == \
+        prefill.count("kda_tc_head") == 6
+    assert not {"kda_step", "kda_tokens"} & set(decode + wide + prefill)
     assert decode.count("moe_gather_gate_up") == decode.count("moe_gather_down") == 7 and "moe_sort" not in decode
     for entries in (prefill, wide):
         assert [entries.count(e) for e in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", "moe_router_gemm")] == \
@@ -153,8 +155,10 @@ def test_the_kernel_table_matches_the_sources():
 
 
 def test_every_kernel_of_the_family_is_launched_by_one_build_or_the_other(published, faster):
+    """... or by the prompt form either build takes on request (kda_tokens: kda_form="tokens")."""
     launched = {e for m in (published, faster) for p in m["programs"] for e in _entries(m, p)}
-    assert {k.entry for k in table.KERNELS} <= launched
+    assert {k.entry for k in table.KERNELS} - launched == {"kda_tokens"}
+    assert table.ops("tokens")["kda_chunked"]["impl"]["launches"][0]["entry"] == "kda_tokens"
 
 
 def test_the_pins_are_of_this_tree_s_sources():
@@ -184,28 +188,32 @@ JUDGE = dict(seed=4, seqs=3, decode_steps=4, max_prompt=60)
 
 @pytest.fixture(scope="module")
 def builds(kimi_config, tmp_path_factory) -> dict:
-    """The tiny model's sm_90a deployments by batch_invariant: the default build and the faster one."""
+    """The tiny model's sm_90a deployments by batch_invariant: the default build and the faster
+    one; "tokens": the default build with kda_form="tokens"."""
     from kern_models.kimi_linear.generator import generate
 
-    return {inv: generate(kimi_config, tmp_path_factory.mktemp(f"kimi_sm90a_{inv}"), target="cuda", context=256,
-                          batch_invariant=inv).parent for inv in (True, False)}
+    out = {inv: generate(kimi_config, tmp_path_factory.mktemp(f"kimi_sm90a_{inv}"), target="cuda", context=256,
+                         batch_invariant=inv).parent for inv in (True, False)}
+    out["tokens"] = generate(kimi_config, tmp_path_factory.mktemp("kimi_sm90a_tokens"), target="cuda", context=256,
+                             kda_form="tokens").parent
+    return out
 
 
-def planted(base, out, reps: list[tuple[str, str]], ops: list[str]):
-    """The deployment `base` copied to `out` with the kda module rebuilt from a patched kda.cu
-    (nvcc) and the given ops pointed at it: one kernel's bug, every other op untouched."""
+def planted(base, out, reps: list[tuple[str, str]], ops: list[str], source: str = "kda.cu"):
+    """The deployment `base` copied to `out` with a module rebuilt from a patched `source` (nvcc)
+    and the given ops pointed at it: one kernel's bug, every other op untouched."""
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(base, out)
-    src = (CUBINS.folder / "kda.cu").read_text()
+    src = (CUBINS.folder / source).read_text()
     for old, new in reps:
         assert src.count(old) == 1, f"planted patch does not apply: {old!r}"
         src = src.replace(old, new)
     (out / "src").mkdir()
-    (out / "src" / "kda.cu").write_text(src)
-    cubin = CUBINS.compile(out / "src" / "kda.cu", out / "kernels" / "planted", shutil.which("nvcc"))
+    (out / "src" / source).write_text(src)
+    cubin = CUBINS.compile(out / "src" / source, out / "kernels" / "planted", shutil.which("nvcc"))
     m = json.loads((out / "manifest.json").read_text())
-    m["modules"]["planted"] = {"source": "kernels/planted/kda.cubin",
+    m["modules"]["planted"] = {"source": f"kernels/planted/{cubin.name}",
                                "sha256": hashlib.sha256(cubin.read_bytes()).hexdigest()}
     for op in ops:
         for launch in m["ops"][op]["impl"]["launches"]:
@@ -214,14 +222,19 @@ def planted(base, out, reps: list[tuple[str, str]], ops: list[str]):
     return out
 
 
-BUGS = {  # name -> (patch of kda.cu, ops that take it, the span its FAIL must name, the build it is planted in)
+BUGS = {  # name -> (patch of the source, ops that take it, the span its FAIL must name, the build it is
+    # planted in, the source: kda.cu unless named)
     # the decay rate read as A_log itself, its exp forgotten: a gate that forgets too slowly
     "gate": ([("*p = -((float)exp((double)to_f(a_log[c / dim])) * sp);", "*p = -(to_f(a_log[c / dim]) * sp);")],
              ["kda_gate"], "kda_gate -> kda_gate", True),
-    # the default build's prompt recurrence (kda_tokens) starting every step from a zero state: a
-    # prompt cut over two prefill steps forgets its first part
-    "carry": ([("s[i] = (i < D && j < D && !fresh) ? S[(size_t)i * D + j] : 0.f;", "s[i] = 0.f;")], ["kda_chunked"],
-              "kda_chunked -> kda_chunked", True),
+    # the default build's prompt recurrence (kda_tc) starting every step from a zero chunk-start
+    # state: a prompt cut over two prefill steps past its first chunk forgets its earlier chunks
+    "carry": ([("m.S[(i / dv) * SS + i % dv] = fresh ? 0.f : Sg[(i / dv) * D + col0 + i % dv];",
+               "m.S[(i / dv) * SS + i % dv] = 0.f;")],
+              ["kda_chunked"], "kda_chunked -> kda_chunked", True, "kda_tc.cu"),
+    # the token-at-a-time form's (kda_tokens, kda_form="tokens"): the same
+    "tokens_carry": ([("s[i] = (i < D && j < D && !fresh) ? S[(size_t)i * D + j] : 0.f;", "s[i] = 0.f;")],
+                     ["kda_chunked"], "kda_chunked -> kda_chunked", "tokens"),
     # the faster build's: the state carried into the next chunk without the chunk's decay
     "chunk_carry": ([("float acc = S[idx] * expf(G[(n - 1) * D + e]);", "float acc = S[idx];")], ["kda_chunked"],
                     "kda_chunked -> kda_chunked", False),
@@ -229,10 +242,11 @@ BUGS = {  # name -> (patch of kda.cu, ops that take it, the span its FAIL must n
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch_invariant", [True, False])
+@pytest.mark.parametrize("batch_invariant", [True, False, "tokens"])
 def test_sm90a_passes_kern_test_against_the_cpu_reference(batch_invariant, kimi_dep, kimi_ckpt, builds):
-    """Either build against the cpu reference (whose prompt recurrence is the default build's
-    form, a token at a time; the faster build's chunks are judged against it too)."""
+    """Either build against the cpu reference (whose prompt recurrence runs a token at a time;
+    the default build's chunks fixed by position on tensor cores and the faster build's chunks
+    are judged against it), and the default build in the tokens form."""
     from kern.judge.judge import Options, judge
 
     r = judge(kimi_dep, builds[batch_invariant], kimi_ckpt, Options(**JUDGE))
@@ -246,8 +260,8 @@ def test_sm90a_passes_kern_test_against_the_cpu_reference(batch_invariant, kimi_
 def test_a_planted_kernel_bug_fails_and_names_its_span(bug, kimi_dep, kimi_ckpt, builds, tmp_path):
     from kern.judge.judge import Options, judge
 
-    reps, ops, span, batch_invariant = BUGS[bug]
-    r = judge(kimi_dep, planted(builds[batch_invariant], tmp_path / bug, reps, ops), kimi_ckpt, Options(**JUDGE))
+    reps, ops, span, build, *source = BUGS[bug]
+    r = judge(kimi_dep, planted(builds[build], tmp_path / bug, reps, ops, *source), kimi_ckpt, Options(**JUDGE))
     print("\n".join(r.lines + [r.verdict.line]))
     assert r.verdict.status == "FAIL" and r.verdict.code == 1, r.verdict.line
     assert "failing span " in r.verdict.line and span in r.verdict.line, r.verdict.line

@@ -1,10 +1,11 @@
 """The Kimi-Linear kernels behind a request's bytes not depending on its batch or on where its
 prompt was cut, on the GPU, bit for bit (docs/determinism.md):
 
-- the prompt's recurrence in the invariant form (kda_tokens, the op kda_chunked of a
-  kda_form="tokens" build): a prompt fed whole, or cut anywhere into prefill steps each beside
-  other sequences, or its last rows decoded by kda_step at any row of a batch, gives every
-  token's output and the state after it the same bytes;
+- the prompt's recurrence in the invariant forms (kda_tc and kda_tc_decode, the default build's
+  ops kda_chunked and kda_step; kda_tokens and kda_step, a kda_form="tokens" build's): a prompt
+  fed whole, or cut anywhere into prefill steps each beside other sequences, or its last rows
+  decoded at any row of a batch, gives every token's output and the state after it the same
+  bytes (kda_tc's: the state at the chunk's start and the chunk's rows kept);
 - MLA: a prompt row through prefill's attention (absorb, attend, expand over ragged rows) gives
   the bytes the same token gets decoded, whatever rows share either step;
 - the default build's plain projections: linear_gemm (prefill's and the wide decode's rows)
@@ -26,13 +27,23 @@ pytestmark = pytest.mark.gpu
 
 BF16 = np.uint16
 LAYERS, LAYER, CONV, SLOTS = 2, 1, 4, 8
+SPLIT = 32  # mla_tc's chunk of keys here (the deployment's: 2,048), so the 40-token sequence spans two
 
 
-@pytest.fixture(scope="module")
-def ops():
+@pytest.fixture(scope="module", params=["tc", "tokens"])
+def ops(request):
     from kern_models.kimi_linear.kernels.cuda import table
 
-    return table.ops("tokens")
+    return table.ops(request.param)
+
+
+def _kept_rows(ops: dict) -> int:
+    """The rows of dim f32 a head keeps in the slot after every layer's part: kda_tc's k, gc and
+    v' of its chunk (3 x 16), the other forms none."""
+    from kern_models.kimi_linear.kernels.cuda import table
+
+    tc = any(la["entry"] == "kda_tc" for la in ops["kda_chunked"]["impl"]["launches"])
+    return table.KDA_TC_ROWS * table.KDA_TC_C if tc else 0
 
 
 def _bf16(rng, shape, scale=1.0) -> np.ndarray:
@@ -64,7 +75,8 @@ class Kda:
                           g=-rng.uniform(0.001, 0.6, (n, self.W)).astype(np.float32),
                           b=rng.standard_normal((n, heads)).astype(np.float32)) for n in lengths]
         per = heads * dim * dim + (CONV - 1) * 3 * self.W
-        self.slot_bytes = LAYERS * per * 4
+        self.kept = _kept_rows(ops)
+        self.slot_bytes = LAYERS * (per + self.kept * self.W) * 4
         self.state = gpu.empty(SLOTS * self.slot_bytes)
         self.geo = dict(layer=LAYER, layers=LAYERS, heads=heads, dim=dim, conv=CONV, slot_bytes=self.slot_bytes)
 
@@ -80,8 +92,8 @@ class Kda:
         return cat("mix"), cat("g"), cat("b"), pos
 
     def prefill(self, parts) -> list[np.ndarray]:
-        """One kda_tokens launch of these (sequence, first row, rows) parts, sequence s on slot s;
-        each part's outputs."""
+        """One launch of the op kda_chunked (kda_tokens, kda_tc) over these (sequence, first row,
+        rows) parts, sequence s on slot s; each part's outputs."""
         mix, g, b, pos = self._rows(parts)
         rows = len(pos)
         o = self.gpu.empty(rows * self.W * 2)
@@ -91,11 +103,12 @@ class Kda:
             slot=self.gpu.put(np.array([s for s, _, _ in parts], np.int32)), cu_seqlens=self.gpu.put(cu),
             pos=self.gpu.put(pos), o=o, n_seqs=len(parts), **self.geo, **self.extra))
         out = self.gpu.get(o, BF16, (rows, self.W))
-        assert not (out == 0xFFFF).any(), "kda_tokens left an output unwritten"
+        assert not (out == 0xFFFF).any(), "the prefill recurrence left an output unwritten"
         return [out[cu[i]:cu[i + 1]] for i in range(len(parts))]
 
     def decode(self, rows) -> list[np.ndarray]:
-        """One kda_step launch of these (sequence, row) one-token rows; each row's output."""
+        """One launch of the op kda_step (kda_step, kda_tc_decode) over these (sequence, row)
+        one-token rows; each row's output."""
         parts = [(s, r, 1) for s, r in rows]
         mix, g, b, pos = self._rows(parts)
         o = self.gpu.empty(len(rows) * self.W * 2)
@@ -104,15 +117,25 @@ class Kda:
             slot=self.gpu.put(np.array([s for s, _ in rows], np.int32)), pos=self.gpu.put(pos), o=o,
             rows=len(rows), **self.geo))
         out = self.gpu.get(o, BF16, (len(rows), self.W))
-        assert not (out == 0xFFFF).any(), "kda_step left an output unwritten"
+        assert not (out == 0xFFFF).any(), "the decode recurrence left an output unwritten"
         return list(out)
 
-    def layer_state(self, s: int) -> np.ndarray:
-        """Sequence s's recurrent state in the tested layer (its slot's part), as raw bits."""
+    def layer_state(self, s: int, n: int | None = None) -> np.ndarray:
+        """Sequence s's recurrent state in the tested layer (its slot's part) after its first n
+        rows (all of them by default), as raw bits; kda_tc's: the state at the chunk's start,
+        then the rows the chunk keeps (k, gc and v' of rows 0 .. n % 16 - 1 of each head)."""
+        from kern_models.kimi_linear.kernels.cuda import table
+
         per = self.heads * self.dim * self.dim + (CONV - 1) * 3 * self.W
-        whole = self.gpu.get(self.state, np.uint32, (SLOTS, LAYERS, per))
-        bits = whole[s, LAYER, :self.heads * self.dim * self.dim].copy()
+        slot = self.gpu.get(self.state, np.uint32, (SLOTS, self.slot_bytes // 4))[s]
+        bits = slot[LAYER * per:LAYER * per + self.heads * self.dim * self.dim].copy()
         assert not (bits == 0xFFFFFFFF).any(), f"sequence {s}'s state left unwritten"
+        if self.kept:
+            C = table.KDA_TC_C
+            t = (len(self.seqs[s]["mix"]) if n is None else n) % C
+            kept = slot[LAYERS * per:].reshape(LAYERS, self.heads, table.KDA_TC_ROWS, C, self.dim)[LAYER, :, :, :t]
+            assert not (kept == 0xFFFFFFFF).any(), f"sequence {s}'s kept rows left unwritten"
+            bits = np.concatenate([bits, kept.reshape(-1)])
         return bits
 
 
@@ -156,8 +179,9 @@ def test_a_prompt_cut_anywhere_beside_other_sequences_gets_the_bytes_it_gets_who
 
 
 def test_the_chunked_form_s_bits_do_depend_on_the_cut(gpu):
-    """What the tokens form is for: the same cuts through kda_chunked's 16-row chunks (the
-    default build's prefill) move some sequence's bytes (the test above has teeth)."""
+    """What the invariant forms are for: the same cuts through kda_chunked's 16-row chunks from
+    each call's first row (the faster build's prefill) move some sequence's bytes (the test
+    above has teeth)."""
     from kern_models.kimi_linear.kernels.cuda import table
 
     assert _cut_anywhere(Kda(gpu, table.ops("chunked"), 4, 128, [45, 30, 19, 52], seed=128, extra={"chunk": 16}))
@@ -215,6 +239,13 @@ def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, mla_form, heads, 
                      o_lat=gpu.empty(rows * heads * kv_lora * 4), rows=rows, **geo)
         if cu is not None:
             named |= dict(cu_seqlens=gpu.put(np.asarray(cu, np.int32)), n_seqs=len(cu) - 1)
+        if mla_form == "tensor":  # mla_tc's split; decode: a block a (row, head group, chunk), the last folds
+            named["chunk"] = SPLIT
+            if cu is None:
+                splits = -(-(max(pos) + 1) // SPLIT) + 1
+                named |= dict(splits=splits, part_o=gpu.empty(rows * heads * splits * kv_lora * 4),
+                              part_ml=gpu.empty(rows * heads * splits * 2 * 4),
+                              sem=gpu.put(np.zeros(rows * heads, np.int32)))
         _run(gpu, ops[spec], named)
         out = gpu.get(o, BF16, (rows, heads * v_dim))
         assert not (out == 0xFFFF).any(), f"{spec} left an output unwritten"

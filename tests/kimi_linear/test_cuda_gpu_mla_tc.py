@@ -8,7 +8,13 @@ cache of random latents), bit for bit where the contract says so (docs/determini
    different companions: the same bits;
 3. against a float64 numpy reference of the absorbed attention (q_lat rounded to bf16, as the
    kernel rounds it) within bf16's rounding, and against the CUDA-core kernel mla.cu keeps for
-   the faster build (mla_attend*, q_lat in f32) within the same tolerance.
+   the faster build (mla_attend*, q_lat in f32) within the same tolerance;
+4. the split (keys in chunks of `chunk` from key 0, folded in order; a decode block a chunk):
+   at a small chunk (32, 64) a prompt cut across chunk boundaries, decoded past several chunks,
+   alone and in a batch, gets the same bits, the counters are zero after every launch, and the
+   numpy model of the order agrees within rounding; at the deployment's chunk (2,048) a
+   sequence of 5,000 tokens (3 chunks) at the real shape: prefill rows at and past the chunk
+   boundaries = decoded alone = decoded among 8 rows.
 
 The real shape (32 heads, kv_lora 512, rope 64, nope 128) and the tiny checkpoint's (9 heads:
 a partial head group; kv_lora 32, rope 16: short and empty runs of the scores).
@@ -50,7 +56,9 @@ class Attend:
         self.q = [M.bf16_bits((rng.standard_normal((n, heads, nope + rope)) * 0.6).astype(np.float32))
                   for n in self.LENGTHS]
 
-    def attend(self, entry: str, picks: list[tuple[int, int]]) -> np.ndarray:
+    def attend(self, entry: str, picks: list[tuple[int, int]], chunk: int = M.CHUNK, extra: int = 1) -> np.ndarray:
+        """chunk: mla_tc's split (the tensor-core entries); decode's grid holds `extra` chunks
+        more than its longest row needs (the step's reach past it)."""
         from cuda_gpu import op_launches
         from kern.runtime.devices.cuda.launch import launch
         from kern_models.common.kernel_table import Op
@@ -64,6 +72,14 @@ class Attend:
                      o_lat=gpu.empty(rows * self.heads * self.kv_lora * 4), pages_per_seq=c.pages_per_seq, rows=rows,
                      layer=LAYER, layers=c.layers, heads=self.heads, nope=self.nope, rope=self.rope,
                      kv_lora=self.kv_lora, page_tokens=c.page_tokens, token_bytes=c.token_bytes)
+        tc = "_tc" in entry
+        if tc:
+            named["chunk"] = chunk
+        if tc and not prefill:
+            splits = max(-(-(p + 1) // chunk) for _, p in picks) + extra
+            named |= dict(splits=splits, part_o=gpu.empty(rows * self.heads * splits * self.kv_lora * 4),
+                          part_ml=gpu.empty(rows * self.heads * splits * 2 * 4),
+                          sem=gpu.put(np.zeros(rows * self.heads, np.int32)))
         if prefill:
             seqs = [s for i, (s, _) in enumerate(picks) if i == 0 or picks[i - 1][0] != s]
             assert len(seqs) == len(set(seqs)), "prefill's rows: each sequence's together"
@@ -77,6 +93,8 @@ class Attend:
         gpu.stream.synchronize()
         out = gpu.get(named["o_lat"], np.float32, (rows, self.heads, self.kv_lora))
         assert not np.isnan(out).any(), f"{entry} left an output unwritten (or NaN)"
+        if "sem" in named:
+            assert not gpu.get(named["sem"], np.int32, (rows * self.heads,)).any(), "a split counter not zero again"
         return out
 
 
@@ -148,3 +166,63 @@ def test_the_kernel_matches_float64_attention_and_the_cuda_core_kernel(attn):
     for j, (s, p) in enumerate(picks):
         if s == 0:
             assert np.array_equal(pre[p], got[j])
+
+
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_the_split_gives_a_prompt_cut_across_chunks_and_decoded_the_same_bits(attn, chunk):
+    """Sequence 0's 150 tokens are 3 to 5 chunks: cut at and beside the boundaries, each piece
+    beside another sequence's rows; decoded alone and in a shuffled batch (more chunks in the
+    grid than any row needs)."""
+    n = attn.LENGTHS[0]
+    whole = attn.attend("mla_attend_tc", [(0, p) for p in range(n)], chunk)
+    pieces = []
+    for lo, hi in [(0, 1), (1, chunk - 1), (chunk - 1, chunk + 1), (chunk + 1, 2 * chunk), (2 * chunk, n)]:
+        other = [(1, p) for p in range(10, 10 + (hi - lo) % 5 + 1)]
+        pieces.append(attn.attend("mla_attend_tc", other + [(0, p) for p in range(lo, hi)], chunk)[len(other):])
+    assert np.array_equal(np.concatenate(pieces), whole), "cut prefill != whole prefill"
+    one = attn.attend("mla_attend_tc_decode", [(0, p) for p in range(n)], chunk)  # every row its own blocks
+    assert np.array_equal(one, whole), "decoded != prefilled"
+    rng = np.random.default_rng(chunk)
+    picks = [(0, p) for p in (0, chunk - 1, chunk, chunk + 1, 2 * chunk, n - 1)]
+    for _ in range(2):
+        batch = [picks[i] for i in rng.permutation(len(picks))] + [(1, attn.LENGTHS[1] - 1), (2, attn.LENGTHS[2] - 1), (1, 3)]
+        got = attn.attend("mla_attend_tc_decode", batch, chunk, extra=3)
+        for j, (_, p) in enumerate(batch[:len(picks)]):
+            assert np.array_equal(got[j], whole[p]), f"position {p}: decoded in a batch != prefilled"
+    for p in (chunk, n - 1):
+        assert np.array_equal(attn.attend("mla_attend_tc_decode", [(0, p)], chunk)[0], whole[p])
+    # the numpy model of the split order, within rounding
+    for p in (chunk + 1, n - 1):
+        keys = attn.cache.tokens(0, LAYER, p + 1)
+        q_abs = np.concatenate([attn.q_lat[0][p], M.from_bits(attn.q[0][p, :, attn.nope:])], axis=1)
+        want = M.model_rows(q_abs, lambda i: keys, np.full(attn.heads, p + 1), attn.kv_lora, attn.nope, attn.rope,
+                            chunk=chunk)
+        assert np.abs(whole[p] - want).max() < 1e-4 * max(1.0, np.abs(want).max()), p
+
+
+def test_the_split_at_the_deployment_chunk_over_a_long_sequence(gpu):
+    """The real shape, one sequence of 5,000 tokens (chunks of 2,048: 3) beside a short one:
+    prefill rows around the boundaries = decoded alone = decoded among 8 rows, and float64."""
+    heads, nope, rope, kv_lora = SHAPES[0]
+    rng = np.random.default_rng(3)
+    a = Attend.__new__(Attend)
+    a.gpu, a.heads, a.nope, a.rope, a.kv_lora = gpu, heads, nope, rope, kv_lora
+    a.LENGTHS = [5000, 40]
+    a.cache = M.Cache(rng, a.LENGTHS, kv_lora, rope)
+    a.kv = gpu.put(a.cache.bits)
+    a.q_lat = [(rng.standard_normal((n, heads, kv_lora)) * 0.6).astype(np.float32) for n in a.LENGTHS]
+    a.q = [M.bf16_bits((rng.standard_normal((n, heads, nope + rope)) * 0.6).astype(np.float32)) for n in a.LENGTHS]
+    ps = [2046, 2047, 2048, 2049, 4095, 4096, 4999]
+    pre = a.attend("mla_attend_tc", [(0, p) for p in range(2040, 2056)] + [(0, p) for p in range(4090, 4100)]
+                   + [(0, 4999)])
+    at = {p: i for i, p in enumerate([*range(2040, 2056), *range(4090, 4100), 4999])}
+    batch = a.attend("mla_attend_tc_decode", [(1, 39), *[(0, p) for p in ps]])
+    for j, p in enumerate(ps):
+        alone = a.attend("mla_attend_tc_decode", [(0, p)])[0]
+        assert np.array_equal(alone, pre[at[p]]), f"position {p}: decoded alone != prefilled"
+        assert np.array_equal(batch[1 + j], pre[at[p]]), f"position {p}: decoded among 8 rows != prefilled"
+    keys = a.cache.tokens(0, LAYER, 5000)
+    for h in (0, heads - 1):
+        q_abs = np.concatenate([a.q_lat[0][4999, h], M.from_bits(a.q[0][4999, h, nope:])])
+        want = M.reference(M.bf16_round(q_abs), keys, kv_lora, nope, rope)
+        assert np.abs(pre[at[4999], h] - want).max() < 1.5e-2

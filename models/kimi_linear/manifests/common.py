@@ -103,15 +103,18 @@ def padded(raw: int) -> int:
     return 1 << (raw - 1).bit_length() if raw <= SLOT_ALIGN else -(-raw // SLOT_ALIGN) * SLOT_ALIGN
 
 
-def state_constants(s: KimiShape, elem: int) -> dict:
+def state_constants(s: KimiShape, elem: int, kda_rows: int = 0) -> dict:
     """The bytes of a token of the MLA cache (`elem` bytes an element) and of a KDA slot (f32),
-    each padded (the kernels address units by these strides, the used part first)."""
+    each padded (the kernels address units by these strides, the used part first). kda_rows:
+    rows of dim f32 a head a layer kept after every layer's state and window (sm_90a's kda_tc:
+    the current chunk's k, gc and v', 3 x 16)."""
     out = {}
     if s.mla_layers:
         out["kv_token_bytes"] = padded(len(s.mla_layers) * (s.kv_lora + s.rope) * elem)
     if s.kda_layers:
         out["kda_slot_bytes"] = padded(len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2
-                                                            + (s.conv - 1) * 3 * s.qkv) * 4)
+                                                            + (s.conv - 1) * 3 * s.qkv
+                                                            + kda_rows * s.qkv) * 4)
     return out
 
 

@@ -8,9 +8,11 @@ the others do. Projections reduce in llama's gemv k order: the gemv (`linear`, `
 in decode, its wgmma twins (`linear_rows`, `linear_rows_f32`) in prefill and the wide decode;
 the routed experts are Qwen3-MoE's invariant block (moe_wg.cu: the gather gemvs in decode,
 moe_sort's tiles on wgmma otherwise), their weighted sum added onto the shared expert's output
-in choice order (moe_combine_residual); the prompt's recurrence runs a token at a time through
-decode's step (kda_form "tokens"); MLA's attention on tensor cores (mla_tc.cu), one order a
-(row, head) in prefill and decode. batch_invariant=False (the faster build): projections
+in choice order (moe_combine_residual); the recurrence in chunks of 16 positions fixed by
+position on tensor cores, prefill and decode one routine (kda_form "tc", kda_tc.cu: a token
+computed as its row of its chunk, the slot keeping the chunk's start state and its rows so far;
+"tokens", a token at a time through decode's step, on request); MLA's attention on tensor cores
+(mla_tc.cu), one order a (row, head) in prefill and decode. batch_invariant=False (the faster build): projections
 through cuBLASLt (`linear`, `linear_f32`), the prompt's recurrence in 16-row chunks, the
 experts moe.cu's gemvs and wmma tiles, MLA's attention on CUDA cores (mla.cu's mla_attend);
 MLA is row-wise in either build.
@@ -49,19 +51,32 @@ PREFILL_SEQS = 256
 ARGMAX_CHUNKS = 128
 # The longest context the generator offers: the model's own max_position_embeddings, clipped to
 # this. llama's 32,768 is for its rope table and decode partials, which grow with the context;
-# Kimi-Linear's MLA has neither (no rope; mla_attend walks a row's tokens in one block), so here
-# the bound only sizes the page tables (ceil(context / 16) int32 a row, written by the host each
-# step: 64 KiB a row at 262,144), and it holds issue 38's 131,072-token prompt and its 64 out
-# (bench/kimi_long.py). Past it (the published model's million) is untested.
+# Kimi-Linear's MLA has no rope table, and its decode partials (mla_tc.cu's split, MLA_CHUNK)
+# are rows x heads x ceil(context / MLA_CHUNK) x (kv_lora + 2) f32 a decode program (at
+# 262,144, 32 heads and kv_lora 512: 8.0 MiB a row, 2.0 GiB for decode_wide's 256 rows), beside
+# the page tables (ceil(context / 16) int32 a row, written by the host each step: 64 KiB a row
+# at 262,144); it holds issue 38's 131,072-token prompt and its 64 out (bench/kimi_long.py).
+# Past it (the published model's million) is untested.
 MAX_CONTEXT = 262144
+# MLA's split (mla_tc.cu, the default build's attention): a row's keys cut in chunks of this
+# many from key 0, each chunk's (m, l, acc) folded in order; a decode block a (row, 16 heads,
+# chunk). Part of the order (another chunk: other bits), so fixed by the deployment, never by
+# the batch. 2,048: issue 38's lone stream at 131,072 decodes through 64 chunks x 2 head groups =
+# 128 blocks (the H200's 132 SMs, one wave), 8 streams at 32,768 through 256 (2 blocks an SM);
+# a chunk's partial (16 heads x 512 f32, 32 KiB) is 1.4% of the 2.25 MiB of keys it reads, and
+# the folding block reads 64 of them at 131,072 (2 MiB); 1,024 would double both and the
+# partials buffer. Contexts up to 2,048 are one chunk: one block a (row, head group) as before
+# the split, o_lat written at once, no partials.
+MLA_CHUNK = 2048
 DENSE_OPS = ("embed", "rms_norm", "add_rms_norm", "gather_last", "silu_mul", "sample", "gemv_logits")
 
 
-def check_shape(s: KimiShape, batch_invariant: bool = True) -> None:
+def check_shape(s: KimiShape, batch_invariant: bool = True, kda_form: str = "chunked") -> None:
     """What these kernels support (kernels/cuda/KERNELS.md); every problem at once."""
     t, problems = table, []
-    if s.kda_layers and (s.kda_dim > t.MAX_DIM or s.kda_dim % 8):
-        problems.append(f"linear head_dim {s.kda_dim}: the KDA kernels take a multiple of 8 up to {t.MAX_DIM}")
+    step = 16 if kda_form == "tc" else 8  # kda_tc.cu's k16 steps over the channels
+    if s.kda_layers and (s.kda_dim > t.MAX_DIM or s.kda_dim % step):
+        problems.append(f"linear head_dim {s.kda_dim}: the KDA kernels take a multiple of {step} up to {t.MAX_DIM}")
     if s.kda_layers and not 1 <= s.conv <= t.MAX_CONV:
         problems.append(f"short_conv_kernel_size {s.conv}: kda_conv takes 1 to {t.MAX_CONV}")
     if s.mla_layers:
@@ -70,6 +85,8 @@ def check_shape(s: KimiShape, batch_invariant: bool = True) -> None:
             problems.append(f"kv_lora_rank {s.kv_lora} + qk_rope_head_dim {s.rope}: the MLA kernels take a latent "
                             f"that is a multiple of 32 up to {t.MAX_LORA} and a width that is a multiple of 16 up "
                             f"to {t.MAX_LATENT}")
+        if MLA_CHUNK % t.MLA_TC_BN:
+            problems.append(f"MLA_CHUNK {MLA_CHUNK}: mla_tc.cu walks a chunk in tiles of {t.MLA_TC_BN} keys")
         if s.nope > t.MAX_NOPE:
             problems.append(f"qk_nope_head_dim {s.nope}: mla_absorb takes at most {t.MAX_NOPE}")
     if any(s.sparse):
@@ -178,14 +195,24 @@ class _Program:
         where = [buffer_arg(p + "page_table")] + ([] if self.decode else [buffer_arg(p + "cu_seqlens")]) + [buffer_arg(p + "pos")]
         counts = [value_arg(pages), value_arg(R)] + ([] if self.decode else [value_arg(self.seqs)])
         geo = [value_arg("kv_lora"), value_arg("rope"), value_arg("page_tokens"), value_arg("kv_token_bytes")]
+        scratch, split = [], []
+        if self.batch_invariant:  # mla_tc.cu's split: the chunk, and decode's partials
+            split = [value_arg(MLA_CHUNK)]
+            if self.decode:
+                splits = {"ceil_div": ["context", MLA_CHUNK]}
+                scratch = [self.ws("mla_part_o", [R, "heads", splits, "kv_lora"], "f32"),
+                           self.ws("mla_part_ml", [R, "heads", splits, 2], "f32")]
+                self.buffers.setdefault(p + "mla_sem", buffer([R, "heads"], "carry", "i32"))
+                scratch.append(buffer_arg(p + "mla_sem"))
+                split.append(value_arg({"ceil_div": ["reach", MLA_CHUNK]}))
         return [
             *q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"),
             {"op": "mla_append_decode" if self.decode else "mla_append",
              "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *where, *counts, value_arg(k), value_arg("mla_layers"), *geo, value_arg(s.eps)]},
             {"op": "mla_attention_decode" if self.decode else "mla_attention",
-             "args": [buffer_arg(p + "q"), kv, *where, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), q_lat, o_lat, *counts, value_arg(k),
-                      value_arg("mla_layers"), value_arg("heads"), value_arg("nope"), value_arg("rope"), value_arg("kv_lora"), value_arg("page_tokens"),
-                      value_arg("kv_token_bytes"), value_arg("v_dim")]},
+             "args": [buffer_arg(p + "q"), kv, *where, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), q_lat, o_lat, *scratch, *counts,
+                      value_arg(k), value_arg("mla_layers"), value_arg("heads"), value_arg("nope"), value_arg("rope"), value_arg("kv_lora"),
+                      value_arg("page_tokens"), value_arg("kv_token_bytes"), *split, value_arg("v_dim")]},
             self.lin("attn", f"o_w.{l}", "attn_out", "hidden", {"mul": ["heads", "v_dim"]}),
         ]
 
@@ -332,18 +359,20 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
           batch_invariant: bool = True) -> dict:
     """batch_invariant (the default): every program computes a row as the others do, so a
     request's bytes do not depend on its batch, its chunking or a cache hit (docs/determinism.md);
-    False: the faster build (cuBLASLt, moe.cu's expert kernels). kda_form: the prompt's
-    recurrence, "tokens" (a token at a time through decode's step, kda_tokens: a token's bits
-    whatever cut its prompt; the invariant build's only form) or "chunked" (kda_chunked's 16-row
-    chunks; the faster build's default)."""
-    kda_form = kda_form or ("tokens" if batch_invariant else "chunked")
+    False: the faster build (cuBLASLt, moe.cu's expert kernels). kda_form: the recurrence, "tc"
+    (kda_tc.cu: chunks of 16 positions on tensor cores, decode a row of its chunk; a token's bits
+    whatever cut its prompt; the invariant build's default), "tokens" (a token at a time through
+    decode's step, kda_tokens: the same contract, slower) or "chunked" (kda_chunked's 16-row
+    chunks from each call's first row, its bits depend on the cut; the faster build's default,
+    refused by the invariant build)."""
+    kda_form = kda_form or ("tc" if batch_invariant else "chunked")
     if kda_form not in table.KDA_FORMS:
         raise ConfigError(f"kda_form {kda_form!r}: the sm_90a recurrence's prompt form is one of "
                           f"{', '.join(table.KDA_FORMS)}")
-    if batch_invariant and kda_form != "tokens":
+    if batch_invariant and kda_form == "chunked":
         raise ConfigError(f"kda_form {kda_form!r}: its bits depend on where a prompt was cut, so the batch-invariant "
-                          "build takes 'tokens' (the faster build, batch_invariant=False, takes either)")
-    check_shape(s, batch_invariant)
+                          "build takes 'tc' or 'tokens' (the faster build, batch_invariant=False, takes any)")
+    check_shape(s, batch_invariant, kda_form)
     if seqs > DECODE_SEQS:
         raise ConfigError(f"seqs {seqs}: the gathered-experts decode program steps at most {DECODE_SEQS} sequences "
                           f"(larger batches step through decode_wide, up to {WIDE_SEQS})")
@@ -360,7 +389,8 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {n: op for n, op in _ops(kda_form, batch_invariant).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})
-    sizes = state_constants(s, 2)
+    # kda_tc keeps, beside each KDA layer's state at its chunk's start, the chunk's rows so far
+    sizes = state_constants(s, 2, table.KDA_TC_ROWS * table.KDA_TC_C if kda_form == "tc" else 0)
     return {
         "schema_version": 1, "model": model, "target": {"device": "cuda", "arch": table.ARCH},
         "constants": {**constants(s), **sizes},

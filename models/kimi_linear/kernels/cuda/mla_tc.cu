@@ -6,15 +6,26 @@
 // (attend_tc) in one order, so a token prefilled and the same token decoded get the same bits,
 // whatever rows share either launch (the contract of docs/determinism.md).
 //
-// The order of one (row, head) over its keys 0 .. pos (no decode split: one chunk):
+// The order of one (row, head) over its keys 0 .. pos:
 // - q is rounded to bf16 (q_lat is f32 from mla_absorb; FlashMLA rounds it so too), the keys
-//   are the cache's bf16 rows; keys in tiles of MLA_BN from key 0;
+//   are the cache's bf16 rows; keys cut in chunks of `chunk` keys from key 0 (the deployment's
+//   split, a multiple of MLA_BN: manifests/cuda.py MLA_CHUNK), a chunk in tiles of MLA_BN from
+//   its first key;
 // - a tile's scores S = q K^T on mma.sync m16n8k16 (fp32 accumulate), the width's nk = width /
 //   16 k16 steps cut in 4 runs of kw = ceil(nk / 4) (run w: steps w kw .. , each run summed in
 //   step order from 0), S = ((run0 + run1) + run2) + run3, each add rounded;
 // - then attention_tc.cuh's softmax and P V (attn_softmax_pv): scale in log2 units, running
 //   max, exp2, l a thread's columns, P rounded to bf16 times the latents on mma;
-// - the row's l its quad's parts in attention_tc's xor order; o_lat = acc / l.
+// - a chunk's l its quad's parts in attention_tc's xor order; the chunks' (m, l, acc) folded in
+//   order 0, 1, ... from (-inf, 0, 0) (attention_tc's attn_fold), o_lat = A / L (one chunk:
+//   exactly acc / l, the fold's co = 0 and cz = 1).
+// Prefill (a block a row) walks the row's chunks in order and folds each as it ends: M and L in
+// registers, A in o_lat itself (each thread reads back only what it wrote), so no partials and
+// no second launch. Decode (a block a (row, 16 heads, chunk): grid z the chunks) writes its
+// chunk's (m, l, acc) to part_ml / part_o unless the row has one chunk (then o_lat at once, as
+// before the split); the last of a (row, head group)'s blocks to finish (counter sem, zero
+// between launches, reset by that block) folds the partials in chunk order. The same f32 ops
+// on the same f32 values in the same order either way: a row's bits whole, cut, decoded.
 // Every scalar op rounded explicitly (the header's and the adds here): inlining cannot change a
 // contraction. A block holds MT groups of 16 query heads of one row (the mma's 16 rows: heads
 // past `heads` repeat the last one, never stored); the mma sums a row's products depending on
@@ -75,14 +86,92 @@ __device__ __forceinline__ unsigned mla_tc_q2(const float *__restrict__ q_lat, c
     return (unsigned)p[0] | ((unsigned)p[1] << 16);
 }
 
-// Row r (its context ctx = pos + 1, its sequence's page table `table`), heads h0 .. h0 + 16 MT
-// - 1, block 128 MT threads: warp 4 grp + w is group grp's warp w.
+// Folds this warp's chunk (st, its quad-summed l in lr) into rows ha, hb's (M, L, A) and, at the
+// row's last chunk, writes o_lat = A / L; A lives in o_lat (first: no earlier chunk to read).
+__device__ __forceinline__ void mla_tc_fold(const AttnRun<MLA_ND> &st, const float (&lr)[2], float (&M)[2],
+                                            float (&L)[2], float *__restrict__ o_lat, int r, int ha, int hb,
+                                            int heads, int kv_lora, int d0, bool first, bool last) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float co, cz;
+        attn_fold(M[h], L[h], st.m[h], lr[h], co, cz);
+        const int hh = h ? hb : ha;
+        if (hh >= heads) continue;
+        float *orow = o_lat + ((size_t)r * heads + hh) * kv_lora + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_ND; ++d)
+            if (8 * (d0 + d) < kv_lora) {
+                float2 *p = reinterpret_cast<float2 *>(orow + 8 * (d0 + d));
+                float2 a = first ? make_float2(0.f, 0.f) : *p;
+                a.x = attn_fold_out(a.x, st.acc[d][2 * h], co, cz);
+                a.y = attn_fold_out(a.y, st.acc[d][2 * h + 1], co, cz);
+                if (last) a = make_float2(__fdiv_rn(a.x, L[h]), __fdiv_rn(a.y, L[h]));
+                *p = a;
+            }
+    }
+}
+
+// Decode, a row of several chunks: this block's chunk z as a partial, then the last of the row's
+// n_chunks blocks of this head group folds them in order z = 0, 1, ... (the same bits whichever
+// block is last); it resets the counter.
 template <int MT>
+__device__ __forceinline__ void mla_tc_merge(const AttnRun<MLA_ND> &st, const float (&lr)[2],
+                                             float *__restrict__ o_lat, float *__restrict__ part_o,
+                                             float *__restrict__ part_ml, int *__restrict__ sem, int r, int h0,
+                                             int ha, int hb, int z, int n_chunks, int heads, int kv_lora, int d0,
+                                             int splits, int *s_last) {
+    const int w = (threadIdx.x >> 5) & 3, t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int hh = h ? hb : ha;
+        if (hh >= heads) continue;
+        const size_t slot = ((size_t)r * heads + hh) * splits + z;
+#pragma unroll
+        for (int d = 0; d < MLA_ND; ++d)
+            if (8 * (d0 + d) < kv_lora)
+                *reinterpret_cast<float2 *>(part_o + slot * kv_lora + 8 * (d0 + d) + 2 * t4) =
+                    make_float2(st.acc[d][2 * h], st.acc[d][2 * h + 1]);
+        if (w == 0 && t4 == 0) *reinterpret_cast<float2 *>(part_ml + slot * 2) = make_float2(st.m[h], lr[h]);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *cnt = sem + (size_t)r * gridDim.y + blockIdx.y;
+        const bool last = atomicAdd(cnt, 1) == n_chunks - 1;
+        if (last) atomicExch(cnt, 0);
+        *s_last = last;
+    }
+    __syncthreads();
+    if (!*s_last) return;
+    __threadfence();
+    const int hn = min(16 * MT, heads - h0);
+    for (int i = threadIdx.x; i < hn * kv_lora; i += blockDim.x) {
+        const int hh = h0 + i / kv_lora, d = i % kv_lora;
+        const size_t base = ((size_t)r * heads + hh) * splits;
+        float Mr = -INFINITY, Lr = 0.f, a = 0.f, co, cz;
+#pragma unroll 4
+        for (int zz = 0; zz < n_chunks; ++zz) {
+            const float2 ml = __ldcg(reinterpret_cast<const float2 *>(part_ml + (base + zz) * 2));
+            const float v = __ldcg(part_o + (base + zz) * kv_lora + d);
+            attn_fold(Mr, Lr, ml.x, ml.y, co, cz);
+            a = attn_fold_out(a, v, co, cz);
+        }
+        o_lat[((size_t)r * heads + hh) * kv_lora + d] = __fdiv_rn(a, Lr);
+    }
+}
+
+// Row r (its context ctx = pos + 1, its sequence's page table `table`), heads h0 .. h0 + 16 MT
+// - 1, block 128 MT threads: warp 4 grp + w is group grp's warp w. DECODE: keys of chunk
+// blockIdx.z alone (partials to part_o / part_ml when the row has more than one chunk, the last
+// block folding them); else every chunk of the row in order.
+template <int MT, bool DECODE>
 __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q,
                                           const char *__restrict__ kv, const int *__restrict__ table,
-                                          float *__restrict__ o_lat, int r, int h0, int ctx, int layer, int heads,
-                                          int nope, int rope, int kv_lora, int page_tokens, int token_bytes,
-                                          unsigned char *smem) {
+                                          float *__restrict__ o_lat, float *__restrict__ part_o,
+                                          float *__restrict__ part_ml, int *__restrict__ sem, int r, int h0, int ctx,
+                                          int layer, int heads, int nope, int rope, int kv_lora, int page_tokens,
+                                          int token_bytes, int chunk, int splits, unsigned char *smem, int *s_last) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = warp >> 2, w = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int width = kv_lora + rope, nk = width >> 4, kw = (nk + 3) >> 2, k0 = w * kw;
@@ -90,8 +179,11 @@ __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const
     bf16 *sK = reinterpret_cast<bf16 *>(smem);
     float *part = reinterpret_cast<float *>(smem + 2 * MLA_TILE * 2) + grp * MLA_PART;
 
-    const int n_kt = (ctx + MLA_BN - 1) / MLA_BN;
-    mla_tc_load(sK, kv, table, 0, ctx, layer, width, page_tokens, token_bytes);
+    const int n_chunks = (ctx + chunk - 1) / chunk, z = DECODE ? (int)blockIdx.z : 0;
+    if (z >= n_chunks) return;  // decode: a chunk past this row's context (the grid takes the step's reach)
+    const int t0 = z * chunk, t1 = DECODE ? min(ctx, t0 + chunk) : ctx;
+    const int n_kt = (t1 - t0 + MLA_BN - 1) / MLA_BN;
+    mla_tc_load(sK, kv, table, t0, ctx, layer, width, page_tokens, token_bytes);
     cp_async_commit();
 
     // q fragments (A operand) of this warp's run of k16 steps; steps past nk stay zero
@@ -113,10 +205,11 @@ __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const
 
     AttnRun<MLA_ND> st;
     st.reset();
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};  // the row's fold so far (prefill)
     const int d0 = w * MLA_ND, lim = ctx - 1;
     const bf16 *kbase0 = sK + ((lane & 7) + 8 * (lane >> 4)) * MLA_KP + 8 * ((lane >> 3) & 1);
     for (int kt = 0; kt < n_kt; ++kt) {
-        const int stage = kt & 1, kb = kt * MLA_BN;
+        const int stage = kt & 1, kb = t0 + kt * MLA_BN;
         if (kt + 1 < n_kt)
             mla_tc_load(sK + (stage ^ 1) * MLA_TILE, kv, table, kb + MLA_BN, ctx, layer, width, page_tokens,
                         token_bytes);
@@ -156,20 +249,20 @@ __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const
                 sc[j][e] = s;
             }
         attn_softmax_pv<MLA_BN, MLA_KP, MLA_ND>(st, sc, sK + stage * MLA_TILE, kb, lim, lim, d0, sl2);
+        if (!DECODE && (kb + MLA_BN) % chunk == 0 && kt + 1 < n_kt) {  // a chunk ends, not the row's last: fold it
+            const float lr[2] = {st.row_l(0), st.row_l(1)};
+            mla_tc_fold(st, lr, M, L, o_lat, r, ha, hb, heads, kv_lora, d0, kb < chunk, false);
+            st.reset();
+        }
         __syncthreads();  // the next iteration's loads overwrite this stage and its scores this part
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int hh = h ? hb : ha;
-        if (hh >= heads) continue;
-        const float l = st.row_l(h);
-        float *orow = o_lat + ((size_t)r * heads + hh) * kv_lora + 2 * t4;
-#pragma unroll
-        for (int d = 0; d < MLA_ND; ++d)
-            if (8 * (d0 + d) < kv_lora)
-                *reinterpret_cast<float2 *>(orow + 8 * (d0 + d)) =
-                    make_float2(__fdiv_rn(st.acc[d][2 * h], l), __fdiv_rn(st.acc[d][2 * h + 1], l));
+    const float lr[2] = {st.row_l(0), st.row_l(1)};
+    if (!DECODE || n_chunks == 1) {  // the row's last chunk (or its only one): fold it, o_lat = A / L
+        mla_tc_fold(st, lr, M, L, o_lat, r, ha, hb, heads, kv_lora, d0, n_chunks == 1, true);
+        return;
     }
+    if constexpr (DECODE) mla_tc_merge<MT>(st, lr, o_lat, part_o, part_ml, sem, r, h0, ha, hb, z, n_chunks, heads,
+                                           kv_lora, d0, splits, s_last);
 }
 
 // Prefill: a block a (row, 32 heads), two groups sharing the key tiles. Grid (rows,
@@ -178,25 +271,32 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 mla_attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
               const int *__restrict__ page_table, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
               float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs, int layer, int layers, int heads,
-              int nope, int rope, int kv_lora, int page_tokens, int token_bytes) {
+              int nope, int rope, int kv_lora, int page_tokens, int token_bytes, int chunk) {
     extern __shared__ __align__(16) unsigned char mla_smem[];
     const int r = blockIdx.x;
-    if (r >= rows) return;
+    if (r >= rows || chunk <= 0 || chunk % MLA_BN) return;
     const int s = seq_of_row(cu_seqlens, n_seqs, r);
-    attend_tc<2>(q_lat, q, kv, page_table + (size_t)s * pages_per_seq, o_lat, r, blockIdx.y * 32, pos[r] + 1, layer,
-                 heads, nope, rope, kv_lora, page_tokens, token_bytes, mla_smem);
+    attend_tc<2, false>(q_lat, q, kv, page_table + (size_t)s * pages_per_seq, o_lat, nullptr, nullptr, nullptr, r,
+                        blockIdx.y * 32, pos[r] + 1, layer, heads, nope, rope, kv_lora, page_tokens, token_bytes,
+                        chunk, 1, mla_smem, nullptr);
 }
 
-// Decode: a block a (row, 16 heads), twice prefill's blocks for the few rows of a step. Grid
-// (rows, ceil(heads / 16)), block 128.
+// Decode: a block a (row, 16 heads, chunk), twice prefill's blocks a row for the few rows of a
+// step. part_o f32 [rows, heads, splits, kv_lora], part_ml f32 [rows, heads, splits, 2], sem i32
+// [rows, ceil(heads / 16)] (zero before the first launch; the folding block zeroes its own
+// again). Grid (rows, ceil(heads / 16), splits), splits at least ceil(the step's longest
+// context / chunk); block 128.
 extern "C" __global__ void __launch_bounds__(128, 2)
 mla_attend_tc_decode(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
                      const int *__restrict__ page_table, const int *__restrict__ pos, float *__restrict__ o_lat,
+                     float *__restrict__ part_o, float *__restrict__ part_ml, int *__restrict__ sem,
                      int pages_per_seq, int rows, int layer, int layers, int heads, int nope, int rope, int kv_lora,
-                     int page_tokens, int token_bytes) {
+                     int page_tokens, int token_bytes, int chunk, int splits) {
     extern __shared__ __align__(16) unsigned char mla_smem[];
     const int r = blockIdx.x;
-    if (r >= rows) return;
-    attend_tc<1>(q_lat, q, kv, page_table + (size_t)r * pages_per_seq, o_lat, r, blockIdx.y * 16, pos[r] + 1, layer,
-                 heads, nope, rope, kv_lora, page_tokens, token_bytes, mla_smem);
+    if (r >= rows || chunk <= 0 || chunk % MLA_BN || (pos[r] + chunk) / chunk > splits) return;
+    attend_tc<1, true>(q_lat, q, kv, page_table + (size_t)r * pages_per_seq, o_lat, part_o, part_ml, sem, r,
+                       blockIdx.y * 16, pos[r] + 1, layer, heads, nope, rope, kv_lora, page_tokens, token_bytes,
+                       chunk, splits, mla_smem,
+                       reinterpret_cast<int *>(mla_smem + 2 * MLA_TILE * 2));  // the merge's flag: the partial scores' place, free by then
 }

@@ -1,4 +1,4 @@
-"""The Kimi-Linear CUDA kernels (kda.cu, mla.cu, mla_tc.cu, route.cu, linear.cu), one typed table in the
+"""The Kimi-Linear CUDA kernels (kda.cu, kda_tc.cu, mla.cu, mla_tc.cu, route.cu, linear.cu), one typed table in the
 llama family's form (kern_models.llama.kernels.cuda.table: Kernel, Op). None launches under
 programmatic dependent launch: each starts when the kernel before it is done.
 
@@ -16,7 +16,11 @@ from kern_models.llama.kernels.cuda import table as dense
 # parameter.
 TILES = {k: dense.TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_BIG_SMEM")}
 CHUNK_THREADS = 256  # kda_chunked's block; a chunk is at most this many rows (its substitution: a thread a column)
-MAX_DIM = 128        # kda.cu KDA_MAX_DIM
+MAX_DIM = 128        # kda.cu KDA_MAX_DIM (and kda_tc.cu KDA_TC_MAX_DIM)
+# kda_tc.cu: chunks of KDA_TC_C positions (one m16 tile of rows, one k16 step over them), a block
+# of KDA_TC_THREADS a group of KDA_TC_DV value columns; the rows a sequence keeps inside a chunk:
+# k, gc and v', [C, dim] f32 each
+KDA_TC_C, KDA_TC_THREADS, KDA_TC_ROWS, KDA_TC_DV = 16, 256, 3, 32
 MAX_CONV = 8         # kda.cu KDA_MAX_CONV
 MAX_EXPERTS = 512    # route.cu ROUTE_MAX_EXPERTS
 MAX_GROUPS = 32      # route.cu ROUTE_MAX_GROUPS
@@ -31,6 +35,11 @@ MLA_TC_HEADS = {"mla_attend_tc": 32, "mla_attend_tc_decode": 16}
 MLA_TC_BN, MLA_TC_KP = 32, 576 + 8  # mla_tc.cu MLA_BN, MLA_KP
 MLA_TC_PART = 4 * (MLA_TC_BN // 8) * 4 * 32 * 4  # MLA_PART in bytes: 4 warps' C fragments of S
 MLA_TC_SMEM = {e: 2 * MLA_TC_BN * MLA_TC_KP * 2 + n // 16 * MLA_TC_PART for e, n in MLA_TC_HEADS.items()}
+# mla_tc.cu's split: a row's keys in chunks of `chunk` from key 0 (a multiple of MLA_TC_BN; the
+# deployment's constant, manifests/cuda.py MLA_CHUNK), folded in order; decode a block a chunk
+# (grid z: `splits`, at least the step's longest context's chunks), its partials in part_o
+# [rows, heads, splits, kv_lora] and part_ml [rows, heads, splits, 2] (f32), sem [rows, heads]
+# (i32, zero between launches) counting a (row, head group)'s finished blocks
 
 _KDA = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
 _STATE = "state: inout state"
@@ -39,6 +48,13 @@ _CONV_GRID = {"ceil_div": [{"mul": [3, "heads", "dim"]}, 128]}
 # [chunk, chunk + 1] and beta [chunk]
 _CHUNK_SMEM = {"mul": [4, {"add": [{"mul": ["dim", {"add": ["dim", {"mul": [6, "chunk"]}]}]},
                                    {"mul": ["chunk", {"add": [{"mul": [2, "chunk"]}, 3]}]}]}]}
+# kda_tc's dynamic shared memory (f32), VS = DV + 4: S [dim, VS] (a group's columns), X [2C, dim + 4],
+# XS [2C, VS], q k gc [C, dim], v v' [C, VS], A and P [C, C + 1], beta [C], decay [dim]:
+# dim (VS + 5C + 1) + 2C^2 + 11C + 4C VS (71,872 bytes at dim 128: three blocks an SM)
+_TC_VS = KDA_TC_DV + 4
+_TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 5 * KDA_TC_C + 1]},
+                                2 * KDA_TC_C ** 2 + 11 * KDA_TC_C + 4 * KDA_TC_C * _TC_VS]}]}
+_TC_GROUPS = {"ceil_div": ["dim", KDA_TC_DV]}
 _MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i32", "token_bytes: i32")
 _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
            "eps: f32")
@@ -62,6 +78,18 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("kda", "kda_step", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
                                buffer_param("pos", "i32"), buffer_param("o", direction="out"), *int_params("rows"), *_KDA),
            ("rows", "heads"), (MAX_DIM,)),
+    # the default build's recurrence (kda_tc.cu): chunks fixed by position on tensor cores, prefill
+    # and decode one routine; kda_tokens' and kda_step's parameters
+    Kernel("kda_tc", "kda_tc_head", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE,
+                                     buffer_param("slot", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"),
+                                     buffer_param("o", direction="out"), *int_params("n_seqs"), *_KDA),
+           ("n_seqs", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
+    Kernel("kda_tc", "kda_tc", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
+                                buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
+                                *int_params("n_seqs"), *_KDA), ("n_seqs", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
+    Kernel("kda_tc", "kda_tc_decode", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE,
+                                       buffer_param("slot", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
+                                       *int_params("rows"), *_KDA), ("rows", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
     Kernel("kda", "kda_out_norm", (buffer_param("o"), buffer_param("gate"), buffer_param("w"), buffer_param("y", direction="out"),
                                    *int_params("rows", "heads", "dim"), "eps: f32"), ("rows", "heads"), (32,)),
     Kernel("mla", "mla_append", (buffer_param("ckv"), buffer_param("norm_w"), _KV, buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
@@ -84,13 +112,18 @@ KERNELS: tuple[Kernel, ...] = (
     # the same attention on tensor cores (mla_tc.cu), the default build's: the same parameters
     Kernel("mla_tc", "mla_attend_tc", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
                                        buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
-                                       *int_params("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA),
+                                       *int_params("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA, "chunk: i32"),
            ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc"]]}), (8 * MLA_TC_HEADS["mla_attend_tc"],),
            shared_mem=MLA_TC_SMEM["mla_attend_tc"]),
     Kernel("mla_tc", "mla_attend_tc_decode", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
                                               buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
-                                              *int_params("pages_per_seq", "rows", "layer", "layers"), *_MLA),
-           ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc_decode"]]}), (8 * MLA_TC_HEADS["mla_attend_tc_decode"],),
+                                              buffer_param("part_o", "f32", "out"), buffer_param("part_ml", "f32", "out"),
+                                              buffer_param("sem", "i32", "inout"),
+                                              *int_params("pages_per_seq", "rows", "layer", "layers"), *_MLA, "chunk: i32",
+                                              "splits: i32"),
+           ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc_decode"]]}, "splits"),
+           (8 * MLA_TC_HEADS["mla_attend_tc_decode"],),
+           writes=("o_lat", "part_o", "part_ml"),  # sem: zero between launches, as llama's attention_decode's
            shared_mem=MLA_TC_SMEM["mla_attend_tc_decode"]),
     Kernel("mla", "mla_expand", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
                                  *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
@@ -110,7 +143,7 @@ KERNELS: tuple[Kernel, ...] = (
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
-SHARED_MEM = {"kda_chunked": _CHUNK_SMEM}
+SHARED_MEM = {"kda_chunked": _CHUNK_SMEM, "kda_tc_head": _TC_SMEM, "kda_tc": _TC_SMEM, "kda_tc_decode": _TC_SMEM}
 
 _ABSORB, _EXPAND = BY_ENTRY["mla_absorb"].params, BY_ENTRY["mla_expand"].params
 
@@ -118,13 +151,15 @@ _ABSORB, _EXPAND = BY_ENTRY["mla_absorb"].params, BY_ENTRY["mla_expand"].params
 def _attention(attend: str) -> Op:
     """MLA attention as three launches: absorb kv_b's key half into the query, attend over the
     latents, expand through its value half. The op's parameters: the cpu op's buffers in its
-    order, then the two f32 workspaces and the sizes."""
+    order, then the two f32 workspaces, the attend kernel's own scratch (decode's split
+    partials and counters, mla_attend_tc_decode) and the sizes."""
     a = BY_ENTRY[attend].params
     table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos"))]
+    scratch = [p for p in a if p.startswith(("part_o", "part_ml", "sem"))]
     ints = [p for p in a if p.endswith("i32")]
     return Op(("mla_absorb", attend, "mla_expand"), (
         buffer_param("q"), "kv: in state", *table, buffer_param("kv_b"), buffer_param("o", direction="out"), buffer_param("q_lat", "f32", "out"),
-        buffer_param("o_lat", "f32", "out"), *ints, "v_dim: i32"))
+        buffer_param("o_lat", "f32", "out"), *scratch, *ints, "v_dim: i32"))
 
 
 OPS = {
@@ -136,11 +171,14 @@ OPS = {
 }
 
 
-# The prompt's recurrence: "chunked" (16-row chunks, faster on long prompts, its bits depend on
-# where the prompt was cut) or "tokens" (a token at a time through decode's step: the same bits
-# cut anywhere or decoded). Either is the op kda_chunked, which kern test pairs with the cpu
-# reference's op of that name (itself either form).
-KDA_FORMS = ("chunked", "tokens")
+# The prompt's recurrence: "chunked" (16-row chunks from the prompt's first row, faster on long
+# prompts, its bits depend on where the prompt was cut), "tokens" (a token at a time through
+# decode's step: the same bits cut anywhere or decoded) or "tc" (kda_tc.cu: chunks of KDA_TC_C
+# fixed by position on tensor cores, decode computing its token as a row of its chunk: the same
+# bits cut anywhere or decoded; its decode is kda_tc_decode and its slot keeps the chunk's rows).
+# Each is the op kda_chunked (and kda_step), which kern test pairs with the cpu reference's op of
+# that name.
+KDA_FORMS = ("chunked", "tokens", "tc")
 # MLA's attention: "tensor" (mla_tc.cu, mma.sync; the default build's) or "cores" (mla.cu's
 # mla_attend, CUDA cores; the faster build keeps it until the tensor-core one is measured on the
 # H200). Both are the ops mla_attention / mla_attention_decode, each row-wise: a prompt row gets
@@ -152,7 +190,9 @@ def ops(kda_form: str = "chunked", mla_form: str = "tensor") -> dict:
     """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form,
     MLA's attention in mla_form."""
     prefill, decode = MLA_FORMS[mla_form]
-    table = {**OPS, "kda_chunked": Op(("kda_" + kda_form,)),
+    # the tc form's prefill: the first chunk's rows a sequence continues (kda_tc_head), then the rest
+    prefill_kda = ("kda_tc_head", "kda_tc") if kda_form == "tc" else ("kda_" + kda_form,)
+    table = {**OPS, "kda_chunked": Op(prefill_kda), "kda_step": Op(("kda_tc_decode" if kda_form == "tc" else "kda_step",)),
              "mla_attention": _attention(prefill), "mla_attention_decode": _attention(decode)}
     out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():

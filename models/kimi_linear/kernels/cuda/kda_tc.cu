@@ -1,0 +1,346 @@
+// KDA's gated delta rule in chunks fixed by position, products on tensor cores: the default
+// (batch-invariant) build's prefill (kda_tc_head, kda_tc) and decode (kda_tc_decode), one device routine
+// (tc_rows) for both, so a token's output and the state after its chunk have one set of bits
+// whether its prompt came whole, cut anywhere or a token at a time. Grids, blocks and shared
+// memory: table.py. The order, step for step: tests/kimi_linear/kda_tc_model.py.
+//
+// Chunks are KDA_TC_C = 16 positions, from position 0: a token at position p is row p % 16 of
+// chunk p / 16. A slot (kda.cu's layout, then this form's rows after every layer's part):
+//   [layer][recurrent | window]   recurrent: S0, the state at the start of the current chunk
+//   [layer][head][K | G | VN]     [16, dim] f32 each: the chunk's rows so far, k (L2-normed),
+//                                 gc (log decay summed from the chunk's start), v' (delta)
+// A call computes rows [t0, t1) of a chunk from S0 and rows [0, t0), then keeps its rows, or at
+// the chunk's end moves S0 on by the chunk's update. For a new row i:
+//   XS = [k_i exp(gc_i); q_i exp(gc_i)] @ S0     (mma, rows of two m16 tiles, others zero)
+//   A[i, j] = k_i . k_j exp(gc_i - gc_j) (j < i), P[i, j] = q_i . k_j exp(gc_i - gc_j) (j <= i)
+//   v'_i = beta_i (v_i - XS_k[i] - sum_{j < i} A[i, j] v'_j)
+//   o_i = XS_q[i] + sum_{j <= i} P[i, j] v'_j
+// and at the chunk's end S0 <- exp(gc_15) S0 + (k exp(gc_15 - gc))^T v' (mma, one k16 step over
+// the chunk's rows, the accumulator starting at exp(gc_15) S0).
+// Products: mma.sync m16n8k16 bf16 -> f32, each f32 operand split hi + lo (bf16 each), three
+// products a k16 step (lo*hi, hi*lo, hi*hi, into one accumulator), k16 steps in order: about
+// f32's precision at a third of the tensor cores' rate. An mma's row sums that row's products
+// only, and rows not computed are zeros. Every scalar step is an explicitly rounded intrinsic
+// in a fixed order (no contraction), each row's sums over its own channels (a warp: lane l
+// takes l, l + 32, ..., then the xor butterfly) and over the chunk's rows before it (j from 0).
+// A value column of S (and of v', o) never meets another, so a block takes KDA_TC_DV of them
+// (grid z: dim / 32 groups); A and P, which every column needs, each group computes alike.
+#include "common.cuh"
+
+#define KDA_TC_C 16
+#define KDA_TC_DV 32
+#define KDA_TC_VS (KDA_TC_DV + 4)  // the row stride of S's, XS's, V's and v''s group columns
+#define KDA_TC_MAX_DIM 128
+#define KDA_TC_THREADS 256
+
+// Shared memory (f32), dim D, VS = KDA_TC_DV + 4: S [D][VS] (the group's columns), X [2C][D + 4]
+// (then the update's k factors), XS [2C][VS], Q K G [C][D], V VN [C][VS], A P [C][C + 1],
+// beta [C], decay [D]: D (VS + 5C + 1) + 2C^2 + 11C + 4C VS. table.py _TC_SMEM.
+struct TcSmem {
+    float *S, *X, *XS, *Q, *K, *G, *V, *VN, *A, *P, *beta, *decay;
+    __device__ TcSmem(float *sm, int D) {
+        const int C = KDA_TC_C, VS = KDA_TC_VS;
+        S = sm;
+        X = S + D * VS;
+        XS = X + 2 * C * (D + 4);
+        Q = XS + 2 * C * VS;
+        K = Q + C * D;
+        G = K + C * D;
+        V = G + C * D;
+        VN = V + C * VS;
+        A = VN + C * VS;
+        P = A + C * (C + 1);
+        beta = P + C * (C + 1);
+        decay = beta + C;
+    }
+};
+
+// f32 pair -> bf16 hi pair and lo pair (x = hi + lo to about 16 bits)
+__device__ __forceinline__ void split2(float x0, float x1, unsigned &hi, unsigned &lo) {
+    const float h0 = rbf(x0), h1 = rbf(x1);
+    hi = pack_bf2(h0, h1);
+    lo = pack_bf2(__fsub_rn(x0, h0), __fsub_rn(x1, h1));
+}
+
+// c += a b as lo*hi, hi*lo, hi*hi
+__device__ __forceinline__ void mma3(float (&c)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned bh0,
+                                     unsigned bh1, unsigned bl0, unsigned bl1) {
+    mma_bf16(c, al, bh0, bh1);
+    mma_bf16(c, ah, bl0, bl1);
+    mma_bf16(c, ah, bh0, bh1);
+}
+
+// lane l's part of x . y over d = l, l + 32, ... (fma), then the butterfly: every lane the sum
+__device__ __forceinline__ float lane_dot(const float *x, const float *y, int D) {
+    const int lane = threadIdx.x & 31;
+    float p = 0.f;
+    for (int d = lane; d < D; d += 32) p = __fmaf_rn(x[d], y[d], p);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, o));
+    return p;
+}
+
+// the same with y_d = kj_d exp(gi_d - gj_d) for two x at once (A's k_i and P's q_i), for two
+// pairs (i, j) at once (u, w: independent chains in flight; each pair's sums in lane_dot's order)
+__device__ __forceinline__ void lane_pairs(const TcSmem &m, int D, int iu, int ju, int iw, int jw, float (&r)[4]) {
+    const int lane = threadIdx.x & 31;
+    const float *ku = m.K + iu * D, *qu = m.Q + iu * D, *kju = m.K + ju * D, *gu = m.G + iu * D, *gju = m.G + ju * D;
+    const float *kw = m.K + iw * D, *qw = m.Q + iw * D, *kjw = m.K + jw * D, *gw = m.G + iw * D, *gjw = m.G + jw * D;
+    r[0] = r[1] = r[2] = r[3] = 0.f;
+    for (int d = lane; d < D; d += 32) {
+        const float du = __fmul_rn(kju[d], expf(__fsub_rn(gu[d], gju[d])));
+        const float dw = __fmul_rn(kjw[d], expf(__fsub_rn(gw[d], gjw[d])));
+        r[0] = __fmaf_rn(ku[d], du, r[0]);
+        r[1] = __fmaf_rn(qu[d], du, r[1]);
+        r[2] = __fmaf_rn(kw[d], dw, r[2]);
+        r[3] = __fmaf_rn(qw[d], dw, r[3]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) r[x] = __fadd_rn(r[x], __shfl_xor_sync(0xffffffffu, r[x], o));
+    }
+}
+
+// pair p of the new rows' (i, j <= i), rows t0, t0 + 1, ... in turn
+__device__ __forceinline__ void pair_of(int p, int t0, int &i, int &j) {
+    i = t0;
+    while (p > i) {
+        p -= i + 1;
+        ++i;
+    }
+    j = p;
+}
+
+// XS [2C][dv] = X [2C][D] @ S [D][dv] (the group's dv columns): warp w the m16 tile w / 4 and the
+// n8 tile w % 4, its k16 steps in order
+__device__ __forceinline__ void product_xs(const TcSmem &m, int D, int dv) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int mt = warp >> 2, nt = warp & 3, DS = D + 4, SS = KDA_TC_VS, n = nt * 8 + g;
+    if (nt * 8 >= dv) return;
+    const float *X = m.X + mt * 16 * DS;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < D; k0 += 16) {
+        unsigned ah[4], al[4], bh0, bh1, bl0, bl1;
+        const int c0 = k0 + 2 * q;
+        split2(X[g * DS + c0], X[g * DS + c0 + 1], ah[0], al[0]);
+        split2(X[(g + 8) * DS + c0], X[(g + 8) * DS + c0 + 1], ah[1], al[1]);
+        split2(X[g * DS + c0 + 8], X[g * DS + c0 + 9], ah[2], al[2]);
+        split2(X[(g + 8) * DS + c0 + 8], X[(g + 8) * DS + c0 + 9], ah[3], al[3]);
+        split2(m.S[c0 * SS + n], m.S[(c0 + 1) * SS + n], bh0, bl0);
+        split2(m.S[(c0 + 8) * SS + n], m.S[(c0 + 9) * SS + n], bh1, bl1);
+        mma3(c, ah, al, bh0, bh1, bl0, bl1);
+    }
+    float *out = m.XS + (mt * 16) * KDA_TC_VS + nt * 8 + 2 * q;
+    out[g * KDA_TC_VS] = c[0];
+    out[g * KDA_TC_VS + 1] = c[1];
+    out[(g + 8) * KDA_TC_VS] = c[2];
+    out[(g + 8) * KDA_TC_VS + 1] = c[3];
+}
+
+// S [D][dv] <- S * decay[e] + Kd^T VN, Kd = X [C][D + 4] (rows j, channels e), VN [C][dv]: warp w
+// the m16 tiles (key rows) w, w + 8, ..., the group's n8 tiles; a thread reads and writes only its
+// own fragment's elements of S
+__device__ __forceinline__ void product_update(const TcSmem &m, int D, int dv) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int DS = D + 4, SS = KDA_TC_VS, VS = KDA_TC_VS, nw = KDA_TC_THREADS / 32;
+    for (int mt = warp; mt < D / 16; mt += nw) {
+        const int e = mt * 16 + g;
+        unsigned ah[4], al[4];
+        split2(m.X[(2 * q) * DS + e], m.X[(2 * q + 1) * DS + e], ah[0], al[0]);
+        split2(m.X[(2 * q) * DS + e + 8], m.X[(2 * q + 1) * DS + e + 8], ah[1], al[1]);
+        split2(m.X[(2 * q + 8) * DS + e], m.X[(2 * q + 9) * DS + e], ah[2], al[2]);
+        split2(m.X[(2 * q + 8) * DS + e + 8], m.X[(2 * q + 9) * DS + e + 8], ah[3], al[3]);
+        const float d0 = m.decay[e], d1 = m.decay[e + 8];
+#pragma unroll
+        for (int nt = 0; nt < KDA_TC_DV / 8; ++nt) {
+            if (nt * 8 >= dv) break;
+            const int n = nt * 8 + g, c0 = nt * 8 + 2 * q;
+            unsigned bh0, bh1, bl0, bl1;
+            split2(m.VN[(2 * q) * VS + n], m.VN[(2 * q + 1) * VS + n], bh0, bl0);
+            split2(m.VN[(2 * q + 8) * VS + n], m.VN[(2 * q + 9) * VS + n], bh1, bl1);
+            float *s0 = m.S + e * SS + c0, *s1 = m.S + (e + 8) * SS + c0;
+            float c[4] = {__fmul_rn(s0[0], d0), __fmul_rn(s0[1], d0), __fmul_rn(s1[0], d1), __fmul_rn(s1[1], d1)};
+            mma3(c, ah, al, bh0, bh1, bl0, bl1);
+            s0[0] = c[0];
+            s0[1] = c[1];
+            s1[0] = c[2];
+            s1[1] = c[3];
+        }
+    }
+}
+
+// One sequence of one head, value columns [col0, col0 + dv): rows [r0, r1) of mix at positions
+// pos0, pos0 + 1, ... (a prompt's part or a decode row), from its slot. Every thread of the block
+// (KDA_TC_THREADS) calls it.
+__device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const float *b, char *state, int slot,
+                                        int r0, int r1, int pos0, bf16 *o, int layer, int layers, int h, int heads,
+                                        int D, int conv, int slot_bytes, int col0, float *sm) {
+    const int C = KDA_TC_C, DS = D + 4, W = heads * D, SS = KDA_TC_VS, VS = KDA_TC_VS;
+    const int dv = min(KDA_TC_DV, D - col0);
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const TcSmem m(sm, D);
+    const size_t per = (size_t)heads * D * D + (size_t)(conv - 1) * 3 * heads * D;
+    float *base = reinterpret_cast<float *>(state + (size_t)slot * slot_bytes);
+    float *Sg = base + (size_t)layer * per + (size_t)h * D * D;
+    float *rows = base + (size_t)layers * per + ((size_t)layer * heads + h) * 3 * C * D;  // K | G | VN
+    const bool fresh = pos0 == 0;
+    int t0 = pos0 % C;
+    for (int i = tid; i < D * dv; i += nt) m.S[(i / dv) * SS + i % dv] = fresh ? 0.f : Sg[(i / dv) * D + col0 + i % dv];
+    for (int i = tid; i < t0 * D; i += nt) {
+        m.K[i] = rows[i];
+        m.G[i] = rows[C * D + i];
+    }
+    for (int i = tid; i < t0 * dv; i += nt) m.VN[(i / dv) * VS + i % dv] = rows[2 * C * D + (i / dv) * D + col0 + i % dv];
+    const float qscale = __fdiv_rn(1.f, __fsqrt_rn((float)D));
+    bool moved = fresh;
+    for (int r = r0; r < r1;) {
+        const int n = min(C - t0, r1 - r), t1 = t0 + n;
+        __syncthreads();
+        for (int idx = tid; idx < n * D; idx += nt) {
+            const int i = t0 + idx / D, d = idx % D;
+            const size_t row = (size_t)(r + idx / D) * 3 * W + (size_t)h * D + d;
+            m.Q[i * D + d] = to_f(mix[row]);
+            m.K[i * D + d] = to_f(mix[row + W]);
+            m.G[i * D + d] = g[(size_t)(r + idx / D) * W + (size_t)h * D + d];
+        }
+        for (int idx = tid; idx < n * dv; idx += nt) {
+            const int i = t0 + idx / dv, d = idx % dv;
+            m.V[i * VS + d] = to_f(mix[(size_t)(r + idx / dv) * 3 * W + 2 * W + (size_t)h * D + col0 + d]);
+        }
+        for (int i = tid; i < n; i += nt)
+            m.beta[t0 + i] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-b[(size_t)(r + i) * heads + h])));
+        __syncthreads();
+        // L2 norms, a warp a row
+        for (int i = t0 + warp; i < t1; i += nw) {
+            float *qi = m.Q + i * D, *ki = m.K + i * D;
+            const float rq = __fdiv_rn(qscale, __fsqrt_rn(__fadd_rn(lane_dot(qi, qi, D), 1e-6f)));
+            const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(lane_dot(ki, ki, D), 1e-6f)));
+            __syncwarp();
+            for (int d = lane; d < D; d += 32) {
+                qi[d] = __fmul_rn(qi[d], rq);
+                ki[d] = __fmul_rn(ki[d], rk);
+            }
+        }
+        // gc, a thread a channel
+        for (int d = tid; d < D; d += nt)
+            for (int i = max(t0, 1); i < t1; ++i) m.G[i * D + d] = __fadd_rn(m.G[(i - 1) * D + d], m.G[i * D + d]);
+        __syncthreads();
+        // X: the new rows' k exp(gc) and q exp(gc), every other row zero
+        for (int idx = tid; idx < 2 * C * D; idx += nt) {
+            const int rr = idx / D, d = idx % D, i = rr % C;
+            float x = 0.f;
+            if (i >= t0 && i < t1) x = __fmul_rn((rr < C ? m.K : m.Q)[i * D + d], expf(m.G[i * D + d]));
+            m.X[rr * DS + d] = x;
+        }
+        // A and P of the new rows, a warp two pairs at a time
+        const int pairs = (t1 * (t1 + 1) - t0 * (t0 + 1)) / 2;
+        for (int pr = 2 * warp; pr < pairs; pr += 2 * nw) {
+            int iu, ju, iw, jw;
+            pair_of(pr, t0, iu, ju);
+            pair_of(min(pr + 1, pairs - 1), t0, iw, jw);
+            float r[4];
+            lane_pairs(m, D, iu, ju, iw, jw, r);
+            if (lane == 0) {
+                m.A[iu * (C + 1) + ju] = r[0];
+                m.P[iu * (C + 1) + ju] = r[1];
+                m.A[iw * (C + 1) + jw] = r[2];
+                m.P[iw * (C + 1) + jw] = r[3];
+            }
+        }
+        __syncthreads();
+        product_xs(m, D, dv);
+        __syncthreads();
+        // v' and o, a thread a value column, rows in order
+        for (int d = tid; d < dv; d += nt) {
+            for (int i = t0; i < t1; ++i) {
+                float acc = __fsub_rn(m.V[i * VS + d], m.XS[i * VS + d]);
+                for (int j = 0; j < i; ++j) acc = __fmaf_rn(-m.A[i * (C + 1) + j], m.VN[j * VS + d], acc);
+                const float vn = __fmul_rn(m.beta[i], acc);
+                m.VN[i * VS + d] = vn;
+                float out = m.XS[(C + i) * VS + d];
+                for (int j = 0; j <= i; ++j) out = __fmaf_rn(m.P[i * (C + 1) + j], m.VN[j * VS + d], out);
+                o[(size_t)(r + i - t0) * W + (size_t)h * D + col0 + d] = to_bf(out);
+            }
+        }
+        __syncthreads();
+        if (t1 == C) {  // the chunk's end: S0 moves on
+            for (int idx = tid; idx < C * D; idx += nt) {
+                const int j = idx / D, e = idx % D;
+                m.X[j * DS + e] = __fmul_rn(m.K[idx], expf(__fsub_rn(m.G[(C - 1) * D + e], m.G[idx])));
+            }
+            for (int e = tid; e < D; e += nt) m.decay[e] = expf(m.G[(C - 1) * D + e]);
+            __syncthreads();
+            product_update(m, D, dv);
+            moved = true;
+        } else {        // keep the rows: the call ends inside the chunk (k and gc by group 0)
+            if (col0 == 0)
+                for (int idx = tid; idx < n * D; idx += nt) {
+                    const int i = t0 * D + idx;
+                    rows[i] = m.K[i];
+                    rows[C * D + i] = m.G[i];
+                }
+            for (int idx = tid; idx < n * dv; idx += nt) {
+                const int i = t0 + idx / dv, d = idx % dv;
+                rows[2 * C * D + i * D + col0 + d] = m.VN[i * VS + d];
+            }
+        }
+        r += n;
+        t0 = 0;
+    }
+    if (moved) {
+        __syncthreads();
+        for (int i = tid; i < D * dv; i += nt) Sg[(i / dv) * D + col0 + i % dv] = m.S[(i / dv) * SS + i % dv];
+    }
+}
+
+// Prefill, in two launches so that no block reads kept rows another block of the launch may be
+// rewriting: the groups of a (sequence, head) share the rows' k and gc, which group 0 keeps, and
+// a call that starts inside a chunk (reading that chunk's kept rows) and ends inside a later one
+// (keeping that one's rows in the same place) would race. kda_tc_head computes a sequence's rows
+// of its first chunk when an earlier call began that chunk (reading its kept rows, keeping rows
+// after them or completing it); kda_tc the rest, from the first chunk boundary (reading no
+// kept rows). A block a (sequence, head, group of KDA_TC_DV value columns). Grid (n_seqs, heads,
+// ceil(dim / KDA_TC_DV)), block KDA_TC_THREADS, each.
+extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
+kda_tc_head(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b,
+            char *__restrict__ state, const int *__restrict__ slot, const int *__restrict__ cu_seqlens,
+            const int *__restrict__ pos, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim,
+            int conv, int slot_bytes) {
+    extern __shared__ float sm[];
+    const int s = blockIdx.x, h = blockIdx.y;
+    if (s >= n_seqs || h >= heads) return;
+    const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
+    if (r1 == r0) return;
+    const int p0 = pos[r0], t0 = p0 % KDA_TC_C;
+    if (t0 == 0) return;
+    tc_rows(mix, g, b, state, slot[s], r0, min(r1, r0 + KDA_TC_C - t0), p0, o, layer, layers, h, heads, dim, conv,
+            slot_bytes, blockIdx.z * KDA_TC_DV, sm);
+}
+
+extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
+kda_tc(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b, char *__restrict__ state,
+       const int *__restrict__ slot, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+       bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
+    extern __shared__ float sm[];
+    const int s = blockIdx.x, h = blockIdx.y;
+    if (s >= n_seqs || h >= heads) return;
+    const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
+    const int p0 = r1 > r0 ? pos[r0] : 0, t0 = p0 % KDA_TC_C, skip = t0 ? KDA_TC_C - t0 : 0;
+    if (r0 + skip >= r1) return;
+    tc_rows(mix, g, b, state, slot[s], r0 + skip, r1, p0 + skip, o, layer, layers, h, heads, dim, conv, slot_bytes,
+            blockIdx.z * KDA_TC_DV, sm);
+}
+
+// Decode: a block a (row, head, group of KDA_TC_DV value columns), row r sequence r's one token.
+// Grid (rows, heads, ceil(dim / KDA_TC_DV)), block KDA_TC_THREADS.
+extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
+kda_tc_decode(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b,
+              char *__restrict__ state, const int *__restrict__ slot, const int *__restrict__ pos,
+              bf16 *__restrict__ o, int rows, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
+    extern __shared__ float sm[];
+    const int r = blockIdx.x, h = blockIdx.y;
+    if (r >= rows || h >= heads) return;
+    tc_rows(mix, g, b, state, slot[r], r, r + 1, pos[r], o, layer, layers, h, heads, dim, conv, slot_bytes,
+            blockIdx.z * KDA_TC_DV, sm);
+}

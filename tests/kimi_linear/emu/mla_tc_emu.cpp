@@ -1,0 +1,136 @@
+// mla_tc.cu compiled for the host (g++, the stand-in common.cuh beside this file, the real
+// attention_tc.cuh): each block of a launch in turn, its threads as std::threads. The test
+// (test_mla_tc_emulated.py) copies mla_tc.cu and attention_tc.cuh beside common.cuh first, so
+// the shared header's #include "common.cuh" finds the stand-in. What common.cuh's stand-in
+// lacks for them is here: cp.async (copied at once: a stage is read only after the barrier the
+// kernel waits at), ldmatrix (x4 and its transpose, through a per-warp table of the lanes'
+// row addresses, the PTX fragment layouts), the f32 atomics' int cousins, fences and loads.
+// C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode (the kernels'
+// arguments), emu_block_order.
+#include <thread>
+#include <vector>
+
+#include "common.cuh"
+
+#define __align__(n) __attribute__((aligned(n)))
+#define LOG2E 1.4426950408889634f
+Dim3 gridDim;
+
+struct float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float __ldcg(const float *p) { return *p; }
+inline float2 __ldcg(const float2 *p) { return *p; }
+inline void __threadfence() {}
+inline int atomicAdd(int *p, int v) {
+    const int old = *p;
+    *p += v;
+    return old;
+}
+inline int atomicExch(int *p, int v) {
+    const int old = *p;
+    *p = v;
+    return old;
+}
+
+inline int seq_of_row(const int *cu_seqlens, int n_seqs, int r) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cu_seqlens[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+inline void cp_async16_zfill(void *smem, const void *gmem, int src_bytes) {
+    std::memset(smem, 0, 16);
+    if (src_bytes) std::memcpy(smem, gmem, src_bytes);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
+// ldmatrix .x4: lane 8 j + i gives row i of matrix j; lane l gets matrix j's row l / 4, columns
+// 2 (l % 4) and + 1 (transposed: column l / 4 of rows 2 (l % 4) and + 1)
+static const bf16 *emu_rows[32][32];
+inline void emu_ldsm(unsigned (&r)[4], const bf16 *p, bool trans) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu_rows[w][l] = p;
+    __syncwarp();
+    for (int j = 0; j < 4; ++j) {
+        bf16 lo, hi;
+        if (!trans) {
+            const bf16 *row = emu_rows[w][8 * j + (l >> 2)];
+            lo = row[2 * (l & 3)], hi = row[2 * (l & 3) + 1];
+        } else {
+            lo = emu_rows[w][8 * j + 2 * (l & 3)][l >> 2], hi = emu_rows[w][8 * j + 2 * (l & 3) + 1][l >> 2];
+        }
+        r[j] = (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+    }
+    __syncwarp();
+}
+inline void ldsm_x4(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, false); }
+inline void ldsm_x4_t(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, true); }
+
+#include "mla_tc.cu"
+
+thread_local Dim3 threadIdx;
+Dim3 blockIdx, blockDim;
+EmuBlock *emu;
+alignas(16) unsigned char mla_smem[MLA_TC_SMEM(2)];
+
+// the order blocks run in: 0 from the first, 1 from the last (the decode split's last block to
+// finish folds; either way the same bits)
+static int block_order = 0;
+extern "C" void emu_block_order(int order) { block_order = order; }
+
+template <class F>
+static void run_grid(int gx, int gy, int gz, int threads_a_block, F body) {
+    static EmuBlock block;
+    std::barrier<> bar(threads_a_block);
+    for (int w = 0; w < threads_a_block / 32; ++w) block.warp[w] = new std::barrier<>(32);
+    block.block = &bar;
+    emu = &block;
+    blockDim.x = threads_a_block;
+    gridDim.x = gx, gridDim.y = gy, gridDim.z = gz;
+    const int blocks = gx * gy * gz;
+    for (int k = 0; k < blocks; ++k) {
+        const int id = block_order ? blocks - 1 - k : k;
+        blockIdx.x = id % gx;
+        blockIdx.y = id / gx % gy;
+        blockIdx.z = id / (gx * gy);
+        std::memset(mla_smem, 0xFF, sizeof(mla_smem));  // NaN: a read of what no thread wrote shows
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads_a_block; ++t)
+            ts.emplace_back([t, &body] {
+                threadIdx.x = t;
+                body();
+            });
+        for (auto &th : ts) th.join();
+    }
+    for (int w = 0; w < threads_a_block / 32; ++w) delete block.warp[w];
+}
+
+extern "C" void emu_mla_attend_tc(const float *q_lat, const uint16_t *q, char *kv, const int *page_table,
+                                  const int *cu_seqlens, const int *pos, float *o_lat, int pages_per_seq, int rows,
+                                  int n_seqs, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+                                  int page_tokens, int token_bytes, int chunk) {
+    run_grid(rows, (heads + 31) / 32, 1, 256, [&] {
+        mla_attend_tc(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, o_lat,
+                      pages_per_seq, rows, n_seqs, layer, layers, heads, nope, rope, kv_lora, page_tokens,
+                      token_bytes, chunk);
+    });
+}
+
+extern "C" void emu_mla_attend_tc_decode(const float *q_lat, const uint16_t *q, char *kv, const int *page_table,
+                                         const int *pos, float *o_lat, float *part_o, float *part_ml, int *sem,
+                                         int pages_per_seq, int rows, int layer, int layers, int heads, int nope,
+                                         int rope, int kv_lora, int page_tokens, int token_bytes, int chunk,
+                                         int splits) {
+    run_grid(rows, (heads + 15) / 16, splits, 128, [&] {
+        mla_attend_tc_decode(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, pos, o_lat, part_o, part_ml,
+                             sem, pages_per_seq, rows, layer, layers, heads, nope, rope, kv_lora, page_tokens,
+                             token_bytes, chunk, splits);
+    });
+}
