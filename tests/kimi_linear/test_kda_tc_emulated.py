@@ -21,8 +21,6 @@ threads the emulator happens to order, and speed. Skipped without g++."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,27 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kda_tc_model as M  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+from .emulate import build_emulator, ptr  # noqa: E402
+
 LAYERS, LAYER, CONV, SLOTS = 2, 1, 4, 6
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++ to compile kda_tc.cu for the host")
-    lib = tmp_path_factory.mktemp("kda_tc_emu") / "kda_tc_emu.so"
-    here = Path(__file__).resolve().parent
-    done = subprocess.run([gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",
-                           f"-I{here / 'emu'}", f"-I{ROOT / 'models/kimi_linear/kernels/cuda'}",
-                           str(here / "emu" / "kda_tc_emu.cpp"), "-o", str(lib)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"g++ failed on kda_tc.cu:\n{done.stderr[-3000:]}")
-    return ctypes.CDLL(str(lib))
-
-
-def _p(a: np.ndarray):
-    return a.ctypes.data_as(ctypes.c_void_p)
+    return build_emulator(tmp_path_factory, "kda_tc_emu", "models/kimi_linear/kernels/cuda/kda_tc.cu")
 
 
 class Emu:
@@ -92,7 +77,7 @@ class Emu:
         o = np.full((len(pos), self.W), 0xFFFF, np.uint16)
         cu = np.cumsum([0] + [n for _, _, n in parts]).astype(np.int32)
         slot = np.array([s for s, _, _ in parts], np.int32)
-        self.lib.emu_kda_tc(_p(mix), _p(g), _p(b), _p(self.state), _p(slot), _p(cu), _p(pos), _p(o),
+        self.lib.emu_kda_tc(ptr(mix), ptr(g), ptr(b), ptr(self.state), ptr(slot), ptr(cu), ptr(pos), ptr(o),
                             ctypes.c_int(len(parts)), *map(ctypes.c_int, self._geo()))
         assert not (o == 0xFFFF).any()
         out = (o.astype(np.uint32) << 16).view(np.float32)
@@ -103,7 +88,7 @@ class Emu:
         mix, g, b, pos = self._rows([(s, r, 1) for s, r in rows])
         o = np.full((len(rows), self.W), 0xFFFF, np.uint16)
         slot = np.array([s for s, _ in rows], np.int32)
-        self.lib.emu_kda_tc_decode(_p(mix), _p(g), _p(b), _p(self.state), _p(slot), _p(pos), _p(o),
+        self.lib.emu_kda_tc_decode(ptr(mix), ptr(g), ptr(b), ptr(self.state), ptr(slot), ptr(pos), ptr(o),
                                    ctypes.c_int(len(rows)), *map(ctypes.c_int, self._geo()))
         assert not (o == 0xFFFF).any()
         return list((o.astype(np.uint32) << 16).view(np.float32))

@@ -19,8 +19,6 @@ happens to order (the blocks run one at a time), and speed. Skipped without g++.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,32 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mla_tc_model as M  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+from .emulate import build_emulator, ptr  # noqa: E402
+
 LAYER = 1
 HEADS, NOPE, ROPE, KV_LORA, CHUNK = 20, 16, 16, 32, 32  # 20 heads: two decode head groups, one partial
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++ to compile mla_tc.cu for the host")
-    d = tmp_path_factory.mktemp("mla_tc_emu")
-    here = Path(__file__).resolve().parent
-    # beside the stand-in common.cuh, so attention_tc.cuh's #include "common.cuh" finds it
-    for f in (here / "emu" / "common.cuh", here / "emu" / "mla_tc_emu.cpp",
-              ROOT / "models/kimi_linear/kernels/cuda/mla_tc.cu", ROOT / "models/common/cuda/attention_tc.cuh"):
-        shutil.copy(f, d / f.name)
-    lib = d / "mla_tc_emu.so"
-    done = subprocess.run([gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{d}",
-                           str(d / "mla_tc_emu.cpp"), "-o", str(lib)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"g++ failed on mla_tc.cu:\n{done.stderr[-3000:]}")
-    return ctypes.CDLL(str(lib))
-
-
-def _p(a: np.ndarray):
-    return a.ctypes.data_as(ctypes.c_void_p)
+    return build_emulator(tmp_path_factory, "mla_tc_emu", "models/kimi_linear/kernels/cuda/mla_tc.cu", "models/common/cuda/attention_tc.cuh")
 
 
 class Emu:
@@ -93,7 +74,7 @@ class Emu:
         table = np.ascontiguousarray(c.table[seqs])
         q_lat, q, pos, o = self._inputs(picks)
         layer, layers, *rest = self._geo()
-        self.lib.emu_mla_attend_tc(_p(q_lat), _p(q), _p(c.bits), _p(table), _p(cu), _p(pos), _p(o),
+        self.lib.emu_mla_attend_tc(ptr(q_lat), ptr(q), ptr(c.bits), ptr(table), ptr(cu), ptr(pos), ptr(o),
                                    *map(ctypes.c_int, (c.pages_per_seq, len(picks), len(seqs), layer, layers, *rest,
                                                        chunk)))
         assert not np.isnan(o).any()
@@ -109,8 +90,8 @@ class Emu:
         part_ml = np.full((len(picks), HEADS, splits, 2), np.nan, np.float32)
         sem = np.zeros((len(picks), HEADS), np.int32)
         layer, layers, *rest = self._geo()
-        self.lib.emu_mla_attend_tc_decode(_p(q_lat), _p(q), _p(c.bits), _p(table), _p(pos), _p(o), _p(part_o),
-                                          _p(part_ml), _p(sem),
+        self.lib.emu_mla_attend_tc_decode(ptr(q_lat), ptr(q), ptr(c.bits), ptr(table), ptr(pos), ptr(o), ptr(part_o),
+                                          ptr(part_ml), ptr(sem),
                                           *map(ctypes.c_int, (c.pages_per_seq, len(picks), layer, layers, *rest,
                                                               chunk, splits)))
         assert not np.isnan(o).any()

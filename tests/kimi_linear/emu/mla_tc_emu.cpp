@@ -7,9 +7,6 @@
 // row addresses, the PTX fragment layouts), the f32 atomics' int cousins, fences and loads.
 // C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode (the kernels'
 // arguments), emu_block_order.
-#include <thread>
-#include <vector>
-
 #include "common.cuh"
 
 #define __align__(n) __attribute__((aligned(n)))
@@ -74,49 +71,18 @@ inline void ldsm_x4(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, false); }
 inline void ldsm_x4_t(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, true); }
 
 #include "mla_tc.cu"
+#include "grid.h"
 
 thread_local Dim3 threadIdx;
 Dim3 blockIdx, blockDim;
 EmuBlock *emu;
 alignas(16) unsigned char mla_smem[MLA_TC_SMEM(2)];
 
-// the order blocks run in: 0 from the first, 1 from the last (the decode split's last block to
-// finish folds; either way the same bits)
-static int block_order = 0;
-extern "C" void emu_block_order(int order) { block_order = order; }
-
-template <class F>
-static void run_grid(int gx, int gy, int gz, int threads_a_block, F body) {
-    static EmuBlock block;
-    std::barrier<> bar(threads_a_block);
-    for (int w = 0; w < threads_a_block / 32; ++w) block.warp[w] = new std::barrier<>(32);
-    block.block = &bar;
-    emu = &block;
-    blockDim.x = threads_a_block;
-    gridDim.x = gx, gridDim.y = gy, gridDim.z = gz;
-    const int blocks = gx * gy * gz;
-    for (int k = 0; k < blocks; ++k) {
-        const int id = block_order ? blocks - 1 - k : k;
-        blockIdx.x = id % gx;
-        blockIdx.y = id / gx % gy;
-        blockIdx.z = id / (gx * gy);
-        std::memset(mla_smem, 0xFF, sizeof(mla_smem));  // NaN: a read of what no thread wrote shows
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads_a_block; ++t)
-            ts.emplace_back([t, &body] {
-                threadIdx.x = t;
-                body();
-            });
-        for (auto &th : ts) th.join();
-    }
-    for (int w = 0; w < threads_a_block / 32; ++w) delete block.warp[w];
-}
-
 extern "C" void emu_mla_attend_tc(const float *q_lat, const uint16_t *q, char *kv, const int *page_table,
                                   const int *cu_seqlens, const int *pos, float *o_lat, int pages_per_seq, int rows,
                                   int n_seqs, int layer, int layers, int heads, int nope, int rope, int kv_lora,
                                   int page_tokens, int token_bytes, int chunk) {
-    run_grid(rows, (heads + 31) / 32, 1, 256, [&] {
+    run_grid(rows, (heads + 31) / 32, 1, 256, mla_smem, sizeof(mla_smem), [&] {
         mla_attend_tc(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, o_lat,
                       pages_per_seq, rows, n_seqs, layer, layers, heads, nope, rope, kv_lora, page_tokens,
                       token_bytes, chunk);
@@ -128,7 +94,7 @@ extern "C" void emu_mla_attend_tc_decode(const float *q_lat, const uint16_t *q, 
                                          int pages_per_seq, int rows, int layer, int layers, int heads, int nope,
                                          int rope, int kv_lora, int page_tokens, int token_bytes, int chunk,
                                          int splits) {
-    run_grid(rows, (heads + 15) / 16, splits, 128, [&] {
+    run_grid(rows, (heads + 15) / 16, splits, 128, mla_smem, sizeof(mla_smem), [&] {
         mla_attend_tc_decode(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, pos, o_lat, part_o, part_ml,
                              sem, pages_per_seq, rows, layer, layers, heads, nope, rope, kv_lora, page_tokens,
                              token_bytes, chunk, splits);
