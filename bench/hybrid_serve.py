@@ -4,7 +4,8 @@ starts it: no flags but the checkpoint (and --target on a laptop's dry run). Ove
 128 out) at each --concurrency; then --streams streams at once, /metrics read before, at the
 peak and after: every state's pages or slots held, of them cached, and mapped, the chunks of the
 one budget each state holds (back at the baseline: held less cached as before the streams); then one `kern run` of the checkpoint. Results are `RESULT {json}` lines on stdout
-(bench/kimi_gpu.py's serve step).
+(bench/kimi_gpu.py's serve step). With --trace, each level's steps from kern serve's trace: how
+many of each kind (decode, mixed, prompt) and the wall each paid (bench/trace_steps.py).
 
     python3 bench/hybrid_serve.py CKPT [--target cpu] [--concurrency 32,128] [--streams 64]
 """
@@ -21,6 +22,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from trace_steps import read, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ("kern_pool_units_held", "kern_pool_units_cached", "kern_pool_units_mapped", "kern_pool_chunks")
@@ -122,6 +125,8 @@ def main() -> int:
     ap.add_argument("--up-s", type=float, default=120, help="kern serve's start-up, at most")
     ap.add_argument("--bench-s", type=float, default=60, help="each serve.py run, at most")
     ap.add_argument("--deadline-s", type=int, default=0, help="stop everything (the server too) after this long")
+    ap.add_argument("--trace", type=Path, default=None, help="kern serve --trace FILE: each concurrency level's "
+                    "window of it summarized, step kind by step kind (bench/trace_steps.py)")
     args = ap.parse_args()
     if args.deadline_s:  # a caller's timeout kills this process only: stop the server first
         def late(*_):
@@ -135,8 +140,9 @@ def main() -> int:
     log = args.log
     t0 = time.monotonic()
     with log.open("w") as f:
+        trace = ["--trace", str(args.trace)] if args.trace else []
         server = subprocess.Popen([sys.executable, "-m", "kern.cli", "serve", str(args.ckpt), "--port", str(args.port),
-                                   *target], stdout=f, stderr=subprocess.STDOUT)
+                                   *target, *trace], stdout=f, stderr=subprocess.STDOUT)
     try:
         if not up(url, server, args.up_s):
             tail = log.read_text().replace("\r", "\n").strip().splitlines()[-5:]
@@ -144,10 +150,13 @@ def main() -> int:
         else:
             emit(serve_startup_s=round(time.monotonic() - t0, 1))
             for c in args.concurrency.split(","):
+                t_from = time.monotonic()  # the trace's clock (CLOCK_MONOTONIC, one for every process)
                 for row in bench(url, ["--prompt", str(args.prompt), "--shared", str(args.shared), "--output",
                                        str(args.output), "--requests", str(args.requests), "--concurrency", c,
                                        "--warmup", "4", "--vocab", str(vocab)], args.bench_s):
                     emit(serve=row)
+                if args.trace:
+                    emit(trace_steps={"concurrency": int(c), **summarize(read(args.trace), t_from, time.monotonic())})
             emit(streams=streams(url, args.streams, vocab, args.bench_s))
     finally:
         server.terminate()

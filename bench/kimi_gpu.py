@@ -30,7 +30,9 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          device time summed by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
-         and slots from one budget of chunks) before, at the peak and after; then one `kern run`
+         and slots from one budget of chunks) before, at the peak and after; then one `kern run`;
+         kern serve's step trace ($OUT/kern_serve.trace) summarized a level at a time: steps
+         by kind (decode, mixed, prompt), the wall each paid (bench/trace_steps.py)
   long   the long-context case (bench/kimi_long.py, issue 38 item 3) on each of --long-servers
          in turn, each its own process and timeout: 8 streams of 32,768-token prompts, then one of
          131,072, 64 out, on CKPT-long (these weights, a config of 132,096 positions; made there
@@ -257,6 +259,10 @@ def table(s: dict) -> str:
             f"{d['output_throughput']} tok/s out, {d['request_throughput']} req/s, {d['completed']}/{d['requests']} "
             f"done, TTFT p50 {d['ttft_ms']['p50']} ms, TPOT p50 {d['tpot_ms']['p50']} ms" if "error" not in d
             else d["error"]))
+    for d in s.get("trace_steps", []):  # hybrid_serve.py --trace: each level's steps by kind
+        out.append(f"serve c={d['concurrency']} steps (kern serve's trace; timed {d['timed_s']} s): " + "; ".join(
+            f"{n} {k['steps']} at {k['ms_a_step']} ms (p50 {k['ms_a_step_p50']}), {k['prompt_rows_a_step']} prompt + "
+            f"{k['decode_rows_a_step']} decode rows, {k['share']:.0%}" for n, k in d["kinds"].items()))
     st = s.get("streams")
     if st:
         held = lambda m: m.get("kern_pool_units_held")  # noqa: E731
@@ -297,7 +303,7 @@ def main() -> int:
     steps = args.steps.replace("kern", "parity,decode").split(",")
     out, env, ckpt, head = family_setup("kimi", args.layers)
     r = Run(out, env)
-    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "profile": [], "long": [], "notes": []}
+    s: dict = {**head, "decode": [], "hf_decode": [], "serve": [], "trace_steps": [], "profile": [], "long": [], "notes": []}
 
     def report() -> None:
         r.report(s, table)
@@ -344,7 +350,8 @@ def main() -> int:
     if ok and "serve" in steps:
         flags = (["--target", args.target] if args.target != "cuda" else []) + shlex.split(args.serve_flags)
         text = r.step("serve", [sys.executable, str(ROOT / "bench/hybrid_serve.py"), str(ckpt), "--log",
-                                str(out / "kern_serve.log"), "--deadline-s", str(args.serve_timeout - 10), *flags],
+                                str(out / "kern_serve.log"), "--trace", str(out / "kern_serve.trace"), "--deadline-s",
+                                str(args.serve_timeout - 10), *flags],
                       args.serve_timeout)
         collect(text, "serve", "SERVE OK")
     if "long" in steps and ("ckpt" not in steps or ok):  # without a checkpoint kimi_long makes its own

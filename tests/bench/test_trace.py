@@ -60,6 +60,8 @@ def test_a_served_trace_is_a_workload_kern_bench_measures(tiny_a, tiny_ckpt, tmp
     w.out.close()
     lines = [json.loads(ln) for ln in path.read_text().splitlines()]
     assert lines[0] == {"kern_trace": 1, "model": "tiny"}
+    times = [ln["t"] for ln in lines[1:]]  # the host's clock as each run was handed over
+    assert all(isinstance(t, float) for t in times) and times == sorted(times)
     assert {ln["program"] for ln in lines[1:]} == {"prefill", "decode"}
     prefill = [ln for ln in lines[1:] if ln["program"] == "prefill"]
     assert sorted(r for ln in prefill for r in ln["rows"]) == [3, 20] and all(
@@ -80,3 +82,5 @@ def test_steps_run_ahead_in_one_call_are_traced_one_by_one(tiny_a, tiny_ckpt, tm
     w.out.close()
     decode = [json.loads(ln) for ln in path.read_text().splitlines()[1:] if '"decode"' in ln]
     assert [d["start"] for d in decode] == [[3], [4], [5], [6]]  # the first token comes from the prefill
+    # handed over as one run: written within microseconds (bench/trace_steps.py groups them so)
+    assert decode[-1]["t"] - decode[0]["t"] < 2e-4

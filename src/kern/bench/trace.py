@@ -2,8 +2,8 @@
 
 The trace is JSON lines: a header `{"kern_trace": 1, "model": ...}`, then one line per program
 run, `{"program": P, "rows": [rows of each sequence], "start": [the position of each
-sequence's first row]}`, written as the engine runs it (a decode padded to a captured batch
-size counts its padding rows: they are what ran). `--workload` takes such a file as it takes
+sequence's first row], "t": the host's monotonic clock}`, written as the engine runs it (a
+decode padded to a captured batch size counts its padding rows: they are what ran). `--workload` takes such a file as it takes
 a TOML one. Each step becomes a shape: its sequences, their rows (the step's rows over its
 sequences, rounded up to a power of two) and their context (the mean start, rounded up to a
 power of two; 0 stays 0); a shape's weight is how many steps it stands for. Reading is pure."""
@@ -11,6 +11,7 @@ power of two; 0 stays 0); a shape's weight is how many steps it stands for. Read
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import IO
@@ -75,10 +76,15 @@ def open_trace(path: str | Path, model: str, flag: str) -> IO[str]:
     return out
 
 
-def write_step(out: IO[str], program: str, rows: list[int], start: list[int]) -> None:
-    """One program run: its sequences' rows and first positions, flushed so that a server
-    stopped at any moment leaves a trace that reads."""
-    out.write(json.dumps({"program": program, "rows": [int(x) for x in rows], "start": [int(x) for x in start]}) + "\n")
+def write_step(out: IO[str], program: str, rows: list[int], start: list[int], t: float | None = None) -> None:
+    """One program run: its sequences' rows and first positions, and `t`, the host's monotonic
+    clock as the run was handed to the device (seconds; the gaps between runs are what serving
+    paid a step: bench/trace_steps.py; nothing reads it to decide a result), flushed so that a
+    server stopped at any moment leaves a trace that reads."""
+    rec = {"program": program, "rows": [int(x) for x in rows], "start": [int(x) for x in start]}
+    if t is not None:
+        rec["t"] = round(t, 6)
+    out.write(json.dumps(rec) + "\n")
     out.flush()
 
 
@@ -103,7 +109,7 @@ class Writer:
             groups = env.get(st.groups_var, cu.size - 1) if st.groups_var else cu.size - 1
             rows = np.diff(cu[:groups + 1]).tolist()
             start = [int(pos[a]) for a in cu[:groups].tolist()]
-        write_step(self.out, program, rows, start)
+        write_step(self.out, program, rows, start, time.monotonic())
 
 
 def record(engine, path: str | Path) -> Writer:
