@@ -42,15 +42,8 @@ class RawPages:
         """Run `ids` at positions start.. of one sequence; return (next token, logits).
         One row goes through the decode program unless ragged (prefill) is asked for."""
         m = self.model
-        st = m.protocol.for_rows(1, None if ragged or len(ids) > 1 else 1)
-        inputs = {st.inputs["token"]: np.array(ids, np.int32),
-                  st.inputs["position"]: np.arange(start, start + len(ids), dtype=np.int32)}
-        inputs.update(lease_inputs(m, st, [self._leases[tuple(pages)]]))
-        if "seq_len" in st.inputs:
-            inputs[st.inputs["seq_len"]] = np.array([start + len(ids)], np.int32)
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.array([0, len(ids)], np.int32)
-        env = m.engine.run(st.program, st.vars_for(1, len(ids), reach=start + len(ids)), inputs)
+        st, vars_, inputs = step_inputs(m, [ids], [start], [self._leases[tuple(pages)]], ragged or len(ids) > 1)
+        env = m.engine.run(st.program, vars_, inputs)
         tok = int(m.engine.read(st.outputs["tokens"], env)[0])
         logits = m.engine.read(st.outputs["logits"], env)[0] if "logits" in st.outputs else None
         return tok, logits
@@ -62,21 +55,27 @@ class RawPages:
         row, cu_seqlens between them. Returns the step's tokens and logits as its outputs hold
         them (a row a sequence, its last, where the logits output is laid out by sequence)."""
         m = self.model
-        n = len(seqs)
-        st = m.protocol.for_rows(n, None if ragged else 1)
-        inputs = {st.inputs["token"]: np.array([t for s in seqs for t in s], np.int32),
-                  st.inputs["position"]: np.array([a + j for s, a in zip(seqs, starts) for j in range(len(s))],
-                                                  np.int32)}
-        inputs.update(lease_inputs(m, st, [self._leases[tuple(pg)] for pg in pages]))
-        if "seq_len" in st.inputs:
-            inputs[st.inputs["seq_len"]] = np.array([a + len(s) for s, a in zip(seqs, starts)], np.int32)
-        if "cu_seqlens" in st.inputs:
-            inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(s) for s in seqs], dtype=np.int32)
-        rows = sum(map(len, seqs))
-        reach = max(a + len(s) for s, a in zip(seqs, starts))
-        env = m.engine.run(st.program, st.vars_for(n, rows, reach=reach), inputs)
+        st, vars_, inputs = step_inputs(m, seqs, starts, [self._leases[tuple(pg)] for pg in pages], ragged)
+        env = m.engine.run(st.program, vars_, inputs)
         logits = m.engine.read(st.outputs["logits"], env) if "logits" in st.outputs else None
         return m.engine.read(st.outputs["tokens"], env), logits
+
+
+def step_inputs(model, seqs: list[list[int]], starts: list[int], leases: list, ragged: bool = False):
+    """One step of sequences `seqs` (each its rows' token ids) at positions starts[i].., each
+    on its lease: (the protocol's stepper, its vars, its inputs), filled as the host loop fills
+    them. Decode (one row each) unless ragged: one prefill step, cu_seqlens between them."""
+    n = len(seqs)
+    st = model.protocol.for_rows(n, None if ragged else 1)
+    inputs = {st.inputs["token"]: np.array([t for s in seqs for t in s], np.int32),
+              st.inputs["position"]: np.array([a + j for s, a in zip(seqs, starts) for j in range(len(s))], np.int32),
+              **lease_inputs(model, st, leases)}
+    if "seq_len" in st.inputs:
+        inputs[st.inputs["seq_len"]] = np.array([a + len(s) for s, a in zip(seqs, starts)], np.int32)
+    if "cu_seqlens" in st.inputs:
+        inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(s) for s in seqs], dtype=np.int32)
+    reach = max(a + len(s) for s, a in zip(seqs, starts))
+    return st, st.vars_for(n, sum(map(len, seqs)), reach=reach), inputs
 
 
 # ---- many sequences on leases of their own ------------------------------------------------
@@ -147,28 +146,17 @@ def greedy(model, prompts, steps: int, rows: tuple[int, ...] = (), reserve: int 
     out, step_s = [], []
     leases = lease_many(m, b, reserve or n + steps + 8)
     try:
-        st = m.protocol.for_rows(b, None)
-        inputs = {st.inputs["token"]: prompts.reshape(-1),
-                  st.inputs["position"]: np.tile(np.arange(n, dtype=np.int32), b),
-                  st.inputs["cu_seqlens"]: np.arange(0, n * (b + 1), n, dtype=np.int32),
-                  **lease_inputs(m, st, leases)}
-        if "seq_len" in st.inputs:
-            inputs[st.inputs["seq_len"]] = np.full(b, n, np.int32)
+        st, vars_, inputs = step_inputs(m, prompts.tolist(), [0] * b, leases, ragged=True)
         t0 = time.perf_counter()
-        env = m.engine.run(st.program, st.vars_for(b, n * b, reach=n), inputs)
+        env = m.engine.run(st.program, vars_, inputs)
         tok = m.engine.read(st.outputs["tokens"], env)[:b].copy()
         prefill_s = time.perf_counter() - t0
         out.append(tok)
         logits = {r: [m.engine.read_rows(st.outputs["logits"], env, [r])[0]] for r in rows}
-        st = m.protocol.for_rows(b, 1)
-        inputs = lease_inputs(m, st, leases)
         for i in range(steps):
-            inputs[st.inputs["token"]] = tok.astype(np.int32)
-            inputs[st.inputs["position"]] = np.full(b, n + i, np.int32)
-            if "seq_len" in st.inputs:
-                inputs[st.inputs["seq_len"]] = np.full(b, n + i + 1, np.int32)
+            st, vars_, inputs = step_inputs(m, tok.reshape(-1, 1).tolist(), [n + i] * b, leases)
             t0 = time.perf_counter()
-            env = m.engine.run(st.program, st.vars_for(b, b, reach=n + i + 1), inputs)
+            env = m.engine.run(st.program, vars_, inputs)
             tok = m.engine.read(st.outputs["tokens"], env)[:b].copy()
             step_s.append(time.perf_counter() - t0)
             out.append(tok)
