@@ -116,7 +116,7 @@ KERN = PREAMBLE + r"""
 import numpy as np
 from pathlib import Path
 from kern.drive.parity import compare, teacher_forced
-from kern.drive.raw_pages import give_many, greedy, lease_inputs, lease_many, raw
+from kern.drive.raw_pages import give_many, greedy, lease_many, raw, step_inputs
 from kern.manifest import load_verified
 from kern.runtime.engine import Engine
 from kern_models.common.random_checkpoint import judge
@@ -172,6 +172,8 @@ prompts = np.random.default_rng(1).integers(0, cfg["vocab_size"], (max(batches),
 
 def by_kernel(env_of_step, program):  # each launch's device time in one step, summed by kernel
     from kern.runtime.devices.cuda.profile import profile
+    if not hasattr(eng.programs[program], "dev"):  # a cpu dry run: the host step alone
+        return {"launches": 0, "device_us": 0.0, "by_kernel": {}}
     rows, by = profile(eng.programs[program], env_of_step), {}
     for _, entry, us in rows:
         n, t = by.get(entry, (0, 0.0))
@@ -184,15 +186,12 @@ def by_kernel(env_of_step, program):  # each launch's device time in one step, s
 def profile_prefill(seqs, length):  # one ragged prefill step as kern serve feeds the serve workload
     leases = lease_many(model, seqs, length + 8)
     try:
-        st = proto.for_rows(seqs, None)
-        ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], seqs * length).astype(np.int32)
-        inputs = {st.inputs["token"]: ids, st.inputs["position"]: np.tile(np.arange(length, dtype=np.int32), seqs),
-                  st.inputs["cu_seqlens"]: np.arange(0, length * (seqs + 1), length, dtype=np.int32),
-                  **lease_inputs(model, st, leases)}
+        ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], (seqs, length))
+        st, vars_, inputs = step_inputs(model, ids.tolist(), [0] * seqs, leases, ragged=True)
         times = []
         for _ in range(4):
             t0 = time.perf_counter()
-            env = eng.run(st.program, st.vars_for(seqs, seqs * length), inputs)
+            env = eng.run(st.program, vars_, inputs)
             eng.read(st.outputs["tokens"], env)
             times.append(time.perf_counter() - t0)
         emit(profile={"step": f"prefill {seqs} x {length}", "program": st.program,
