@@ -15,8 +15,6 @@ not depend on their values). Writes $OUT/kda_tc.json (and prints it).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -26,9 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cuda"))
 
-from cuda_gpu import Gpu, launch_all, op_launches  # noqa: E402
-from cuda_kernel_docs import in_sources  # noqa: E402
-from kern.runtime.devices.cuda.driver import open_device  # noqa: E402
+from cuda_gpu import Gpu, launch_all, op_launches, report  # noqa: E402
 from kern_models.kimi_linear.kernels.cuda import CUBINS, table  # noqa: E402
 
 HEADS, DIM, CONV, LAYERS = 32, 128, 4, 1
@@ -95,10 +91,7 @@ def decode(gpu, rng, rows: int, position: int) -> dict:
 
 
 def main() -> None:
-    cubins = Path(tempfile.mkdtemp())
-    CUBINS.provide(cubins)
-    gpu = Gpu(open_device(0), cubins)
-    gpu.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
+    gpu = Gpu.of_family(CUBINS, Path(tempfile.mkdtemp()))
     rng = np.random.default_rng(0)
     res = {"shape": dict(heads=HEADS, dim=DIM, chunk=table.KDA_TC_C, reps=REPS)}
     res["prefill_4x512"] = prefill(gpu, rng)
@@ -106,11 +99,7 @@ def main() -> None:
     res["decode_64_pos520"] = decode(gpu, rng, 64, 520)
     res["decode_64_pos527"] = decode(gpu, rng, 64, 527)
     gpu.close()
-    text = json.dumps(res, indent=1)
-    print(text)
-    out = Path(os.environ.get("OUT", "."))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kda_tc.json").write_text(text + "\n")
+    report(res, "kda_tc")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ a repeated random block. Writes $OUT/mla_tc.json (and prints it).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,9 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cuda"))
 sys.path.insert(0, str(ROOT / "tests" / "kimi_linear"))
 
 import mla_tc_model as M  # noqa: E402
-from cuda_gpu import Gpu, launch_all, op_launches  # noqa: E402
-from cuda_kernel_docs import in_sources  # noqa: E402
-from kern.runtime.devices.cuda.driver import open_device  # noqa: E402
+from cuda_gpu import Gpu, launch_all, op_launches, report  # noqa: E402
 from kern_models.common.kernel_table import Op  # noqa: E402
 from kern_models.kimi_linear.kernels.cuda import CUBINS, table  # noqa: E402
 from kern_models.kimi_linear.manifests.cuda import MLA_CHUNK  # noqa: E402
@@ -106,10 +102,7 @@ def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool, forms=("cores", 
 
 
 def main() -> None:
-    cubins = Path(tempfile.mkdtemp())
-    CUBINS.provide(cubins)
-    gpu = Gpu(open_device(0), cubins)
-    gpu.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
+    gpu = Gpu.of_family(CUBINS, Path(tempfile.mkdtemp()))
     rng = np.random.default_rng(0)
     res = {"shape": dict(heads=HEADS, nope=NOPE, rope=ROPE, kv_lora=LORA, page_tokens=PAGE)}
     res["prefill_4x512"] = case(gpu, rng, 4, [(s, p) for s in range(4) for p in range(512)], 512, True)
@@ -123,11 +116,7 @@ def main() -> None:
     res["prefill_1x8192_at24576"] = case(gpu, rng, 1, [(0, p) for p in range(24576, 32768)], 32768, True,
                                          forms=("tensor",), reps=1)
     gpu.close()
-    text = json.dumps(res, indent=1)
-    print(text)
-    out = Path(os.environ.get("OUT", "."))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mla_tc.json").write_text(text + "\n")
+    report(res, "mla_tc")
 
 
 if __name__ == "__main__":

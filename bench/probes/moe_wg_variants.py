@@ -17,8 +17,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cuda"))
 from cuda_gpu import Gpu, op_launches  # noqa: E402
-from cuda_kernel_docs import in_sources  # noqa: E402
-from kern.runtime.devices.cuda.driver import open_device  # noqa: E402
 from kern.runtime.devices.cuda.launch import Module, PackedLaunch, launch  # noqa: E402
 from kern_models.qwen3_moe.kernels.cuda import CUBINS, table  # noqa: E402
 
@@ -33,11 +31,7 @@ def bf16(rng, shape, scale):
 
 def main() -> None:
     base_dir = Path(sys.argv[1])
-    dev = open_device(0)
-    out = Path(tempfile.mkdtemp())
-    CUBINS.provide(out)
-    gpu = Gpu(dev, out)
-    gpu.docs.update({e: (m, tuple(p.kind for p in ps)) for e, (m, ps) in in_sources(CUBINS.folder).items()})
+    gpu = Gpu.of_family(CUBINS, Path(tempfile.mkdtemp()))
     base = Module((base_dir / "moe_wg.cubin").read_bytes(), "moe_wg_base")
     kinds = {e: gpu.docs[e][1] for e in ("moe_wg_gate_up", "moe_wg_down")}
     ops = table.ops()

@@ -63,6 +63,19 @@ class Gpu:
         self._kernels: dict[str, Kernel] = {}
         self._bufs: list[DeviceBuffer] = []
 
+    @classmethod
+    def of_family(cls, cubins, out: Path) -> "Gpu":
+        """A model family's cubins (its kernels/cuda package's CUBINS) provided into `out`, beside
+        any already there, and loaded on GPU 0; each entry's parameter kinds read from the
+        family's own sources (the default docs are llama's)."""
+        from cuda_kernel_docs import in_sources
+        from kern.runtime.devices.cuda.driver import open_device
+
+        cubins.provide(out)
+        g = cls(open_device(0), out)
+        g.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(cubins.folder).items()})
+        return g
+
     def kernel(self, entry: str) -> Kernel:
         if entry not in self._kernels:
             module, kinds = self.docs[entry]
@@ -135,3 +148,15 @@ class Gpu:
         for b in self._bufs:
             b.free()
         self.stream.destroy()
+
+
+def report(res: dict, name: str) -> None:
+    """A probe's results: printed, and written to $OUT/NAME.json (the current folder without $OUT)."""
+    import json
+    import os
+
+    text = json.dumps(res, indent=1)
+    print(text)
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(text + "\n")

@@ -40,15 +40,9 @@ def gpu(tmp_path_factory):
     """The Kimi-Linear cubins loaded on GPU 0 through tests/cuda's harness (the kernel-level GPU
     tests' device; their modules carry the `gpu` mark and skip without one)."""
     from cuda_gpu import Gpu
-    from cuda_kernel_docs import in_sources
-    from kern.runtime.devices.cuda.driver import open_device
     from kern_models.kimi_linear.kernels.cuda import CUBINS
 
-    device = open_device(0)
-    out = tmp_path_factory.mktemp("kimi_cubins")
-    CUBINS.provide(out)
-    g = Gpu(device, out)
-    g.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
+    g = Gpu.of_family(CUBINS, tmp_path_factory.mktemp("kimi_cubins"))
     yield g
     g.close()
 

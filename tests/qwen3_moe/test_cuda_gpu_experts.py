@@ -25,17 +25,12 @@ BF16 = np.uint16
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
     from cuda_gpu import Gpu
-    from cuda_kernel_docs import in_sources
-    from kern.runtime.devices.cuda.driver import open_device
     from kern_models.llama.kernels.cuda import CUBINS as DENSE
     from kern_models.qwen3_moe.kernels.cuda import CUBINS
 
-    device = open_device(0)
     out = tmp_path_factory.mktemp("moe_cubins")
     DENSE.provide(out, ["gemv.cubin"])
-    CUBINS.provide(out)
-    g = Gpu(device, out)
-    g.docs.update({e: (mod, tuple(p.kind for p in ps)) for e, (mod, ps) in in_sources(CUBINS.folder).items()})
+    g = Gpu.of_family(CUBINS, out)
     yield g
     g.close()
 
