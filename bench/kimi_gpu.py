@@ -25,9 +25,10 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          filled as the host loop fills them), and whether sequence 0's first 16 tokens are
          those it got at the first batch (batch invariance); parity and decode share one
          process (`kern` names both)
-  profile (in the kern process) one ragged prefill step as kern serve feeds the serve workload
-         (4 prompts of 512 tokens: its 2,048-row budget) and the widest decode step, each launch's
-         device time summed by kernel
+  profile (in the kern process) two ragged prefill steps as kern serve feeds the serve workload
+         (4 prompts of 512 tokens: its 2,048-row budget; a mixed step: one prompt's 256 uncached
+         rows beside 31 decode rows) and the widest decode step, each launch's device time
+         summed by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`;
@@ -127,8 +128,9 @@ cfg = json.loads((ckpt / "config.json").read_text())
 form = sys.argv[7] if len(sys.argv) > 7 else ""  # the prompt recurrence's form ("": the build's default)
 # sm_90a's chunked recurrence is the faster build's (the invariant one refuses it)
 faster = {"batch_invariant": False} if form == "chunked" and sys.argv[5] != "cpu" else {}
-# the cpu build's bounds raised to the steps run here (a dry run: the profile's 2,048 rows, the widest batch)
-rows = {"tokens": 2048, "seqs": max(batches)} if sys.argv[5] == "cpu" else {}
+# the cpu build's bounds raised to the steps run here (a dry run: the profile's 2,048 rows and 32
+# sequences, the widest batch)
+rows = {"tokens": 2048, "seqs": max(32, *batches)} if sys.argv[5] == "cpu" else {}
 man = generate(cfg, ckpt.parent / f"deploy{'-' + form if form else ''}", target=sys.argv[5], model="kimi-linear-random",
                context=1024, **({"kda_form": form} if form else {}), **faster, **rows)
 
@@ -183,25 +185,31 @@ def by_kernel(env_of_step, program):  # each launch's device time in one step, s
             "by_kernel": {k: {"n": n, "us": round(t, 1), "share": round(t / total, 3)}
                           for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])}}
 
-def profile_prefill(seqs, length):  # one ragged prefill step as kern serve feeds the serve workload
-    leases = lease_many(model, seqs, length + 8)
+def profile_prefill(label, lengths, starts):  # one ragged prefill step: sequence i's lengths[i] rows from starts[i]
+    leases = lease_many(model, len(lengths), max(a + n for a, n in zip(starts, lengths)) + 8)
     try:
-        ids = np.random.default_rng(2).integers(0, cfg["vocab_size"], (seqs, length))
-        st, vars_, inputs = step_inputs(model, ids.tolist(), [0] * seqs, leases, ragged=True)
+        rng = np.random.default_rng(2)
+        ids = [rng.integers(0, cfg["vocab_size"], n).tolist() for n in lengths]
+        st, vars_, inputs = step_inputs(model, ids, starts, leases, ragged=True)
         times = []
         for _ in range(4):
             t0 = time.perf_counter()
             env = eng.run(st.program, vars_, inputs)
             eng.read(st.outputs["tokens"], env)
             times.append(time.perf_counter() - t0)
-        emit(profile={"step": f"prefill {seqs} x {length}", "program": st.program,
+        emit(profile={"step": label, "program": st.program,
                       "host_step_ms": round(float(np.median(times[1:])) * 1e3, 2), **by_kernel(env, st.program)})
     finally:
         give_many(model, leases)
 
 if "profile" in parts:
     try:  # decode's figures come even where the profile fails
-        profile_prefill(4, 512)
+        # the serve workload's prompt step: 4 prompts of 512 fill the 2,048-row budget
+        profile_prefill("prefill 4 x 512", [512] * 4, [0] * 4)
+        # and its mixed step at 32 streams (a third of its steps, bench/loop_steps.py): one
+        # successor's 256 uncached rows after the cached shared half, beside 31 decode rows
+        # (one each, mid-reply) on the prefill program
+        profile_prefill("mixed 256 + 31 decode rows", [256] + [1] * 31, [256] + [400] * 31)
         say("prefill profiled")
     except Exception as e:  # noqa: BLE001
         import traceback; traceback.print_exc()
