@@ -5,7 +5,6 @@ bench/multi_gpu_serve.sh's collect phase brings back (a device call returns 8 fi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,16 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import scripts
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _load(name: str):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # multi_gpu.py imports its sibling shared.py, as run from bench/
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load(name, f"bench_{name}")  # with shared.py, which multi_gpu.py imports by bare name
 
 
 @pytest.fixture(scope="module")

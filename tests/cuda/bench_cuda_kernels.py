@@ -1,7 +1,9 @@
 """Time the llama kernels on the GPU (not a test; run by hand on the device):
 
-    PYTHONPATH=src:tests/cuda python3 tests/cuda/bench_cuda_kernels.py [bench_gemv bench_attention ...]
-    PYTHONPATH=src:tests/cuda ncu -k attention_decode --set full python3 tests/cuda/bench_cuda_kernels.py ncu_attention
+    PYTHONPATH=src python3 -m tests.cuda.bench_cuda_kernels [bench_gemv bench_attention ...]
+    PYTHONPATH=src ncu -k attention_decode --set full python3 -m tests.cuda.bench_cuda_kernels ncu_attention
+
+(from the repository root: the module imports its siblings as tests.cuda.*)
 
 Earlier versions of kernel sources copied into tests/cuda/_variants/<label>/ (with the headers
 they include) are built and timed beside the working tree's kernels ("new").
@@ -19,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-import cuda_refs as R
-from cuda_gpu import Gpu, launch_all
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.driver import call, open_device
 from kern.runtime.devices.cuda.graphs import capture
 from kern.runtime.devices.cuda.launch import launch
+from tests.cuda import cuda_refs as R
+from tests.cuda.cuda_gpu import Gpu, launch_all
 
 REPS = 20
 L2_DEFEAT = 240 << 20
@@ -358,7 +360,7 @@ def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(8, 32, 128, 512, 204
     wide decode's 256 rows; the gemv at the decode program's 8 rows) beside cuBLASLt's bf16 TN
     GEMM at the same (M, N, K) (the --no-batch-invariance build's call): a line a projection,
     then the layer's four summed, kern's best over cuBLASLt's."""
-    from cuda_gpu import op_launches
+    from tests.cuda.cuda_gpu import op_launches
     from kern.runtime.devices.cuda.cublaslt import CublasLt
     from kern_models.llama.kernels.cuda import table
     lt = CublasLt()
@@ -401,7 +403,7 @@ def bench_gemm(gpu: Gpu, rng, lines: list[str], row_counts=(8, 32, 128, 512, 204
 def main() -> None:
     import subprocess
     import sys
-    from cuda_kernel_docs import TEST_KERNEL_DIR
+    from tests.cuda.cuda_kernel_docs import TEST_KERNEL_DIR
     from kern_models.llama.kernels.cuda import CUBINS
 
     out = Path(tempfile.mkdtemp())

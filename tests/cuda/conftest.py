@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from cuda_kernel_docs import TEST_KERNEL_DIR
+from tests.cuda.cuda_kernel_docs import TEST_KERNEL_DIR
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,7 @@ def cubin_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gpu(device, cubin_dir):
-    from cuda_gpu import Gpu
+    from tests.cuda.cuda_gpu import Gpu
     g = Gpu(device, cubin_dir)
     yield g
     g.close()

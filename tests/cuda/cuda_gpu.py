@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cuda_kernel_docs import kinds_by_entry
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.launch import Kernel, Module, PackedLaunch, launch
 from kern.runtime.devices.cuda.memory import DeviceBuffer, Stream
+from tests.cuda.cuda_kernel_docs import kinds_by_entry
 
 
 def _value(e, named: dict) -> int:
@@ -68,7 +68,7 @@ class Gpu:
         """A model family's cubins (its kernels/cuda package's CUBINS) provided into `out`, beside
         any already there, and loaded on GPU 0; each entry's parameter kinds read from the
         family's own sources (the default docs are llama's)."""
-        from cuda_kernel_docs import in_sources
+        from tests.cuda.cuda_kernel_docs import in_sources
         from kern.runtime.devices.cuda.driver import open_device
 
         cubins.provide(out)

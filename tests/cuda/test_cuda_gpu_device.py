@@ -4,11 +4,11 @@ cooperative and PDL launches, the virtual-address pool, cuBLASLt GEMM."""
 import numpy as np
 import pytest
 
-import cuda_refs as R
-from cuda_refs import BF16
-from cuda_gpu import launch_all
 from kern.runtime.devices.cuda import memory
 from kern.runtime.devices.cuda.graphs import capture
+from tests.cuda import cuda_refs as R
+from tests.cuda.cuda_gpu import launch_all
+from tests.cuda.cuda_refs import BF16
 
 pytestmark = pytest.mark.gpu
 

@@ -10,11 +10,11 @@ GEMM, with its scratch), so what is checked is what a program launches."""
 import numpy as np
 import pytest
 
-import cuda_refs as R
-from cuda_gpu import op_launches
 from kern.runtime.devices.cuda.launch import launch
 from kern_models.llama.kernels.cuda import table
-from test_cuda_gpu_kernels import _paged_state, _table
+from tests.cuda import cuda_refs as R
+from tests.cuda.cuda_gpu import op_launches
+from tests.cuda.test_cuda_gpu_kernels import _paged_state, _table
 
 pytestmark = pytest.mark.gpu
 

@@ -7,8 +7,8 @@ Outputs are poisoned (NaN) before each run, so an unwritten element fails."""
 import numpy as np
 import pytest
 
-import cuda_refs as R
-from cuda_refs import BF16
+from tests.cuda import cuda_refs as R
+from tests.cuda.cuda_refs import BF16
 
 pytestmark = pytest.mark.gpu
 

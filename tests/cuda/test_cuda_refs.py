@@ -4,7 +4,7 @@ so kernel == reference (on the GPU) chains to kernel == transformers."""
 import numpy as np
 import pytest
 
-import cuda_refs as R
+from tests.cuda import cuda_refs as R
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,12 +9,11 @@ import json
 
 import pytest
 
-from cuda_kernel_docs import KERNEL_DIR, TEST_KERNEL_DIR, CParam, in_sources
-
 from kern_models.llama.manifests import cuda as manifest_cuda
 from kern_models.llama.config import shape_of
 from kern_models.llama.generator import generate
 from kern_models.llama.kernels.cuda import table
+from tests.cuda.cuda_kernel_docs import KERNEL_DIR, TEST_KERNEL_DIR, CParam, in_sources
 
 C_TYPE = {"bf16": "bf16", "f32": "float", "i32": "int"}
 

@@ -39,7 +39,7 @@ def kimi_dep(kimi_family) -> Path:
 def gpu(tmp_path_factory):
     """The Kimi-Linear cubins loaded on GPU 0 through tests/cuda's harness (the kernel-level GPU
     tests' device; their modules carry the `gpu` mark and skip without one)."""
-    from cuda_gpu import Gpu
+    from tests.cuda.cuda_gpu import Gpu
     from kern_models.kimi_linear.kernels.cuda import CUBINS
 
     g = Gpu.of_family(CUBINS, tmp_path_factory.mktemp("kimi_cubins"))

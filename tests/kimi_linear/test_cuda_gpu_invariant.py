@@ -15,13 +15,8 @@ prompt was cut, on the GPU, bit for bit (docs/determinism.md):
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +47,7 @@ def _bf16(rng, shape, scale=1.0) -> np.ndarray:
 
 
 def _run(gpu, spec: dict, named: dict) -> None:
-    from cuda_gpu import op_launches
+    from tests.cuda.cuda_gpu import op_launches
     from kern.runtime.devices.cuda.launch import launch
 
     for la in op_launches(gpu, spec, dict(named)):

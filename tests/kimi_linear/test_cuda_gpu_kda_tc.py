@@ -18,16 +18,10 @@ The real head (dim 128, 4 of its 32 heads), a half one and the tiny model's (dim
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kda_tc_model as M  # noqa: E402
+from . import kda_tc_model as M
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(4, 128), (3, 64), (2, 16)]

@@ -23,16 +23,10 @@ a partial head group; kv_lora 32, rope 16: short and empty runs of the scores).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mla_tc_model as M  # noqa: E402
+from . import mla_tc_model as M
 
 pytestmark = pytest.mark.gpu
 LAYER = 1
@@ -59,7 +53,7 @@ class Attend:
     def attend(self, entry: str, picks: list[tuple[int, int]], chunk: int = M.CHUNK, extra: int = 1) -> np.ndarray:
         """chunk: mla_tc's split (the tensor-core entries); decode's grid holds `extra` chunks
         more than its longest row needs (the step's reach past it)."""
-        from cuda_gpu import op_launches
+        from tests.cuda.cuda_gpu import op_launches
         from kern.runtime.devices.cuda.launch import launch
         from kern_models.common.kernel_table import Op
         from kern_models.kimi_linear.kernels.cuda import table

@@ -21,17 +21,12 @@ threads the emulator happens to order, and speed. Skipped without g++."""
 from __future__ import annotations
 
 import ctypes
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kda_tc_model as M  # noqa: E402
-
-from .emulate import build_emulator, ptr  # noqa: E402
+from . import kda_tc_model as M
+from .emulate import build_emulator, ptr
 
 LAYERS, LAYER, CONV, SLOTS = 2, 1, 4, 6
 

@@ -14,15 +14,10 @@ in the candidate's precision)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kda_tc_model as M  # noqa: E402
+from . import kda_tc_model as M
 
 
 def _whole(x, D):

@@ -5,22 +5,16 @@ tiny kern serve holding what the arithmetic says for prompts of thousands of tok
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("kimi_long", BENCH / "kimi_long.py")  # a script, not a package
-kimi_long = importlib.util.module_from_spec(spec)
-sys.path.insert(0, str(BENCH))  # its sibling scripts' helpers, as running it from bench/ finds them
-try:
-    spec.loader.exec_module(kimi_long)
-finally:
-    sys.path.remove(str(BENCH))
+from tests.benchmarks import scripts
+
+BENCH = scripts.BENCH
+kimi_long = scripts.load("kimi_long")  # a script, not a package; its sibling scripts' helpers loaded with it
 
 MIB = 2 << 19
 

@@ -19,17 +19,12 @@ happens to order (the blocks run one at a time), and speed. Skipped without g++.
 from __future__ import annotations
 
 import ctypes
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mla_tc_model as M  # noqa: E402
-
-from .emulate import build_emulator, ptr  # noqa: E402
+from . import mla_tc_model as M
+from .emulate import build_emulator, ptr
 
 LAYER = 1
 HEADS, NOPE, ROPE, KV_LORA, CHUNK = 20, 16, 16, 32, 32  # 20 heads: two decode head groups, one partial

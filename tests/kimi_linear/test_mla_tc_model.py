@@ -12,15 +12,10 @@ order's bits (acc / l). The bits on the H200 are the GPU tests' to check
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mla_tc_model as M  # noqa: E402
+from . import mla_tc_model as M
 
 
 def _case(kv_lora, rope, nope, heads, ctx, seed):

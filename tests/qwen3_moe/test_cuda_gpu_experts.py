@@ -9,13 +9,8 @@ model's and Qwen3-30B-A3B's (K = 768: a partial last unit; K = 2048: one unit a 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +19,7 @@ BF16 = np.uint16
 
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
-    from cuda_gpu import Gpu
+    from tests.cuda.cuda_gpu import Gpu
     from kern_models.llama.kernels.cuda import CUBINS as DENSE
     from kern_models.qwen3_moe.kernels.cuda import CUBINS
 
@@ -41,7 +36,7 @@ def _bf16(rng, shape, scale) -> np.ndarray:
 
 
 def _run(gpu, table_ops: dict, op: str, named: dict) -> None:
-    from cuda_gpu import op_launches
+    from tests.cuda.cuda_gpu import op_launches
     from kern.runtime.devices.cuda.launch import launch
 
     for la in op_launches(gpu, table_ops[op], dict(named)):
