@@ -5,7 +5,6 @@
 # rows and contexts 16 .. 4,096, head groups), beside tests/cuda/_variants/<label>/ when present.
 # From the repository root, $OUT set, .whl carried. TESTS=0 / BENCH=0 skip a part.
 source bench/device_env.sh
-export PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda"
 if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs -k "attention or prefill" \
     tests/cuda/test_cuda_gpu_invariant.py tests/cuda/test_cuda_gpu_kernels.py tests/cuda/test_cuda_gpu_prefill.py \
@@ -13,7 +12,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "passed|failed|Error|assert" "$OUT/tests.txt" | tail -15
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout "${BENCH_S:-200}" python3 tests/cuda/bench_cuda_kernels.py bench_rows bench_attention bench_attention_groups \
+  timeout "${BENCH_S:-200}" python3 -m tests.cuda.bench_cuda_kernels bench_rows bench_attention bench_attention_groups \
     > "$OUT/attn.txt" 2>&1
   grep -E "^(rows|attn)|failed|Error" "$OUT/attn.txt"
 fi

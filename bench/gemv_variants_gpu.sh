@@ -15,6 +15,6 @@ if [ "${1:-}" = --prepare ]; then
 fi
 [ -d $V ] || { echo "no $V: run with --prepare here first, and carry it"; exit 1; }
 source bench/device_env.sh
-PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda" timeout "${BENCH_S:-240}" python3 tests/cuda/bench_cuda_kernels.py \
+timeout "${BENCH_S:-240}" python3 -m tests.cuda.bench_cuda_kernels \
   bench_gemv bench_fused > "$OUT/gemv.txt" 2>&1
 grep -E "^(gemv|fused)|failed|Error" "$OUT/gemv.txt" | head -40

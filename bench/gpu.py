@@ -144,8 +144,8 @@ def main() -> int:
                 r.decode("base", quick, args.timeout, models_env(site, Path(args.base).resolve(), Path("/tmp/kc-base")))
             r.decode("new", quick, args.timeout)
         elif p == "fused":
-            text = r.step("fused", [sys.executable, "tests/cuda/bench_cuda_kernels.py", "bench_fused"], args.timeout,
-                          {**env, "PYTHONPATH": env["PYTHONPATH"] + f":{ROOT / 'tests/cuda'}"})
+            text = r.step("fused", [sys.executable, "-m", "tests.cuda.bench_cuda_kernels", "bench_fused"], args.timeout,
+                          env)  # run from ROOT, which -m puts first on sys.path
             r.summary += sorted({ln for ln in text.splitlines() if ln.startswith("fused")})
         elif p == "embedded":
             emb = installed_env(site, Path("/tmp/kern-cache-embedded"))

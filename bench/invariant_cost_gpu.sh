@@ -30,13 +30,14 @@ env $NEW_ENV timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs t
   tests/generation/test_invariance_gpu.py > "$OUT/invariance_tests.txt" 2>&1
 tail -3 "$OUT/invariance_tests.txt"
 env $NEW_ENV timeout 150 python3 bench/invariance.py --target cuda 2> /dev/null | tee "$OUT/invariance.json"
-env $NEW_ENV PYTHONPATH="/tmp/site:$NEW/src:/tmp/km-new:$NEW/tests/cuda" timeout 90 python3 -c "
+# (run from $NEW, which python3 -c puts first on sys.path: tests.cuda is NEW's)
+env $NEW_ENV timeout 90 python3 -c "
 import tempfile, numpy as np
 from pathlib import Path
 from kern_models.llama.kernels.cuda import CUBINS
 from kern.runtime.devices.cuda.driver import open_device
-from cuda_gpu import Gpu
-import bench_cuda_kernels as B
+from tests.cuda import bench_cuda_kernels as B
+from tests.cuda.cuda_gpu import Gpu
 out = Path(tempfile.mkdtemp()); CUBINS.provide(out)
 lines = []; B.bench_gemm(Gpu(open_device(0), out), np.random.default_rng(0), lines); print('\n'.join(lines))" \
   > "$OUT/gemm.txt" 2>&1

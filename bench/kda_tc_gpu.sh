@@ -9,7 +9,7 @@ timeout "${TESTS_S:-180}" python3 -m pytest -m gpu -v -s -p no:cacheprovider -rf
   tests/kimi_linear/test_cuda_gpu_kda_tc.py tests/kimi_linear/test_cuda_gpu_invariant.py > "$OUT/kda_tc_tests.txt" 2>&1
 grep -E "(PASSED|FAILED|ERROR)( |$)|^=+ .*(passed|failed|error)" "$OUT/kda_tc_tests.txt" | tail -40
 grep -E "worst \|err\|" "$OUT/kda_tc_tests.txt" | head -6
-timeout "${PROBE_S:-80}" python3 bench/probes/kda_tc.py > "$OUT/kda_tc_probe.txt" 2>&1; tail -40 "$OUT/kda_tc_probe.txt"
+timeout "${PROBE_S:-80}" python3 -m bench.probes.kda_tc > "$OUT/kda_tc_probe.txt" 2>&1; tail -40 "$OUT/kda_tc_probe.txt"
 timeout "${JUDGE_S:-220}" python3 -m pytest -m gpu -v -s -p no:cacheprovider -rfEs \
   tests/kimi_linear/test_cuda.py tests/kimi_linear/test_invariance_gpu.py > "$OUT/kda_tc_judge.txt" 2>&1
 grep -E "(PASSED|FAILED|ERROR)( |$)|^=+ .*(passed|failed|error)" "$OUT/kda_tc_judge.txt" | tail -20

@@ -8,13 +8,12 @@
 #      $OUT/mla_tc.json.
 #   TESTS=0 skips 1, BENCH=0 skips 2.
 source bench/device_env.sh
-export PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda"
 if [ "${TESTS:-1}" = 1 ]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs \
     tests/kimi_linear/test_cuda_gpu_mla_tc.py > "$OUT/tests.txt" 2>&1
   grep -E "passed|failed|Error|assert" "$OUT/tests.txt" | tail -15
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout "${BENCH_S:-300}" python3 bench/probes/mla_tc.py > "$OUT/probe.txt" 2>&1
+  timeout "${BENCH_S:-300}" python3 -m bench.probes.mla_tc > "$OUT/probe.txt" 2>&1
   tail -80 "$OUT/probe.txt"
 fi

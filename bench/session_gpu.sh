@@ -17,10 +17,10 @@ for l in open('$OUT/decode.json'):
     l=l.strip()
     if l.startswith('{'): print(l[:1500])" 2>/dev/null
 if ls bench/probes/var_* > /dev/null 2>&1; then
-  PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda" timeout 90 python3 bench/probes/gemm_variants.py 2>&1 | tail -4
+  timeout 90 python3 -m bench.probes.gemm_variants 2>&1 | tail -4
 fi
 if [ -d tests/cuda/_variants ]; then
-  PYTHONPATH="$PYTHONPATH:$PWD/tests/cuda" timeout 120 python3 tests/cuda/bench_cuda_kernels.py bench_gemv \
+  timeout 120 python3 -m tests.cuda.bench_cuda_kernels bench_gemv \
     > "$OUT/gemv.txt" 2>&1
   grep -E "^gemv (llama-1b|smollm2)" "$OUT/gemv.txt" | head -16
 fi

@@ -1,13 +1,14 @@
-"""Launch one many-row projection a few times (for ncu on the device): M N K [op]."""
+"""Launch one many-row projection a few times (for ncu on the device): M N K [op].
+
+    python3 -m bench.probes.gemm_one M N K [op]   (from the repository root)"""
 import sys, tempfile
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "cuda"))
-import cuda_refs as R
-from cuda_gpu import Gpu, op_launches
 from kern.runtime.devices.cuda.driver import open_device
 from kern.runtime.devices.cuda.launch import launch
 from kern_models.llama.kernels.cuda import CUBINS, table
+from tests.cuda import cuda_refs as R
+from tests.cuda.cuda_gpu import Gpu, op_launches
 
 M, N, K = (int(a) for a in sys.argv[1:4])
 op = sys.argv[4] if len(sys.argv) > 4 else "norm_gemm"

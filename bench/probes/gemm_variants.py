@@ -1,18 +1,17 @@
 """Time gemm.cu's prefill GEMM built from variant sources (bench/probes/var_*/, each a copy of
 gemm.cu and its headers with one change) beside the shipped one and cuBLASLt: one line a
 (variant, shape). Run on the device from the repository root (after bench/tensor_core_gpu.sh's
-install): python3 bench/probes/gemm_variants.py"""
-import subprocess, sys, tempfile
+install): python3 -m bench.probes.gemm_variants"""
+import subprocess, tempfile
 from pathlib import Path
 import numpy as np
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "cuda"))
-import cuda_refs as R
-from bench_cuda_kernels import cublaslt_us, time_graph, REPS
-from cuda_gpu import Gpu
 from kern.runtime.devices.cuda.driver import open_device
 from kern.runtime.devices.cuda.cublaslt import CublasLt
 from kern_models.llama.kernels.cuda import CUBINS, table
+from tests.cuda import cuda_refs as R
+from tests.cuda.bench_cuda_kernels import cublaslt_us, time_graph, REPS
+from tests.cuda.cuda_gpu import Gpu
+ROOT = Path(__file__).resolve().parents[2]
 
 dev = open_device(0)
 dirs = {"shipped": None, **{p.name[4:]: p for p in sorted((ROOT / "bench/probes").glob("var_*"))}}

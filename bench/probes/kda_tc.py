@@ -11,21 +11,17 @@ the launch repeated REPS times in the graph), speed-ups against kda_tokens / kda
 prefill outputs' max |form - tokens| (bf16). The decode states start at zero (the timing does
 not depend on their values). Writes $OUT/kda_tc.json (and prints it).
 
-    python bench/probes/kda_tc.py   (on the H200; about a minute)"""
+    python3 -m bench.probes.kda_tc   (from the repository root, on the H200; about a minute)"""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "cuda"))
-
-from cuda_gpu import Gpu, launch_all, op_launches, report  # noqa: E402
-from kern_models.kimi_linear.kernels.cuda import CUBINS, table  # noqa: E402
+from kern_models.kimi_linear.kernels.cuda import CUBINS, table
+from tests.cuda.cuda_gpu import Gpu, launch_all, op_launches, report
 
 HEADS, DIM, CONV, LAYERS = 32, 128, 4, 1
 REPS = 10

@@ -12,25 +12,20 @@ before the split, other bits), and a prefill of 1 x 8,192 at offset 24,576 (posi
 32,767). Each long sequence has its own pages (the 8 rows do not share keys), their contents
 a repeated random block. Writes $OUT/mla_tc.json (and prints it).
 
-    python bench/probes/mla_tc.py   (on the H200; a few minutes)"""
+    python3 -m bench.probes.mla_tc   (from the repository root, on the H200; a few minutes)"""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "cuda"))
-sys.path.insert(0, str(ROOT / "tests" / "kimi_linear"))
-
-import mla_tc_model as M  # noqa: E402
-from cuda_gpu import Gpu, launch_all, op_launches, report  # noqa: E402
-from kern_models.common.kernel_table import Op  # noqa: E402
-from kern_models.kimi_linear.kernels.cuda import CUBINS, table  # noqa: E402
-from kern_models.kimi_linear.manifests.cuda import MLA_CHUNK  # noqa: E402
+from kern_models.common.kernel_table import Op
+from kern_models.kimi_linear.kernels.cuda import CUBINS, table
+from kern_models.kimi_linear.manifests.cuda import MLA_CHUNK
+from tests.cuda.cuda_gpu import Gpu, launch_all, op_launches, report
+from tests.kimi_linear import mla_tc_model as M
 
 HEADS, NOPE, ROPE, LORA, PAGE = 32, 128, 64, 512, 64
 REPS = 10

@@ -5,7 +5,7 @@ max_tiles), a block a work item), at the Qwen3-30B-A3B shape (hidden 2048, exper
 builds give the same bytes: one line a (kernel, rows) with each build's time and the touched
 experts' read rate. Run on the device from the repository root, kern importable:
 
-    python3 bench/probes/moe_wg_variants.py BASE_CUBIN_DIR [ROWS]
+    python3 -m bench.probes.moe_wg_variants BASE_CUBIN_DIR [ROWS]
 
 With ROWS, each build's two kernels run once at that many rows, untimed (for ncu -k regex:moe_wg)."""
 import sys
@@ -14,11 +14,9 @@ import tempfile
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "cuda"))
-from cuda_gpu import Gpu, op_launches  # noqa: E402
-from kern.runtime.devices.cuda.launch import Module, PackedLaunch, launch  # noqa: E402
-from kern_models.qwen3_moe.kernels.cuda import CUBINS, table  # noqa: E402
+from kern.runtime.devices.cuda.launch import Module, PackedLaunch, launch
+from kern_models.qwen3_moe.kernels.cuda import CUBINS, table
+from tests.cuda.cuda_gpu import Gpu, op_launches
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 REPS = 10
