@@ -35,3 +35,22 @@ def test_no_test_or_bench_script_edits_sys_path():
              if "__pycache__" not in p.parts
              for node in ast.walk(ast.parse(p.read_text())) if _edits_sys_path(node)]
     assert found == []
+
+
+def test_no_test_or_probe_imports_a_sibling_by_bare_name():
+    """A module of tests/ or bench/probes/ imports another of them by its dotted name
+    (tests.cuda.cuda_gpu) or relatively, never by its bare name (cuda_gpu), which resolves only
+    where some folder is on sys.path: inside functions too (the GPU tests' imports run only on a
+    GPU machine, so the CPU suite would never find a bare one)."""
+    trees = [ROOT / "tests", ROOT / "bench" / "probes"]
+    stems = {p.stem for t in trees for p in t.rglob("*.py") if p.stem != "__init__"}
+    found = []
+    for t in trees:
+        for p in sorted(t.rglob("*.py")):
+            if "__pycache__" in p.parts:
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                found += [f"{p.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in stems]
+    assert found == []
