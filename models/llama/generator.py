@@ -48,11 +48,12 @@ def generate(config: dict, out_dir: str | Path, *, target: str = "cpu", model: s
         if target == MEGA:
             m = manifest_mega.build(shape, model, context=context, **limits)
         else:
-            # a split keeps the gemv program up to 32 sequences: its crossover with the GEMMs was
-            # measured on one GPU (bench/crossover.py), not for a rank's share of a larger model
-            # (the split keeps the cuBLASLt programs too: the invariant build is single-device for now)
-            sizes = {"seqs": manifest_cuda.DECODE_SEQS, **limits} if tp != 1 else limits
-            m = manifest_cuda.build(shape, model, context=context, batch_invariant=batch_invariant and tp == 1, **sizes)
+            # the faster build's split keeps the gemv program up to 32 sequences: its crossover with
+            # cuBLASLt was measured on one GPU (bench/crossover.py), not for a rank's share of a
+            # larger model; the invariant build splits its own programs (manifests/tp.py's pushed
+            # projections)
+            sizes = {"seqs": manifest_cuda.DECODE_SEQS, **limits} if tp != 1 and not batch_invariant else limits
+            m = manifest_cuda.build(shape, model, context=context, batch_invariant=batch_invariant, **sizes)
         digests = CUBINS.provide(out / "kernels", [f"{name}.cubin" for name in m["modules"]])
         for name, mod in m["modules"].items():
             mod["sha256"] = digests[f"{name}.cubin"]

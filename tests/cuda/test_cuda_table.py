@@ -56,7 +56,8 @@ def test_the_check_catches_a_wrong_type_or_constness():
 
 def test_every_shipped_kernel_is_launched_by_a_generated_manifest(tmp_path):
     """The per-op manifests (invariant or not) launch every kernel of the table; with the megakernel and a
-    tensor-parallel split (peer all-reduces in decode, NCCL past the peer kernel's messages in
+    tensor-parallel split of either build (the invariant one's pushed parts, gemv_push and
+    gemm_push*, the faster one's peer all-reduces, NCCL past the peer kernel's messages in
     prefill) every __global__ of the shipped sources is launched by some generated manifest."""
     per_op, launched = set(), set()
     for cfg in CONFIGS.values():
@@ -66,9 +67,9 @@ def test_every_shipped_kernel_is_launched_by_a_generated_manifest(tmp_path):
             assert set(m["modules"]) == {la["module"] for op in m["ops"].values()
                                          for la in op["impl"]["launches"] if "module" in la}
         launched |= per_op
-        for target, kw in (("mega", {}), ("cuda", {"tp": 2})):
-            path = generate({**cfg, "hidden_size": 1024}, tmp_path / f"{cfg['architectures'][0]}-{target}",
-                            target=target, **kw)
+        for target, kw in (("mega", {}), ("cuda", {"tp": 2}), ("cuda", {"tp": 2, "batch_invariant": False})):
+            path = generate({**cfg, "hidden_size": 1024},
+                            tmp_path / f"{cfg['architectures'][0]}-{target}-{len(kw)}", target=target, **kw)
             m = json.loads(path.read_text())
             launched |= {la["entry"] for op in m["ops"].values() for la in op["impl"]["launches"]}
     externs = {e for e in launched if e.startswith("extern:")}

@@ -60,28 +60,49 @@ def test_the_lm_head_splits_by_vocabulary_and_its_logits_are_gathered(tmp_path, 
     assert all(c["op"] != "all_gather" for p in odd["programs"].values() for c in p["calls"])
 
 
-def test_two_all_reduces_a_layer_chosen_by_message_size(tmp_path):
-    """Decode's messages (32 rows of fp32) go through the peer kernel, pushed, and the wide decode's (256 rows of bf16) up to hidden 4096;
-    prefill's (2,048 rows) through it at hidden 256 (1 MiB), through NCCL past 2 MiB."""
-    def ops(cfg, out, **kw):
-        m = json.loads(generate(cfg, out, target="cuda", tp=2, **kw).read_text())
-        return {p: [c["op"] for c in m["programs"][p]["calls"] if c["op"].startswith("all_reduce")]
-                for p in ("prefill", "decode", "decode_wide")}
+def _reduces(cfg, out, **kw):
+    m = json.loads(generate(cfg, out, target="cuda", tp=2, **kw).read_text())
+    return m, {p: [c["op"] for c in m["programs"][p]["calls"] if c["op"].startswith(("all_reduce", "gemv_push", "gemm_push"))]
+               for p in ("prefill", "decode", "decode_wide")}
 
-    small = ops(LLAMA, tmp_path / "small")
-    assert small == {"prefill": ["all_reduce"] * 4, "decode": ["all_reduce_add_local"] * 4,
+
+def test_the_invariant_split_pushes_every_fan_in_part_at_any_size(tmp_path):
+    """The default (batch-invariant) build: every fan-in projection is its pushing twin (the
+    rank's f32 part into every rank's slot, in the gemv's order whatever the rows: gemv_push in
+    decode, gemm_push in prefill, gemm_push_split in the wide decode's few rows) and the
+    all-reduce sums the slots in rank order from local memory; no NCCL at any message size."""
+    for hidden in (256, 1024):
+        m, got = _reduces({**LLAMA, "hidden_size": hidden}, tmp_path / str(hidden))
+        assert got["prefill"] == ["gemm_push", "all_reduce_add_local"] * 4
+        assert got["decode"] == ["gemv_push", "all_reduce_add_local"] * 4
+        assert set(got["decode_wide"][::2]) <= {"gemm_push", "gemm_push_split"} and \
+            got["decode_wide"][1::2] == ["all_reduce_add_local"] * 4
+        entries = {la.get("entry") for op in m["ops"].values() for la in op["impl"]["launches"]}
+        assert not any(e.startswith("extern:") for e in entries), entries  # neither NCCL nor cuBLASLt
+        push = m["ops"]["gemm_push"]["impl"]["launches"][0]
+        twin = m["ops"].get("gemm_residual")  # the pushing twin launches as the projection it replaces would
+        assert push["module"] == "allreduce" and push["tiles"] == {"x": [32, 64], "W": [32, 64]}
+        assert twin is None and push["block"] == [384]
+
+
+def test_the_faster_split_chooses_its_all_reduce_by_message_size(tmp_path):
+    """batch_invariant=False (cuBLASLt): decode's messages (32 rows of fp32) go through the peer
+    kernel, pushed, and the wide decode's (256 rows of bf16) up to hidden 4096; prefill's (2,048
+    rows) through it at hidden 256 (1 MiB), through NCCL past 2 MiB."""
+    _, small = _reduces(LLAMA, tmp_path / "small", batch_invariant=False)
+    assert small == {"prefill": ["all_reduce"] * 4, "decode": ["gemv_push", "all_reduce_add_local"] * 4,
                      "decode_wide": ["all_reduce"] * 4}
-    large = ops({**LLAMA, "hidden_size": 1024}, tmp_path / "large")
-    assert large == {"prefill": ["all_reduce_nccl"] * 4, "decode": ["all_reduce_add_local"] * 4,
+    _, large = _reduces({**LLAMA, "hidden_size": 1024}, tmp_path / "large", batch_invariant=False)
+    assert large == {"prefill": ["all_reduce_nccl"] * 4, "decode": ["gemv_push", "all_reduce_add_local"] * 4,
                      "decode_wide": ["all_reduce"] * 4}
 
 
 def test_past_two_ranks_every_all_reduce_is_the_fixed_order_peer_kernel(tmp_path):
     """NCCL's sum is one addition an element only over two ranks (the same bits whatever its
-    algorithm); over four its order moves with the message size, so every size takes the peer
-    kernel (the rank-order sum), prefill's 2,048-row messages included."""
+    algorithm); over four its order moves with the message size, so the faster build's every size
+    takes the peer kernel (the rank-order sum), prefill's 2,048-row messages included."""
     cfg = {**LLAMA, "hidden_size": 1024}
-    generate(cfg, tmp_path, target="cuda", tp=4)
+    generate(cfg, tmp_path, target="cuda", tp=4, batch_invariant=False)
     for m in _ranks(tmp_path, 4):
         entries = {la.get("entry") for op in m["ops"].values() for la in op["impl"]["launches"]}
         assert not any(e.startswith("extern:nccl") for e in entries), entries
@@ -102,7 +123,8 @@ def test_a_split_that_does_not_divide_is_one_line(tmp_path, cfg, tp, why):
 
 
 def test_the_verifier_holds_peers_and_collectives_to_the_topology(tmp_path):
-    m = json.loads(generate({**LLAMA, "hidden_size": 1024}, tmp_path, target="cuda", tp=2).read_text())
+    m = json.loads(generate({**LLAMA, "hidden_size": 1024}, tmp_path, target="cuda", tp=2,
+                            batch_invariant=False).read_text())
     bad = json.loads(json.dumps(m))
     bad["buffers"]["ar_flag_peers"]["dtype"] = "u32"
     problems = [(p.where, p.what) for p in verify_text(json.dumps(bad), base_dir=tmp_path).problems]

@@ -189,16 +189,12 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
     op = call["op"]
     a = call["args"]
     n = {"mul": [rows, "hidden"]}
-    residual = op == "gemv_residual"
-    part_dtype = "f32" if residual or not cuda else "bf16"
-    if cuda and ranks <= NCCL_MAX_RANKS and \
-            rows_max * m["constants"]["hidden"] * (4 if part_dtype == "f32" else 2) > PEER_MAX_BYTES:
-        if residual:
-            raise ConfigError(f"{prog}: a residual projection's message is past the peer kernel's limit")
+    if cuda and op in PUSHED:  # the residual adds (every fan-in of the invariant build): pushed at any size
+        return _pushed(m, ops, prog, call, rows, k, ranks, rank, pdl)
+    part_dtype = "f32" if not cuda else "bf16"
+    if cuda and ranks <= NCCL_MAX_RANKS and rows_max * m["constants"]["hidden"] * 2 > PEER_MAX_BYTES:
         ops.setdefault("all_reduce_nccl", nccl_all_reduce_op())
         return [call, {"op": "all_reduce_nccl", "args": [a[2], {"value": n}]}]
-    if cuda and residual:
-        return _pushed(m, ops, prog, call, rows, k, ranks, rank, pdl)
     part = exported(m, f"ar_part.{prog}", [2, rows, "hidden"], part_dtype)
     offset = {"mul": [k % 2, rows, "hidden"]} if k % 2 else 0
     view = {"buf": part, "offset": offset, "shape": [rows, "hidden"]} if k % 2 else \
@@ -214,23 +210,42 @@ def _all_reduced(m: dict, ops: dict, prog: str, call: dict, rows: str, rows_max:
             {"op": "all_reduce", "args": [*barrier, a[2], *scalars]}]
 
 
+# A fan-in projection that adds into the residual (res += x W^T), and its pushing twin in
+# allreduce.cu: the same projection (the same kernel template, grid, block and shared memory),
+# its f32 part stored into slot `rank` of every rank's part buffer instead. The gemv is decode's;
+# the gemm ones the invariant build's prefill and wide decode (the split one with its partials
+# and counters), so every program of that build keeps a row's part in the gemv's order.
+PUSHED = {"gemv_residual": "gemv_push", "gemm_residual": "gemm_push", "gemm_residual_split": "gemm_push_split"}
+
+
+def _push_op(spec: dict, entry: str, pdl: bool) -> dict:
+    """The pushing twin's op of a residual projection's op `spec` (one launch): x and W as they
+    were (tensor maps where the spec reads them in tiles), the rank's part out to `recv` and
+    every rank's through `parts`, the split's scratch kept."""
+    (launch,) = spec["impl"]["launches"]
+    scratch = [p for p in spec["params"] if p.startswith(("part:", "sem:"))]
+    la = {**{k: v for k, v in launch.items() if k not in ("writes", "pdl")}, "module": "allreduce", "entry": entry,
+          "writes": ["recv", *(["part"] if scratch else [])], **({"pdl": True} if pdl and "pdl" in launch else {})}
+    return {"params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "recv: out buffer<f32>", "parts: in buffer<u64>",
+                       *scratch, "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32", "K: i32"],
+            "impl": {"launches": [la]}}
+
+
 def _pushed(m: dict, ops: dict, prog: str, call: dict, rows: str, k: int, ranks: int, rank: int,
             pdl: bool) -> list[dict]:
-    """gemv_residual(x, W, res) of the unsplit chain as gemv_push (the rank's part into slot
-    `rank` of half k % 2 of every rank's part buffer [2, ranks, rows, hidden]) and
-    all_reduce_add_local (the barrier, then the slots summed from local memory into res)."""
-    x, w, res, *dims = call["args"]
+    """A residual projection (x, W, res[, part, sem], dims) of the unsplit chain as its pushing
+    twin (PUSHED: the rank's part into slot `rank` of half k % 2 of every rank's part buffer
+    [2, ranks, rows, hidden]) and all_reduce_add_local (the barrier, then the slots summed in
+    rank order from local memory into res)."""
+    x, w, res, *rest = call["args"]
+    scratch, dims = rest[:len(rest) - 3], rest[len(rest) - 3:]
+    push = PUSHED[call["op"]]
     part = exported(m, f"ar_push.{prog}", [2, "ranks", rows, "hidden"], "f32")
-    flag = {"pdl": True} if pdl else {}
-    ops.setdefault("gemv_push", {
-        "params": ["x: in buffer<bf16>", "W: in buffer<bf16>", "recv: out buffer<f32>", "parts: in buffer<u64>",
-                   "rank: i32", "ranks: i32", "offset: i32", "rows: i32", "N: i32", "K: i32"],
-        "impl": {"launches": [{"module": "allreduce", "entry": "gemv_push", "grid": [{"ceil_div": ["N", 16]}],
-                               "block": [256], **flag}]}})
+    ops.setdefault(push, _push_op(ops[call["op"]], push, pdl))
     ops.setdefault("all_reduce_add_local", add_local_op(pdl))
     offset = {"mul": [k % 2, "ranks", rows, "hidden"]} if k % 2 else 0
     scalars = [{"value": rank}, {"value": ranks}, {"value": offset}]
-    return [{"op": "gemv_push", "args": [x, w, {"buf": part}, {"buf": part + "_peers"}, *scalars, *dims]},
+    return [{"op": push, "args": [x, w, {"buf": part}, {"buf": part + "_peers"}, *scratch, *scalars, *dims]},
             {"op": "all_reduce_add_local", "args": [{"buf": part}, {"buf": "ar_flag_peers"}, {"buf": "ar_flags"},
                                                     {"buf": "ar_epoch"}, res, *scalars,
                                                     {"value": {"mul": [rows, "hidden"]}}]}]

@@ -14,6 +14,7 @@
 // gemv_push + all_reduce_add_local (below): decode's fan-in projection pushes its part into every
 // rank's buffer, and the all-reduce reads them from its own memory.
 #include "gemv.cuh"
+#include "wg_shapes.cuh"
 
 #define WAIT_NS 20000000000ull
 
@@ -130,6 +131,25 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, 2)
 gemv_push(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *recv,
           const unsigned long long *__restrict__ parts, int rank, int ranks, int offset, int rows, int N, int K) {
     gemv(XPlain{x}, W, YPush{parts, recv, (size_t)offset + (size_t)rank * rows * N, rank, ranks}, rows, N, K);
+}
+
+// The batch-invariant split's many-row twins of gemv_push (prefill's rows, the wide decode's):
+// gemm.cu's gemm_residual and gemm_residual_split with YPush for the residual add, so a row's
+// part has the gemv's bits at any M (gemm.cu's header) and all_reduce_add_local sums the parts
+// in rank order. x and W are tensor maps (tiles<32,64>), as gemm.cu's. Grids, blocks and shared
+// memory: gemm_residual's and gemm_residual_split's (table.py).
+extern "C" __global__ void __launch_bounds__(WgBig::THREADS, 1)
+gemm_push(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *recv,
+          const unsigned long long *__restrict__ parts, int rank, int ranks, int offset, int rows, int N, int K) {
+    gemm_wg<WgBig>(nullptr, nullptr, nullptr, YPush{parts, recv, (size_t)offset + (size_t)rank * rows * N, rank, ranks},
+                   rows, N, K, nullptr, nullptr, x, W);
+}
+extern "C" __global__ void __launch_bounds__(WgSplit::THREADS, 1)
+gemm_push_split(const bf16 *__restrict__ x, const bf16 *__restrict__ W, float *recv,
+                const unsigned long long *__restrict__ parts, float *__restrict__ part, int *__restrict__ sem,
+                int rank, int ranks, int offset, int rows, int N, int K) {
+    gemm_wg<WgSplit>(nullptr, nullptr, nullptr, YPush{parts, recv, (size_t)offset + (size_t)rank * rows * N, rank, ranks},
+                     rows, N, K, part, sem, x, W);
 }
 
 // res[i] += sum over ranks p of recv[offset + p * n + i] (the slots gemv_push filled on every rank).

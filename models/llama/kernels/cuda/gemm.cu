@@ -10,17 +10,7 @@
 // same lane, unit and warp order of the sum of squares), and the GEMM multiplies its sums by
 // 1/rms as the gemv's epilogue does.
 #include "gemv.cuh"
-#include "gemm_wg.cuh"
-
-#if !defined(WG_BN) || !defined(WG_BIG_SMEM) || !defined(WG_SPLIT_SMEM) || !defined(WG_SPLIT_PART)
-#error "the WG_* constants come from the family's TILES (kern_models.common.cubins passes them as -D)"
-#endif
-// Prefill's shape: 128 x rows (two consumer warpgroups) beside 128 W rows, 6 stages of 32 KB.
-// The wide decode's split shape: 64 x rows beside 128 W rows, 8 stages, grid z = 8 partials.
-using WgBig = WgCfg<WG_BN, 2, 6>;
-using WgSplit = WgCfg<WG_BN, 1, 8>;
-static_assert(WgBig::SMEM == WG_BIG_SMEM && WgSplit::SMEM == WG_SPLIT_SMEM && WgSplit::PART == WG_SPLIT_PART,
-              "table.py's WG_* constants");
+#include "wg_shapes.cuh"
 
 // xn = bf16(nw * res) [rows, K] and rs = 1/rms [rows], a block (8 warps) a row: warp w takes
 // units w, w + 8, ... of 256 elements, lane l elements 8l .. 8l + 7 of a unit, its squares summed
