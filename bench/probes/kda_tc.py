@@ -4,7 +4,8 @@ kda_tokens, prefill a token at a time; kda_step, decode), the chunked one (kda.c
 fixed by position (kda_tc.cu kda_tc_head + kda_tc / kda_tc_decode, the default build's).
 Cases: prefill of 4 prompts x 512 (positions 0 .. 511 each: fresh sequences; kda_tc_head's
 launch finds nothing to do; and from position 8, the states zero: its launch computes 8 rows),
-and decode of 64 rows, once at a row
+one prompt of 2,048 (a (sequence, head)'s chain of 128 chunks: a serve step's long prompt beside
+decode rows waits on it), and decode of 64 rows, once at a row
 inside a chunk (position 520: 8 rows kept) and once at a chunk's last row (position 527: the
 state moves on). Each: median ms of a CUDA graph replay (Gpu.graph_ms: 3 warm-up, 5 timed;
 the launch repeated REPS times in the graph), speed-ups against kda_tokens / kda_step, and the
@@ -58,7 +59,8 @@ def prefill(gpu, rng, seqs: int = 4, n: int = 512, start: int = 0) -> dict:
                  cu_seqlens=gpu.put(np.arange(seqs + 1, dtype=np.int32) * n),
                  pos=gpu.put(np.tile(np.arange(start, start + n, dtype=np.int32), seqs)), n_seqs=seqs, layer=0,
                  layers=LAYERS,
-                 heads=HEADS, dim=DIM, conv=CONV, slot_bytes=sb, chunk=16)
+                 heads=HEADS, dim=DIM, conv=CONV, slot_bytes=sb, chunk=16, rows=rows,
+                 pre=gpu.empty(rows * HEADS * (32 + 2 * DIM) * 4))  # kda_tc_prep's scores (the tc form's)
     out, o = {}, {}
     for form, spec in PREFILL.items():
         named["o"] = gpu.empty(rows * W * 2)
@@ -92,6 +94,7 @@ def main() -> None:
     res = {"shape": dict(heads=HEADS, dim=DIM, chunk=table.KDA_TC_C, reps=REPS)}
     res["prefill_4x512"] = prefill(gpu, rng)
     res["prefill_4x512_from8"] = prefill(gpu, rng, start=8)  # continuing mid-chunk: kda_tc_head's 8 rows too
+    res["prefill_1x2048"] = prefill(gpu, rng, seqs=1, n=2048)  # one long prompt: a (sequence, head)'s chain of 128 chunks
     res["decode_64_pos520"] = decode(gpu, rng, 64, 520)
     res["decode_64_pos527"] = decode(gpu, rng, 64, 527)
     gpu.close()

@@ -109,8 +109,8 @@ def test_an_unknown_prompt_form_of_the_recurrence_is_one_line_naming_it(form, tm
 @pytest.mark.parametrize("target", ["cuda", "sm_90a"])
 def test_the_gpu_build_s_prompt_forms_and_the_refused_ones_in_one_line(target, tmp_path):
     """sm_90a's prompt recurrence, under the ops kda_chunked and kda_step that kern test pairs
-    with the reference's: chunks fixed by position on tensor cores (kda_tc_head and kda_tc, decode
-    kda_tc_decode),
+    with the reference's: chunks fixed by position on tensor cores (kda_tc_prep, every row's scores
+    at once, then kda_tc_head and kda_tc; decode kda_tc_decode),
     the default build's default; decode's step a token at a time (kda_tokens, decode kda_step), on
     request in either build; or the chunked kernel, the faster build's default, which the
     batch-invariant build refuses (its bits depend on where a prompt was cut). kda_tc's slot
@@ -120,7 +120,7 @@ def test_the_gpu_build_s_prompt_forms_and_the_refused_ones_in_one_line(target, t
     from kern_models.kimi_linear.generator import generate
 
     slots = {}
-    tc = "kda_tc_head+kda_tc"  # the first chunk's rows a sequence continues, then the rest
+    tc = "kda_tc_prep+kda_tc_head+kda_tc"  # the rows' scores; the first chunk's rows a sequence continues; the rest
     for options, entry, step in (({}, tc, "kda_tc_decode"), ({"batch_invariant": False}, "kda_chunked", "kda_step"),
                                  ({"kda_form": "tokens"}, "kda_tokens", "kda_step"),
                                  ({"batch_invariant": False, "kda_form": "tokens"}, "kda_tokens", "kda_step"),

@@ -96,7 +96,8 @@ class Kda:
         _run(self.gpu, self.ops["kda_chunked"], dict(
             mix=self.gpu.put(mix), g=self.gpu.put(g), b=self.gpu.put(b), state=self.state,
             slot=self.gpu.put(np.array([s for s, _, _ in parts], np.int32)), cu_seqlens=self.gpu.put(cu),
-            pos=self.gpu.put(pos), o=o, n_seqs=len(parts), **self.geo, **self.extra))
+            pos=self.gpu.put(pos), o=o, n_seqs=len(parts), rows=rows, pre=self.gpu.empty(rows * self.W * 4 * 2 + rows * self.heads * 4 * 32),
+            **self.geo, **self.extra))  # pre: kda_tc_prep's [rows, heads, 2 x 16 + 2 dim] f32 (the other forms ignore it)
         out = self.gpu.get(o, BF16, (rows, self.W))
         assert not (out == 0xFFFF).any(), "the prefill recurrence left an output unwritten"
         return [out[cu[i]:cu[i + 1]] for i in range(len(parts))]

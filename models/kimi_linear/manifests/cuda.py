@@ -160,9 +160,14 @@ class _Program:
         else:
             where = [buffer_arg(p + "slot"), buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos")]
             conv = {"op": "kda_conv", "args": [buffer_arg(p + "mix"), buffer_arg(f"kda_conv_w.{l}"), kda, *where, value_arg(self.seqs), *geo]}
-            rec = {"op": "kda_chunked", "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, *where, buffer_arg(p + "core"),
-                                                 value_arg(self.seqs), *geo] + ([value_arg(KDA_CHUNK)] if self.kda_form == "chunked"
-                                                                        else [])}
+            if self.kda_form == "tc":  # kda_tc_prep's scores and left operands of every prompt row, [rows, heads, 2 C + 2 dim]
+                pre = self.ws("kda_pre", [R, "kda_heads", {"add": [2 * table.KDA_TC_C, {"mul": [2, "kda_dim"]}]}], "f32")
+                rec = {"op": "kda_chunked", "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, *where, pre,
+                                                     buffer_arg(p + "core"), value_arg(R), value_arg(self.seqs), *geo]}
+            else:
+                rec = {"op": "kda_chunked", "args": [buffer_arg(p + "mix"), buffer_arg(p + "g"), buffer_arg(p + "beta"), kda, *where,
+                                                     buffer_arg(p + "core"), value_arg(self.seqs), *geo]
+                       + ([value_arg(KDA_CHUNK)] if self.kda_form == "chunked" else [])}
         return [
             self.lin("h", f"kda_qkv_w.{l}", "mix", {"mul": [3, "qkv"]}, "hidden"), conv,
             self.lin("h", f"kda_fa_w.{l}", "low", "kda_dim", "hidden"),

@@ -77,6 +77,15 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 
+inline float __shfl_sync(unsigned, float v, int src) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu->f[w][l] = v;
+    __syncwarp();
+    const float r = emu->f[w][src & 31];
+    __syncwarp();
+    return r;
+}
+
 inline float bf_lo(unsigned r) { return to_f(bf16{(uint16_t)(r & 0xFFFF)}); }
 inline float bf_hi(unsigned r) { return to_f(bf16{(uint16_t)(r >> 16)}); }
 

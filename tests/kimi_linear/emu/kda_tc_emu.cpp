@@ -1,34 +1,43 @@
 // kda_tc.cu compiled for the host (g++, the stand-in common.cuh beside this file): each block of
 // a launch in turn, its threads as std::threads. C entry points for ctypes
-// (test_kda_tc_emulated.py): emu_kda_tc (prefill: kda_tc_head, then kda_tc) and emu_kda_tc_decode,
+// (test_kda_tc_emulated.py): emu_kda_tc (prefill: kda_tc_prep, kda_tc_head, then kda_tc) and emu_kda_tc_decode,
 // the kernels' arguments.
+#include <cmath>
+
 #include "kda_tc.cu"
 #include "grid.h"
 
 thread_local Dim3 threadIdx;
 Dim3 blockIdx, blockDim, gridDim;
 EmuBlock *emu;
-float sm[(KDA_TC_MAX_DIM * (KDA_TC_VS + 5 * KDA_TC_C + 1) + 2 * KDA_TC_C * KDA_TC_C + 11 * KDA_TC_C +
+float sm[(KDA_TC_MAX_DIM * (KDA_TC_VS + 4 * KDA_TC_C + 1) + 2 * KDA_TC_C * KDA_TC_C + 11 * KDA_TC_C +
           4 * KDA_TC_C * KDA_TC_VS)];
 
 extern "C" void emu_kda_tc(const uint16_t *mix, const float *g, const float *b, char *state, const int *slot,
                            const int *cu_seqlens, const int *pos, uint16_t *o, int n_seqs, int layer, int layers,
                            int heads, int dim, int conv, int slot_bytes) {
-    // the op's two launches, one after the other
+    // the op's three launches, one after the other; the rows' scores poisoned (NaN) first, so a
+    // read of an entry kda_tc_prep did not write shows
+    const int rows = cu_seqlens[n_seqs];
+    std::vector<float> pre((size_t)rows * heads * (2 * KDA_TC_C + 2 * dim), std::nanf(""));
+    run_grid(rows, heads, 1, 128, sm, sizeof(sm), [&] {
+        kda_tc_prep(reinterpret_cast<const bf16 *>(mix), g, state, slot, cu_seqlens, pos, pre.data(), rows, n_seqs, layer,
+                    layers, heads, dim, conv, slot_bytes);
+    });
     run_grid(n_seqs, heads, (dim + KDA_TC_DV - 1) / KDA_TC_DV, KDA_TC_THREADS, sm, sizeof(sm), [&] {
-        kda_tc_head(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos,
+        kda_tc_head(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos, pre.data(),
                     reinterpret_cast<bf16 *>(o), n_seqs, layer, layers, heads, dim, conv, slot_bytes);
     });
     run_grid(n_seqs, heads, (dim + KDA_TC_DV - 1) / KDA_TC_DV, KDA_TC_THREADS, sm, sizeof(sm), [&] {
-        kda_tc(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos, reinterpret_cast<bf16 *>(o),
-               n_seqs, layer, layers, heads, dim, conv, slot_bytes);
+        kda_tc(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos, pre.data(),
+               reinterpret_cast<bf16 *>(o), n_seqs, layer, layers, heads, dim, conv, slot_bytes);
     });
 }
 
 extern "C" void emu_kda_tc_decode(const uint16_t *mix, const float *g, const float *b, char *state, const int *slot,
                                   const int *pos, uint16_t *o, int rows, int layer, int layers, int heads, int dim,
                                   int conv, int slot_bytes) {
-    run_grid(rows, heads, (dim + KDA_TC_DV - 1) / KDA_TC_DV, KDA_TC_THREADS, sm, sizeof(sm), [&] {
+    run_grid(rows, heads, 1, KDA_TC_THREADS, sm, sizeof(sm), [&] {
         kda_tc_decode(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, pos, reinterpret_cast<bf16 *>(o), rows,
                       layer, layers, heads, dim, conv, slot_bytes);
     });

@@ -34,17 +34,16 @@
 #define KDA_TC_THREADS 256
 
 // Shared memory (f32), dim D, VS = KDA_TC_DV + 4: S [D][VS] (the group's columns), X [2C][D + 4]
-// (then the update's k factors), XS [2C][VS], Q K G [C][D], V VN [C][VS], A P [C][C + 1],
-// beta [C], decay [D]: D (VS + 5C + 1) + 2C^2 + 11C + 4C VS. table.py _TC_SMEM.
+// (then the update's k factors), XS [2C][VS], K G [C][D], V VN [C][VS], A P [C][C + 1],
+// beta [C], decay [D]: D (VS + 4C + 1) + 2C^2 + 11C + 4C VS. table.py _TC_SMEM.
 struct TcSmem {
-    float *S, *X, *XS, *Q, *K, *G, *V, *VN, *A, *P, *beta, *decay;
+    float *S, *X, *XS, *K, *G, *V, *VN, *A, *P, *beta, *decay;
     __device__ TcSmem(float *sm, int D) {
         const int C = KDA_TC_C, VS = KDA_TC_VS;
         S = sm;
         X = S + D * VS;
         XS = X + 2 * C * (D + 4);
-        Q = XS + 2 * C * VS;
-        K = Q + C * D;
+        K = XS + 2 * C * VS;
         G = K + C * D;
         V = G + C * D;
         VN = V + C * VS;
@@ -81,11 +80,12 @@ __device__ __forceinline__ float lane_dot(const float *x, const float *y, int D)
 }
 
 // the same with y_d = kj_d exp(gi_d - gj_d) for two x at once (A's k_i and P's q_i), for two
-// pairs (i, j) at once (u, w: independent chains in flight; each pair's sums in lane_dot's order)
-__device__ __forceinline__ void lane_pairs(const TcSmem &m, int D, int iu, int ju, int iw, int jw, float (&r)[4]) {
+// pairs (i, j) at once (u, w: independent chains in flight; each pair's sums in lane_dot's order);
+// rows by pointer: k_i, q_i, gc_i, then k_j, gc_j, of u and of w
+__device__ __forceinline__ void lane_pairs(const float *ku, const float *qu, const float *gu, const float *kju,
+                                           const float *gju, const float *kw, const float *qw, const float *gw,
+                                           const float *kjw, const float *gjw, int D, float (&r)[4]) {
     const int lane = threadIdx.x & 31;
-    const float *ku = m.K + iu * D, *qu = m.Q + iu * D, *kju = m.K + ju * D, *gu = m.G + iu * D, *gju = m.G + ju * D;
-    const float *kw = m.K + iw * D, *qw = m.Q + iw * D, *kjw = m.K + jw * D, *gw = m.G + iw * D, *gjw = m.G + jw * D;
     r[0] = r[1] = r[2] = r[3] = 0.f;
     for (int d = lane; d < D; d += 32) {
         const float du = __fmul_rn(kju[d], expf(__fsub_rn(gu[d], gju[d])));
@@ -100,16 +100,6 @@ __device__ __forceinline__ void lane_pairs(const TcSmem &m, int D, int iu, int j
 #pragma unroll
         for (int x = 0; x < 4; ++x) r[x] = __fadd_rn(r[x], __shfl_xor_sync(0xffffffffu, r[x], o));
     }
-}
-
-// pair p of the new rows' (i, j <= i), rows t0, t0 + 1, ... in turn
-__device__ __forceinline__ void pair_of(int p, int t0, int &i, int &j) {
-    i = t0;
-    while (p > i) {
-        p -= i + 1;
-        ++i;
-    }
-    j = p;
 }
 
 // XS [2C][dv] = X [2C][D] @ S [D][dv] (the group's dv columns): warp w the m16 tile w / 4 and the
@@ -174,9 +164,9 @@ __device__ __forceinline__ void product_update(const TcSmem &m, int D, int dv) {
 // pos0, pos0 + 1, ... (a prompt's part or a decode row), from its slot. Every thread of the block
 // (KDA_TC_THREADS) calls it.
 __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const float *b, char *state, int slot,
-                                        int r0, int r1, int pos0, bf16 *o, int layer, int layers, int h, int heads,
-                                        int D, int conv, int slot_bytes, int col0, float *sm) {
-    const int C = KDA_TC_C, DS = D + 4, W = heads * D, SS = KDA_TC_VS, VS = KDA_TC_VS;
+                                        int r0, int r1, int pos0, const float *pre, bf16 *o, int layer, int layers,
+                                        int h, int heads, int D, int conv, int slot_bytes, int col0, float *sm) {
+    const int C = KDA_TC_C, DS = D + 4, W = heads * D, SS = KDA_TC_VS, VS = KDA_TC_VS, PS = 2 * C + 2 * D;
     const int dv = min(KDA_TC_DV, D - col0);
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const TcSmem m(sm, D);
@@ -192,7 +182,6 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
         m.G[i] = rows[C * D + i];
     }
     for (int i = tid; i < t0 * dv; i += nt) m.VN[(i / dv) * VS + i % dv] = rows[2 * C * D + (i / dv) * D + col0 + i % dv];
-    const float qscale = __fdiv_rn(1.f, __fsqrt_rn((float)D));
     bool moved = fresh;
     for (int r = r0; r < r1;) {
         const int n = min(C - t0, r1 - r), t1 = t0 + n;
@@ -200,7 +189,6 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
         for (int idx = tid; idx < n * D; idx += nt) {
             const int i = t0 + idx / D, d = idx % D;
             const size_t row = (size_t)(r + idx / D) * 3 * W + (size_t)h * D + d;
-            m.Q[i * D + d] = to_f(mix[row]);
             m.K[i * D + d] = to_f(mix[row + W]);
             m.G[i * D + d] = g[(size_t)(r + idx / D) * W + (size_t)h * D + d];
         }
@@ -211,56 +199,62 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
         for (int i = tid; i < n; i += nt)
             m.beta[t0 + i] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-b[(size_t)(r + i) * heads + h])));
         __syncthreads();
-        // L2 norms, a warp a row
+        // k's L2 norms, a warp a row (the kept rows and the update need k; q's part is kda_tc_prep's)
         for (int i = t0 + warp; i < t1; i += nw) {
-            float *qi = m.Q + i * D, *ki = m.K + i * D;
-            const float rq = __fdiv_rn(qscale, __fsqrt_rn(__fadd_rn(lane_dot(qi, qi, D), 1e-6f)));
+            float *ki = m.K + i * D;
             const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(lane_dot(ki, ki, D), 1e-6f)));
             __syncwarp();
-            for (int d = lane; d < D; d += 32) {
-                qi[d] = __fmul_rn(qi[d], rq);
-                ki[d] = __fmul_rn(ki[d], rk);
-            }
+            for (int d = lane; d < D; d += 32) ki[d] = __fmul_rn(ki[d], rk);
         }
         // gc, a thread a channel
         for (int d = tid; d < D; d += nt)
             for (int i = max(t0, 1); i < t1; ++i) m.G[i * D + d] = __fadd_rn(m.G[(i - 1) * D + d], m.G[i * D + d]);
         __syncthreads();
-        // X: the new rows' k exp(gc) and q exp(gc), every other row zero
+        // X: the new rows' k exp(gc) and q exp(gc), every other row zero; A and P of the new rows:
+        // kda_tc_prep's, computed for every prompt row at once as this routine computed them
         for (int idx = tid; idx < 2 * C * D; idx += nt) {
             const int rr = idx / D, d = idx % D, i = rr % C;
             float x = 0.f;
-            if (i >= t0 && i < t1) x = __fmul_rn((rr < C ? m.K : m.Q)[i * D + d], expf(m.G[i * D + d]));
+            if (i >= t0 && i < t1) x = pre[((size_t)(r + i - t0) * heads + h) * PS + 2 * C + (rr < C ? 0 : D) + d];
             m.X[rr * DS + d] = x;
         }
-        // A and P of the new rows, a warp two pairs at a time
-        const int pairs = (t1 * (t1 + 1) - t0 * (t0 + 1)) / 2;
-        for (int pr = 2 * warp; pr < pairs; pr += 2 * nw) {
-            int iu, ju, iw, jw;
-            pair_of(pr, t0, iu, ju);
-            pair_of(min(pr + 1, pairs - 1), t0, iw, jw);
-            float r[4];
-            lane_pairs(m, D, iu, ju, iw, jw, r);
-            if (lane == 0) {
-                m.A[iu * (C + 1) + ju] = r[0];
-                m.P[iu * (C + 1) + ju] = r[1];
-                m.A[iw * (C + 1) + jw] = r[2];
-                m.P[iw * (C + 1) + jw] = r[3];
+        for (int idx = tid; idx < n * C; idx += nt) {
+            const int i = t0 + idx / C, j = idx % C;
+            if (j <= i) {
+                const float *src = pre + ((size_t)(r + idx / C) * heads + h) * PS;
+                m.A[i * (C + 1) + j] = src[j];
+                m.P[i * (C + 1) + j] = src[C + j];
             }
         }
         __syncthreads();
         product_xs(m, D, dv);
         __syncthreads();
-        // v' and o, a thread a value column, rows in order
-        for (int d = tid; d < dv; d += nt) {
-            for (int i = t0; i < t1; ++i) {
-                float acc = __fsub_rn(m.V[i * VS + d], m.XS[i * VS + d]);
-                for (int j = 0; j < i; ++j) acc = __fmaf_rn(-m.A[i * (C + 1) + j], m.VN[j * VS + d], acc);
-                const float vn = __fmul_rn(m.beta[i], acc);
-                m.VN[i * VS + d] = vn;
-                float out = m.XS[(C + i) * VS + d];
-                for (int j = 0; j <= i; ++j) out = __fmaf_rn(m.P[i * (C + 1) + j], m.VN[j * VS + d], out);
-                o[(size_t)(r + i - t0) * W + (size_t)h * D + col0 + d] = to_bf(out);
+        // v' and o: a half-warp a value column, its lane i row i. The forward substitution runs as a
+        // wavefront: at step j row j's v' is final (its sum has taken j = 0 .. j - 1) and goes by
+        // shuffle to the rows after it, so each row's sums take j in order from 0, the order one
+        // thread walking the rows would take (16 steps, not the rows' 136 in a chain)
+        {
+            const int i = tid & 15, src = tid & 16;  // src: the half-warp's first lane
+            const bool active = i >= t0 && i < t1;
+            for (int c = 0; c < dv; c += nt / 16) {
+                const int d = c + (tid >> 4);
+                const bool col = d < dv;
+                float acc = 0.f, out = 0.f, vn = 0.f;
+                if (col && active) {
+                    acc = __fsub_rn(m.V[i * VS + d], m.XS[i * VS + d]);
+                    out = m.XS[(C + i) * VS + d];
+                }
+                if (col && i < t0) vn = m.VN[i * VS + d];
+                for (int j = 0; j < t1; ++j) {
+                    if (active && i == j) vn = __fmul_rn(m.beta[i], acc);
+                    const float vj = __shfl_sync(0xffffffffu, vn, src + j);
+                    if (active && j < i) acc = __fmaf_rn(-m.A[i * (C + 1) + j], vj, acc);
+                    if (active && j <= i) out = __fmaf_rn(m.P[i * (C + 1) + j], vj, out);
+                }
+                if (col && active) {
+                    m.VN[i * VS + d] = vn;
+                    o[(size_t)(r + i - t0) * W + (size_t)h * D + col0 + d] = to_bf(out);
+                }
             }
         }
         __syncthreads();
@@ -294,6 +288,84 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
     }
 }
 
+// kda_tc_prep: what tc_rows' chunk needs of each prompt row before the state, for every row of
+// the step at once (a block a (row, head), 128 threads), computed as tc_rows computed it: k and q
+// L2-normed (a warp a row, lane_dot), gc summed from the chunk's start (a thread a channel, rows
+// in order, from the slot's kept gc where the row's chunk began in an earlier call), then
+// pre[row][head] = [A row (C) | P row (C) | k exp(gc) (D) | q exp(gc) (D)] (lane_pairs; entries
+// past the row's own index are not written). It reads the chunk's earlier rows again (up to 15,
+// mostly from L2) where tc_rows walked them once, and so takes the scores off the chain that
+// walks a sequence's chunks (they were most of its time, redone in each of 4 column groups).
+// Grid (rows, heads), block 128; shared memory (f32): K G [C][D], q [D] (table.py _TC_PREP_SMEM).
+extern "C" __global__ void __launch_bounds__(128)
+kda_tc_prep(const bf16 *__restrict__ mix, const float *__restrict__ g, const char *__restrict__ state,
+            const int *__restrict__ slot, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+            float *__restrict__ pre, int rows, int n_seqs, int layer, int layers, int heads, int dim, int conv,
+            int slot_bytes) {
+    extern __shared__ float sm[];
+    const int r = blockIdx.x, h = blockIdx.y;
+    if (r >= rows || h >= heads) return;
+    const int C = KDA_TC_C, D = dim, W = heads * D, PS = 2 * C + 2 * D;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    float *K = sm, *G = K + C * D, *q = G + C * D;
+    int lo = 0, hi = n_seqs;  // the row's sequence: the last s with cu_seqlens[s] <= r
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (cu_seqlens[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    const int r0 = cu_seqlens[lo], p = pos[r], t = p % C, start = p - t;
+    const int first = max(start, pos[r0]) - start;  // the chunk's first row of this call; rows before it kept
+    const size_t per = (size_t)heads * D * D + (size_t)(conv - 1) * 3 * heads * D;
+    const float *kept = reinterpret_cast<const float *>(state + (size_t)slot[lo] * slot_bytes) + (size_t)layers * per +
+                        ((size_t)layer * heads + h) * 3 * C * D;  // K | G | VN
+    for (int idx = tid; idx < (t + 1) * D; idx += nt) {
+        const int j = idx / D, d = idx % D;
+        if (j < first) {
+            K[idx] = kept[idx];
+            G[idx] = kept[C * D + idx];
+        } else {
+            const size_t rj = (size_t)(r - (t - j));
+            K[idx] = to_f(mix[rj * 3 * W + W + (size_t)h * D + d]);
+            G[idx] = g[rj * W + (size_t)h * D + d];
+        }
+    }
+    for (int d = tid; d < D; d += nt) q[d] = to_f(mix[(size_t)r * 3 * W + (size_t)h * D + d]);
+    __syncthreads();
+    const float qscale = __fdiv_rn(1.f, __fsqrt_rn((float)D));
+    for (int j = first + warp; j <= t; j += nw) {
+        float *kj = K + j * D;
+        const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(lane_dot(kj, kj, D), 1e-6f)));
+        __syncwarp();
+        for (int d = lane; d < D; d += 32) kj[d] = __fmul_rn(kj[d], rk);
+    }
+    if (warp == nw - 1) {
+        const float rq = __fdiv_rn(qscale, __fsqrt_rn(__fadd_rn(lane_dot(q, q, D), 1e-6f)));
+        __syncwarp();
+        for (int d = lane; d < D; d += 32) q[d] = __fmul_rn(q[d], rq);
+    }
+    for (int d = tid; d < D; d += nt)
+        for (int j = max(first, 1); j <= t; ++j) G[j * D + d] = __fadd_rn(G[(j - 1) * D + d], G[j * D + d]);
+    __syncthreads();
+    float *out = pre + ((size_t)r * heads + h) * PS;
+    for (int d = tid; d < D; d += nt) {
+        out[2 * C + d] = __fmul_rn(K[t * D + d], expf(G[t * D + d]));
+        out[2 * C + D + d] = __fmul_rn(q[d], expf(G[t * D + d]));
+    }
+    const float *kt = K + t * D, *gt = G + t * D;
+    for (int j0 = 2 * warp; j0 <= t; j0 += 2 * nw) {
+        const int j1 = min(j0 + 1, t);
+        float rr[4];
+        lane_pairs(kt, q, gt, K + j0 * D, G + j0 * D, kt, q, gt, K + j1 * D, G + j1 * D, D, rr);
+        if (lane == 0) {
+            out[j0] = rr[0];
+            out[C + j0] = rr[1];
+            out[j1] = rr[2];
+            out[C + j1] = rr[3];
+        }
+    }
+}
+
 // Prefill, in two launches so that no block reads kept rows another block of the launch may be
 // rewriting: the groups of a (sequence, head) share the rows' k and gc, which group 0 keeps, and
 // a call that starts inside a chunk (reading that chunk's kept rows) and ends inside a later one
@@ -305,7 +377,7 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
 extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
 kda_tc_head(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b,
             char *__restrict__ state, const int *__restrict__ slot, const int *__restrict__ cu_seqlens,
-            const int *__restrict__ pos, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim,
+            const int *__restrict__ pos, const float *__restrict__ pre, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim,
             int conv, int slot_bytes) {
     extern __shared__ float sm[];
     const int s = blockIdx.x, h = blockIdx.y;
@@ -314,33 +386,212 @@ kda_tc_head(const bf16 *__restrict__ mix, const float *__restrict__ g, const flo
     if (r1 == r0) return;
     const int p0 = pos[r0], t0 = p0 % KDA_TC_C;
     if (t0 == 0) return;
-    tc_rows(mix, g, b, state, slot[s], r0, min(r1, r0 + KDA_TC_C - t0), p0, o, layer, layers, h, heads, dim, conv,
+    tc_rows(mix, g, b, state, slot[s], r0, min(r1, r0 + KDA_TC_C - t0), p0, pre, o, layer, layers, h, heads, dim, conv,
             slot_bytes, blockIdx.z * KDA_TC_DV, sm);
 }
 
 extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
 kda_tc(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b, char *__restrict__ state,
        const int *__restrict__ slot, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
-       bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
+       const float *__restrict__ pre, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
     extern __shared__ float sm[];
     const int s = blockIdx.x, h = blockIdx.y;
     if (s >= n_seqs || h >= heads) return;
     const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
     const int p0 = r1 > r0 ? pos[r0] : 0, t0 = p0 % KDA_TC_C, skip = t0 ? KDA_TC_C - t0 : 0;
     if (r0 + skip >= r1) return;
-    tc_rows(mix, g, b, state, slot[s], r0 + skip, r1, p0 + skip, o, layer, layers, h, heads, dim, conv, slot_bytes,
+    tc_rows(mix, g, b, state, slot[s], r0 + skip, r1, p0 + skip, pre, o, layer, layers, h, heads, dim, conv, slot_bytes,
             blockIdx.z * KDA_TC_DV, sm);
 }
 
-// Decode: a block a (row, head, group of KDA_TC_DV value columns), row r sequence r's one token.
-// Grid (rows, heads, ceil(dim / KDA_TC_DV)), block KDA_TC_THREADS.
-extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
+// Decode: tc_rows' arithmetic for one row, every step of it as tc_rows takes it (so a decoded
+// token has the bits it has in a prompt), laid out for one row: a block a (row, head) and all of
+// S's value columns (tc_rows' four groups would each redo the row's norms, decays and scores),
+// S read from the slot straight into the mma's B fragments (never staged in shared memory: the
+// block's footprint is the chunk's kept rows, ~37 KB at dim 128, so several blocks share an SM),
+// the row's k exp(gc) and q exp(gc) as row t of the A fragments of two m16 tiles (the other rows
+// zero, as in tc_rows), one warp both tiles of an n8 tile of S (each S element read once). At the
+// chunk's end S moves on in place, each thread reading and writing its own C fragment's elements.
+// Grid (rows, heads), block KDA_TC_THREADS; shared memory (f32): K G [C][D], X VN [C][D + 4],
+// q xk xq v xsk xsq decay [D], A P [C], beta: D (4C + 7) + 10C + 1 (table.py _TC_DEC_SMEM).
+struct DecSmem {
+    float *K, *G, *X, *VN, *q, *xk, *xq, *v, *xsk, *xsq, *decay, *A, *P, *beta;
+    __device__ DecSmem(float *sm, int D) {
+        const int C = KDA_TC_C, DS = D + 4;
+        K = sm;
+        G = K + C * D;
+        X = G + C * D;
+        VN = X + C * DS;
+        q = VN + C * DS;
+        xk = q + D;
+        xq = xk + D;
+        v = xq + D;
+        xsk = v + D;
+        xsq = xsk + D;
+        decay = xsq + D;
+        A = decay + D;
+        P = A + C;
+        beta = P + C;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 3)
 kda_tc_decode(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b,
               char *__restrict__ state, const int *__restrict__ slot, const int *__restrict__ pos,
               bf16 *__restrict__ o, int rows, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
     extern __shared__ float sm[];
     const int r = blockIdx.x, h = blockIdx.y;
     if (r >= rows || h >= heads) return;
-    tc_rows(mix, g, b, state, slot[r], r, r + 1, pos[r], o, layer, layers, h, heads, dim, conv, slot_bytes,
-            blockIdx.z * KDA_TC_DV, sm);
+    const int C = KDA_TC_C, D = dim, DS = D + 4, W = heads * D;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int g8 = lane >> 2, q4 = lane & 3;
+    const DecSmem m(sm, D);
+    const size_t per = (size_t)heads * D * D + (size_t)(conv - 1) * 3 * heads * D;
+    float *base = reinterpret_cast<float *>(state + (size_t)slot[r] * slot_bytes);
+    float *Sg = base + (size_t)layer * per + (size_t)h * D * D;
+    float *kept = base + (size_t)layers * per + ((size_t)layer * heads + h) * 3 * C * D;  // K | G | VN
+    const int p = pos[r], t = p % C;
+    const bool fresh = p == 0;
+    // the chunk's kept rows, then the new row at t
+    for (int i = tid; i < t * D; i += nt) {
+        m.K[i] = kept[i];
+        m.G[i] = kept[C * D + i];
+        m.VN[(i / D) * DS + i % D] = kept[2 * C * D + i];
+    }
+    const size_t row = (size_t)r * 3 * W + (size_t)h * D;
+    for (int d = tid; d < D; d += nt) {
+        m.q[d] = to_f(mix[row + d]);
+        m.K[t * D + d] = to_f(mix[row + W + d]);
+        m.G[t * D + d] = g[(size_t)r * W + (size_t)h * D + d];
+        m.v[d] = to_f(mix[row + 2 * W + d]);
+    }
+    if (tid == 0) m.beta[0] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-b[(size_t)r * heads + h])));
+    __syncthreads();
+    // L2 norms (warp 0), gc (a thread a channel)
+    const float qscale = __fdiv_rn(1.f, __fsqrt_rn((float)D));
+    if (warp == 0) {
+        float *kt = m.K + t * D;
+        const float rq = __fdiv_rn(qscale, __fsqrt_rn(__fadd_rn(lane_dot(m.q, m.q, D), 1e-6f)));
+        const float rk = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(lane_dot(kt, kt, D), 1e-6f)));
+        __syncwarp();
+        for (int d = lane; d < D; d += 32) {
+            m.q[d] = __fmul_rn(m.q[d], rq);
+            kt[d] = __fmul_rn(kt[d], rk);
+        }
+    }
+    if (t > 0)
+        for (int d = tid; d < D; d += nt) m.G[t * D + d] = __fadd_rn(m.G[(t - 1) * D + d], m.G[t * D + d]);
+    __syncthreads();
+    // the row's k exp(gc) and q exp(gc); A[t, j] and P[t, j], j <= t, a warp two j at a time
+    for (int d = tid; d < D; d += nt) {
+        m.xk[d] = __fmul_rn(m.K[t * D + d], expf(m.G[t * D + d]));
+        m.xq[d] = __fmul_rn(m.q[d], expf(m.G[t * D + d]));
+    }
+    const float *kt = m.K + t * D, *gt = m.G + t * D;
+    for (int j0 = 2 * warp; j0 <= t; j0 += 2 * nw) {
+        const int j1 = min(j0 + 1, t);
+        float rr[4];
+        lane_pairs(kt, m.q, gt, m.K + j0 * D, m.G + j0 * D, kt, m.q, gt, m.K + j1 * D, m.G + j1 * D, D, rr);
+        if (lane == 0) {
+            m.A[j0] = rr[0];
+            m.P[j0] = rr[1];
+            m.A[j1] = rr[2];
+            m.P[j1] = rr[3];
+        }
+    }
+    __syncthreads();
+    // XS: the row's [k exp(gc); q exp(gc)] @ S0, warp w the n8 tiles w, w + nw, ... of both m16 tiles
+    const bool row_lo = g8 == t, row_hi = g8 + 8 == t;
+    for (int ntile = warp; ntile < D / 8; ntile += nw) {
+        const int n = ntile * 8 + g8;
+        float ck[4] = {0.f, 0.f, 0.f, 0.f}, cq[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            const int c0 = k0 + 2 * q4;
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+            if (!fresh) {
+                s0 = Sg[(size_t)c0 * D + n];
+                s1 = Sg[(size_t)(c0 + 1) * D + n];
+                s2 = Sg[(size_t)(c0 + 8) * D + n];
+                s3 = Sg[(size_t)(c0 + 9) * D + n];
+            }
+            unsigned bh0, bh1, bl0, bl1, ah[4], al[4];
+            split2(s0, s1, bh0, bl0);
+            split2(s2, s3, bh1, bl1);
+            const float *xs[2] = {m.xk, m.xq};
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const float *xr = xs[x];
+                split2(row_lo ? xr[c0] : 0.f, row_lo ? xr[c0 + 1] : 0.f, ah[0], al[0]);
+                split2(row_hi ? xr[c0] : 0.f, row_hi ? xr[c0 + 1] : 0.f, ah[1], al[1]);
+                split2(row_lo ? xr[c0 + 8] : 0.f, row_lo ? xr[c0 + 9] : 0.f, ah[2], al[2]);
+                split2(row_hi ? xr[c0 + 8] : 0.f, row_hi ? xr[c0 + 9] : 0.f, ah[3], al[3]);
+                mma3(x ? cq : ck, ah, al, bh0, bh1, bl0, bl1);
+            }
+        }
+        const int c0 = ntile * 8 + 2 * q4;
+        if (row_lo) {
+            m.xsk[c0] = ck[0];
+            m.xsk[c0 + 1] = ck[1];
+            m.xsq[c0] = cq[0];
+            m.xsq[c0 + 1] = cq[1];
+        }
+        if (row_hi) {
+            m.xsk[c0] = ck[2];
+            m.xsk[c0 + 1] = ck[3];
+            m.xsq[c0] = cq[2];
+            m.xsq[c0 + 1] = cq[3];
+        }
+    }
+    __syncthreads();
+    // v' and o, a thread a value column
+    for (int d = tid; d < D; d += nt) {
+        float acc = __fsub_rn(m.v[d], m.xsk[d]);
+        for (int j = 0; j < t; ++j) acc = __fmaf_rn(-m.A[j], m.VN[j * DS + d], acc);
+        const float vn = __fmul_rn(m.beta[0], acc);
+        m.VN[t * DS + d] = vn;
+        float out = m.xsq[d];
+        for (int j = 0; j <= t; ++j) out = __fmaf_rn(m.P[j], m.VN[j * DS + d], out);
+        o[(size_t)r * W + (size_t)h * D + d] = to_bf(out);
+    }
+    if (t < C - 1) {  // keep the row (and a fresh sequence's S0: zeros)
+        for (int d = tid; d < D; d += nt) {
+            kept[t * D + d] = m.K[t * D + d];
+            kept[C * D + t * D + d] = m.G[t * D + d];
+            kept[2 * C * D + t * D + d] = m.VN[t * DS + d];
+        }
+        if (fresh)
+            for (int i = tid; i < D * D; i += nt) Sg[i] = 0.f;
+        return;
+    }
+    // the chunk's end: S0 <- exp(gc_15) S0 + (k exp(gc_15 - gc))^T v', in place
+    __syncthreads();
+    for (int idx = tid; idx < C * D; idx += nt) {
+        const int j = idx / D, e = idx % D;
+        m.X[j * DS + e] = __fmul_rn(m.K[idx], expf(__fsub_rn(m.G[(C - 1) * D + e], m.G[idx])));
+    }
+    for (int e = tid; e < D; e += nt) m.decay[e] = expf(m.G[(C - 1) * D + e]);
+    __syncthreads();
+    for (int mt = warp; mt < D / 16; mt += nw) {
+        const int e = mt * 16 + g8;
+        unsigned ah[4], al[4];
+        split2(m.X[(2 * q4) * DS + e], m.X[(2 * q4 + 1) * DS + e], ah[0], al[0]);
+        split2(m.X[(2 * q4) * DS + e + 8], m.X[(2 * q4 + 1) * DS + e + 8], ah[1], al[1]);
+        split2(m.X[(2 * q4 + 8) * DS + e], m.X[(2 * q4 + 9) * DS + e], ah[2], al[2]);
+        split2(m.X[(2 * q4 + 8) * DS + e + 8], m.X[(2 * q4 + 9) * DS + e + 8], ah[3], al[3]);
+        const float d0 = m.decay[e], d1 = m.decay[e + 8];
+        for (int ntile = 0; ntile < D / 8; ++ntile) {
+            const int n = ntile * 8 + g8, c0 = ntile * 8 + 2 * q4;
+            unsigned bh0, bh1, bl0, bl1;
+            split2(m.VN[(2 * q4) * DS + n], m.VN[(2 * q4 + 1) * DS + n], bh0, bl0);
+            split2(m.VN[(2 * q4 + 8) * DS + n], m.VN[(2 * q4 + 9) * DS + n], bh1, bl1);
+            float *s0 = Sg + (size_t)e * D + c0, *s1 = Sg + (size_t)(e + 8) * D + c0;
+            float c[4] = {__fmul_rn(fresh ? 0.f : s0[0], d0), __fmul_rn(fresh ? 0.f : s0[1], d0),
+                          __fmul_rn(fresh ? 0.f : s1[0], d1), __fmul_rn(fresh ? 0.f : s1[1], d1)};
+            mma3(c, ah, al, bh0, bh1, bl0, bl1);
+            s0[0] = c[0];
+            s0[1] = c[1];
+            s1[0] = c[2];
+            s1[1] = c[3];
+        }
+    }
 }

@@ -52,9 +52,15 @@ _CHUNK_SMEM = {"mul": [4, {"add": [{"mul": ["dim", {"add": ["dim", {"mul": [6, "
 # XS [2C, VS], q k gc [C, dim], v v' [C, VS], A and P [C, C + 1], beta [C], decay [dim]:
 # dim (VS + 5C + 1) + 2C^2 + 11C + 4C VS (71,872 bytes at dim 128: three blocks an SM)
 _TC_VS = KDA_TC_DV + 4
-_TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 5 * KDA_TC_C + 1]},
+_TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 4 * KDA_TC_C + 1]},
                                 2 * KDA_TC_C ** 2 + 11 * KDA_TC_C + 4 * KDA_TC_C * _TC_VS]}]}
 _TC_GROUPS = {"ceil_div": ["dim", KDA_TC_DV]}
+# kda_tc_prep's (a block a (row, head)): the chunk's rows' k and gc [C][dim] and the row's q
+_TC_PREP_SMEM = {"mul": [4 * (2 * KDA_TC_C + 1), "dim"]}
+_TC_PREP_THREADS = 128  # kda_tc.cu kda_tc_prep's __launch_bounds__
+# kda_tc_decode's (a block a (row, head), all value columns): K G [C][dim], X VN [C][dim + 4], seven
+# [dim] rows, A P [C], beta
+_TC_DEC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", 4 * KDA_TC_C + 7]}, 10 * KDA_TC_C + 1]}]}
 _MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i32", "token_bytes: i32")
 _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
            "eps: f32")
@@ -80,16 +86,21 @@ KERNELS: tuple[Kernel, ...] = (
            ("rows", "heads"), (MAX_DIM,)),
     # the default build's recurrence (kda_tc.cu): chunks fixed by position on tensor cores, prefill
     # and decode one routine; kda_tokens' and kda_step's parameters
+    # prefill's rows' scores and left operands, every row at once (`pre`: [rows, heads, 2 C + 2 dim] f32)
+    Kernel("kda_tc", "kda_tc_prep", (buffer_param("mix"), buffer_param("g", "f32"), "state: in state", buffer_param("slot", "i32"),
+                                     buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("pre", "f32", "out"),
+                                     *int_params("rows", "n_seqs"), *_KDA), ("rows", "heads"), (_TC_PREP_THREADS,), writes=("pre",)),
     Kernel("kda_tc", "kda_tc_head", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE,
                                      buffer_param("slot", "i32"), buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"),
-                                     buffer_param("o", direction="out"), *int_params("n_seqs"), *_KDA),
+                                     buffer_param("pre", "f32"), buffer_param("o", direction="out"), *int_params("n_seqs"), *_KDA),
            ("n_seqs", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
     Kernel("kda_tc", "kda_tc", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE, buffer_param("slot", "i32"),
-                                buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
-                                *int_params("n_seqs"), *_KDA), ("n_seqs", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
+                                buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("pre", "f32"),
+                                buffer_param("o", direction="out"), *int_params("n_seqs"), *_KDA), ("n_seqs", "heads", _TC_GROUPS),
+           (KDA_TC_THREADS,)),
     Kernel("kda_tc", "kda_tc_decode", (buffer_param("mix"), buffer_param("g", "f32"), buffer_param("b", "f32"), _STATE,
                                        buffer_param("slot", "i32"), buffer_param("pos", "i32"), buffer_param("o", direction="out"),
-                                       *int_params("rows"), *_KDA), ("rows", "heads", _TC_GROUPS), (KDA_TC_THREADS,)),
+                                       *int_params("rows"), *_KDA), ("rows", "heads"), (KDA_TC_THREADS,)),
     Kernel("kda", "kda_out_norm", (buffer_param("o"), buffer_param("gate"), buffer_param("w"), buffer_param("y", direction="out"),
                                    *int_params("rows", "heads", "dim"), "eps: f32"), ("rows", "heads"), (32,)),
     Kernel("mla", "mla_append", (buffer_param("ckv"), buffer_param("norm_w"), _KV, buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
@@ -143,7 +154,7 @@ KERNELS: tuple[Kernel, ...] = (
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
-SHARED_MEM = {"kda_chunked": _CHUNK_SMEM, "kda_tc_head": _TC_SMEM, "kda_tc": _TC_SMEM, "kda_tc_decode": _TC_SMEM}
+SHARED_MEM = {"kda_chunked": _CHUNK_SMEM, "kda_tc_prep": _TC_PREP_SMEM, "kda_tc_head": _TC_SMEM, "kda_tc": _TC_SMEM, "kda_tc_decode": _TC_DEC_SMEM}
 
 _ABSORB, _EXPAND = BY_ENTRY["mla_absorb"].params, BY_ENTRY["mla_expand"].params
 
@@ -186,13 +197,18 @@ KDA_FORMS = ("chunked", "tokens", "tc")
 MLA_FORMS = {"tensor": ("mla_attend_tc", "mla_attend_tc_decode"), "cores": ("mla_attend", "mla_attend_decode")}
 
 
+# the tc form's prefill op: kda_tc's parameters with its scores' workspace and the step's rows
+_TC_PREFILL = (*BY_ENTRY["kda_tc"].params[:7], buffer_param("pre", "f32", "out"), *BY_ENTRY["kda_tc"].params[8:9], "rows: i32",
+               *BY_ENTRY["kda_tc"].params[9:])
+
+
 def ops(kda_form: str = "chunked", mla_form: str = "tensor") -> dict:
     """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form,
     MLA's attention in mla_form."""
     prefill, decode = MLA_FORMS[mla_form]
     # the tc form's prefill: the first chunk's rows a sequence continues (kda_tc_head), then the rest
-    prefill_kda = ("kda_tc_head", "kda_tc") if kda_form == "tc" else ("kda_" + kda_form,)
-    table = {**OPS, "kda_chunked": Op(prefill_kda), "kda_step": Op(("kda_tc_decode" if kda_form == "tc" else "kda_step",)),
+    prefill_kda = Op(("kda_tc_prep", "kda_tc_head", "kda_tc"), _TC_PREFILL) if kda_form == "tc" else Op(("kda_" + kda_form,))
+    table = {**OPS, "kda_chunked": prefill_kda, "kda_step": Op(("kda_tc_decode" if kda_form == "tc" else "kda_step",)),
              "mla_attention": _attention(prefill), "mla_attention_decode": _attention(decode)}
     out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():
