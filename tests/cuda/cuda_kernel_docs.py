@@ -35,11 +35,27 @@ def _param(text: str) -> CParam:
     return CParam(m.group(4), m.group(2), m.group(3) is not None, m.group(1) is not None)
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.cuh)"', re.M)
+
+
+def _with_headers(src: Path, seen: set[Path]) -> str:
+    """A source's text with the text of each header of its own folder it includes (a header may
+    hold kernels, built into the including source's module: kimi_linear's kda_conv.cuh)."""
+    text = src.read_text()
+    for name in _LOCAL_INCLUDE.findall(text):
+        h = src.parent / name
+        if h.exists() and h not in seen:
+            seen.add(h)
+            text += "\n" + _with_headers(h, seen)
+    return text
+
+
 def in_sources(folder: Path = KERNEL_DIR) -> dict[str, tuple[str, tuple[CParam, ...]]]:
-    """{entry: (module stem, params)} from the extern "C" kernels of the folder's .cu files."""
+    """{entry: (module stem, params)} from the extern "C" kernels of the folder's .cu files
+    (and the folder's headers they include)."""
     out = {}
     for src in sorted(folder.glob("*.cu")):
-        text = re.sub(r"//[^\n]*", "", src.read_text())
+        text = re.sub(r"//[^\n]*", "", _with_headers(src, set()))
         for m in _EXTERN.finditer(text):
             out[m.group(1)] = (src.stem, tuple(_param(p) for p in m.group(2).split(",")))
     return out

@@ -14,70 +14,10 @@
 
 #define KDA_MAX_DIM 128
 #define KDA_MAX_CONV 8
-
-__device__ __forceinline__ float *kda_layer(char *state, int slot, int slot_bytes, int layer, int heads,
-                                            int dim, int conv) {
-    const size_t per = (size_t)heads * dim * dim + (size_t)(conv - 1) * 3 * heads * dim;
-    return reinterpret_cast<float *>(state + (size_t)slot * slot_bytes) + (size_t)layer * per;
-}
+#include "kda_conv.cuh"  // kda_layer (a layer's part of a slot) and the convolution's rows
 
 // ---- the short convolution ----------------------------------------------------------------
-// A thread a channel of one sequence walks its rows in order with the window in registers:
-// out[t] = silu(sum_j w[c, j] * ext[t + j]), ext = window ++ rows; mix is rewritten in place
-// (a row is read before it is written, and no other thread touches the channel).
-__device__ __forceinline__ void conv_rows(bf16 *mix, const bf16 *w, char *state, int slot, int r0, int r1,
-                                          bool fresh, int layer, int layers, int heads, int dim, int conv,
-                                          int slot_bytes) {
-    const int C = 3 * heads * dim;
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float *win = kda_layer(state, slot, slot_bytes, layer, heads, dim, conv) + (size_t)heads * dim * dim;
-    float wc[KDA_MAX_CONV], ext[KDA_MAX_CONV];
-#pragma unroll
-    for (int j = 0; j < KDA_MAX_CONV; ++j) {
-        wc[j] = j < conv ? to_f(w[(size_t)c * conv + j]) : 0.f;
-        ext[j] = (j < conv - 1 && !fresh) ? win[(size_t)j * C + c] : 0.f;
-    }
-    for (int r = r0; r < r1; ++r) {
-        const float x = to_f(mix[(size_t)r * C + c]);
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < KDA_MAX_CONV; ++j)
-            if (j < conv) acc += (j == conv - 1 ? x : ext[j]) * wc[j];
-#pragma unroll
-        for (int j = 0; j < KDA_MAX_CONV - 1; ++j)
-            if (j < conv - 2) ext[j] = ext[j + 1];
-#pragma unroll
-        for (int j = 0; j < KDA_MAX_CONV; ++j)
-            if (j == conv - 2) ext[j] = x;
-        mix[(size_t)r * C + c] = to_bf(acc / (1.f + expf(-acc)));
-    }
-#pragma unroll
-    for (int j = 0; j < KDA_MAX_CONV; ++j)
-        if (j < conv - 1) win[(size_t)j * C + c] = ext[j];
-}
-
-// Prefill: grid (n_seqs, ceil(3 * heads * dim / 128)), block 128.
-extern "C" __global__ void kda_conv(bf16 *__restrict__ mix, const bf16 *__restrict__ w, char *__restrict__ state,
-                                    const int *__restrict__ slot, const int *__restrict__ cu_seqlens,
-                                    const int *__restrict__ pos, int n_seqs, int layer, int layers, int heads,
-                                    int dim, int conv, int slot_bytes) {
-    const int s = blockIdx.x;
-    if (s >= n_seqs) return;
-    const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
-    if (r1 == r0) return;
-    conv_rows(mix, w, state, slot[s], r0, r1, pos[r0] == 0, layer, layers, heads, dim, conv, slot_bytes);
-}
-
-// Decode: row r is sequence r's one token. Grid (rows, ceil(3 * heads * dim / 128)), block 128.
-extern "C" __global__ void kda_conv_decode(bf16 *__restrict__ mix, const bf16 *__restrict__ w,
-                                           char *__restrict__ state, const int *__restrict__ slot,
-                                           const int *__restrict__ pos, int rows, int layer, int layers,
-                                           int heads, int dim, int conv, int slot_bytes) {
-    const int r = blockIdx.x;
-    if (r >= rows) return;
-    conv_rows(mix, w, state, slot[r], r, r + 1, pos[r] == 0, layer, layers, heads, dim, conv, slot_bytes);
-}
+// kda_conv and kda_conv_decode: kda_conv.cuh (one routine for prefill's rows and decode's one).
 
 // ---- the decay gate -----------------------------------------------------------------------
 // g = -exp(A_log[head]) * softplus(f + dt_bias) (softplus(x) = x above 20), in place. exp and
