@@ -175,3 +175,46 @@ class Cache:
             row = base + (layer * self.page_tokens + t % self.page_tokens) * self.width
             out[t] = from_bits(self.bits[row:row + self.width])
         return out
+
+
+# ---- the up-projections (mla_tc.cu's mla_absorb_tc, mla_expand_tc) -------------------------
+# A row's outputs summed over k16 steps in order from 0 into one f32 accumulator, each step's
+# 16 products taken as the emulator's mma takes them (float64, rounded once to f32): the
+# emulated kernels agree to the bit, the hardware within an mma's rounding.
+
+def _k16_steps(acc: np.ndarray, a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """acc [rows, n] f32 += a [rows, k] @ w [k, n], a k16 step at a time, each step rounded once."""
+    for k0 in range(0, a.shape[1], K16):
+        step = a[:, k0:k0 + K16].astype(np.float64) @ w[k0:k0 + K16].astype(np.float64)
+        acc = (acc.astype(np.float64) + step).astype(np.float32)
+    return acc
+
+
+def model_absorb(q: np.ndarray, kv_b: np.ndarray, heads: int, nope: int, rope: int, v_dim: int,
+                 kv_lora: int) -> np.ndarray:
+    """q_lat [rows, heads, kv_lora] f32 from q [rows, heads * (nope + rope)] (bf16 values as f32)
+    and kv_b [heads * (nope + v_dim), kv_lora] (bf16 values as f32)."""
+    rows = q.shape[0]
+    qh = q.reshape(rows, heads, nope + rope)
+    wk = kv_b.reshape(heads, nope + v_dim, kv_lora)
+    return np.stack([_k16_steps(np.zeros((rows, kv_lora), np.float32), qh[:, h, :nope], wk[h, :nope])
+                     for h in range(heads)], axis=1)
+
+
+def model_expand(o_lat: np.ndarray, kv_b: np.ndarray, heads: int, nope: int, v_dim: int, kv_lora: int) -> np.ndarray:
+    """o [rows, heads * v_dim] as bf16 bits from o_lat [rows, heads, kv_lora] f32: o_lat split
+    hi = bf16(x), lo = bf16(x - hi); each k16 step adds hi W then lo W."""
+    rows = o_lat.shape[0]
+    hi = bf16_round(o_lat)
+    lo = bf16_round((o_lat - hi).astype(np.float32))
+    wv = kv_b.reshape(heads, nope + v_dim, kv_lora)[:, nope:]  # [heads, v_dim, kv_lora]
+    out = np.empty((rows, heads, v_dim), np.float32)
+    for h in range(heads):
+        acc = np.zeros((rows, v_dim), np.float32)
+        w = wv[h].T  # [kv_lora, v_dim]
+        for k0 in range(0, kv_lora, K16):
+            for part in (hi, lo):
+                step = part[:, h, k0:k0 + K16].astype(np.float64) @ w[k0:k0 + K16].astype(np.float64)
+                acc = (acc.astype(np.float64) + step).astype(np.float32)
+        out[:, h] = acc
+    return bf16_bits(out.reshape(rows, heads * v_dim))

@@ -89,6 +89,12 @@ def check_shape(s: KimiShape, batch_invariant: bool = True, kda_form: str = "chu
             problems.append(f"MLA_CHUNK {MLA_CHUNK}: mla_tc.cu walks a chunk in tiles of {t.MLA_TC_BN} keys")
         if s.nope > t.MAX_NOPE:
             problems.append(f"qk_nope_head_dim {s.nope}: mla_absorb takes at most {t.MAX_NOPE}")
+        # mla_tc.cu's up-projections: the query's nope part in k16 steps (4-byte fragments), the
+        # value rows in 8-column tiles
+        if batch_invariant and (s.nope % 16 or s.rope % 2 or s.v_dim % 8):
+            problems.append(f"qk_nope_head_dim {s.nope}, qk_rope_head_dim {s.rope}, v_head_dim {s.v_dim}: the tensor-core "
+                            "up-projections take a nope part that is a multiple of 16, an even rope part and a value "
+                            "head that is a multiple of 8")
     if any(s.sparse):
         if s.experts > t.MAX_EXPERTS or s.groups > t.MAX_GROUPS:
             problems.append(f"{s.experts} experts in {s.groups} groups: kimi_route takes at most {t.MAX_EXPERTS} "

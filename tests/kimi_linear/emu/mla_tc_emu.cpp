@@ -5,8 +5,8 @@
 // lacks for them is here: cp.async (copied at once: a stage is read only after the barrier the
 // kernel waits at), ldmatrix (x4 and its transpose, through a per-warp table of the lanes'
 // row addresses, the PTX fragment layouts), the f32 atomics' int cousins, fences and loads.
-// C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode (the kernels'
-// arguments), emu_block_order.
+// C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode, emu_mla_absorb_tc,
+// emu_mla_expand_tc (the kernels' arguments), emu_block_order.
 #include "common.cuh"
 
 #define __align__(n) __attribute__((aligned(n)))
@@ -17,6 +17,10 @@ struct float2 {
     float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float __ldcg(const float *p) { return *p; }
 inline float2 __ldcg(const float2 *p) { return *p; }
 inline void __threadfence() {}
@@ -98,5 +102,23 @@ extern "C" void emu_mla_attend_tc_decode(const float *q_lat, const uint16_t *q, 
         mla_attend_tc_decode(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, pos, o_lat, part_o, part_ml,
                              sem, pages_per_seq, rows, layer, layers, heads, nope, rope, kv_lora, page_tokens,
                              token_bytes, chunk, splits);
+    });
+}
+
+static int pt_grid(int n) { return (n + MLA_PT_BM - 1) / MLA_PT_BM; }
+
+extern "C" void emu_mla_absorb_tc(const uint16_t *q, const uint16_t *kv_b, float *q_lat, int rows, int heads, int nope,
+                                  int rope, int v_dim, int kv_lora) {
+    run_grid(pt_grid(rows), heads, (kv_lora + MLA_PT_BN - 1) / MLA_PT_BN, 128, mla_smem, sizeof(mla_smem), [&] {
+        mla_absorb_tc(reinterpret_cast<const bf16 *>(q), reinterpret_cast<const bf16 *>(kv_b), q_lat, rows, heads, nope,
+                      rope, v_dim, kv_lora);
+    });
+}
+
+extern "C" void emu_mla_expand_tc(const float *o_lat, const uint16_t *kv_b, uint16_t *o, int rows, int heads, int nope,
+                                  int v_dim, int kv_lora) {
+    run_grid(pt_grid(rows), heads, (v_dim + MLA_PT_BN - 1) / MLA_PT_BN, 128, mla_smem, sizeof(mla_smem), [&] {
+        mla_expand_tc(o_lat, reinterpret_cast<const bf16 *>(kv_b), reinterpret_cast<bf16 *>(o), rows, heads, nope, v_dim,
+                      kv_lora);
     });
 }

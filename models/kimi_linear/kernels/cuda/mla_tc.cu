@@ -300,3 +300,144 @@ mla_attend_tc_decode(const float *__restrict__ q_lat, const bf16 *__restrict__ q
                        chunk, splits, mla_smem,
                        reinterpret_cast<int *>(mla_smem + 2 * MLA_TILE * 2));  // the merge's flag: the partial scores' place, free by then
 }
+
+// ---- the up-projections on tensor cores (the default build's mla_absorb / mla_expand) ------
+// Both are a GEMM a head over the step's rows, on mma.sync m16n8k16 with f32 accumulators: a
+// block takes MLA_PT_BM rows (4 warps x 16) and MLA_PT_BN output columns of one head, kv_b's
+// slice for them staged MLA_PT_BK k at a time in shared memory (every warp's B fragments from
+// there by ldmatrix), the A fragments read by each thread from global memory. A row's outputs
+// are summed over k16 steps in order from 0 into one accumulator, whichever rows share its tile
+// (the mma's sums of a row depend on that row alone) and whichever kernel launch: prefill's and
+// decode's rows get the same bits. Rows past `rows` repeat the last one and are never stored.
+// Grid (ceil(rows / MLA_PT_BM), heads, ceil(width / MLA_PT_BN)), block 128, dynamic shared
+// memory MLA_PT_SMEM (table.py).
+#define MLA_PT_BM 64
+#define MLA_PT_BN 128
+#define MLA_PT_BK 64
+#define MLA_PT_NT (MLA_PT_BN / 8)                       // 8-column tiles a warp
+#define MLA_PT_AKP (MLA_PT_BN + 8)                      // absorb's staged [k][n] row (bf16)
+#define MLA_PT_EKP (MLA_PT_BK + 8)                      // expand's staged [n][k] row (bf16)
+#define MLA_PT_SMEM (MLA_PT_BN * MLA_PT_EKP * 2)        // the larger of the two stagings (bytes)
+static_assert(MLA_PT_BK * MLA_PT_AKP <= MLA_PT_BN * MLA_PT_EKP, "absorb's staging fits expand's");
+
+// q_lat[r, h, c] = sum_{d < nope} q[r, h, d] kv_b[h (nope + v_dim) + d, c] (f32): A the query's
+// nope part (bf16, as stored), B kv_b's key rows [nope x kv_lora] (n contiguous: staged as
+// [k][n], ldmatrix.trans). nope a multiple of 16 (the generator checks it).
+extern "C" __global__ void __launch_bounds__(128)
+mla_absorb_tc(const bf16 *__restrict__ q, const bf16 *__restrict__ kv_b, float *__restrict__ q_lat, int rows,
+              int heads, int nope, int rope, int v_dim, int kv_lora) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    bf16 *sW = reinterpret_cast<bf16 *>(mla_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y, c0 = blockIdx.z * MLA_PT_BN, qd = nope + rope;
+    const int r0 = blockIdx.x * MLA_PT_BM + 16 * warp, ra = min(r0 + g, rows - 1), rb = min(r0 + g + 8, rows - 1);
+    const bf16 *qa = q + (size_t)ra * heads * qd + (size_t)h * qd, *qb = q + (size_t)rb * heads * qd + (size_t)h * qd;
+    const bf16 *wk = kv_b + (size_t)h * (nope + v_dim) * kv_lora;
+    float acc[MLA_PT_NT][4];
+#pragma unroll
+    for (int j = 0; j < MLA_PT_NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    const bf16 *vbase = sW + ((lane & 7) + 8 * ((lane >> 3) & 1)) * MLA_PT_AKP + 8 * (lane >> 4);
+    for (int k0 = 0; k0 < nope; k0 += MLA_PT_BK) {
+        const int kn = min(MLA_PT_BK, nope - k0);
+        __syncthreads();  // the previous slice's readers are done
+        for (int i = threadIdx.x; i < kn * (MLA_PT_BN / 8); i += blockDim.x) {
+            const int k = i / (MLA_PT_BN / 8), c = 8 * (i % (MLA_PT_BN / 8));
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (c0 + c < kv_lora) v = *reinterpret_cast<const uint4 *>(wk + (size_t)(k0 + k) * kv_lora + c0 + c);
+            *reinterpret_cast<uint4 *>(sW + k * MLA_PT_AKP + c) = v;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kn / 16; ++kk) {
+            const int kc = k0 + 16 * kk + 2 * t4;
+            const unsigned a[4] = {*reinterpret_cast<const unsigned *>(qa + kc), *reinterpret_cast<const unsigned *>(qb + kc),
+                                   *reinterpret_cast<const unsigned *>(qa + kc + 8),
+                                   *reinterpret_cast<const unsigned *>(qb + kc + 8)};
+#pragma unroll
+            for (int j = 0; j < MLA_PT_NT; j += 2) {
+                unsigned b[4];
+                ldsm_x4_t(b, vbase + 16 * kk * MLA_PT_AKP + 8 * j);
+                mma_bf16(acc[j], a, b[0], b[1]);
+                mma_bf16(acc[j + 1], a, b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + g + 8 * hh;
+        if (r >= rows) continue;
+        float *out = q_lat + ((size_t)r * heads + h) * kv_lora + c0 + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < MLA_PT_NT; ++j)
+            if (c0 + 8 * j < kv_lora)
+                *reinterpret_cast<float2 *>(out + 8 * j) = make_float2(acc[j][2 * hh], acc[j][2 * hh + 1]);
+    }
+}
+
+// o[r, h v_dim + j] = sum_c o_lat[r, h, c] kv_b[h (nope + v_dim) + nope + j, c] (bf16): A the
+// attention's f32 o_lat split in two bf16 parts, hi = bf16(x) and lo = bf16(x - hi) (x - hi is
+// exact in f32; together ~16 of f32's 24 bits), each k16 step adding hi W, then lo W; B kv_b's
+// value rows [v_dim x kv_lora] (k contiguous: staged as [n][k], ldmatrix). kv_lora a multiple
+// of 32, v_dim of 8 (the generator checks both).
+__device__ __forceinline__ void mla_pt_split(const float *p, unsigned &hi, unsigned &lo) {
+    const float2 x = *reinterpret_cast<const float2 *>(p);
+    hi = pack_bf2(x.x, x.y);
+    lo = pack_bf2(__fsub_rn(x.x, rbf(x.x)), __fsub_rn(x.y, rbf(x.y)));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf16 *__restrict__ o, int rows,
+              int heads, int nope, int v_dim, int kv_lora) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    bf16 *sW = reinterpret_cast<bf16 *>(mla_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y, n0 = blockIdx.z * MLA_PT_BN;
+    const int r0 = blockIdx.x * MLA_PT_BM + 16 * warp, ra = min(r0 + g, rows - 1), rb = min(r0 + g + 8, rows - 1);
+    const float *oa = o_lat + ((size_t)ra * heads + h) * kv_lora, *ob = o_lat + ((size_t)rb * heads + h) * kv_lora;
+    const bf16 *wv = kv_b + ((size_t)h * (nope + v_dim) + nope) * kv_lora;
+    float acc[MLA_PT_NT][4];
+#pragma unroll
+    for (int j = 0; j < MLA_PT_NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    const bf16 *kbase = sW + ((lane & 7) + 8 * (lane >> 4)) * MLA_PT_EKP + 8 * ((lane >> 3) & 1);
+    for (int k0 = 0; k0 < kv_lora; k0 += MLA_PT_BK) {
+        const int kn = min(MLA_PT_BK, kv_lora - k0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < MLA_PT_BN * (MLA_PT_BK / 8); i += blockDim.x) {
+            const int n = i / (MLA_PT_BK / 8), k = 8 * (i % (MLA_PT_BK / 8));
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (n0 + n < v_dim && k < kn) v = *reinterpret_cast<const uint4 *>(wv + (size_t)(n0 + n) * kv_lora + k0 + k);
+            *reinterpret_cast<uint4 *>(sW + n * MLA_PT_EKP + k) = v;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kn / 16; ++kk) {
+            const int kc = k0 + 16 * kk + 2 * t4;
+            unsigned hi[4], lo[4];
+            mla_pt_split(oa + kc, hi[0], lo[0]);
+            mla_pt_split(ob + kc, hi[1], lo[1]);
+            mla_pt_split(oa + kc + 8, hi[2], lo[2]);
+            mla_pt_split(ob + kc + 8, hi[3], lo[3]);
+#pragma unroll
+            for (int j = 0; j < MLA_PT_NT; j += 2) {
+                unsigned b[4];
+                ldsm_x4(b, kbase + 8 * j * MLA_PT_EKP + 16 * kk);
+                mma_bf16(acc[j], hi, b[0], b[1]);
+                mma_bf16(acc[j], lo, b[0], b[1]);
+                mma_bf16(acc[j + 1], hi, b[2], b[3]);
+                mma_bf16(acc[j + 1], lo, b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = r0 + g + 8 * hh;
+        if (r >= rows) continue;
+        bf16 *out = o + (size_t)r * heads * v_dim + (size_t)h * v_dim + n0 + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < MLA_PT_NT; ++j)
+            if (n0 + 8 * j < v_dim)
+                *reinterpret_cast<unsigned *>(out + 8 * j) = pack_bf2(acc[j][2 * hh], acc[j][2 * hh + 1]);
+    }
+}

@@ -35,6 +35,10 @@ MLA_TC_HEADS = {"mla_attend_tc": 32, "mla_attend_tc_decode": 16}
 MLA_TC_BN, MLA_TC_KP = 32, 576 + 8  # mla_tc.cu MLA_BN, MLA_KP
 MLA_TC_PART = 4 * (MLA_TC_BN // 8) * 4 * 32 * 4  # MLA_PART in bytes: 4 warps' C fragments of S
 MLA_TC_SMEM = {e: 2 * MLA_TC_BN * MLA_TC_KP * 2 + n // 16 * MLA_TC_PART for e, n in MLA_TC_HEADS.items()}
+# mla_tc.cu's up-projections (mla_absorb_tc, mla_expand_tc): a block 64 rows x 128 columns of a
+# head, kv_b's slice staged 64 k at a time; dynamic shared memory the larger staging (expand's
+# 128 value rows x (64 + 8) bf16)
+MLA_PT_BM, MLA_PT_BN, MLA_PT_SMEM = 64, 128, 128 * (64 + 8) * 2
 # mla_tc.cu's split: a row's keys in chunks of `chunk` from key 0 (a multiple of MLA_TC_BN; the
 # deployment's constant, manifests/cuda.py MLA_CHUNK), folded in order; decode a block a chunk
 # (grid z: `splits`, at least the step's longest context's chunks), its partials in part_o
@@ -139,6 +143,15 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("mla", "mla_expand", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
                                  *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
            ({"ceil_div": ["rows", MLA_ROWS]}, "heads"), (256,)),
+    # the same projections on tensor cores (mla_tc.cu), the default build's: the same parameters
+    Kernel("mla_tc", "mla_absorb_tc", (buffer_param("q"), buffer_param("kv_b"), buffer_param("q_lat", "f32", "out"),
+                                       *int_params("rows", "heads", "nope", "rope", "v_dim", "kv_lora")),
+           ({"ceil_div": ["rows", MLA_PT_BM]}, "heads", {"ceil_div": ["kv_lora", MLA_PT_BN]}), (128,),
+           shared_mem=MLA_PT_SMEM),
+    Kernel("mla_tc", "mla_expand_tc", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
+                                       *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
+           ({"ceil_div": ["rows", MLA_PT_BM]}, "heads", {"ceil_div": ["v_dim", MLA_PT_BN]}), (128,),
+           shared_mem=MLA_PT_SMEM),
     Kernel("route", "kimi_route", (buffer_param("logits", "f32"), buffer_param("bias"), buffer_param("ids", "i32", "out"),
                                    buffer_param("weights", "f32", "out"), *int_params("rows", "experts", "top_k"), "scaling: f32",
                                    *int_params("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
@@ -159,7 +172,7 @@ SHARED_MEM = {"kda_chunked": _CHUNK_SMEM, "kda_tc_prep": _TC_PREP_SMEM, "kda_tc_
 _ABSORB, _EXPAND = BY_ENTRY["mla_absorb"].params, BY_ENTRY["mla_expand"].params
 
 
-def _attention(attend: str) -> Op:
+def _attention(attend: str, absorb: str = "mla_absorb", expand: str = "mla_expand") -> Op:
     """MLA attention as three launches: absorb kv_b's key half into the query, attend over the
     latents, expand through its value half. The op's parameters: the cpu op's buffers in its
     order, then the two f32 workspaces, the attend kernel's own scratch (decode's split
@@ -168,7 +181,7 @@ def _attention(attend: str) -> Op:
     table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos"))]
     scratch = [p for p in a if p.startswith(("part_o", "part_ml", "sem"))]
     ints = [p for p in a if p.endswith("i32")]
-    return Op(("mla_absorb", attend, "mla_expand"), (
+    return Op((absorb, attend, expand), (
         buffer_param("q"), "kv: in state", *table, buffer_param("kv_b"), buffer_param("o", direction="out"), buffer_param("q_lat", "f32", "out"),
         buffer_param("o_lat", "f32", "out"), *scratch, *ints, "v_dim: i32"))
 
@@ -190,11 +203,13 @@ OPS = {
 # Each is the op kda_chunked (and kda_step), which kern test pairs with the cpu reference's op of
 # that name.
 KDA_FORMS = ("chunked", "tokens", "tc")
-# MLA's attention: "tensor" (mla_tc.cu, mma.sync; the default build's) or "cores" (mla.cu's
-# mla_attend, CUDA cores; the faster build keeps it until the tensor-core one is measured on the
-# H200). Both are the ops mla_attention / mla_attention_decode, each row-wise: a prompt row gets
-# the bits the same token gets decoded in either form (not across forms).
-MLA_FORMS = {"tensor": ("mla_attend_tc", "mla_attend_tc_decode"), "cores": ("mla_attend", "mla_attend_decode")}
+# MLA's attention: "tensor" (mla_tc.cu, mma.sync, the up-projections too; the default build's)
+# or "cores" (mla.cu's mla_absorb, mla_attend and mla_expand, CUDA cores; the faster build keeps
+# them until the tensor-core ones are measured on the H200). Both are the ops mla_attention /
+# mla_attention_decode, each row-wise: a prompt row gets the bits the same token gets decoded in
+# either form (not across forms). A form: (prefill's attend, decode's attend, absorb, expand).
+MLA_FORMS = {"tensor": ("mla_attend_tc", "mla_attend_tc_decode", "mla_absorb_tc", "mla_expand_tc"),
+             "cores": ("mla_attend", "mla_attend_decode", "mla_absorb", "mla_expand")}
 
 
 # the tc form's prefill op: kda_tc's parameters with its scores' workspace and the step's rows
@@ -205,11 +220,11 @@ _TC_PREFILL = (*BY_ENTRY["kda_tc"].params[:7], buffer_param("pre", "f32", "out")
 def ops(kda_form: str = "chunked", mla_form: str = "tensor") -> dict:
     """Every op the generator may emit, as manifest JSON, the prompt's recurrence in kda_form,
     MLA's attention in mla_form."""
-    prefill, decode = MLA_FORMS[mla_form]
+    prefill, decode, absorb, expand = MLA_FORMS[mla_form]
     # the tc form's prefill: the first chunk's rows a sequence continues (kda_tc_head), then the rest
     prefill_kda = Op(("kda_tc_prep", "kda_tc_head", "kda_tc"), _TC_PREFILL) if kda_form == "tc" else Op(("kda_" + kda_form,))
     table = {**OPS, "kda_chunked": prefill_kda, "kda_step": Op(("kda_tc_decode" if kda_form == "tc" else "kda_step",)),
-             "mla_attention": _attention(prefill), "mla_attention_decode": _attention(decode)}
+             "mla_attention": _attention(prefill, absorb, expand), "mla_attention_decode": _attention(decode, absorb, expand)}
     out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():
         for launch in op["impl"]["launches"]:
