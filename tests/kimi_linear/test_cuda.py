@@ -241,6 +241,16 @@ BUGS = {  # name -> (patch of the source, ops that take it, the span its FAIL mu
 }
 
 
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_every_planted_bug_still_applies_to_its_source(bug):
+    """On the CPU, before a device call finds out: each planted patch's text is in its source
+    once (a kernel edited under it leaves the GPU test planting nothing)."""
+    reps, _, _, _, *source = BUGS[bug]
+    src = (CUBINS.folder / (source[0] if source else "kda.cu")).read_text()
+    for old, _new in reps:
+        assert src.count(old) == 1, f"{bug}: planted patch does not apply: {old!r}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch_invariant", [True, False, "tokens"])
 def test_sm90a_passes_kern_test_against_the_cpu_reference(batch_invariant, kimi_dep, kimi_ckpt, builds):
