@@ -61,6 +61,15 @@ __device__ __forceinline__ void split2(float x0, float x1, unsigned &hi, unsigne
     lo = pack_bf2(__fsub_rn(x0, h0), __fsub_rn(x1, h1));
 }
 
+// The A fragments (hi, lo) of rows e .. e + 15 of the k16 step over a chunk's 16 rows, X
+// [16][DS] f32 (row j of the chunk, channel e): the transposed X as the mma's A (16 x 16).
+__device__ __forceinline__ void x_frags(const float *X, int DS, int e, int q, unsigned (&ah)[4], unsigned (&al)[4]) {
+    split2(X[(2 * q) * DS + e], X[(2 * q + 1) * DS + e], ah[0], al[0]);
+    split2(X[(2 * q) * DS + e + 8], X[(2 * q + 1) * DS + e + 8], ah[1], al[1]);
+    split2(X[(2 * q + 8) * DS + e], X[(2 * q + 9) * DS + e], ah[2], al[2]);
+    split2(X[(2 * q + 8) * DS + e + 8], X[(2 * q + 9) * DS + e + 8], ah[3], al[3]);
+}
+
 // c += a b as lo*hi, hi*lo, hi*hi
 __device__ __forceinline__ void mma3(float (&c)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned bh0,
                                      unsigned bh1, unsigned bl0, unsigned bl1) {
@@ -137,10 +146,7 @@ __device__ __forceinline__ void product_update(const TcSmem &m, int D, int dv) {
     for (int mt = warp; mt < D / 16; mt += nw) {
         const int e = mt * 16 + g;
         unsigned ah[4], al[4];
-        split2(m.X[(2 * q) * DS + e], m.X[(2 * q + 1) * DS + e], ah[0], al[0]);
-        split2(m.X[(2 * q) * DS + e + 8], m.X[(2 * q + 1) * DS + e + 8], ah[1], al[1]);
-        split2(m.X[(2 * q + 8) * DS + e], m.X[(2 * q + 9) * DS + e], ah[2], al[2]);
-        split2(m.X[(2 * q + 8) * DS + e + 8], m.X[(2 * q + 9) * DS + e + 8], ah[3], al[3]);
+        x_frags(m.X, DS, e, q, ah, al);
         const float d0 = m.decay[e], d1 = m.decay[e + 8];
 #pragma unroll
         for (int nt = 0; nt < KDA_TC_DV / 8; ++nt) {
@@ -574,10 +580,7 @@ kda_tc_decode(const bf16 *__restrict__ mix, const float *__restrict__ g, const f
     for (int mt = warp; mt < D / 16; mt += nw) {
         const int e = mt * 16 + g8;
         unsigned ah[4], al[4];
-        split2(m.X[(2 * q4) * DS + e], m.X[(2 * q4 + 1) * DS + e], ah[0], al[0]);
-        split2(m.X[(2 * q4) * DS + e + 8], m.X[(2 * q4 + 1) * DS + e + 8], ah[1], al[1]);
-        split2(m.X[(2 * q4 + 8) * DS + e], m.X[(2 * q4 + 9) * DS + e], ah[2], al[2]);
-        split2(m.X[(2 * q4 + 8) * DS + e + 8], m.X[(2 * q4 + 9) * DS + e + 8], ah[3], al[3]);
+        x_frags(m.X, DS, e, q4, ah, al);
         const float d0 = m.decay[e], d1 = m.decay[e + 8];
         for (int ntile = 0; ntile < D / 8; ++ntile) {
             const int n = ntile * 8 + g8, c0 = ntile * 8 + 2 * q4;
