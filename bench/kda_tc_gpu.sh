@@ -1,12 +1,15 @@
-# One device call for kda_tc.cu (issue 38 items 1 and 4, the KDA part; written without a GPU):
-# its GPU tests (bits whole / cut / decoded / alone / batched for both invariant forms, against
-# float64, the numpy model and kda_tokens), the timing probe (tokens / chunked / tc, prefill
-# 4 x 512 and decode 64 at 32 heads of 128), then kern test of the tiny model's builds against
-# the cpu reference with the planted bugs, and the whole model's invariance test.
+# One device call for the default build's Kimi kernels (issue 38 items 1 and 4; written without a
+# GPU): the GPU tests of kda_tc.cu (bits whole / cut / decoded / alone / batched for both
+# invariant forms, against float64, the numpy model and kda_tokens) and of mla_tc.cu (the
+# attention's split, the up-projections: alone = in a tile, against the model and the CUDA-core
+# kernels), the kernels' byte-for-byte checks, the timing probe (tokens / chunked / tc, prefill
+# 4 x 512 and 1 x 2,048, decode 64 at 32 heads of 128), then kern test of the tiny model's
+# builds against the cpu reference with the planted bugs, and the whole model's invariance test.
 # From the repository root, $OUT set, .whl carried (as bench/session_gpu.sh).
 source bench/device_env.sh
 timeout "${TESTS_S:-180}" python3 -m pytest -m gpu -v -s -p no:cacheprovider -rfEs \
-  tests/kimi_linear/test_cuda_gpu_kda_tc.py tests/kimi_linear/test_cuda_gpu_invariant.py > "$OUT/kda_tc_tests.txt" 2>&1
+  tests/kimi_linear/test_cuda_gpu_kda_tc.py tests/kimi_linear/test_cuda_gpu_invariant.py \
+  tests/kimi_linear/test_cuda_gpu_mla_tc.py tests/kimi_linear/test_cuda_gpu_mla_proj.py > "$OUT/kda_tc_tests.txt" 2>&1
 grep -E "(PASSED|FAILED|ERROR)( |$)|^=+ .*(passed|failed|error)" "$OUT/kda_tc_tests.txt" | tail -40
 grep -E "worst \|err\|" "$OUT/kda_tc_tests.txt" | head -6
 timeout "${PROBE_S:-80}" python3 -m bench.probes.kda_tc > "$OUT/kda_tc_probe.txt" 2>&1; tail -40 "$OUT/kda_tc_probe.txt"
