@@ -117,7 +117,7 @@ extern "C" void emu_mla_absorb_tc(const uint16_t *q, const uint16_t *kv_b, float
 
 extern "C" void emu_mla_expand_tc(const float *o_lat, const uint16_t *kv_b, uint16_t *o, int rows, int heads, int nope,
                                   int v_dim, int kv_lora) {
-    run_grid(pt_grid(rows), heads, (v_dim + MLA_PT_BN - 1) / MLA_PT_BN, 128, mla_smem, sizeof(mla_smem), [&] {
+    run_grid(pt_grid(rows), heads, (v_dim + MLA_PT_EBN - 1) / MLA_PT_EBN, 128, mla_smem, sizeof(mla_smem), [&] {
         mla_expand_tc(o_lat, reinterpret_cast<const bf16 *>(kv_b), reinterpret_cast<bf16 *>(o), rows, heads, nope, v_dim,
                       kv_lora);
     });

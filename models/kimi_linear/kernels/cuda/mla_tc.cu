@@ -303,22 +303,25 @@ mla_attend_tc_decode(const float *__restrict__ q_lat, const bf16 *__restrict__ q
 
 // ---- the up-projections on tensor cores (the default build's mla_absorb / mla_expand) ------
 // Both are a GEMM a head over the step's rows, on mma.sync m16n8k16 with f32 accumulators: a
-// block takes MLA_PT_BM rows (4 warps x 16) and MLA_PT_BN output columns of one head, kv_b's
+// block takes MLA_PT_BM rows (4 warps x 16) and MLA_PT_BN (absorb) or MLA_PT_EBN (expand: decode's
+// few rows still make 2 blocks a head at v_dim 128) output columns of one head, kv_b's
 // slice for them staged MLA_PT_BK k at a time in shared memory (every warp's B fragments from
 // there by ldmatrix), the A fragments read by each thread from global memory. A row's outputs
 // are summed over k16 steps in order from 0 into one accumulator, whichever rows share its tile
 // (the mma's sums of a row depend on that row alone) and whichever kernel launch: prefill's and
 // decode's rows get the same bits. Rows past `rows` repeat the last one and are never stored.
-// Grid (ceil(rows / MLA_PT_BM), heads, ceil(width / MLA_PT_BN)), block 128, dynamic shared
-// memory MLA_PT_SMEM (table.py).
+// Grid (ceil(rows / MLA_PT_BM), heads, ceil(width / its block's columns)), block 128, dynamic
+// shared memory MLA_PT_SMEM (table.py).
 #define MLA_PT_BM 64
 #define MLA_PT_BN 128
+#define MLA_PT_EBN 64
 #define MLA_PT_BK 64
-#define MLA_PT_NT (MLA_PT_BN / 8)                       // 8-column tiles a warp
+#define MLA_PT_NT (MLA_PT_BN / 8)                       // absorb's 8-column tiles a warp
+#define MLA_PT_ENT (MLA_PT_EBN / 8)                     // expand's
 #define MLA_PT_AKP (MLA_PT_BN + 8)                      // absorb's staged [k][n] row (bf16)
 #define MLA_PT_EKP (MLA_PT_BK + 8)                      // expand's staged [n][k] row (bf16)
-#define MLA_PT_SMEM (MLA_PT_BN * MLA_PT_EKP * 2)        // the larger of the two stagings (bytes)
-static_assert(MLA_PT_BK * MLA_PT_AKP <= MLA_PT_BN * MLA_PT_EKP, "absorb's staging fits expand's");
+#define MLA_PT_SMEM (MLA_PT_BK * MLA_PT_AKP * 2)        // the larger of the two stagings (bytes)
+static_assert(MLA_PT_EBN * MLA_PT_EKP <= MLA_PT_BK * MLA_PT_AKP, "expand's staging fits absorb's");
 
 // q_lat[r, h, c] = sum_{d < nope} q[r, h, d] kv_b[h (nope + v_dim) + d, c] (f32): A the query's
 // nope part (bf16, as stored), B kv_b's key rows [nope x kv_lora] (n contiguous: staged as
@@ -392,20 +395,20 @@ mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf
     extern __shared__ __align__(16) unsigned char mla_smem[];
     bf16 *sW = reinterpret_cast<bf16 *>(mla_smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.y, n0 = blockIdx.z * MLA_PT_BN;
+    const int h = blockIdx.y, n0 = blockIdx.z * MLA_PT_EBN;
     const int r0 = blockIdx.x * MLA_PT_BM + 16 * warp, ra = min(r0 + g, rows - 1), rb = min(r0 + g + 8, rows - 1);
     const float *oa = o_lat + ((size_t)ra * heads + h) * kv_lora, *ob = o_lat + ((size_t)rb * heads + h) * kv_lora;
     const bf16 *wv = kv_b + ((size_t)h * (nope + v_dim) + nope) * kv_lora;
-    float acc[MLA_PT_NT][4];
+    float acc[MLA_PT_ENT][4];
 #pragma unroll
-    for (int j = 0; j < MLA_PT_NT; ++j)
+    for (int j = 0; j < MLA_PT_ENT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
     const bf16 *kbase = sW + ((lane & 7) + 8 * (lane >> 4)) * MLA_PT_EKP + 8 * ((lane >> 3) & 1);
     for (int k0 = 0; k0 < kv_lora; k0 += MLA_PT_BK) {
         const int kn = min(MLA_PT_BK, kv_lora - k0);
         __syncthreads();
-        for (int i = threadIdx.x; i < MLA_PT_BN * (MLA_PT_BK / 8); i += blockDim.x) {
+        for (int i = threadIdx.x; i < MLA_PT_EBN * (MLA_PT_BK / 8); i += blockDim.x) {
             const int n = i / (MLA_PT_BK / 8), k = 8 * (i % (MLA_PT_BK / 8));
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (n0 + n < v_dim && k < kn) v = *reinterpret_cast<const uint4 *>(wv + (size_t)(n0 + n) * kv_lora + k0 + k);
@@ -420,7 +423,7 @@ mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf
             mla_pt_split(oa + kc + 8, hi[2], lo[2]);
             mla_pt_split(ob + kc + 8, hi[3], lo[3]);
 #pragma unroll
-            for (int j = 0; j < MLA_PT_NT; j += 2) {
+            for (int j = 0; j < MLA_PT_ENT; j += 2) {
                 unsigned b[4];
                 ldsm_x4(b, kbase + 8 * j * MLA_PT_EKP + 16 * kk);
                 mma_bf16(acc[j], hi, b[0], b[1]);
@@ -436,7 +439,7 @@ mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf
         if (r >= rows) continue;
         bf16 *out = o + (size_t)r * heads * v_dim + (size_t)h * v_dim + n0 + 2 * t4;
 #pragma unroll
-        for (int j = 0; j < MLA_PT_NT; ++j)
+        for (int j = 0; j < MLA_PT_ENT; ++j)
             if (n0 + 8 * j < v_dim)
                 *reinterpret_cast<unsigned *>(out + 8 * j) = pack_bf2(acc[j][2 * hh], acc[j][2 * hh + 1]);
     }

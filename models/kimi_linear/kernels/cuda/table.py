@@ -35,10 +35,10 @@ MLA_TC_HEADS = {"mla_attend_tc": 32, "mla_attend_tc_decode": 16}
 MLA_TC_BN, MLA_TC_KP = 32, 576 + 8  # mla_tc.cu MLA_BN, MLA_KP
 MLA_TC_PART = 4 * (MLA_TC_BN // 8) * 4 * 32 * 4  # MLA_PART in bytes: 4 warps' C fragments of S
 MLA_TC_SMEM = {e: 2 * MLA_TC_BN * MLA_TC_KP * 2 + n // 16 * MLA_TC_PART for e, n in MLA_TC_HEADS.items()}
-# mla_tc.cu's up-projections (mla_absorb_tc, mla_expand_tc): a block 64 rows x 128 columns of a
-# head, kv_b's slice staged 64 k at a time; dynamic shared memory the larger staging (expand's
-# 128 value rows x (64 + 8) bf16)
-MLA_PT_BM, MLA_PT_BN, MLA_PT_SMEM = 64, 128, 128 * (64 + 8) * 2
+# mla_tc.cu's up-projections (mla_absorb_tc, mla_expand_tc): a block 64 rows x 128 (absorb) or
+# 64 (expand) columns of a head, kv_b's slice staged 64 k at a time; dynamic shared memory the
+# larger staging (absorb's 64 key rows x (128 + 8) bf16)
+MLA_PT_BM, MLA_PT_BN, MLA_PT_EBN, MLA_PT_SMEM = 64, 128, 64, 64 * (128 + 8) * 2
 # mla_tc.cu's split: a row's keys in chunks of `chunk` from key 0 (a multiple of MLA_TC_BN; the
 # deployment's constant, manifests/cuda.py MLA_CHUNK), folded in order; decode a block a chunk
 # (grid z: `splits`, at least the step's longest context's chunks), its partials in part_o
@@ -150,7 +150,7 @@ KERNELS: tuple[Kernel, ...] = (
            shared_mem=MLA_PT_SMEM),
     Kernel("mla_tc", "mla_expand_tc", (buffer_param("o_lat", "f32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
                                        *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
-           ({"ceil_div": ["rows", MLA_PT_BM]}, "heads", {"ceil_div": ["v_dim", MLA_PT_BN]}), (128,),
+           ({"ceil_div": ["rows", MLA_PT_BM]}, "heads", {"ceil_div": ["v_dim", MLA_PT_EBN]}), (128,),
            shared_mem=MLA_PT_SMEM),
     Kernel("route", "kimi_route", (buffer_param("logits", "f32"), buffer_param("bias"), buffer_param("ids", "i32", "out"),
                                    buffer_param("weights", "f32", "out"), *int_params("rows", "experts", "top_k"), "scaling: f32",
