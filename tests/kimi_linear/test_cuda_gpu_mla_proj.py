@@ -39,7 +39,7 @@ class Proj:
         self.w = gpu.put(M.bf16_bits(self.kv_b))
 
     def _run(self, entry: str, named: dict) -> None:
-        from cuda_gpu import op_launches
+        from tests.cuda.cuda_gpu import op_launches
         from kern.runtime.devices.cuda.launch import launch
         from kern_models.common.kernel_table import Op
         from kern_models.kimi_linear.kernels.cuda import table
