@@ -77,6 +77,12 @@ def test_the_invariant_split_pushes_every_fan_in_part_at_any_size(tmp_path):
         assert got["decode"] == ["gemv_push", "all_reduce_add_local"] * 4
         assert set(got["decode_wide"][::2]) <= {"gemm_push", "gemm_push_split"} and \
             got["decode_wide"][1::2] == ["all_reduce_add_local"] * 4
+        for name, prog in m["programs"].items():  # the verify round's too: no fan-in left unsummed
+            calls = prog["calls"]
+            for i, c in enumerate(calls):
+                if any(str(a.get("buf", "")).startswith(("o_w.", "down_w.")) for a in c["args"]):
+                    assert c["op"] in ("gemv_push", "gemm_push", "gemm_push_split"), (name, c["op"])
+                    assert calls[i + 1]["op"] == "all_reduce_add_local", (name, i)
         entries = {la.get("entry") for op in m["ops"].values() for la in op["impl"]["launches"]}
         assert not any(e.startswith("extern:") for e in entries), entries  # neither NCCL nor cuBLASLt
         push = m["ops"]["gemm_push"]["impl"]["launches"][0]
