@@ -25,10 +25,10 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          filled as the host loop fills them), and whether sequence 0's first 16 tokens are
          those it got at the first batch (batch invariance); parity and decode share one
          process (`kern` names both)
-  profile (in the kern process) two ragged prefill steps as kern serve feeds the serve workload
+  profile (in the kern process) ragged prefill steps as kern serve feeds the serve workload
          (4 prompts of 512 tokens: its 2,048-row budget; a mixed step: one prompt's 256 uncached
-         rows beside 31 decode rows) and the widest decode step, each launch's device time
-         summed by kernel
+         rows beside 31 decode rows; that prompt alone, to set beside a decode step of 32 rows)
+         and the widest decode step, each launch's device time summed by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`;
@@ -210,6 +210,9 @@ if "profile" in parts:
         # successor's 256 uncached rows after the cached shared half, beside 31 decode rows
         # (one each, mid-reply) on the prefill program
         profile_prefill("mixed 256 + 31 decode rows", [256] + [1] * 31, [256] + [400] * 31)
+        # the same prompt alone: with a 32-row decode step beside it (the decode rows kept on the
+        # decode program, issue 38's alternative) against the mixed step as one program
+        profile_prefill("prompt 256 alone", [256], [256])
         say("prefill profiled")
     except Exception as e:  # noqa: BLE001
         import traceback; traceback.print_exc()
