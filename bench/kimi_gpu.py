@@ -58,7 +58,6 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from shared import ROOT, Run, family_args, family_setup, verdict_line
 

@@ -4,23 +4,17 @@ tokens as transformers' own cache loop, or its speed would be a number for a dif
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.benchmarks import scripts
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode.py"
-
-
 def _decode_bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load("decode", "bench_decode")
 
 
 def test_static_cache_loop_generates_what_the_eager_loop_does():

@@ -3,11 +3,12 @@ installed or run, and its summary is one line per bench/decode.py result."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.benchmarks import scripts
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -21,9 +22,7 @@ def test_an_unknown_preset_is_refused_in_one_line_naming_the_presets():
 
 
 def test_the_summary_has_one_line_per_result():
-    spec = importlib.util.spec_from_file_location("summary", BENCH / "summary.py")  # a script, not a package
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = scripts.load("summary")  # a script, not a package
     lines = summary.lines
 
     log = [json.dumps({"gpu": "H200"}), "noise",

@@ -5,7 +5,6 @@ one-line refusal of a trace without times; then a real trace of the tiny model r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import scripts
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("bench_trace_steps", BENCH / "trace_steps.py")
-ts = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ts)
+ts = scripts.load("trace_steps", "bench_trace_steps")
 
 
 def step(program: str, rows: list[int], t: float, at: int = 0) -> dict:

@@ -6,17 +6,16 @@ GPU image's packages without holding them)."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import scripts
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("bench_vllm_deps", BENCH / "vllm_deps.py")
-deps = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(deps)
+deps = scripts.load("vllm_deps", "bench_vllm_deps")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

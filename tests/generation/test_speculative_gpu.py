@@ -17,6 +17,8 @@ from kern.generation.loop import draw_key
 from kern.generation.runner import Feed, Units
 from kern.generation.speculative import NgramProposer, Speculate, Speculator
 
+from tests.benchmarks import scripts
+
 from .test_loop_gpu import _model, deployment  # noqa: F401 - the module's checkpoint and sm_90a deployment
 from .test_speculative import PARAMS, Oracle, _generate, _logits_buffer, _repetitive, favourite, follows
 
@@ -144,9 +146,6 @@ def test_the_embedded_model_edits_a_file_with_rounds_and_the_same_tokens():
     """The real embedded model (SmolLM2-135M-Instruct) on sm_90a, greedy, its first editing
     prompt (bench/speculative.py): ngram:8 gives plain decoding's tokens and keeps proposals.
     Skips where the embedded model's wheel is not prepared (bench/gpu.py joins it in /tmp/smol)."""
-    import importlib.util
-    from pathlib import Path
-
     import os
 
     import kern
@@ -161,10 +160,7 @@ def test_the_embedded_model_edits_a_file_with_rounds_and_the_same_tokens():
         default_model(progress=False)
     except KernError as e:
         pytest.skip(f"the embedded model is not available: {e}")
-    spec = importlib.util.spec_from_file_location("bench_speculative",
-                                                  Path(__file__).resolve().parents[2] / "bench" / "speculative.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = scripts.load("speculative", "bench_speculative")
     text = bench.prompts("editing")[0]
     kw = dict(target="cuda", context=2048, state_budget=1 << 30, progress=False)
     plain = kern.load(**kw).generate(text, chat=True, max_tokens=256)
