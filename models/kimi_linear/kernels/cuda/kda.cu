@@ -13,8 +13,7 @@
 #include "common.cuh"
 
 #define KDA_MAX_DIM 128
-#define KDA_MAX_CONV 8
-#include "kda_conv.cuh"  // kda_layer (a layer's part of a slot) and the convolution's rows
+#include "kda_conv.cuh"  // kda_layer (a layer's part of a slot), the convolution (KDA_MAX_CONV taps)
 
 // ---- the short convolution ----------------------------------------------------------------
 // kda_conv and kda_conv_decode: kda_conv.cuh (one routine for prefill's rows and decode's one).

@@ -12,9 +12,7 @@
 // cut (the window carries the last conv - 1 inputs across calls).
 #pragma once
 
-#ifndef KDA_MAX_CONV
-#define KDA_MAX_CONV 8
-#endif
+#define KDA_MAX_CONV 8  // taps at most (table.py MAX_CONV)
 #define KDA_CONV_TILE 16  // rows of a channel read at once (registers: one float a row)
 
 // A layer's part of a slot (kda.cu's layout: [layer][recurrent S | window] in f32).

@@ -21,7 +21,7 @@ MAX_DIM = 128        # kda.cu KDA_MAX_DIM (and kda_tc.cu KDA_TC_MAX_DIM)
 # of KDA_TC_THREADS a group of KDA_TC_DV value columns; the rows a sequence keeps inside a chunk:
 # k, gc and v', [C, dim] f32 each
 KDA_TC_C, KDA_TC_THREADS, KDA_TC_ROWS, KDA_TC_DV = 16, 256, 3, 32
-MAX_CONV = 8         # kda.cu KDA_MAX_CONV
+MAX_CONV = 8         # kda_conv.cuh KDA_MAX_CONV
 MAX_EXPERTS = 512    # route.cu ROUTE_MAX_EXPERTS
 MAX_GROUPS = 32      # route.cu ROUTE_MAX_GROUPS
 MAX_LATENT = 576     # mla.cu MLA_MAX_W (kv_lora + rope)
