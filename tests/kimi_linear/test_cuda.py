@@ -66,6 +66,7 @@ def test_the_published_shape_verifies(build, request, capsys):
     ({"num_experts_per_tok": 40, "num_local_experts": 64}, "num_experts_per_tok 40"),
     ({"moe_intermediate_size": 1000}, "moe_intermediate_size 1000"),
     ({"q_lora_rank": 12}, "q_lora_rank 12: the invariant projections take a K that is a multiple of 8"),
+    ({"v_head_dim": 132}, "v_head_dim 132: the tensor-core up-projections take"),
 ])
 def test_a_shape_past_the_kernels_is_refused_naming_what(override, named, tmp_path):
     from kern_models.common.errors import ConfigError
