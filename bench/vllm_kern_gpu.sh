@@ -40,7 +40,11 @@ timeout 90 python3 -c "from kern_models.common.random_checkpoint import make; ma
 python3 bench/serve.py --prepare $CKPT
 . bench/servers.sh  # up, stop, served
 if [ "${CLEAN:-0}" = 1 ]; then
-  python3 -m pip list --format=freeze > $OUT/image_freeze.txt 2> /dev/null  # bench/vllm_deps.py --freeze
+  # device_env.sh put its carried wheels (/tmp/site) and this tree's kern (/tmp/kern-install) on
+  # PYTHONPATH: pip would read them as installed (fastapi 0.165, llguidance 1.9: versions vLLM 0.26
+  # refuses, ResolutionImpossible on the H200, 2026-12-05), so the image's list and the clean
+  # install see the image alone
+  env -u PYTHONPATH python3 -m pip list --format=freeze > $OUT/image_freeze.txt 2> /dev/null  # bench/vllm_deps.py --freeze
   PY=/tmp/cvenv/bin/python  # the clean install's; if it cannot be made, the image's python over the peer wheels
   # The image's python3 is itself a venv (/opt/torch/.venv): --system-site-packages would reach the
   # interpreter's base, not its torch and numpy, so the image's site-packages go in by a .pth (after
@@ -56,11 +60,11 @@ if [ "${CLEAN:-0}" = 1 ]; then
   # >=1.7,<1.8; the peer set's 1.6.1 is left out) and setuptools < 81.
   python3 -m venv /tmp/cvenv && python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
     > /tmp/cvenv/lib/python3.12/site-packages/image.pth \
-    && $PY -m pip install -q --no-index --no-deps $(ls /tmp/vwh/*.whl | grep -v /llguidance-) \
+    && env -u PYTHONPATH $PY -m pip install -q --no-index --no-deps $(ls /tmp/vwh/*.whl | grep -v /llguidance-) \
       > $OUT/clean_install.log 2>&1 \
     && { [ ! -d /tmp/vd ] || { mkdir -p /tmp/vdw && cat /tmp/vd/p_* | tar xf - -C /tmp/vdw; }; } \
-    && $PY -m pip install -q --no-index --find-links .whl --find-links /tmp/vdw '.[vllm]' >> $OUT/clean_install.log 2>&1 \
-    && $PY -c "from importlib.metadata import entry_points, version; print(entry_points(group='vllm.general_plugins'), version('kern-engine'), version('vllm'))" \
+    && env -u PYTHONPATH $PY -m pip install -q --no-index --find-links .whl --find-links /tmp/vdw '.[vllm]' >> $OUT/clean_install.log 2>&1 \
+    && env -u PYTHONPATH $PY -c "from importlib.metadata import entry_points, version; print(entry_points(group='vllm.general_plugins'), version('kern-engine'), version('vllm'))" \
       >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; grep -v WARNING $OUT/clean_install.log | tail -5; PY=python3; }
   PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
     -p no:cacheprovider -rfEs tests/hosts/test_vllm_gpu.py > $OUT/vllm_gpu_test.txt 2>&1; tail -3 $OUT/vllm_gpu_test.txt
