@@ -17,7 +17,8 @@
 # first installs this tree as a user does, `pip install '.[vllm]'` into a fresh venv over the
 # image's site-packages (torch, cuda-bindings) from the wheel folders alone, and runs
 # tests/hosts/test_vllm_gpu.py with that venv's python (vllm serve with the plugin against kern
-# serve, text for text: clean_install.log, vllm_gpu_test.txt).
+# serve, text for text: clean_install.log, vllm_gpu_test.txt; TEST_K=expr runs the tests pytest's
+# -k picks, e.g. TEST_K=greedy_text, the text test alone, ~120 s where both take ~245).
 # TRACE_FILE=bench/traces/vllm_llama1b_c32.trace with TRACE=1 prices a trace an earlier call took
 # (vLLM eager at 32 streams on this script's checkpoint and deployment, 2026-12-04) without
 # starting vLLM again: kern bench alone, ~70 s.
@@ -67,7 +68,7 @@ if [ "${CLEAN:-0}" = 1 ]; then
     && env -u PYTHONPATH $PY -c "from importlib.metadata import entry_points, version; print(entry_points(group='vllm.general_plugins'), version('kern-engine'), version('vllm'))" \
       >> $OUT/clean_install.log 2>&1 || { echo "the clean install failed:"; grep -v WARNING $OUT/clean_install.log | tail -5; PY=python3; }
   PYTHONPATH=$([ $PY = python3 ] && echo /tmp/vsite:$PYTHONPATH) timeout ${TEST_S:-400} $PY -m pytest -m gpu -v \
-    -p no:cacheprovider -rfEs tests/hosts/test_vllm_gpu.py > $OUT/vllm_gpu_test.txt 2>&1; tail -3 $OUT/vllm_gpu_test.txt
+    -p no:cacheprovider -rfEs ${TEST_K:+-k "$TEST_K"} tests/hosts/test_vllm_gpu.py > $OUT/vllm_gpu_test.txt 2>&1; tail -3 $OUT/vllm_gpu_test.txt
 fi
 
 measure() {  # $1 label, $2 url
