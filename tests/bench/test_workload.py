@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kern.bench.scenario import Scenario, plan
+from kern.bench.trace import parse as trace_parse
 from kern.bench.workload import Shape, WorkloadError, parse
 from kern.drive.engine_io import EngineIO  # noqa: F401  (the limits come from an engine in run.py)
 from kern.drive.script import Bounds
@@ -77,6 +78,23 @@ def test_rows_per_group_above_one_run_the_ragged_program(protocol):
 def test_shapes_no_program_accepts_are_dropped_with_the_reason(protocol, shape, why):
     r = plan(shape, protocol, LIM, seed=0)
     assert isinstance(r, str) and why in r
+
+
+def test_a_traced_shape_rounded_past_the_prefill_program_takes_its_most_rows(protocol):
+    """A served step of 3 sequences of 10 rows ran in the 32-row prefill program; the trace
+    rounds it to 3 x 16 = 48 rows, which no program takes. The traced shape is measured at the
+    most the program steps for 3 sequences (10 rows each); the same shape written in a workload
+    file stays dropped, with the reason."""
+    (pre,) = [s for s in protocol.steppers if s.ragged]
+    assert pre.rows_max == 32
+    wl = trace_parse('{"kern_trace": 1, "model": "m"}\n{"program": "prefill", "rows": [12, 9, 9], "start": [0, 0, 0]}\n')
+    (shape,) = wl.shapes
+    assert (shape.groups, shape.rows, shape.traced) == (3, 16, True)
+    sc = plan(shape, protocol, LIM, seed=0)
+    assert isinstance(sc, Scenario) and sc.program == "prefill" and sc.measured.rows == 30
+    assert (sc.shape.groups, sc.shape.rows, sc.shape.weight) == (3, 10, 1.0)
+    written = plan(Shape(3, 16, 0, 1.0), protocol, LIM, seed=0)
+    assert isinstance(written, str) and "no program steps 3 sequences of 16 rows" in written
 
 
 def test_bad_workload_is_one_error():

@@ -6,7 +6,7 @@ dropped. `prepare` runs the prefix on an engine and returns the measured step's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,6 +35,17 @@ def _ragged(protocol: ServingProtocol) -> Stepper | None:
     return next((s for s in protocol.steppers if s.ragged), None)
 
 
+def fitted(shape: Shape, protocol: ServingProtocol) -> Shape:
+    """A traced shape whose rounded-up rows pass the prefill program's rows takes the most that
+    program steps for its sequences (the step that ran fitted it; a shape written in a workload
+    file is left as written, and dropped if no program takes it)."""
+    pre = _ragged(protocol)
+    if (shape.traced and not shape.round and pre is not None and 1 < shape.rows
+            and shape.groups <= pre.groups_max and shape.groups * shape.rows > pre.rows_max):
+        return replace(shape, rows=max(1, pre.rows_max // shape.groups))
+    return shape
+
+
 def _stepper(protocol: ServingProtocol, shape: Shape) -> Stepper:
     """The program that steps a shape: a round's is the verify program (its rows ragged, the
     groups' rows laid end to end), any other's the one for_rows picks."""
@@ -60,7 +71,7 @@ def state_budget(v: Verified, protocol: ServingProtocol, shapes: tuple[Shape, ..
     width = min((evaluate(m.buffers[pt.buffer].shape[-1], top) for st in protocol.steppers for pt in st.page_tables),
                 default=None)
     need = 0
-    for sh in shapes:
+    for sh in (fitted(sh, protocol) for sh in shapes):
         try:
             _stepper(protocol, sh)
         except ProtocolError:
@@ -78,6 +89,8 @@ def state_budget(v: Verified, protocol: ServingProtocol, shapes: tuple[Shape, ..
 
 def plan(shape: Shape, protocol: ServingProtocol, lim: Bounds, seed: int) -> Scenario | str:
     """The scenario for a shape, or the reason no program of this manifest accepts it."""
+    shape = fitted(shape, protocol)
+    pre = _ragged(protocol)
     g, r, c = shape.groups, shape.rows, shape.context
     try:
         st = _stepper(protocol, shape)
@@ -85,7 +98,6 @@ def plan(shape: Shape, protocol: ServingProtocol, lim: Bounds, seed: int) -> Sce
         return str(exc)
     if c + r > lim.context:
         return f"context {c} + {r} rows passes the {lim.context} positions the manifest allows"
-    pre = _ragged(protocol)
     if c and pre is None:
         return "no ragged (prefill) program to build the context with"
     pages_each = -(-(c + r) // lim.page_tokens)

@@ -5,7 +5,8 @@ run, `{"program": P, "rows": [rows of each sequence], "start": [the position of 
 sequence's first row], "t": the host's monotonic clock}`, written as the engine runs it (a
 decode padded to a captured batch size counts its padding rows: they are what ran). `--workload` takes such a file as it takes
 a TOML one. Each step becomes a shape: its sequences, their rows (the step's rows over its
-sequences, rounded up to a power of two) and their context (the mean start, rounded up to a
+sequences, rounded up to a power of two, or to the most the prefill program steps that many
+sequences, as the step that ran did: kern.bench.scenario.plan) and their context (the mean start, rounded up to a
 power of two; 0 stays 0); a shape's weight is how many steps it stands for. Reading is pure."""
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def parse(text: str, path: str = "trace") -> Workload:
     if not steps:
         raise WorkloadError(f"{path}: the trace holds no steps")
     counts = Counter(steps)
-    shapes = tuple(Shape(g, r, c, float(n)) for (g, r, c), n in sorted(counts.items()))
+    shapes = tuple(Shape(g, r, c, float(n), traced=True) for (g, r, c), n in sorted(counts.items()))
     return Workload(path, 5, 0, shapes, ({"trace": path, "steps": len(steps)},))
 
 

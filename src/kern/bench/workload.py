@@ -34,6 +34,9 @@ class Shape:
     context: int  # tokens already held by each sequence
     weight: float
     round: bool = False  # a speculative round through the verify program
+    # rows rounded up from a served trace (kern.bench.trace): a step that ran fits its program,
+    # so where the rounding passes the prefill program's rows the scenario takes its most
+    traced: bool = False
 
     def label(self) -> str:
         return f"{self.groups}x{self.rows} @ {self.context}" + (" (round)" if self.round else "")
