@@ -3,7 +3,9 @@ then the GEMM) from this tree's cubins beside a build of before (--before DIR: a
 microseconds an op at the wide decode's row counts for the Llama-3.2-1B and Llama-3.1-8B
 projection shapes (qkv* is the plain bf16 op at QKV's shape: the rope op's tiles are the same
 blocks), weights in enough copies that L2 holds none of them (a decode step streams every
-layer's), and whether both builds give the same bytes. One line a (shape, rows).
+layer's), this tree's unsplit twin beside them (prefill's 128-row blocks over all of K: what
+SPLIT_BELOW_TILES in models/llama/manifests/cuda.py picks for the wider projections), and whether
+all three give the same bytes. One line a (shape, rows).
 
 For bench/probes/wg_cluster.patch (the split's 8 partials summed through the cluster's shared
 memory, each block its eighth of the tile), one device call from the repository root:
@@ -28,9 +30,9 @@ from tests.cuda.cuda_gpu import Gpu, op_launches
 
 OPS = table.ops()
 SHAPES = [  # (model, name, op, N, K): the swiglu op's N is the intermediate width (2N W rows)
-    ("1b", "qkv*", "norm_gemm_bf16_split", 3072, 2048), ("1b", "o", "gemm_residual_split", 2048, 2048),
+    ("1b", "qkv*", "norm_gemm_split", 3072, 2048), ("1b", "o", "gemm_residual_split", 2048, 2048),
     ("1b", "gate_up", "norm_gemm_swiglu_split", 8192, 2048), ("1b", "down", "gemm_residual_split", 2048, 8192),
-    ("8b", "qkv*", "norm_gemm_bf16_split", 6144, 4096), ("8b", "o", "gemm_residual_split", 4096, 4096),
+    ("8b", "qkv*", "norm_gemm_split", 6144, 4096), ("8b", "o", "gemm_residual_split", 4096, 4096),
     ("8b", "gate_up", "norm_gemm_swiglu_split", 14336, 4096), ("8b", "down", "gemm_residual_split", 4096, 14336),
 ]
 ROWS = (16, 32, 64, 128)
@@ -56,28 +58,31 @@ def main() -> None:
             x = R.rand_bf16(rng, (rows, K), 2.0)
             res0 = R.rand_bf16(rng, (rows, N), 4.0)
             us, outs = {}, {}
-            for label, gpu in gpus.items():
+            # (label, build, op): the split op of both builds, and this tree's unsplit twin (what
+            # models/llama/manifests/cuda.py's SPLIT_BELOW_TILES picks for wider projections)
+            for label, gpu, which in (("before", gpus["before"], op), ("now", gpus["now"], op),
+                                      ("unsplit", gpus["now"], op.removesuffix("_split"))):
                 n_copies = copies(W.nbytes)
                 Ws = [gpu.put(W) for _ in range(n_copies)]
                 dnw = gpu.put(R.rand_bf16(np.random.default_rng(1), (K,)))
                 launches, first = [], None
                 for i in range(REPS):
-                    if op.startswith("gemm_residual"):
+                    if which.startswith("gemm_residual"):
                         named = dict(x=gpu.put(x), W=Ws[i % n_copies], res=gpu.put(res0), rows=rows, N=N, K=K)
                         out = named["res"]
                     else:
                         out = gpu.empty(rows * N * 2)
                         named = dict(res=gpu.put(x), nw=dnw, W=Ws[i % n_copies], rows=rows, N=N, K=K, eps=1e-5,
-                                     **({"act": out} if "swiglu" in op else {"y": out}))
-                    launches += op_launches(gpu, OPS[op], named)
+                                     **({"act": out} if "swiglu" in which else {"y": out}))
+                    launches += op_launches(gpu, OPS[which], named)
                     first = out if first is None else first
                 us[label] = gpu.graph_ms(launches, REPS) * 1000
                 outs[label] = gpu.get(first, np.uint16, (rows, N))
-            same = "same bytes" if np.array_equal(outs["before"], outs["now"]) else "DIFFERENT BYTES"
+            same = "same bytes" if all(np.array_equal(outs["before"], o) for o in outs.values()) else "DIFFERENT BYTES"
             gbps = W.nbytes / us["now"] / 1e3
-            print(f"{model} {name:<8} rows {rows:>3}: before {us['before']:8.2f} us  now {us['now']:8.2f} us  "
-                  f"({us['before'] / us['now']:.2f}x, now {gbps:7.1f} GB/s of weights)  {same}", flush=True)
-
+            print(f"{model} {name:<8} rows {rows:>3}: split before {us['before']:8.2f} us  now {us['now']:8.2f} us  "
+                  f"({us['before'] / us['now']:.2f}x, {gbps:7.1f} GB/s of weights)  unsplit {us['unsplit']:8.2f} us  "
+                  f"{same}", flush=True)
 
 if __name__ == "__main__":
     main()
