@@ -1,4 +1,4 @@
-"""The wide decode's split projections (gemm.cu's *_split ops, as the manifest runs them: rms_prep
+r"""The wide decode's split projections (gemm.cu's *_split ops, as the manifest runs them: rms_prep
 then the GEMM) from this tree's cubins beside a build of before (--before DIR: a gemm.cubin):
 microseconds an op at the wide decode's row counts for the Llama-3.2-1B and Llama-3.1-8B
 projection shapes (qkv* is the plain bf16 op at QKV's shape: the rope op's tiles are the same
@@ -11,7 +11,8 @@ For bench/probes/wg_cluster.patch (the split's 8 partials summed through the clu
 memory, each block its eighth of the tile), one device call from the repository root:
 
     source bench/device_env.sh && python3 -c "from pathlib import Path; from kern_models.llama.kernels.cuda \
-        import CUBINS; CUBINS.provide(Path('/tmp/before'))" && patch -p1 < bench/probes/wg_cluster.patch \
+        import CUBINS; CUBINS.provide(Path('/tmp/before'))" \
+        && { patch -p1 < bench/probes/wg_cluster.patch || git apply bench/probes/wg_cluster.patch; } \
         && source bench/device_env.sh && python3 -m bench.probes.wg_split --before /tmp/before \
         && python3 -m pytest -m gpu -q tests/cuda/test_cuda_gpu_invariant.py
 
