@@ -1,7 +1,10 @@
-"""Where the wide decode program (cuBLASLt GEMMs) overtakes the gemv decode program: the device
-time of a decode step of each program at each batch size both hold, on the GPU.
+"""Where the wide decode program overtakes the gemv decode program: the device time of a decode
+step of each program at each batch size both hold, on the GPU. The default build's wide program
+runs the invariant split GEMMs (gemm.cu's *_split), `--no-batch-invariance`'s cuBLASLt; the gemv
+program holds the generator's `seqs` sequences (8 by default, a bound measured against the
+cuBLASLt wide program on 2026-12-01), up to 32 with --seqs 32 to price past it.
 
-    python bench/crossover.py [--shape llama-3.2-1b] [--batch 1,4,8,12,16,24,32] [--reach 640]
+    python bench/crossover.py [--shape llama-3.2-1b] [--batch 1,4,8,12,16,24,32] [--reach 640] [--seqs 32]
 
 A seeded random checkpoint at the shape's real sizes; every row on the loop's scratch page at
 --reach positions (as far as a serve workload's rows reach). A step's time is that of a run of
@@ -29,6 +32,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--context", default="4096", help="deployment context bounds to compare, comma-separated")
     ap.add_argument("--programs", default=None, help="only these programs (default: every decode program)")
+    ap.add_argument("--seqs", type=int, default=None,
+                    help="the gemv decode program's sequences (the generator's seqs, at most 32; default its own)")
+    ap.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",
+                    help="the build whose bytes depend on the batch (its wide program on cuBLASLt)")
     args = ap.parse_args()
     for ctx in [int(c) for c in args.context.split(",")]:
         measure(args, ctx)
@@ -42,7 +49,7 @@ def measure(args, context: int) -> None:
     tmp = Path(tempfile.mkdtemp())
     ckpt = make(args.shape, tmp / "ckpt", device="cuda", max_positions=max(context, 8192))
     man = generate(json.loads((ckpt / "config.json").read_text()), tmp / "deploy", target="cuda", model=args.shape,
-                   context=context)
+                   context=context, batch_invariant=args.batch_invariant, **({"seqs": args.seqs} if args.seqs else {}))
     model = Model(man, ckpt, state_budget=2 << 30)
     runner = model.loop.runner
     k = args.steps
