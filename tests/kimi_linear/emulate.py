@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = Path(__file__).resolve().parent / "emu"
+HOST = ROOT / "tests" / "emu" / "host.h"  # what every host stand-in shares
 
 
 def build_emulator(tmp_path_factory, name: str, *sources: str) -> ctypes.CDLL:
@@ -23,7 +24,7 @@ def build_emulator(tmp_path_factory, name: str, *sources: str) -> ctypes.CDLL:
     if gxx is None:
         pytest.skip(f"no g++ to compile {name} for the host")
     d = tmp_path_factory.mktemp(name)
-    for f in (EMU / "common.cuh", EMU / "grid.h", EMU / f"{name}.cpp", *(ROOT / s for s in sources)):
+    for f in (HOST, EMU / "common.cuh", EMU / "grid.h", EMU / f"{name}.cpp", *(ROOT / s for s in sources)):
         shutil.copy(f, d / f.name)
     lib = d / f"{name}.so"
     done = subprocess.run([gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{d}",

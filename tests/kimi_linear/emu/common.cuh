@@ -5,32 +5,10 @@
 // rounded once to f32), so the emulated kernel and the model differ only where expf and fma's
 // last bits do. Only for the CPU test of the kernel's indexing (test_kda_tc_emulated.py).
 #pragma once
-#include <algorithm>
-#include <barrier>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
+#include "host.h"
 
-using std::max;
-using std::min;
-
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __shared__
-#define __launch_bounds__(...)
-#define __restrict__
-
-struct Dim3 {
-    unsigned x = 0, y = 0, z = 0;
-};
 extern thread_local Dim3 threadIdx;
 extern Dim3 blockIdx, blockDim;
-
-struct bf16 {
-    uint16_t bits;
-};
 
 inline float __bfloat162float(bf16 v) {
     uint32_t u = (uint32_t)v.bits << 16;
