@@ -5,9 +5,11 @@ tile's split blocks at once), the k16 step's sum taken as the model takes it (th
 16 exact products added in double, rounded once to f32). So what is checked is the kernel's
 indexing and order, not the tensor core's arithmetic: the units of 256 dealt to 8 partials, each
 partial's k16 steps chained, the partials added in order, unsplit or split over 8 blocks (the
-wide decode's), plain and paired outputs (wg_store's two layouts), rows and K off the tiles.
+wide decode's), either producer, plain and paired outputs (wg_store's two layouts), rows and K off the tiles.
 The real source is copied with its three device-only statements (the dynamic shared memory's
-declaration, two PTX fences) replaced; the TMA producer is not emulated."""
+declaration, two PTX fences) replaced. Both producers are run: cp.async (by address) and the
+tensor memory access unit's boxes (gemm.cu's entries: the box copied at once, swizzled, its bytes
+counted on the stage's barrier)."""
 
 from __future__ import annotations
 
@@ -86,28 +88,30 @@ def _p(a: np.ndarray):
 SHAPES = [(5, 200, 576), (70, 136, 2048), (1, 128, 200)]
 
 
+@pytest.mark.parametrize("tma", [0, 1], ids=["cp.async", "tma"])
 @pytest.mark.parametrize("split", [0, 1], ids=["unsplit", "split"])
 @pytest.mark.parametrize("rows,N,K", SHAPES)
-def test_plain_outputs_are_the_models_bits(emu, rows, N, K, split):
+def test_plain_outputs_are_the_models_bits(emu, rows, N, K, split, tma):
     rng = np.random.default_rng(rows + N + K)
     xb, x = _bf16(rng, (rows, K), 2.0)
     wb, W = _bf16(rng, (N, K), 0.05)
     y = np.full((rows, N), np.nan, np.float32)
-    emu.wg_plain(_p(xb), _p(wb), _p(y), rows, N, K, split)
+    emu.wg_plain(_p(xb), _p(wb), _p(y), rows, N, K, split, tma)
     want = model(x, W, K)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), \
         f"{int((y.view(np.uint32) != want.view(np.uint32)).sum())} of {y.size} outputs differ"
 
 
+@pytest.mark.parametrize("tma", [0, 1], ids=["cp.async", "tma"])
 @pytest.mark.parametrize("split", [0, 1], ids=["unsplit", "split"])
 @pytest.mark.parametrize("rows,N,K", [(5, 100, 576), (70, 72, 2048)])
-def test_paired_outputs_are_the_models_bits(emu, rows, N, K, split):
+def test_paired_outputs_are_the_models_bits(emu, rows, N, K, split, tma):
     """Pair q's two sums (W rows q and N + q), each in its own output."""
     rng = np.random.default_rng(7 + rows + N)
     xb, x = _bf16(rng, (rows, K), 2.0)
     wb, W = _bf16(rng, (2 * N, K), 0.05)
     y0, y1 = (np.full((rows, N), np.nan, np.float32) for _ in range(2))
-    emu.wg_pair(_p(xb), _p(wb), _p(y0), _p(y1), rows, N, K, split)
+    emu.wg_pair(_p(xb), _p(wb), _p(y0), _p(y1), rows, N, K, split, tma)
     want = model(x, W, K)
     assert np.array_equal(y0.view(np.uint32), want[:, :N].view(np.uint32))
     assert np.array_equal(y1.view(np.uint32), want[:, N:].view(np.uint32))

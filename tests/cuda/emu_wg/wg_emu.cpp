@@ -1,5 +1,5 @@
 // gemm_wg.cuh (models/common/cuda) compiled for the host against the stand-ins here and run on
-// CPU threads: y = x W^T through its cp.async producer, unsplit (grid z 1) or split (grid z 8, a
+// CPU threads: y = x W^T through its cp.async or its TMA producer, unsplit (grid z 1) or split (grid z 8, a
 // tile's 8 blocks at once, as one cluster), for test_wg_emulated.py. Two Ys: a plain one (f32
 // stores) and a paired one (pair q: W rows q and N + q, the two sums stored apart), so both of
 // wg_store's layouts are walked.
@@ -37,8 +37,11 @@ struct YPair {
 
 using Cfg = WgCfg<128, 1, 8>;  // the wide decode's split shape (wg_shapes.cuh's WgSplit)
 
+// tma: x and W through tensor maps (the TMA producer, as gemm.cu's entries), else by address
 template <class Y>
-static void launch(const bf16 *x, const bf16 *W, const Y &ys, int rows, int N, int K, int split) {
+static void launch(const bf16 *x, const bf16 *W, const Y &ys, int rows, int N, int K, int split, int tma) {
+    const EmuTensorMap xm{reinterpret_cast<const uint16_t *>(x), rows, K, WG_BOX},
+        wm{reinterpret_cast<const uint16_t *>(W), Y::PAIRED ? 2 * N : N, K, WG_BOX};
     const int gx = (N + (Y::PAIRED ? Cfg::BN / 2 : Cfg::BN) - 1) / (Y::PAIRED ? Cfg::BN / 2 : Cfg::BN);
     const int gy = (rows + Cfg::BM - 1) / Cfg::BM, gz = split ? WG_PARTS : 1;
     gridDim.x = gx, gridDim.y = gy, gridDim.z = gz;
@@ -68,7 +71,7 @@ static void launch(const bf16 *x, const bf16 *W, const Y &ys, int rows, int N, i
                     blockIdx.x = id % gx, blockIdx.y = id / gx, blockIdx.z = z;
                     threadIdx.x = t;
                     gemm_wg<Cfg>(x, W, nullptr, ys, rows, N, K, split ? part.data() : nullptr,
-                                 split ? sem.data() : nullptr);
+                                 split ? sem.data() : nullptr, tma ? &xm : nullptr, tma ? &wm : nullptr);
                 });
         for (auto &th : ts) th.join();
         for (auto *b : bars) delete b;
@@ -76,10 +79,12 @@ static void launch(const bf16 *x, const bf16 *W, const Y &ys, int rows, int N, i
     }
 }
 
-extern "C" void wg_plain(const uint16_t *x, const uint16_t *W, float *y, int rows, int N, int K, int split) {
-    launch(reinterpret_cast<const bf16 *>(x), reinterpret_cast<const bf16 *>(W), YPlain{y}, rows, N, K, split);
+extern "C" void wg_plain(const uint16_t *x, const uint16_t *W, float *y, int rows, int N, int K, int split,
+                         int tma) {
+    launch(reinterpret_cast<const bf16 *>(x), reinterpret_cast<const bf16 *>(W), YPlain{y}, rows, N, K, split, tma);
 }
 extern "C" void wg_pair(const uint16_t *x, const uint16_t *W, float *y0, float *y1, int rows, int N, int K,
-                        int split) {
-    launch(reinterpret_cast<const bf16 *>(x), reinterpret_cast<const bf16 *>(W), YPair{y0, y1}, rows, N, K, split);
+                        int split, int tma) {
+    launch(reinterpret_cast<const bf16 *>(x), reinterpret_cast<const bf16 *>(W), YPair{y0, y1}, rows, N, K, split,
+           tma);
 }

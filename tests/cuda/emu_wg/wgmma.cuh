@@ -3,7 +3,7 @@
 // (wg_emu.cpp): every thread a std::thread, the blocks of a tile's split (grid z) at once, as a
 // cluster. mbarriers are counted phases (a mutex and a condition variable), cp.async a copy made
 // at once, wgmma a warpgroup thread's own accumulators computed from the swizzled shared-memory
-// tiles its descriptors name. The k16 step's sum is taken as the numpy model takes it
+// tiles its descriptors name; a TMA box a copy made at once, its bytes counted on the barrier. The k16 step's sum is taken as the numpy model takes it
 // (test_wg_emulated.py): the accumulator and the 16 exact products added in order in double,
 // rounded once to f32. Only for the CPU test of gemm_wg.cuh's order and indexing.
 #pragma once
@@ -49,6 +49,7 @@ inline int atomicAdd(int *p, int v) { return std::atomic_ref<int>(*p).fetch_add(
 // ---- mbarriers: phases counted on the host, keyed by the barrier's address -------------------
 struct EmuMbar {
     int count = 0, pending = 0, phase = 0;
+    long tx = 0;  // bytes the tensor memory access unit has yet to land in this phase
 };
 extern std::mutex emu_mbar_mu;
 extern std::condition_variable emu_mbar_cv;
@@ -59,14 +60,19 @@ inline void mbar_init(uint64_t *bar, int count) {
     std::lock_guard<std::mutex> g(emu_mbar_mu);
     emu_mbars[bar] = EmuMbar{count, count, 0};
 }
-inline void mbar_arrive(uint64_t *bar) {
-    std::lock_guard<std::mutex> g(emu_mbar_mu);
-    EmuMbar &m = emu_mbars.at(bar);
-    if (--m.pending == 0) {
+// a phase completes once its arrivals are all in and its expected bytes have landed
+inline void emu_mbar_step(EmuMbar &m, int arrivals, long bytes) {
+    m.pending -= arrivals;
+    m.tx += bytes;
+    if (m.pending == 0 && m.tx == 0) {
         m.pending = m.count;
         ++m.phase;
         emu_mbar_cv.notify_all();
     }
+}
+inline void mbar_arrive(uint64_t *bar) {
+    std::lock_guard<std::mutex> g(emu_mbar_mu);
+    emu_mbar_step(emu_mbars.at(bar), 1, 0);
 }
 // returns once the phase of parity `parity` has completed (the current phase's parity differs)
 inline void mbar_wait(uint64_t *bar, int parity) {
@@ -74,12 +80,33 @@ inline void mbar_wait(uint64_t *bar, int parity) {
     emu_mbar_cv.wait(g, [&] { return (emu_mbars.at(bar).phase & 1) != parity; });
 }
 inline void cp_async_arrive(uint64_t *bar) { mbar_arrive(bar); }  // the copies landed at once
-inline void mbar_expect_tx(uint64_t *bar, uint32_t) { mbar_arrive(bar); }
+inline void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    std::lock_guard<std::mutex> g(emu_mbar_mu);
+    emu_mbar_step(emu_mbars.at(bar), 1, (long)bytes);
+}
 inline void cp_async16_zfill(void *smem, const void *gmem, int src_bytes) {
     std::memset(smem, 0, 16);
     if (src_bytes) std::memcpy(smem, gmem, src_bytes);
 }
-inline void tma_load_2d(void *, const void *, int, int, uint64_t *) {}  // the TMA path is not emulated
+// A tensor map as wg_emu.cpp makes one: a row-major bf16 [rows, cols] and its box, 64 elements
+// (128 bytes) of box_rows rows, written 128-byte swizzled, zeros past the tensor's edges.
+struct EmuTensorMap {
+    const uint16_t *base;
+    int rows, cols, box_rows;
+};
+inline uint32_t sw128(int row, int chunk);
+inline void tma_load_2d(void *dst, const void *map, int c0, int c1, uint64_t *bar) {
+    const EmuTensorMap &m = *static_cast<const EmuTensorMap *>(map);
+    char *d = static_cast<char *>(dst);
+    for (int r = 0; r < m.box_rows; ++r)
+        for (int c = 0; c < 64; ++c) {
+            const int gr = c1 + r, gc = c0 + c;
+            const uint16_t v = gr < m.rows && gc < m.cols ? m.base[(size_t)gr * m.cols + gc] : 0;
+            std::memcpy(d + sw128(r, c / 8) + 2 * (c % 8), &v, 2);
+        }
+    std::lock_guard<std::mutex> g(emu_mbar_mu);
+    emu_mbar_step(emu_mbars.at(bar), 0, -(long)(m.box_rows * 128));
+}
 inline void tma_prefetch_map(const void *) {}
 inline void fence_async_smem() {}
 
