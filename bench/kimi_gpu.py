@@ -25,10 +25,12 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          filled as the host loop fills them), and whether sequence 0's first 16 tokens are
          those it got at the first batch (batch invariance); parity and decode share one
          process (`kern` names both)
-  profile (in the kern process) ragged prefill steps as kern serve feeds the serve workload
-         (4 prompts of 512 tokens: its 2,048-row budget; a mixed step: one prompt's 256 uncached
-         rows beside 31 decode rows; that prompt alone, to set beside a decode step of 32 rows)
-         and the widest decode step, each launch's device time summed by kernel
+  profile (in the kern process) ragged prefill steps of the serve workload (4 prompts of 512
+         tokens: its 2,048-row budget; one prompt's 256 uncached rows beside 31 decode rows as
+         one ragged step, as the CPU's loop runs a mixed step; that prompt alone, which with a
+         decode step of 32 rows is how kern serve runs a mixed step on the device, its decode
+         rows on the decode graphs) and the widest decode step, each launch's device time summed
+         by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
          and slots from one budget of chunks) before, at the peak and after; then one `kern run`;
