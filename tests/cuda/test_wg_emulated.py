@@ -13,14 +13,13 @@ counted on the stage's barrier)."""
 
 from __future__ import annotations
 
-import ctypes
 import resource
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.emu.build import compile_host, ptr
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = Path(__file__).resolve().parent / "emu_wg"
@@ -33,26 +32,14 @@ EDITS = [("extern __shared__ char wg_smem_raw[];", "char *wg_smem_raw = emu_smem
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++ to compile gemm_wg.cuh for the host")
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft != resource.RLIM_INFINITY and soft < 4096:  # a split tile's 8 blocks run as 2,048 threads at once
         pytest.skip(f"the host allows {soft} threads: the emulated cluster needs 2,048 at once")
-    d = tmp_path_factory.mktemp("wg_emu")
-    for f in (*EMU.iterdir(), ROOT / "tests" / "emu" / "host.h"):
-        shutil.copy(f, d / f.name)
     text = SOURCE.read_text()
     for old, new in EDITS:
         assert old in text, f"gemm_wg.cuh no longer holds {old!r}: the emulator's edit is stale"
         text = text.replace(old, new)
-    (d / "gemm_wg_host.cuh").write_text(text)
-    lib = d / "wg_emu.so"
-    done = subprocess.run([gxx, "-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{d}",
-                           str(d / "wg_emu.cpp"), "-o", str(lib)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"g++ failed on wg_emu.cpp:\n{done.stderr[-3000:]}")
-    return ctypes.CDLL(str(lib))
+    return compile_host(tmp_path_factory, "wg_emu", list(EMU.iterdir()), {"gemm_wg_host.cuh": text}, opt="-O2")
 
 
 def _bf16(rng, shape, scale):
@@ -82,10 +69,6 @@ def model(x: np.ndarray, W: np.ndarray, K: int) -> np.ndarray:
     return tot
 
 
-def _p(a: np.ndarray):
-    return a.ctypes.data_as(ctypes.c_void_p)
-
-
 # (rows, N, K): K of a partial unit (576: 3 units, partials 3-7 empty; 200: less than one), one
 # unit a partial (2048), rows past one 64-row tile and N past one column tile, off their edges.
 # K is a multiple of 8, as every caller's (a 16-byte copy of a row never reaches the next row)
@@ -100,7 +83,7 @@ def test_plain_outputs_are_the_models_bits(emu, rows, N, K, split, tma):
     xb, x = _bf16(rng, (rows, K), 2.0)
     wb, W = _bf16(rng, (N, K), 0.05)
     y = np.full((rows, N), np.nan, np.float32)
-    emu.wg_plain(_p(xb), _p(wb), _p(y), rows, N, K, split, tma)
+    emu.wg_plain(ptr(xb), ptr(wb), ptr(y), rows, N, K, split, tma)
     want = model(x, W, K)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), \
         f"{int((y.view(np.uint32) != want.view(np.uint32)).sum())} of {y.size} outputs differ"
@@ -115,7 +98,7 @@ def test_paired_outputs_are_the_models_bits(emu, rows, N, K, split, tma):
     xb, x = _bf16(rng, (rows, K), 2.0)
     wb, W = _bf16(rng, (2 * N, K), 0.05)
     y0, y1 = (np.full((rows, N), np.nan, np.float32) for _ in range(2))
-    emu.wg_pair(_p(xb), _p(wb), _p(y0), _p(y1), rows, N, K, split, tma)
+    emu.wg_pair(ptr(xb), ptr(wb), ptr(y0), ptr(y1), rows, N, K, split, tma)
     want = model(x, W, K)
     assert np.array_equal(y0.view(np.uint32), want[:, :N].view(np.uint32))
     assert np.array_equal(y1.view(np.uint32), want[:, N:].view(np.uint32))

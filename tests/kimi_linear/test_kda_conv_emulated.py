@@ -19,7 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .emulate import build_emulator, ptr
+from tests.emu.build import ptr
+
+from .emulate import build_emulator
 
 LAYERS, LAYER, SLOTS = 2, 1, 5
 

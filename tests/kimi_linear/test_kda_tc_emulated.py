@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 
 from . import kda_tc_model as M
-from .emulate import build_emulator, ptr
+from tests.emu.build import ptr
+
+from .emulate import build_emulator
 
 LAYERS, LAYER, CONV, SLOTS = 2, 1, 4, 6
 

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from . import mla_tc_model as M
-from .emulate import build_emulator, ptr
+from tests.emu.build import ptr
+
+from .emulate import build_emulator
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 
 from . import mla_tc_model as M
-from .emulate import build_emulator, ptr
+from tests.emu.build import ptr
+
+from .emulate import build_emulator
 
 LAYER = 1
 HEADS, NOPE, ROPE, KV_LORA, CHUNK = 20, 16, 16, 32, 32  # 20 heads: two decode head groups, one partial
