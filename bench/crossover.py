@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",
                     help="the build whose bytes depend on the batch (its wide program on cuBLASLt)")
     args = ap.parse_args()
+    if args.seqs is not None and not 1 <= args.seqs <= 32:
+        ap.error(f"--seqs {args.seqs}: the gemv decode program steps 1 to 32 sequences")
     for ctx in [int(c) for c in args.context.split(",")]:
         measure(args, ctx)
 

@@ -49,6 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", help="a folder holding the gemm.cubin to time beside this tree's")
     args = ap.parse_args()
+    if args.before and not (Path(args.before) / "gemm.cubin").is_file():
+        ap.error(f"--before {args.before}: no gemm.cubin there (CUBINS.provide writes one: the docstring's recipe)")
     dev = open_device(0)
     gpus = {k: Gpu(dev, d) for k, d in builds(args.before).items()}
     rng = np.random.default_rng(0)
