@@ -2,7 +2,7 @@
 step of each program at each batch size both hold, on the GPU. The default build's wide program
 runs the invariant split GEMMs (gemm.cu's *_split), `--no-batch-invariance`'s cuBLASLt; the gemv
 program holds the generator's `seqs` sequences (8 by default, a bound measured against the
-cuBLASLt wide program on 2026-12-01), up to 32 with --seqs 32 to price past it.
+cuBLASLt wide program: docs/perf-history.md), up to 32 with --seqs 32 to price past it.
 
     python bench/crossover.py [--shape llama-3.2-1b] [--batch 1,4,8,12,16,24,32] [--reach 640] [--seqs 32]
 

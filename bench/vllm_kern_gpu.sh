@@ -43,7 +43,7 @@ python3 bench/serve.py --prepare $CKPT
 if [ "${CLEAN:-0}" = 1 ]; then
   # device_env.sh put its carried wheels (/tmp/site) and this tree's kern (/tmp/kern-install) on
   # PYTHONPATH: pip would read them as installed (fastapi 0.165, llguidance 1.9: versions vLLM 0.26
-  # refuses, ResolutionImpossible on the H200, 2026-12-05), so the image's list and the clean
+  # refuses: ResolutionImpossible, docs/perf-history.md), so the image's list and the clean
   # install see the image alone
   env -u PYTHONPATH python3 -m pip list --format=freeze > $OUT/image_freeze.txt 2> /dev/null  # bench/vllm_deps.py --freeze
   PY=/tmp/cvenv/bin/python  # the clean install's; if it cannot be made, the image's python over the peer wheels

@@ -1,4 +1,4 @@
-# One device call for the wide decode's projections (docs/perf-history.md, 2026-12-05): where the
+# One device call for the wide decode's projections (docs/perf-history.md): where the
 # gemv decode program's bound should sit in the default build, and whether
 # bench/probes/wg_cluster.patch (the split's partials summed through the cluster's shared
 # memory) is faster than the split of before, with the same bytes. From the repository root,
