@@ -7,17 +7,10 @@ layer's), this tree's unsplit twin beside them (prefill's 128-row blocks over al
 SPLIT_BELOW_TILES in models/llama/manifests/cuda.py picks for the wider projections), and whether
 all three give the same bytes. One line a (shape, rows).
 
-For bench/probes/wg_cluster.patch (the split's 8 partials summed through the cluster's shared
-memory, each block its eighth of the tile), one device call from the repository root:
-
-    source bench/device_env.sh && python3 -c "from pathlib import Path; from kern_models.llama.kernels.cuda \
-        import CUBINS; CUBINS.provide(Path('/tmp/before'))" \
-        && { patch -p1 < bench/probes/wg_cluster.patch || git apply bench/probes/wg_cluster.patch; } \
-        && source bench/device_env.sh && python3 -m bench.probes.wg_split --before /tmp/before \
-        && python3 -m pytest -m gpu -q tests/cuda/test_cuda_gpu_invariant.py
-
-(the second device_env.sh installs the patched tree; its cubins are rebuilt by nvcc, their
-inputs having changed). Without --before both columns are this tree's."""
+A variant of gemm_wg.cuh's split: keep this tree's cubins (`CUBINS.provide(Path('/tmp/before'))`),
+change the kernel, reinstall the tree (its cubins are rebuilt by nvcc) and run with --before
+/tmp/before (bench/wide_decode_gpu.sh is the one-call form; the cluster-summed split of
+2026-12-05 lost this way: docs/perf-history.md). Without --before both columns are this tree's."""
 import argparse, tempfile
 from pathlib import Path
 
