@@ -54,8 +54,15 @@ def test_a_leaked_page_trips_it():
 def test_a_double_free_trips_it():
     p, _ = busy_pool()
     books = p._device.books[0]
-    books.free.append(books.free[0])
+    u = books.free[0]
+    books.free_at[u // books.per_chunk].append(u)
     assert "free twice" in wheres(p)
+
+
+def test_a_wrong_free_count_trips_it():
+    p, _ = busy_pool()
+    p._device.books[0].nfree += 1
+    assert "the count says" in wheres(p)
 
 
 def test_a_lost_chunk_trips_it():

@@ -201,9 +201,25 @@ def test_pages_come_back_from_slots_too():
 
 
 def test_unmapped_chunks_are_mapped_on_demand():
+    """The chunk the lease needs (the state's second: twice what it had, so no more)."""
     p = pool(chunks=4, split={"kv": 1})
     r = p.lease([1] * 6, 12)
     assert isinstance(r, Remap) and r.plan == MemoryPlan(maps=(Map(1, "kv", 1),))
+
+
+def test_slots_granted_one_at_a_time_remap_a_logarithmic_number_of_times():
+    """A hybrid's per-sequence slots grow a sequence at a time: 64 one-slot leases, a slot a
+    chunk, the state's chunks doubled a remap (1, 2, 4, .. 64: 6 remaps, where the shortfall
+    alone would take 63), never past what the leases ask twice over."""
+    p = pool(chunks=200, states=(KV, StateDecl("rec", "per_seq", 128)), split={"kv": 199, "rec": 1})
+    remaps = 0
+    for i in range(64):
+        while isinstance(r := p.lease([i, i + 1], 4, cache=False), Remap):
+            p.remapped(r.plan)
+            remaps += 1
+        grant(r)
+    assert remaps == 6 and p._device.books[1].opened == 64
+    p.check()
 
 
 def test_park_and_wake_are_byte_identical_and_never_copy_twice():

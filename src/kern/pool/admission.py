@@ -77,6 +77,7 @@ class DeviceBooks:
                 tuple(b.empty_places()),
                 tuple(p for p, c in enumerate(b.vmap) if c < 0),
                 b.cached,
+                sum(1 for c in b.vmap if c >= 0),
             )
             for b in self.books
         )

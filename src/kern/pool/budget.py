@@ -21,6 +21,7 @@ class KindView:
     empty: tuple[tuple[int, int], ...]  # (place, chunk) wholly free, donation order
     holes: tuple[int, ...]  # places with nothing mapped, lowest first
     cached: int  # units held by checkpoints only
+    mapped: int = 0  # places with a chunk mapped (ready or awaiting a remap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +53,20 @@ def decide(
                 break
             donors.append(((j, place), chunk))
             spare -= k.per_chunk
+    needs = [(j, ceil_div(short[j], k.per_chunk)) for j, k in enumerate(kinds) if short[j]]
+    spare = len(donors) - sum(n for _, n in needs)
+    if spare < 0:
+        return _evict_or_wait(kinds, unmapped, short)
     moves: list[Move] = []
-    for j, k in enumerate(kinds):
-        if not short[j]:
-            continue
-        n = ceil_div(short[j], k.per_chunk)
-        if len(moves) + n > len(donors):
-            return _evict_or_wait(kinds, unmapped, short)
-        for i in range(n):
+    for j, n in needs:
+        k = kinds[j]
+        # past the shortfall, up to twice the chunks the state has (at most half the spare
+        # left): a state that grows a unit at a time (a hybrid's slots, one a sequence) remaps
+        # log(n) times, not n times; each remap is a plan the runtime runs at once (on a GPU,
+        # address mappings while the device waits) and the others' spare chunks are not in use
+        extra = max(0, min(k.mapped - n, spare // 2, len(k.holes) - n))
+        spare -= extra
+        for i in range(n + extra):
             src, chunk = donors[len(moves)]
             moves.append(Move(chunk, src, (j, k.holes[i])))
     return tuple(moves)

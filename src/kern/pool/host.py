@@ -42,14 +42,14 @@ class HostTier:
     def make_room(self, missing: list[int]) -> bool:
         """Give each kind enough free host units for `missing` more, moving host chunks to it
         (never-used ones first, then empty ones of kinds with units to spare); all or nothing."""
-        chunks = [ceil_div(max(0, m - len(hb.free)), hb.per_chunk) for m, hb in zip(missing, self.books)]
+        chunks = [ceil_div(max(0, m - hb.nfree), hb.per_chunk) for m, hb in zip(missing, self.books)]
         if not any(chunks):
             return True
         src: list[tuple[int, int]] = [(-1, c) for c, o in enumerate(self.owner) if o < 0]
         for j, hb in enumerate(self.books):
             if chunks[j]:
                 continue
-            spare = len(hb.free) - missing[j]
+            spare = hb.nfree - missing[j]
             for place, _ in hb.empty_places():
                 if spare < hb.per_chunk:
                     break

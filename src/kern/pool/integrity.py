@@ -60,10 +60,15 @@ def _chunks(device: DeviceBooks, out: list[Violation]) -> None:
 def _units(name: str, b: Books, refs: list[int], lrefs: list[int] | None, out: list[Violation]) -> None:
     pc = b.per_chunk
     free = set()
-    for u in b.free:
+    listed = b.free
+    for u in listed:
         if u in free:
             out.append(Violation(f"{name} unit {u}", "free twice"))
+        if u // pc >= len(b.free_at) or u not in b.free_at[u // pc]:
+            out.append(Violation(f"{name} unit {u}", "free in another place's list"))
         free.add(u)
+    if len(listed) != b.nfree:
+        out.append(Violation(name, f"{len(listed)} units free, the count says {b.nfree}"))
     cached = 0
     for place, c in enumerate(b.vmap):
         used = 0
@@ -133,7 +138,7 @@ def _device(device: DeviceBooks, index: PrefixIndex, leases: Leases, out: list[V
         if b.reserved != want:
             out.append(Violation(b.kind.name, f"books promise {b.reserved} units, leases hold promises of {want}"))
         if b.avail < 0:
-            out.append(Violation(b.kind.name, f"promised {b.reserved} units with {len(b.free)} free"))
+            out.append(Violation(b.kind.name, f"promised {b.reserved} units with {b.nfree} free"))
 
 
 def _host(device: DeviceBooks, host: HostTier, index: PrefixIndex, out: list[Violation]) -> None:

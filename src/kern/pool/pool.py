@@ -151,11 +151,11 @@ class Pool:
             mapped = b.opened * b.per_chunk
             out[b.kind.name] = {
                 "mapped": mapped,
-                "free": len(b.free),
+                "free": b.nfree,
                 "reserved": b.reserved,
                 "cached": b.cached,
-                "held": mapped - len(b.free),
-                "host_held": hb.opened * hb.per_chunk - len(hb.free),  # no walk of the units: every step asks
+                "held": mapped - b.nfree,
+                "host_held": hb.opened * hb.per_chunk - hb.nfree,  # no walk of the units: every step asks
             }
         d = self._device
         out["chunks"] = {"dynamic": self.layout.dynamic, "unmapped": len(d.unmapped), "in_flight": d.in_flight}
