@@ -88,19 +88,19 @@ def test_decode_beyond_32_sequences_is_refused():
 
 
 def test_the_wide_decode_splits_k_only_for_its_narrow_projections():
-    """Llama-3.2-1B's shape: qkv (24 column tiles of 128), o and down (16) and gate/up (128 tiles
-    of 64 pairs) split K over 8 blocks a tile (gemm.cu's *_split, the same bits), the LM head
-    does not; the scratch is sized for the widest split one at 256 rows."""
+    """Llama-3.2-1B's shape: qkv (24 column tiles of 128), o and down (16) split K over 8 blocks
+    a tile (gemm.cu's *_split, the same bits); gate/up (128 tiles of 64 pairs) and the LM head
+    fill the GPU whole; the scratch is sized for the widest split one (qkv)."""
     from kern_models.llama.manifests import cuda
 
     s = shape_of(dict(TINY, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
                       intermediate_size=8192, vocab_size=128256))
     m = cuda.build(s, "1b-shape")
     layer = [c["op"] for c in m["programs"]["decode_wide"]["calls"][1:6]]
-    assert layer == ["norm_gemm_rope_append_split", "attention_decode", "gemm_residual_split", "norm_gemm_swiglu_split",
+    assert layer == ["norm_gemm_rope_append_split", "attention_decode", "gemm_residual_split", "norm_gemm_swiglu",
                      "gemm_residual_split"]
     assert m["programs"]["decode_wide"]["calls"][-2]["op"] == "norm_gemm_logits"
-    assert m["buffers"]["w_gpart"]["shape"] == [{"mul": [{"mul": [{"ceil_div": ["wide_seqs", 64]}, 128]}, 8 * 8192]}]
+    assert m["buffers"]["w_gpart"]["shape"] == [{"mul": [{"mul": [{"ceil_div": ["wide_seqs", 64]}, 24]}, 8 * 8192]}]
 
 
 @pytest.mark.parametrize("heads,kv_heads,most,groups", [(32, 4, 4, 2), (32, 8, 4, 1), (9, 3, 4, 1), (16, 8, 4, 1),

@@ -125,8 +125,10 @@ GEMV_FAMILY = {"norm": "norm_gemv", "qkv": "norm_gemv_rope_append", "residual": 
 GEMM_FAMILY = {k: op.replace("gemv", "gemm") for k, op in GEMV_FAMILY.items()}
 # The wide decode's few rows: a projection with fewer column tiles than this splits K over 8
 # blocks a tile (gemm.cu's *_split: the same bits), so that it fills the GPU; the wider ones
-# (gate/up, the LM head) have blocks enough.
-SPLIT_BELOW_TILES = 132
+# have blocks enough. Half the H200's 132 SMs: a 1B's qkv (24 tiles), o and down (16) split,
+# its gate/up (128) and the LM head stream whole (bench/probes/wg_split.py: 1B gate/up 28 us
+# unsplit against 60 split at 16-64 rows, down 21 split against 67; docs/perf.md).
+SPLIT_BELOW_TILES = 66
 
 
 def _wide_family(s: Shape) -> tuple[dict, int]:

@@ -98,10 +98,13 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
             # program's experts as moe_sort's tiles on the persistent wgmma blocks, which read
             # only the chosen experts' rows at any batch (at one row: 8 tiles beside 12 / 16
             # column tiles, 96 / 128 blocks streaming, where the gather gemvs' short blocks ran)
+            # (the wide decode is known by its program, not by its dense MLP's op: that one splits
+            # only below the llama manifest's SPLIT_BELOW_TILES, the router's one tile always)
+            wide = prog == "decode_wide" and first["op"] != "norm_gemv_swiglu"
             if first["op"] == "norm_gemv_swiglu":
                 router_calls = {"op": "gemv_logits", "args": [h, router_w, router, value_arg(rows), value_arg("experts"),
                                                               value_arg("hidden")]}
-            elif first["op"].endswith("_split"):
+            elif wide and p + "gpart" in m["buffers"]:
                 router_calls = {"op": "moe_router_gemm_split", "args": [h, router_w, router, buffer_arg(p + "gpart"),
                                                                          buffer_arg(p + "gsem"), value_arg(rows), value_arg("experts"),
                                                                          value_arg("hidden")]}
@@ -111,7 +114,7 @@ def build(s: MoeShape, model: str, *, batch_invariant: bool = True, **limits) ->
             # the decode programs route and sort in one launch (moe_route_sort: the same ids,
             # weights and tiles as moe_route then moe_sort), within its bounds; prefill's many
             # rows keep a block a row for the router
-            fused = (first["op"] != "norm_gemm_swiglu" and s.experts <= table.FUSED_EXPERTS
+            fused = ((wide or first["op"] == "norm_gemv_swiglu") and s.experts <= table.FUSED_EXPERTS
                      and m["vars"][rows]["max"] * s.top_k <= table.FUSED_PAIRS)
             routing = [{"op": "moe_route_sort", "args": [router, ids, w, ws(p + "moe_sorted", [pairs], "i32"),
                                                          ws(p + "moe_pos", [pairs], "i32"), tile_buf(), value_arg(rows),
