@@ -101,9 +101,16 @@ def test_every_program_of_the_default_build_computes_a_row_alike(published):
     assert not {"kda_step", "kda_tokens"} & set(decode + wide + prefill)
     assert decode.count("moe_gather_gate_up") == decode.count("moe_gather_down") == 7 and "moe_sort" not in decode
     for entries in (prefill, wide):
-        assert [entries.count(e) for e in ("moe_sort", "moe_wg_gate_up", "moe_wg_down", "moe_router_gemm")] == \
-            [7, 7, 7, 7 + 6 * 2 + (entries is wide)]  # the router, each KDA layer's gate and beta, the wide LM head
+        assert [entries.count(e) for e in ("moe_sort", "moe_wg_gate_up", "moe_wg_down")] == [7, 7, 7]
         assert "linear_gemm" in entries and "linear_gemv" not in entries
+    # the f32 projections: the router, each KDA layer's gate and beta, the wide LM head
+    assert prefill.count("moe_router_gemm") == 7 + 6 * 2 and "moe_router_gemm_split" not in prefill
+    # the wide decode's few rows split K over 8 blocks a tile where the projection has few
+    # column tiles and K at least 8 units of 256 (the router, beta; KDA's low-rank ones, the o
+    # projections, MLA's q and latent, the shared experts' gate/up, the dense down): the same bits
+    assert wide.count("moe_router_gemm_split") == 7 + 6 and wide.count("moe_router_gemm") == 6 + 1
+    assert wide.count("linear_gemm_split") == 3 * 6 + 3 * 2 + 7 + 1 and wide.count("linear_gemm") == 6 * 2 + 7 + 1
+    assert "linear_gemm_split" not in prefill
     assert "linear_gemv" in decode and "linear_gemm" not in decode and "moe_router_gemm" not in decode
     assert "extern" not in json.dumps(published["ops"])
 

@@ -282,3 +282,9 @@ def test_the_plain_projection_gives_each_row_the_gemv_bytes_at_any_rows(gpu, ops
     assert not (want == 0xFFFF).any() and np.array_equal(out_of("linear_rows", 0, rows), want)
     for r in sorted({0, rows // 2, rows - 1}):
         assert np.array_equal(out_of("linear_rows", r, 1)[0], want[r]), f"row {r} alone != row {r} of {rows}"
+    # the wide decode's split (K over 8 blocks a column tile, the partials added in order)
+    tiles = -(-N // 128) * -(-rows // 64)
+    y = gpu.empty(rows * N * 2)
+    _run(gpu, ops["linear_rows_split"], dict(x=gpu.put(x), W=W, y=y, part=gpu.empty(tiles * 8 * 8192 * 4),
+                                             sem=gpu.put(np.zeros(tiles, np.int32)), rows=rows, N=N, K=K))
+    assert np.array_equal(gpu.get(y, BF16, (rows, N)), want), "linear_rows_split != the gemv"

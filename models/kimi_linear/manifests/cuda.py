@@ -27,8 +27,11 @@ as prefill does)."""
 
 from __future__ import annotations
 
+from math import prod
+
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
+from kern_models.llama.manifests.cuda import SPLIT_BELOW_TILES
 from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
 from kern_models.qwen3_moe.manifests.cuda import expert_problems
@@ -116,11 +119,23 @@ def _ops(kda_form: str, batch_invariant: bool) -> dict:
     moe = moe_table.ops()
     # many rows' f32 projections in the gemv's k order: the router's kernel (gemm_wg over 64 rows)
     # serves the gate's and beta's projections and the wide LM head as well
-    proj = {"linear_rows_f32": moe["moe_router_gemm"]} if batch_invariant else \
+    proj = {"linear_rows_f32": moe["moe_router_gemm"], "linear_rows_f32_split": moe["moe_router_gemm_split"]} \
+        if batch_invariant else \
         {"linear": dense_table.EXTERN_OPS["gemm"], "linear_f32": dense_table.EXTERN_OPS["gemm_logits"]}
     # MLA's attention on tensor cores in the default build; the faster build keeps the CUDA-core
     # kernel (its manifest byte for byte) until the tensor-core one is measured on the H200
     return {**dense, **moe, **table.ops(kda_form, "tensor" if batch_invariant else "cores"), **proj}
+
+
+def _size(e, const: dict) -> int:
+    """A size the calls name: an int, a constant's name, or a product or sum of them."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return _size(const[e], const)
+    (op, terms), = e.items()  # {"mul": [a, b, ..]} or {"add": [..]}
+    vals = [_size(t, const) for t in terms]
+    return prod(vals) if op == "mul" else sum(vals)
 
 
 class _Program:
@@ -132,6 +147,8 @@ class _Program:
         self.s, self.p, self.rows, self.seqs, self.kind, self.buffers = s, p, rows, seqs, kind, buffers
         self.kda_form, self.batch_invariant = kda_form, batch_invariant
         self.decode = kind != "prefill"
+        self.const = constants(s)
+        self.split_tiles = 0  # the most column tiles of a projection split over K (0: none)
 
     def proj(self, f32: bool) -> str:
         """A projection's op: cuBLASLt in the faster build; in the invariant one the gemv for
@@ -146,9 +163,24 @@ class _Program:
         self.buffers.setdefault(self.p + name, buffer(shape, "workspace", dtype))
         return buffer_arg(self.p + name)
 
+    def split(self, n, k) -> bool:
+        """Whether the wide decode splits this projection's K over 8 blocks a column tile (the
+        llama family's rule, SPLIT_BELOW_TILES: few tiles leave the GPU idle at a few rows), where
+        K holds a unit of the k order (256) for each of the 8 partials."""
+        if self.kind != "wide" or not self.batch_invariant:
+            return False
+        tiles = -(-_size(n, self.const) // dense_table.TILES["WG_BN"])
+        if tiles >= SPLIT_BELOW_TILES or _size(k, self.const) < dense_table.GEMM_SPLIT * 256:
+            return False
+        self.split_tiles = max(self.split_tiles, tiles)
+        return True
+
     def lin(self, x: str, w: str, y: str, n, k, f32: bool = False) -> dict:
-        return {"op": self.proj(f32), "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y),
-                                               value_arg(self.rows), value_arg(n), value_arg(k)]}
+        op, scratch = self.proj(f32), []
+        if self.split(n, k):  # the wide decode's few rows: the same bits in 8 blocks a tile
+            op, scratch = op + "_split", [buffer_arg(self.p + "gpart"), buffer_arg(self.p + "gsem")]
+        return {"op": op, "args": [buffer_arg(self.p + x), buffer_arg(w), buffer_arg(self.p + y), *scratch,
+                                   value_arg(self.rows), value_arg(n), value_arg(k)]}
 
     def kda(self, l: int) -> list[dict]:
         s, p, R = self.s, self.p, self.rows
@@ -397,6 +429,11 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
         pr.io_buffers()
         programs[prog] = {"calls": pr.calls(), "graph": kind != "prefill",
                           "batch": program_batch(groups, rows, kind != "prefill")}
+        if pr.split_tiles:  # the split projections' scratch and counters, for the widest of them
+            tiles = {"mul": [{"ceil_div": [rows, 64]}, pr.split_tiles]}
+            buffers[p + "gpart"] = buffer([{"mul": [tiles, dense_table.GEMM_SPLIT * dense_table.TILES["WG_SPLIT_PART"]]}],
+                                          "workspace", "f32")
+            buffers[p + "gsem"] = buffer([tiles], "carry", "i32")
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {n: op for n, op in _ops(kda_form, batch_invariant).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})

@@ -14,7 +14,8 @@ from kern_models.llama.kernels.cuda import table as dense
 # linear.cu runs llama's gemv.cuh and gemm_wg.cuh (their k order is the one every row keeps), so
 # nvcc gets the llama constants they read; every other size below is a kernel's own #define or a
 # parameter.
-TILES = {k: dense.TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_BIG_SMEM")}
+TILES = {k: dense.TILES[k] for k in ("GEMV_WARPS", "GEMV_COLS", "WG_BN", "WG_BIG_SMEM", "WG_SPLIT_SMEM",
+                                      "WG_SPLIT_PART")}
 CHUNK_THREADS = 256  # kda_chunked's block; a chunk is at most this many rows (its substitution: a thread a column)
 MAX_DIM = 128        # kda.cu KDA_MAX_DIM (and kda_tc.cu KDA_TC_MAX_DIM)
 # kda_tc.cu: chunks of KDA_TC_C positions (one m16 tile of rows, one k16 step over them), a block
@@ -164,6 +165,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("linear", "linear_gemv", _LINEAR, dense.GEMV_GRID, dense.GEMV_BLOCK),
     Kernel("linear", "linear_gemm", _LINEAR, dense.GEMM_BIG_GRID, dense.GEMM_BIG_BLOCK,
            shared_mem=dense.TILES["WG_BIG_SMEM"], tiles=(("x", (32, 64)), ("W", (32, 64)))),
+    # the wide decode's few rows of a projection with few column tiles: K over 8 blocks a tile
+    Kernel("linear", "linear_gemm_split", dense._split(_LINEAR), (*dense.GEMM_GRID, dense.GEMM_SPLIT), dense.GEMM_BLOCK,
+           shared_mem=dense.TILES["WG_SPLIT_SMEM"], tiles=(("x", (32, 64)), ("W", (32, 64))), writes=("y", "part")),
 )
 BY_ENTRY = {k.entry: k for k in KERNELS}
 MODULES = tuple(sorted({k.module for k in KERNELS}))
@@ -191,7 +195,7 @@ OPS = {
                              "mla_append", "mla_append_decode", "kimi_route", "add", "zero")},
     "mla_attention": _attention("mla_attend"), "mla_attention_decode": _attention("mla_attend_decode"),  # ops(): mla_form's
     # the batch-invariant build's projections: decode's rows, prefill's and the wide decode's
-    "linear": Op(("linear_gemv",)), "linear_rows": Op(("linear_gemm",)),
+    "linear": Op(("linear_gemv",)), "linear_rows": Op(("linear_gemm",)), "linear_rows_split": Op(("linear_gemm_split",)),
 }
 
 
