@@ -39,13 +39,14 @@ def test_kern_serves_the_131k_case_by_default_on_an_h200_at_8_layers(tmp_path):
         return kimi_long.kern_memory(man), kimi_long.kern_plan(man)
 
     mem, p = plan(kimi_long.POSITIONS)
-    # two MLA layers of 576 bf16 channels: 2,304 bytes a token, padded to 4,096; six KDA layers' state
+    # two MLA layers of 576 bf16 channels: 2,304 bytes a token, unpadded (pages of 36,864 bytes and the
+    # 18 MiB slot tile 18 MiB; padded to 4,096 they held 1.78x the latents); six KDA layers' state
     # and windows in f32: 13,467,648 bytes, and kda_tc's rows kept inside a chunk (32 heads x 48 x 128
     # f32 a layer, 4,718,592 bytes): 18,186,240, padded to 18 MiB
     assert kimi_long.raw_state(kimi_long.real_config(8)) == {"token_bytes": 2304, "slot_bytes": 13467648}
     assert kimi_long.raw_state(kimi_long.real_config(8), kda_rows=kimi_long.kda_rows("cuda")) == \
         {"token_bytes": 2304, "slot_bytes": 18186240}
-    assert mem["token_bytes"] == {"kv": 4096} and mem["slot_bytes"] == {"kda": 18 * MIB}
+    assert mem["token_bytes"] == {"kv": 2304} and mem["slot_bytes"] == {"kda": 18 * MIB}
     assert p["deployment_context"] == p["default_context"] == 132096 and p["note"] is None
     assert p["fits"] == {32832: True, 131136: True}
     # the budget is ~97 GiB after ~26 GiB of weights: memory is not what bounds the context
