@@ -142,7 +142,9 @@ def test_a_tiny_kern_serve_serves_prompts_of_thousands_of_tokens_and_holds_what_
         st = case["state"]
         assert st["computed_bytes_a_seq"] == kimi_long.kern_seq_bytes(mem, length + 16)
         # each finished sequence left its checkpoint cached: the pages of its prompt and every token
-        # out but the last (whose state was never written), and its slot
-        assert st["cached_after"]["units"] == {"kv": n * -(-(length + 15) // 16), "kda": n}
+        # out but the last (whose state was never written), and its slot; and the snapshot of its
+        # prompt's end, where a next turn resumes (a prompt token's MLA form is not a generated
+        # one's): a second slot and a copy of the page the prompt ends inside
+        assert st["cached_after"]["units"] == {"kv": n * (-(-(length + 15) // 16) + (length % 16 > 0)), "kda": 2 * n}
         # the most the running sequences leased at once: never past what a sequence holds at its end
         assert 0 < st["measured_bytes_a_seq"] <= st["computed_bytes_a_seq"]
