@@ -103,22 +103,37 @@ def test_a_prompt_s_recurrence_has_the_same_bits_cut_anywhere_and_decoded_in_any
     assert state[SLOT:2 * SLOT].tobytes() == want[SLOT:2 * SLOT].tobytes()
 
 
-def test_mla_gives_a_prompt_row_the_bits_of_the_same_row_decoded(kimi_cpu):
-    """A prompt chunk's row attends over exactly its own positions through decode's absorbed
-    arithmetic: the same bits as that position's one-row decode over the same latents (the
-    latents expanded into per-head keys for the chunk would sum in another order)."""
+def test_mla_gives_a_row_the_bits_its_role_fixes_wherever_its_prompt_was_cut(kimi_cpu):
+    """A prompt row (a position below its sequence's prompt_len) attends in the expanded form
+    over exactly its own positions: the same bits whether its prompt came whole or cut in
+    chunks, and within rounding of the absorbed form. A generated row fed to prefill again (a
+    preempted request recomputed: prompt_len at or below its position) gets decode's bits: the
+    absorbed form, as its one-row decode over the same latents gave it."""
     heads, nope, rope, v_dim, lora, page, ctx = 4, 16, 16, 16, 32, 16, 37
     geo = (0, 1, heads, nope, rope, v_dim, lora, page, (lora + rope) * 4)
     kv = np.zeros(4 * page * (lora + rope) * 4, np.uint8)
-    table, pos, cu = np.array([[2, 0, 3]], np.int32), np.arange(ctx, dtype=np.int32), np.array([0, ctx], np.int32)
-    kimi_cpu.mla_append(_rand(4, ctx, lora + rope), np.ones(lora, np.float32), kv, table, cu, pos, 0, 1, lora, rope,
-                        page, (lora + rope) * 4, 1e-6)
+    table, pos = np.array([[2, 0, 3]], np.int32), np.arange(ctx, dtype=np.int32)
+    kimi_cpu.mla_append(_rand(4, ctx, lora + rope), np.ones(lora, np.float32), kv, table, np.array([0, ctx], np.int32),
+                        pos, 0, 1, lora, rope, page, (lora + rope) * 4, 1e-6)
     q, kv_b = _rand(5, ctx, heads * (nope + rope)), _rand(6, heads * (nope + v_dim), lora)
-    chunk = np.empty((ctx, heads * v_dim), np.float32)
-    for lo, hi in ((0, 20), (20, 21), (21, ctx)):  # three chunks of one prompt
-        kimi_cpu.mla_attention(q[lo:hi], kv, table, np.array([0, hi - lo], np.int32), pos[lo:hi], kv_b, chunk[lo:hi],
-                               *geo)
-    for p in (0, 5, 16, 20, 36):
-        one = np.empty((1, heads * v_dim), np.float32)
-        kimi_cpu.mla_attention_decode(q[p:p + 1], kv, table, pos[p:p + 1], kv_b, one, *geo)
-        assert one[0].tobytes() == chunk[p].tobytes(), f"position {p}"
+
+    def prefill(cuts, prompt_len):
+        out = np.empty((ctx, heads * v_dim), np.float32)
+        for lo, hi in zip([0, *cuts], [*cuts, ctx]):
+            kimi_cpu.mla_attention(q[lo:hi], kv, table, np.array([0, hi - lo], np.int32), pos[lo:hi],
+                                   np.array([prompt_len], np.int32), kv_b, out[lo:hi], *geo)
+        return out
+
+    whole = prefill([], ctx)
+    assert prefill([20, 21], ctx).tobytes() == whole.tobytes()  # three chunks of one prompt
+    assert prefill([1, 2, 3, 17], ctx).tobytes() == whole.tobytes()
+    recomputed = prefill([20, 21], 21)  # rows 21.. were generated: recomputed after a preemption
+    assert recomputed[:21].tobytes() == whole[:21].tobytes()
+    decoded = np.empty((ctx, heads * v_dim), np.float32)
+    for p in range(ctx):
+        kimi_cpu.mla_attention_decode(q[p:p + 1], kv, table, pos[p:p + 1], kv_b, decoded[p:p + 1], *geo)
+    assert recomputed[21:].tobytes() == decoded[21:].tobytes()
+    # the prompt rows: the two forms of one sum, within f32 rounding and (but where one key
+    # leaves nothing to reorder) not the same bits
+    np.testing.assert_allclose(whole[:21], decoded[:21], rtol=1e-4, atol=1e-5)
+    assert sum(whole[p].tobytes() != decoded[p].tobytes() for p in range(1, 21)) == 20

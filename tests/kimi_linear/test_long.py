@@ -39,13 +39,14 @@ def test_kern_serves_the_131k_case_by_default_on_an_h200_at_8_layers(tmp_path):
         return kimi_long.kern_memory(man), kimi_long.kern_plan(man)
 
     mem, p = plan(kimi_long.POSITIONS)
-    # two MLA layers of 576 bf16 channels: 2,304 bytes a token, padded to 4,096; six KDA layers' state
+    # two MLA layers of 576 bf16 channels: 2,304 bytes a token, unpadded (pages of 36,864 bytes and the
+    # 18 MiB slot tile 18 MiB; padded to 4,096 they held 1.78x the latents); six KDA layers' state
     # and windows in f32: 13,467,648 bytes, and kda_tc's rows kept inside a chunk (32 heads x 48 x 128
     # f32 a layer, 4,718,592 bytes): 18,186,240, padded to 18 MiB
     assert kimi_long.raw_state(kimi_long.real_config(8)) == {"token_bytes": 2304, "slot_bytes": 13467648}
     assert kimi_long.raw_state(kimi_long.real_config(8), kda_rows=kimi_long.kda_rows("cuda")) == \
         {"token_bytes": 2304, "slot_bytes": 18186240}
-    assert mem["token_bytes"] == {"kv": 4096} and mem["slot_bytes"] == {"kda": 18 * MIB}
+    assert mem["token_bytes"] == {"kv": 2304} and mem["slot_bytes"] == {"kda": 18 * MIB}
     assert p["deployment_context"] == p["default_context"] == 132096 and p["note"] is None
     assert p["fits"] == {32832: True, 131136: True}
     # the budget is ~97 GiB after ~26 GiB of weights: memory is not what bounds the context
@@ -141,7 +142,9 @@ def test_a_tiny_kern_serve_serves_prompts_of_thousands_of_tokens_and_holds_what_
         st = case["state"]
         assert st["computed_bytes_a_seq"] == kimi_long.kern_seq_bytes(mem, length + 16)
         # each finished sequence left its checkpoint cached: the pages of its prompt and every token
-        # out but the last (whose state was never written), and its slot
-        assert st["cached_after"]["units"] == {"kv": n * -(-(length + 15) // 16), "kda": n}
+        # out but the last (whose state was never written), and its slot; and the snapshot of its
+        # prompt's end, where a next turn resumes (a prompt token's MLA form is not a generated
+        # one's): a second slot and a copy of the page the prompt ends inside
+        assert st["cached_after"]["units"] == {"kv": n * (-(-(length + 15) // 16) + (length % 16 > 0)), "kda": 2 * n}
         # the most the running sequences leased at once: never past what a sequence holds at its end
         assert 0 < st["measured_bytes_a_seq"] <= st["computed_bytes_a_seq"]

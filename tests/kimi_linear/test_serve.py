@@ -42,13 +42,21 @@ def test_64_streams_at_once_and_the_pool_back_to_its_baseline(kimi_config, kimi_
                 model=server.driver.info.model_name, prompt=[1 + (i * 37 + j * 11) % 200 for j in range(6 + i % 20)],
                 max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
             chunks = [ch async for ch in stream]
-            peak.append(server.driver.stats.running)
             return chunks[-1].usage.completion_tokens
 
+        async def watch(done: asyncio.Event):  # the running count while the streams run, not as each ends
+            while not done.is_set():
+                peak.append(server.driver.stats.running)
+                await asyncio.sleep(0.002)
+
         async def everyone():
+            done = asyncio.Event()
+            watcher = asyncio.create_task(watch(done))
             try:
                 return await asyncio.gather(*(one(i) for i in range(64)))
             finally:
+                done.set()
+                await watcher
                 await client.close()
 
         made = asyncio.run(everyone())

@@ -8,6 +8,8 @@ as the Qwen3-MoE block reads them."""
 
 from __future__ import annotations
 
+from math import lcm
+
 from kern_models.common.manifest_parts import embed_and_head, weight
 
 from ..config import KDA, KimiShape
@@ -103,18 +105,37 @@ def padded(raw: int) -> int:
     return 1 << (raw - 1).bit_length() if raw <= SLOT_ALIGN else -(-raw // SLOT_ALIGN) * SLOT_ALIGN
 
 
+CHUNK_SPAN = 64 << 20  # the common multiple of the units an unpadded MLA token may bring, at most
+
+
+def token_padded(raw: int, slot: int) -> int:
+    """An MLA token's bytes as the pages hold them: unpadded where a page of them (PAGE_TOKENS
+    tokens), the pool's smallest chunk and the slot still tile a chunk of at most CHUNK_SPAN
+    (or the slot's own multiple of SLOT_ALIGN, if larger), else padded(). The 8-layer Kimi shape's
+    2 x 576 bf16 = 2,304 bytes a token: pages of 36,864 tile 18 MiB with its 18 MiB slot, where
+    the power of two (4,096) held 1.78x the latents; the published 27 layers' 8,064 (a common
+    multiple of 126 MiB with 2 MiB) keep 8,192 (1.6%). A stride of whole 128-byte lines either
+    way: the kernels' 16-byte copies stay aligned."""
+    span = max(CHUNK_SPAN, lcm(SLOT_ALIGN, slot))
+    if raw % 128 == 0 and lcm(raw * PAGE_TOKENS, SLOT_ALIGN, slot) <= span:
+        return raw
+    return padded(raw)
+
+
 def state_constants(s: KimiShape, elem: int, kda_rows: int = 0) -> dict:
     """The bytes of a token of the MLA cache (`elem` bytes an element) and of a KDA slot (f32),
     each padded (the kernels address units by these strides, the used part first). kda_rows:
     rows of dim f32 a head a layer kept after every layer's state and window (sm_90a's kda_tc:
     the current chunk's k, gc and v', 3 x 16)."""
     out = {}
-    if s.mla_layers:
-        out["kv_token_bytes"] = padded(len(s.mla_layers) * (s.kv_lora + s.rope) * elem)
+    slot = 1
     if s.kda_layers:
-        out["kda_slot_bytes"] = padded(len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2
-                                                            + (s.conv - 1) * 3 * s.qkv
-                                                            + kda_rows * s.qkv) * 4)
+        slot = padded(len(s.kda_layers) * (s.kda_heads * s.kda_dim ** 2 + (s.conv - 1) * 3 * s.qkv
+                                           + kda_rows * s.qkv) * 4)
+    if s.mla_layers:
+        out["kv_token_bytes"] = token_padded(len(s.mla_layers) * (s.kv_lora + s.rope) * elem, slot)
+    if s.kda_layers:
+        out["kda_slot_bytes"] = slot
     return out
 
 

@@ -64,7 +64,7 @@ def ops(kda_form: str = "tokens") -> dict:
         "mla_append_decode": op("mla_append_decode", "ckv: " + fb, "norm_w: " + fb, "kv: " + st,
                                 "page_table: " + ib, "pos: " + ib, *append),
         "mla_attention": op("mla_attention", "q: " + fb, "kv: in state", "page_table: " + ib, "cu_seqlens: " + ib,
-                            "pos: " + ib, "kv_b: " + fb, "o: out buffer<f32>", *mla),
+                            "pos: " + ib, "prompt_len: " + ib, "kv_b: " + fb, "o: out buffer<f32>", *mla),
         "mla_attention_decode": op("mla_attention_decode", "q: " + fb, "kv: in state", "page_table: " + ib,
                                    "pos: " + ib, "kv_b: " + fb, "o: out buffer<f32>", *mla),
         "kimi_route": op("route", "logits: " + fb, "bias: " + fb, "ids: out buffer<i32>", "weights: out buffer<f32>",
@@ -96,6 +96,8 @@ def _buffers(s: KimiShape, p: str, rows, decode: bool) -> dict:
                                       domain={"index_into": "kv", "stride": "page_tokens"}),
                 p + "q": ws(rows, "q_dim"), p + "ckv": ws(rows, "latent"),
                 p + "attn": ws(rows, {"mul": ["heads", "v_dim"]})}
+        if not decode:  # a prompt token attends in the expanded form, a generated one absorbed (kernels.mla_attention)
+            out[p + "prompt_len"] = buffer(["seqs"], "input", "i32", fill="prompt_len")
         if s.q_lora is not None:
             out |= {p + "q_low": ws(rows, "q_lora"), p + "q_normed": ws(rows, "q_lora")}
     if any(s.sparse):
@@ -148,7 +150,7 @@ def _mla(s: KimiShape, p: str, l: int, decode: bool) -> list[dict]:
          "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *table, value_arg(k), value_arg("mla_layers"), value_arg("kv_lora"), value_arg("rope"),
                   value_arg("page_tokens"), value_arg("kv_token_bytes"), value_arg(s.eps)]},
         {"op": "mla_attention_decode" if decode else "mla_attention",
-         "args": [buffer_arg(p + "q"), kv, *table, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), value_arg(k), value_arg("mla_layers"), value_arg("heads"),
+         "args": [buffer_arg(p + "q"), kv, *table, *([] if decode else [buffer_arg(p + "prompt_len")]), buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), value_arg(k), value_arg("mla_layers"), value_arg("heads"),
                   value_arg("nope"), value_arg("rope"), value_arg("v_dim"), value_arg("kv_lora"), value_arg("page_tokens"), value_arg("kv_token_bytes")]},
         lin("attn", f"o_w.{l}", "attn_out"),
     ]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..manifest.protocol import PROMPT_ALL
+
 _BY_MODEL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -74,6 +76,8 @@ def step_inputs(model, seqs: list[list[int]], starts: list[int], leases: list, r
         inputs[st.inputs["seq_len"]] = np.array([a + len(s) for s, a in zip(seqs, starts)], np.int32)
     if "cu_seqlens" in st.inputs:
         inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(s) for s in seqs], dtype=np.int32)
+    if "prompt_len" in st.inputs:  # a driver's rows are all prompt tokens
+        inputs[st.inputs["prompt_len"]] = np.full(n, PROMPT_ALL, np.int32)
     reach = max(a + len(s) for s, a in zip(seqs, starts))
     return st, st.vars_for(n, sum(map(len, seqs)), reach=reach), inputs
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..manifest.protocol import Stepper
+from ..manifest.protocol import PROMPT_ALL, Stepper
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +177,7 @@ def feed(step: ScriptStep, st: Stepper, seqs: tuple[Seq, ...], widths: dict[str,
         "temperature": np.zeros(draws, np.float32),
         "rng": np.zeros((draws, 2), np.int32),
         "mask_row": np.zeros(draws, np.int32),  # no row masked (the mask's words are never read)
+        "prompt_len": np.full(groups, PROMPT_ALL, np.int32),  # a script's rows are all prompt tokens
     }
     for role, buf in st.inputs.items():
         if role != "mask":

@@ -51,6 +51,9 @@ class Loop:
         self.context = limits.context
         self.model_name = model_name
         self.runner = Runner(engine, self.protocol, self._scratch(), limits.max_seqs)
+        # prompt and generated tokens take different forms: the programs read each request's
+        # prompt length, and the prefix cache keys the two roles apart (SequenceState.keys)
+        self.roles = self.runner.roles
         self._token_domain = engine.domain(self.runner.ragged.inputs["token"])
         self._warm: set[tuple[int, int, int]] = set()
         self.scheduler = Scheduler(paging, limits, self.runner.decode_groups, self.runner.mixed_groups,
@@ -161,7 +164,7 @@ class Loop:
         seed = params.seed if params.seed is not None else seed_of(request_id)
         text = TextStream(self.tokenizer, params.stop, prompt_ids)
         self.scheduler.waiting.append(SequenceState(request_id, list(prompt_ids), params, text, seed,
-                                                    constraint=constraint))
+                                                    constraint=constraint, roles=self.roles))
         self._ids.add(request_id)
 
     def abort(self, request_id: str) -> None:
@@ -211,9 +214,10 @@ class Loop:
         seqs, feeds = [], []
         for s, n in plan.rows:
             part = s.span(s.written, n)
-            self.paging.extend(s.lease, part)
+            self.paging.extend(s.lease, s.keys(s.written, n))
             s.written += n
-            feeds.append(Feed(part, s.written - n, Units.of(s.lease), *self._draw_at(s, s.pending == 0)))
+            feeds.append(Feed(part, s.written - n, Units.of(s.lease), *self._draw_at(s, s.pending == 0),
+                              prompt=len(s.prompt)))
             seqs.append(s)
         emitting = [i for i, s in enumerate(seqs) if s.pending == 0]
         masked = [i for i in emitting if seqs[i].constraint is not None and not self._host_draws(seqs[i])]
@@ -257,9 +261,9 @@ class Loop:
         seqs = [s for s, _ in plan.rows]
         feeds, keys = [], [[] for _ in range(k - 1)]
         for s in seqs:
-            self.paging.extend(s.lease, [s.out[-1]], ahead=k - 1)  # pages bound by the scheduler
+            self.paging.extend(s.lease, [s.key(s.out[-1])], ahead=k - 1)  # pages bound by the scheduler
             t, key = self._draw_at(s, True)  # the scheduler runs ahead only rows the device draws
-            feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t, key))
+            feeds.append(Feed([s.out[-1]], s.written, Units.of(s.lease), t, key, prompt=len(s.prompt)))
             for j in range(1, k):
                 keys[j - 1].append(draw_key(s.seed, len(s.out) + j) if t else 0)
         made: list[list[int]] = [[] for _ in seqs]
@@ -285,7 +289,7 @@ class Loop:
         self.runner.run_ahead(feeds, k, keys if any(f.temperature for f in feeds) else None, each)
         for s, new in zip(seqs, made):
             written = new[:-1]  # the state of every kept token but the last is on the device
-            self.paging.extend(s.lease, written, ahead=k - 1 - len(written))  # the rest goes back
+            self.paging.extend(s.lease, [s.key(t) for t in written], ahead=k - 1 - len(written))  # the rest goes back
             s.written += 1 + len(written)
             if s.finish is not None:
                 # a row that ended mid-run had its slots stepped past its last kept token: a

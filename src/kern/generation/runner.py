@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..manifest.protocol import ServingProtocol, Stepper
+from ..manifest.protocol import PROMPT_ALL, ServingProtocol, Stepper
 
 if TYPE_CHECKING:
     from ..world.stepping import StepEngine
@@ -26,6 +26,7 @@ class Feed:
     temperature: float = 0.0  # the device draws the next token at this temperature (0: argmax)
     key: int = 0  # the 64-bit key of that draw
     mask: np.ndarray | None = None  # int32 [words]: the tokens that draw may take (a grammar's bitmask)
+    prompt: int = PROMPT_ALL  # its request's prompt length: rows below it are prompt tokens (role prompt_len)
 
 
 class Units:
@@ -108,6 +109,8 @@ class Runner:
         self.samples = all({"temperature", "rng"} <= s.inputs.keys() for s in protocol.steppers)
         # ... and under a token mask (roles mask and mask_row): a grammar's rows draw there too
         self.masks = all({"mask", "mask_row"} <= s.inputs.keys() for s in protocol.steppers)
+        # prompt and generated tokens take different forms (role prompt_len): decodes()
+        self.roles = any("prompt_len" in s.inputs for s in [*protocol.steppers, protocol.verify] if s)
 
     def scratch_feed(self, position: int, steps: int = 1) -> Feed:
         """A row whose every page is the scratch page, for `steps` steps from `position`: it
@@ -129,9 +132,15 @@ class Runner:
             r = st.reach_bucket(r + 1)
         return out + [top]
 
+    def decodes(self, f: Feed) -> bool:
+        """Whether a feed is a decode row: one token, and where the programs read prompt_len
+        (prompt and generated tokens take different forms), a generated one: a prompt token fed
+        alone (a token budget of 1, say) still takes the ragged program, as in a longer chunk."""
+        return len(f.tokens) == 1 and not (self.roles and f.start < f.prompt)
+
     def stepper_for(self, feeds: list[Feed]) -> Stepper:
         n = len(feeds)
-        if all(len(f.tokens) == 1 for f in feeds) and n <= self.decode_max:
+        if all(self.decodes(f) for f in feeds) and n <= self.decode_max:
             n = bucket(n, self.sizes) if self.graphs else n
             return next(d for d in self.decoders if d.groups_max >= n)
         return self.ragged
@@ -146,11 +155,11 @@ class Runner:
         every row (which launches eagerly, far slower per row). The decode graphs go first and
         the host does not wait for them before the ragged run's launches (programs with inputs
         of their own): those launches' host time overlaps the graphs' device time."""
-        single = [i for i, f in enumerate(feeds) if len(f.tokens) == 1]
+        single = [i for i, f in enumerate(feeds) if self.decodes(f)]
         if not self.graphs or not single or (len(single) == len(feeds) and len(feeds) <= self.decode_max):
             return self._launch(self.stepper_for(feeds), feeds, logits)()
         parts = [single[j:j + self.decode_max] for j in range(0, len(single), self.decode_max)]
-        parts += [[i for i in range(len(feeds)) if len(feeds[i].tokens) > 1]]
+        parts += [[i for i in range(len(feeds)) if not self.decodes(feeds[i])]]
         parts = [(idx, [feeds[i] for i in idx]) for idx in parts if idx]
         steppers = [self.stepper_for(sub) for _, sub in parts]
         got = []  # each part's read, made at once where a later run is of its program
@@ -194,6 +203,8 @@ class Runner:
             inputs[si.buffer] = np.array([f.units.slots[si.state] for f in feeds], np.int32)
         if "seq_len" in st.inputs:  # positions each sequence holds after this step
             inputs[st.inputs["seq_len"]] = np.array([f.start + len(f.tokens) for f in feeds], np.int32)
+        if "prompt_len" in st.inputs:
+            inputs[st.inputs["prompt_len"]] = np.array([f.prompt for f in feeds], np.int32)
         if "cu_seqlens" in st.inputs:
             inputs[st.inputs["cu_seqlens"]] = np.cumsum([0] + [len(f.tokens) for f in feeds], dtype=np.int32)
         if "temperature" in st.inputs:

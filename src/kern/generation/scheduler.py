@@ -16,6 +16,7 @@ from .sequence import SequenceState
 class Running:
     id: str
     pending: int  # tokens to feed before its next token (1: a decode row)
+    prompt: bool = False  # its next row is a prompt token of a deployment whose roles differ: a prefill row
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +41,11 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
     rows: list[Row] = []
     left = budget
     for r in running:
-        if r.pending == 1 and left > 0 and len(rows) < decode_groups:
+        if r.pending == 1 and not r.prompt and left > 0 and len(rows) < decode_groups:
             rows.append(Row(r.id, 1))
             left -= 1
     for r in running:
-        if r.pending > 1 and left > 0 and len(rows) < mixed_groups:
+        if (r.pending > 1 or r.prompt) and left > 0 and len(rows) < mixed_groups:
             n = min(r.pending, left, chunk_max)
             rows.append(Row(r.id, n))
             left -= n
@@ -99,7 +100,8 @@ class Scheduler:
         k = self._ahead(host_draws)
         if k > 1:
             return StepPlan([(s, 1) for s in self.running], k)
-        rows = schedule([Running(s.id, s.pending) for s in self.running], self.limits.budget, self.chunk_max,
+        rows = schedule([Running(s.id, s.pending, s.roles and s.written < len(s.prompt)) for s in self.running],
+                        self.limits.budget, self.chunk_max,
                         self.decode_groups, self.mixed_groups)
         by_id = {s.id: s for s in self.running}
         return StepPlan(self._grow([(by_id[r.id], _upto_snapshot(by_id[r.id], r.tokens)) for r in rows]))
@@ -109,7 +111,7 @@ class Scheduler:
             return
         for _ in range(admissions(len(self.waiting), len(self.running), self.limits.max_seqs)):
             s = self.waiting[0]
-            grant = self.paging.try_lease(s.tokens, self._promise(s))
+            grant = self.paging.try_lease(s.keys(0, len(s.prompt) + len(s.out)), self._promise(s))
             if grant is None:
                 return  # the pool says wait: the head keeps its place
             self.waiting.popleft()
@@ -128,13 +130,15 @@ class Scheduler:
           prompt of an earlier request, which went on past it) snapshots where the sharing
           ends: the next prompt that shares it starts there;
         - where decode runs ahead, the prompt's end: a request that stops inside a run is not
-          cached at its end (its slot ran past it), and its next turn starts from here.
+          cached at its end (its slot ran past it), and its next turn starts from here; so too
+          where prompt and generated tokens take different forms (SequenceState.roles): the
+          next turn recomputes the reply as prompt tokens, from here.
         None shorter than a page (cheaper to recompute than a slot is to copy and hold); none
         for paged states alone (a prefix of any length is usable)."""
         if not self.recurrent:
             return []
-        at = {self.paging.pool.shared(s.tokens)}
-        if self.limits.run_ahead > 1 and not s.out:
+        at = {self.paging.pool.shared(s.keys(0, len(s.prompt) + len(s.out)))}
+        if (self.limits.run_ahead > 1 or s.roles) and not s.out:
             at.add(len(s.prompt))
         return sorted(n for n in at if n > cached and n >= self.paging.page_tokens)
 

@@ -9,6 +9,9 @@ from .detok import TextStream
 from .params import SamplingParams
 
 
+GENERATED = 1 << 30  # a generated token's pool key where roles differ: its id with this bit (ids are below it)
+
+
 @dataclass(eq=False)
 class SequenceState:
     id: str
@@ -24,6 +27,7 @@ class SequenceState:
     snapshots: list[int] = field(default_factory=list)  # prefill chunks end at these lengths, checkpointed there
     finish: str | None = None
     constraint: object | None = None  # its grammar's matcher (llguidance.LLMatcher), fed every token drawn
+    roles: bool = False  # the deployment computes prompt and generated tokens in different forms (role prompt_len)
 
     @property
     def tokens(self) -> list[int]:
@@ -35,6 +39,22 @@ class SequenceState:
         if start >= p:
             return self.out[start - p:start - p + n]
         return self.prompt[start:start + n] + self.out[:max(0, start + n - p)]
+
+    def keys(self, start: int, n: int) -> list[int]:
+        """tokens[start:start + n] as the pool keys them. Where the deployment computes a prompt
+        token and a generated one in different forms (`roles`), a generated token's key carries
+        GENERATED: a cached token then serves only a token of its own role (the next turn of a
+        chat recomputes the last reply as prompt tokens, as a cold server would), and a resumed
+        request still finds its own generated tokens."""
+        span = self.span(start, n)
+        if not self.roles:
+            return span
+        p = len(self.prompt)
+        return [t | GENERATED if start + i >= p else t for i, t in enumerate(span)]
+
+    def key(self, token: int) -> int:
+        """A generated token's pool key (keys())."""
+        return token | GENERATED if self.roles else token
 
     @property
     def left(self) -> int:

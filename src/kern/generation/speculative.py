@@ -192,9 +192,9 @@ class Speculator:
             return None
         feeds = []
         for s, p in zip(seqs, props):
-            loop.paging.extend(s.lease, [s.out[-1]], ahead=len(p))
+            loop.paging.extend(s.lease, [s.key(s.out[-1])], ahead=len(p))
             t = s.params.device_temperature
-            feeds.append(Feed([s.out[-1]] + p, s.written, Units.of(s.lease), t))
+            feeds.append(Feed([s.out[-1]] + p, s.written, Units.of(s.lease), t, prompt=len(s.prompt)))
             s.written += 1
         tokens, accepted = loop.runner.verify(feeds, [kk[:len(p) + 1] for kk, p in zip(keys, props)])
         out, at = [], 0
@@ -205,7 +205,7 @@ class Speculator:
             self._learn(s, len(p), a)
             used, text, finish = loop._append(s, new, [])
             committed = p[:min(a, used - 1)]  # the rows whose state a plain decode would hold now
-            loop.paging.extend(s.lease, committed)
+            loop.paging.extend(s.lease, [s.key(t) for t in committed])
             s.written += len(committed)
             out.append(loop._close(s, new[:used], text, [], finish))
         self.proposer.settle(seqs, kept)

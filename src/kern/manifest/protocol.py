@@ -208,6 +208,9 @@ def derive(v: Verified) -> ServingProtocol:
 # tokens proposed after it (token, position, cu_seqlens), each row's own draw (temperature,
 # rng), the target's token a row (tokens) and how many proposed tokens each sequence keeps
 # (accepted: the longest prefix of its proposal equal to the target's tokens).
+# role prompt_len where the rows are not a request's (a driver's, kern test's script's): every row
+# a prompt token
+PROMPT_ALL = (1 << 31) - 1
 VERIFY_ROLES = ({"token", "position", "cu_seqlens", "temperature", "rng"}, {"tokens", "accepted"})
 
 

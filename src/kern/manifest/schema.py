@@ -84,9 +84,10 @@ DType = Literal["bf16", "f16", "f32", "i8", "u8", "i32", "u32", "i64", "u64"]
 DTYPE_BYTES: dict[str, int] = {
     "bf16": 2, "f16": 2, "f32": 4, "i8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8,
 }
-INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row")
+INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row",
+               "prompt_len")
 OUTPUT_ROLES = ("tokens", "logits", "accepted")
-Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row", "tokens",
+Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row", "prompt_len", "tokens",
                "logits", "accepted"]
 BufferKind = Literal["input", "output", "weight", "workspace", "carry", "peer", "pointers"]
 

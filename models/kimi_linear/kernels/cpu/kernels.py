@@ -261,18 +261,36 @@ def _mla_row(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_
     o[:] = np.einsum("hc,hdc->hd", a @ lat, wb[:, nope:]).reshape(-1)
 
 
-def mla_attention(q, kv, page_table, cu_seqlens, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,
-                  page_tokens, token_bytes):
+def _mla_row_expanded(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_tokens):
+    """One prompt row at position p in the expanded form (transformers'): the first p + 1
+    latents mapped through kv_b into each head's keys and values, scores of the query against
+    them plus the key part's, the weighted values out. A third of the absorbed form's
+    arithmetic a key (nope + rope + v_dim against kv_lora + rope + kv_lora a head), what a long
+    prompt's prefill wants; every call's shape set by p and the weights alone, as _mla_row's."""
+    lat, kr = _cached(pages, table, layer, p + 1, page_tokens, kv_lora)
+    qh = q.reshape(heads, nope + rope)
+    k = np.einsum("tc,hdc->htd", lat, wb[:, :nope])                                          # [heads, ctx, nope]
+    v = np.einsum("tc,hdc->htd", lat, wb[:, nope:])                                          # [heads, ctx, v_dim]
+    a = _softmax_rows((np.einsum("hd,htd->ht", qh[:, :nope], k) + qh[:, nope:] @ kr.T) * F32((nope + rope) ** -0.5))
+    o[:] = np.einsum("ht,htd->hd", a, v).reshape(-1)
+
+
+def mla_attention(q, kv, page_table, cu_seqlens, pos, prompt_len, kv_b, o, layer, layers, heads, nope, rope, v_dim,
+                  kv_lora, page_tokens, token_bytes):
     """Prefill: each sequence's rows (q [rows, heads * (nope + rope)]) attend causally to its
-    cached rows, o [rows, heads * v_dim]: a row at a time through decode's arithmetic (_mla_row),
-    so a prompt token's bits are the same in a chunk of any size and decoded after a cache hit.
-    (The form before expanded the latents into per-head keys and values over the chunk's
-    longest context under a causal mask: an order of summation the chunk set.)"""
+    cached rows, o [rows, heads * v_dim], a row at a time in the form its role fixes: a prompt
+    token (a position below its sequence's prompt_len) expanded (_mla_row_expanded), a
+    generated one fed again (a preempted request recomputed) absorbed through decode's
+    arithmetic (_mla_row). So a token's bits are the same in a chunk of any size, beside any
+    rows, and a generated token's are decode's; a prompt token's differ from what decode would
+    give it, and the prefix cache keys the roles apart (kern.generation.sequence.GENERATED)."""
     pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
     for s in range(len(cu_seqlens) - 1):
         for r in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
-            _mla_row(q[r], pages, page_table[s], int(pos[r]), wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
+            p = int(pos[r])
+            row = _mla_row_expanded if p < int(prompt_len[s]) else _mla_row
+            row(q[r], pages, page_table[s], p, wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
 
 
 def mla_attention_decode(q, kv, page_table, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,

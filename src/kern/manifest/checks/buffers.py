@@ -14,7 +14,7 @@ from ..problems import Problem
 
 _ROLE_DTYPES = {"token": ("i32",), "position": ("i32",), "slot": ("i32",), "seq_len": ("i32",),
                 "cu_seqlens": ("i32",), "temperature": ("f32",), "rng": ("i32",), "mask": ("i32",),
-                "mask_row": ("i32",), "tokens": ("i32",),
+                "mask_row": ("i32",), "prompt_len": ("i32",), "tokens": ("i32",),
                 "logits": ("f32", "bf16", "f16"), "accepted": ("i32",)}
 _INTEGER = ("i32", "u32", "i64", "u64", "i8", "u8")
 

@@ -94,7 +94,7 @@ def _roles(c: Context, pname: str, accesses) -> Iterator[Problem]:
 # `mask` holds the step's masked rows' bitmasks, as many as its own var says (no batch count).
 _ROLE_AXIS = {"token": ("rows",), "position": ("rows",), "cu_seqlens": ("groups + 1",), "slot": ("groups",),
               "seq_len": ("groups",), "temperature": ("groups", "rows"), "rng": ("groups", "rows"),
-              "mask": (), "mask_row": ("groups", "rows"),
+              "mask": (), "mask_row": ("groups", "rows"), "prompt_len": ("groups",),
               "tokens": ("groups", "rows"), "logits": ("groups", "rows"), "accepted": ("groups",)}
 
 
