@@ -87,8 +87,8 @@ DTYPE_BYTES: dict[str, int] = {
 INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row",
                "prompt_len")
 OUTPUT_ROLES = ("tokens", "logits", "accepted")
-Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row", "prompt_len", "tokens",
-               "logits", "accepted"]
+Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row",
+               "prompt_len", "tokens", "logits", "accepted"]
 BufferKind = Literal["input", "output", "weight", "workspace", "carry", "peer", "pointers"]
 
 
