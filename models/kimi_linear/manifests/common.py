@@ -105,7 +105,7 @@ def padded(raw: int) -> int:
     return 1 << (raw - 1).bit_length() if raw <= SLOT_ALIGN else -(-raw // SLOT_ALIGN) * SLOT_ALIGN
 
 
-CHUNK_SPAN = 64 << 20  # the common multiple of the units an unpadded MLA token may bring, at most
+CHUNK_SPAN = 64 << 20  # the pool's largest chunk (runtime/paging.py MAX_CHUNK): an unpadded token's units tile it
 
 
 def token_padded(raw: int, slot: int) -> int:
