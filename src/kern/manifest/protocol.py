@@ -53,6 +53,8 @@ class Stepper:
     reach_max: int = 0
     mask_var: str | None = None  # the var set to the rows of the `mask` input a step fills (bucketed)
     mask_max: int = 0  # the most rows the `mask` input holds (0: no mask input)
+    keys_var: str | None = None  # the var set to the prompt keys a step's rows attend over (prompt_keys)
+    keys_max: int = 0
 
     @property
     def ragged(self) -> bool:
@@ -194,6 +196,7 @@ def derive(v: Verified) -> ServingProtocol:
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
             inputs=inputs, outputs=outputs, page_tables=tuple(tables), slots=tuple(slots),
             reach_var=reach, reach_max=env_max[reach] if reach else 0,
+            keys_var=prog.batch.keys, keys_max=env_max[prog.batch.keys] if prog.batch.keys else 0,
             mask_var=mask_var, mask_max=evaluate(mask, env_max) if mask is not None else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
     verify = _verifier(steppers)
@@ -202,6 +205,18 @@ def derive(v: Verified) -> ServingProtocol:
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
     return ServingProtocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers, verify)
+
+
+def prompt_keys(cu_seqlens, positions, prompt_len) -> int:
+    """The prompt keys a step's rows attend over (a Batch.keys var's value): for each sequence
+    with a prompt row (its rows are consecutive positions; a prompt row's is below its
+    prompt_len), the positions up to its last prompt row, summed."""
+    total = 0
+    for s in range(len(prompt_len)):
+        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
+        if r1 > r0 and int(positions[r0]) < int(prompt_len[s]):
+            total += min(int(positions[r1 - 1]) + 1, int(prompt_len[s]))
+    return total
 
 
 # What a verify program reads and writes: each sequence's rows are its last token and the k

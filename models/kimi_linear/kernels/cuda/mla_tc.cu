@@ -265,17 +265,20 @@ __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const
                                            kv_lora, d0, splits, s_last);
 }
 
-// Prefill: a block a (row, 32 heads), two groups sharing the key tiles. Grid (rows,
-// ceil(heads / 32)), block 256.
+// Prefill's generated rows (a preempted request's, recomputed: decode's form), a block a (row,
+// 32 heads), two groups sharing the key tiles; a prompt row (pos < its sequence's prompt_len)
+// exits: mla_attend_x computes it. Grid (rows, ceil(heads / 32)), block 256.
 extern "C" __global__ void __launch_bounds__(256, 1)
 mla_attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
               const int *__restrict__ page_table, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
-              float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs, int layer, int layers, int heads,
-              int nope, int rope, int kv_lora, int page_tokens, int token_bytes, int chunk) {
+              const int *__restrict__ prompt_len, float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs,
+              int layer, int layers, int heads, int nope, int rope, int kv_lora, int page_tokens, int token_bytes,
+              int chunk) {
     extern __shared__ __align__(16) unsigned char mla_smem[];
     const int r = blockIdx.x;
     if (r >= rows || chunk <= 0 || chunk % MLA_BN) return;
     const int s = seq_of_row(cu_seqlens, n_seqs, r);
+    if (pos[r] < prompt_len[s]) return;  // a prompt token: the expanded form's (mla_attend_x)
     attend_tc<2, false>(q_lat, q, kv, page_table + (size_t)s * pages_per_seq, o_lat, nullptr, nullptr, nullptr, r,
                         blockIdx.y * 32, pos[r] + 1, layer, heads, nope, rope, kv_lora, page_tokens, token_bytes,
                         chunk, 1, mla_smem, nullptr);
@@ -442,5 +445,243 @@ mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf
         for (int j = 0; j < MLA_PT_ENT; ++j)
             if (n0 + 8 * j < v_dim)
                 *reinterpret_cast<unsigned *>(out + 8 * j) = pack_bf2(acc[j][2 * hh], acc[j][2 * hh + 1]);
+    }
+}
+
+// ---- the expanded form: a prompt's rows ---------------------------------------------------------
+// A prompt token attends in the non-absorbed form, whatever step carries it (a generated token
+// always in the absorbed one above: the form is fixed by the token's role, so its bits are too;
+// docs/hybrid.md). Per (row, head) the query [q_nope | q_rope] (nope + rope channels, as q
+// holds them) against each key's [k_nope (nope, expanded) | k_rope (rope, the cache's key
+// part)], the softmax-weighted values (v_dim, expanded) out: a third of the absorbed form's
+// arithmetic at Kimi's shape (192 + 128 against 576 + 512 a (query, key, head)).
+//
+// The keys' expansion is a GEMM before this op (kx = latent x kv_b^T through the invariant
+// linear_gemm, a key a row: the same bits for a key whatever step expands it). A step's
+// sequences with a prompt row need their keys 0 .. the last prompt row's position: `mla_keys`
+// numbers them (koff, each sequence's first key in kx), `mla_gather` copies their latents
+// from the pages into lat, the GEMM's x. kx [keys, heads x (nope + v_dim)]: a head's k_nope
+// then its value, kv_b's row order.
+//
+// The order of one (prompt row, head) over its keys 0 .. pos: tiles of MLA_X_BN keys from key
+// 0; a tile's scores S = q K^T on mma.sync m16n8k16, the (nope + rope) / 16 k16 steps in order
+// from 0 into one accumulator; then attention_tc.cuh's softmax and P V (attn_softmax_pv: scale
+// 1 / sqrt(nope + rope) in log2 units, running max, exp2, P rounded to bf16 times V on mma,
+// l a thread's columns added in the quad's xor order at the end); o = acc / l rounded to bf16.
+// One running (m, l, acc) a row (no chunks: nothing else computes a prompt row, so no split
+// to agree with). A tile past a row's position passes it unchanged (attention_tc.cuh), so a
+// block may walk more keys than a row needs; the mma's sums of a row depend on that row alone.
+// So a prompt token's bits depend on its sequence's tokens alone: not the batch, the cut, the cache.
+#define MLA_X_BM 64                         // query rows a block (4 warps x 16)
+#define MLA_X_BN 32                         // keys a tile
+#define MLA_X_MAX_QK 192                    // nope + rope, a multiple of 16
+#define MLA_X_MAX_V 128                     // v_dim, a multiple of 8
+#define MLA_X_KP (MLA_X_MAX_QK + 8)         // padded K row (bf16): 400 bytes, ldmatrix conflict-free
+#define MLA_X_VP (MLA_X_MAX_V + 8)          // padded V row: 272 bytes
+#define MLA_X_KC (MLA_X_MAX_QK / 16)        // k16 steps of q K^T, at most
+#define MLA_X_ND (MLA_X_MAX_V / 8)          // 8-dim output tiles (past v_dim: zero V columns, never stored)
+#define MLA_X_KEYS_THREADS 256
+// mla_attend_x's dynamic shared memory (bytes): two stages of K and V tiles, the warps' maxima
+#define MLA_X_SMEM (2 * MLA_X_BN * (MLA_X_KP + MLA_X_VP) * 2 + 16)
+
+// The keys sequence s needs in the expanded form: 0 .. its last prompt row's position, if the
+// step holds a prompt row of it (its rows are consecutive positions from pos[cu_seqlens[s]]).
+__device__ __forceinline__ int mla_x_keys(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                          const int *__restrict__ prompt_len, int s) {
+    const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
+    if (r1 <= r0 || pos[r0] >= prompt_len[s]) return 0;
+    return min(pos[r1 - 1] + 1, prompt_len[s]);
+}
+
+// The prompt rows of sequence s in this step (a prefix of its rows).
+__device__ __forceinline__ int mla_x_rows(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                          const int *__restrict__ prompt_len, int s) {
+    const int r0 = cu_seqlens[s], n = cu_seqlens[s + 1] - r0;
+    return n <= 0 ? 0 : max(0, min(n, prompt_len[s] - pos[r0]));
+}
+
+// koff[s] = the keys sequences 0 .. s - 1 need (koff[n_seqs]: the step's total; the host sets
+// the `keys` var to at least that). One block of MLA_X_KEYS_THREADS, a thread a sequence, an
+// inclusive scan in shared memory (dynamic, MLA_X_KEYS_THREADS ints) a round of them.
+extern "C" __global__ void __launch_bounds__(MLA_X_KEYS_THREADS)
+mla_keys(const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+         int *__restrict__ koff, int n_seqs) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    int *sc = reinterpret_cast<int *>(mla_smem);
+    int base = 0;
+    if (threadIdx.x == 0) koff[0] = 0;
+    for (int s0 = 0; s0 < n_seqs; s0 += MLA_X_KEYS_THREADS) {
+        const int s = s0 + threadIdx.x;
+        sc[threadIdx.x] = s < n_seqs ? mla_x_keys(cu_seqlens, pos, prompt_len, s) : 0;
+        __syncthreads();
+        for (int d = 1; d < MLA_X_KEYS_THREADS; d <<= 1) {
+            const int v = threadIdx.x >= d ? sc[threadIdx.x - d] : 0;
+            __syncthreads();
+            sc[threadIdx.x] += v;
+            __syncthreads();
+        }
+        if (s < n_seqs) koff[s + 1] = base + sc[threadIdx.x];
+        base += sc[MLA_X_KEYS_THREADS - 1];
+        __syncthreads();
+    }
+}
+
+// lat[j] = the latent (kv_lora bf16, as cached) of key j of the numbering above: a block a key,
+// 16 bytes a thread. Keys past the step's total (or past `keys`) are left as they are: the
+// GEMM's rows for them are never read.
+extern "C" __global__ void __launch_bounds__(64)
+mla_gather(const char *__restrict__ kv, const int *__restrict__ page_table, const int *__restrict__ koff,
+           bf16 *__restrict__ lat, int pages_per_seq, int n_seqs, int keys, int layer, int layers, int kv_lora,
+           int rope, int page_tokens, int token_bytes) {
+    const int j = blockIdx.x;
+    if (j >= keys || j >= koff[n_seqs] || (int)threadIdx.x * 8 >= kv_lora) return;
+    int lo = 0, hi = n_seqs - 1;  // the sequence whose keys hold j: koff[s] <= j < koff[s + 1]
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (koff[mid] <= j) lo = mid; else hi = mid - 1;
+    }
+    const int t = j - koff[lo];
+    const bf16 *src = mla_tc_row(kv, page_table[(size_t)lo * pages_per_seq + t / page_tokens], layer, t % page_tokens,
+                                 page_tokens, kv_lora + rope, token_bytes);
+    *reinterpret_cast<uint4 *>(lat + (size_t)j * kv_lora + threadIdx.x * 8) =
+        *reinterpret_cast<const uint4 *>(src + threadIdx.x * 8);
+}
+
+// Keys kb .. kb + MLA_X_BN - 1 of the block's sequence (its first key kbase in kx) into a stage:
+// K [k_nope | k_rope] (nope + rope channels), V (v_dim, the columns past it zero); keys at or
+// past kend zero-filled (their P is 0, and a stale row's NaN never meets it).
+__device__ __forceinline__ void mla_x_load(bf16 *sK, bf16 *sV, const bf16 *__restrict__ kx,
+                                           const char *__restrict__ kv, const int *__restrict__ table, int kb,
+                                           int kend, int kbase, int h, int layer, int heads, int nope, int rope,
+                                           int kv_lora, int v_dim, int page_tokens, int token_bytes) {
+    constexpr int CK = MLA_X_MAX_QK / 8, CV = MLA_X_MAX_V / 8;  // 16-byte copies of a K and a V row, at most
+    const int qk8 = (nope + rope) >> 3, ldx = heads * (nope + v_dim);
+    for (int c = threadIdx.x; c < MLA_X_BN * (CK + CV); c += blockDim.x) {
+        const int tt = c / (CK + CV), ch = c % (CK + CV), t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *row = kx + (size_t)(kbase + (on ? t : 0)) * ldx + (size_t)h * (nope + v_dim);
+        if (ch < CK) {
+            if (ch >= qk8) continue;  // past nope + rope: no k16 step reads it
+            const int d = ch * 8;
+            const bf16 *src = !on ? kx
+                              : d < nope ? row + d
+                                         : mla_tc_row(kv, table[t / page_tokens], layer, t % page_tokens, page_tokens,
+                                                      kv_lora + rope, token_bytes) + kv_lora + (d - nope);
+            cp_async16_zfill(sK + tt * MLA_X_KP + d, src, on ? 16 : 0);
+        } else {
+            const int d = (ch - CK) * 8;
+            const bool ok = on && d < v_dim;
+            cp_async16_zfill(sV + tt * MLA_X_VP + d, ok ? row + nope + d : kx, ok ? 16 : 0);
+        }
+    }
+}
+
+// The prompt rows' attention, o [rows, heads x v_dim] bf16 (the absorbed path's mla_expand_tc
+// wrote every row before; this overwrites the prompt rows). Tiles of MLA_X_BM prompt rows of one
+// sequence, a block per (head, tile): block (x, y) takes head x and tile T - 1 - y of the T
+// tiles numbered over the sequences in order (later tiles see more keys: the heavy ones start
+// first); y >= T exits, hence grid (heads, ceil(rows / MLA_X_BM) + n_seqs), block 128, dynamic
+// shared memory MLA_X_SMEM. Warp w owns
+// the tile's rows 16 w .. 16 w + 15 (rows past its end repeat its last row, never stored).
+extern "C" __global__ void __launch_bounds__(128)
+mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int *__restrict__ page_table,
+             const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+             const int *__restrict__ koff, const bf16 *__restrict__ kx, bf16 *__restrict__ o, int pages_per_seq,
+             int rows, int n_seqs, int keys, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+             int v_dim, int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(mla_smem), *sV = sK + 2 * MLA_X_BN * MLA_X_KP;
+    int *s_max = reinterpret_cast<int *>(sV + 2 * MLA_X_BN * MLA_X_VP);
+    const int h = blockIdx.x, qk = nope + rope;
+    if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
+    int total = 0;
+    for (int s = 0; s < n_seqs; ++s) total += (mla_x_rows(cu_seqlens, pos, prompt_len, s) + MLA_X_BM - 1) / MLA_X_BM;
+    if ((int)blockIdx.y >= total) return;
+    const int tile = total - 1 - (int)blockIdx.y;
+    int s = 0, first = 0, np = 0;
+    for (;; ++s) {
+        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
+        const int n = (np + MLA_X_BM - 1) / MLA_X_BM;
+        if (tile < first + n) break;
+        first += n;
+    }
+    const int r0 = cu_seqlens[s] + (tile - first) * MLA_X_BM, nrows = min(MLA_X_BM, cu_seqlens[s] + np - r0);
+    const int kbase = koff[s], kneed = koff[s + 1] - kbase;
+    if (r0 + nrows > rows || kbase + kneed > keys) return;  // the host's bounds say it never is
+    const int *table = page_table + (size_t)s * pages_per_seq;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int ra = 16 * warp + g, rb = ra + 8;
+    const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
+    const int pa = pos[rra], pb = pos[rrb];
+    const int wmax = warp_max(max(pa, pb));
+    if (lane == 0) s_max[warp] = wmax;
+    __syncthreads();
+    const int kend = min(max(max(s_max[0], s_max[1]), max(s_max[2], s_max[3])) + 1, kneed);  // keys [0, kend) are read
+
+    const int nk = qk >> 4;
+    unsigned qf[MLA_X_KC][4];
+    {
+        const bf16 *qa = q + (size_t)rra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rrb * heads * qk + (size_t)h * qk;
+#pragma unroll
+        for (int kc = 0; kc < MLA_X_KC; ++kc) {
+            const bool on = kc < nk;
+            qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
+            qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
+            qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
+            qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
+        }
+    }
+    // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
+    const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
+    AttnRun<MLA_X_ND> st;
+    st.reset();
+    const int n_kt = (kend + MLA_X_BN - 1) / MLA_X_BN;
+    mla_x_load(sK, sV, kx, kv, table, 0, kend, kbase, h, layer, heads, nope, rope, kv_lora, v_dim, page_tokens,
+               token_bytes);
+    cp_async_commit();
+    const bf16 *kofs = sK + ((lane & 7) + 8 * (lane >> 4)) * MLA_X_KP + 8 * ((lane >> 3) & 1);
+    for (int kt = 0; kt < n_kt; ++kt) {
+        const int stage = kt & 1, kb = kt * MLA_X_BN;
+        if (kt + 1 < n_kt)
+            mla_x_load(sK + (stage ^ 1) * MLA_X_BN * MLA_X_KP, sV + (stage ^ 1) * MLA_X_BN * MLA_X_VP, kx, kv, table,
+                       kb + MLA_X_BN, kend, kbase, h, layer, heads, nope, rope, kv_lora, v_dim, page_tokens,
+                       token_bytes);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (kb <= wmax) {  // some row of this warp sees a key of the tile
+            float sc[MLA_X_BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < MLA_X_BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+            const bf16 *kbp = kofs + stage * MLA_X_BN * MLA_X_KP;
+#pragma unroll
+            for (int kc = 0; kc < MLA_X_KC; ++kc)
+                if (kc < nk)
+#pragma unroll
+                    for (int j = 0; j < MLA_X_BN / 8; j += 2) {
+                        unsigned b[4];
+                        ldsm_x4(b, kbp + 8 * j * MLA_X_KP + kc * 16);
+                        mma_bf16(sc[j], qf[kc], b[0], b[1]);
+                        mma_bf16(sc[j + 1], qf[kc], b[2], b[3]);
+                    }
+            attn_softmax_pv<MLA_X_BN, MLA_X_VP, MLA_X_ND>(st, sc, sV + stage * MLA_X_BN * MLA_X_VP, kb, pa, pb, 0, sl2);
+        }
+        __syncthreads();  // the next iteration's loads overwrite this stage
+    }
+    const size_t o_stride = (size_t)heads * v_dim;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float l = st.row_l(hh);
+        const int rr = hh ? rb : ra;
+        if (rr >= nrows) continue;
+        bf16 *orow = o + (size_t)(r0 + rr) * o_stride + (size_t)h * v_dim + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_X_ND; ++d)
+            if (8 * d < v_dim)
+                *reinterpret_cast<unsigned *>(orow + 8 * d) =
+                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
     }
 }
