@@ -64,7 +64,8 @@ def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool, forms=("cores", 
                  rope=ROPE, kv_lora=LORA, page_tokens=PAGE, token_bytes=cache.token_bytes)
     if prefill:
         named |= dict(page_table=gpu.put(cache.table), n_seqs=seqs,
-                      cu_seqlens=gpu.put(np.arange(seqs + 1, dtype=np.int32) * (rows // seqs)))
+                      cu_seqlens=gpu.put(np.arange(seqs + 1, dtype=np.int32) * (rows // seqs)),
+                      prompt_len=gpu.put(np.zeros(seqs, np.int32)))  # generated rows: the absorbed form times them all
     else:
         named |= dict(page_table=gpu.put(cache.table[[s for s, _ in rows_of]]))
     keys = sum(p + 1 for _, p in rows_of)
