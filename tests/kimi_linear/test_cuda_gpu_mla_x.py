@@ -119,7 +119,7 @@ def test_a_prompt_row_gets_float64_s_attention_whole_or_cut(setup):
     assert worst < 2e-2, worst  # P and o rounded to bf16, values of scale 1
     pieces = []
     for i, (lo, hi) in enumerate([(0, 1), (1, 33), (33, 100), (100, n)]):
-        other = [(1, 10 + i, 1 + i % 3, 12), (2, 0, 5 + i, 40)]  # a sequence's generated rows, another's prompt rows
+        other = [(1, 10 + i, 1 + i % 3, 5), (2, 0, 5 + i, 40)]  # a sequence's generated rows (past its prompt of 5), another's prompt rows
         got = setup.attend_x(other + [(0, lo, hi - lo, n)])
         skip = sum(r for _, _, r, _ in other)
         assert np.isnan(got[:other[0][2]]).all(), "a generated row written by the expanded form"
