@@ -695,12 +695,13 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
 // runs unchanged on them and its packed P is the RS form's A operand in place (mla_wg.cuh).
 // - The order tile stays MLA_X_BN (32) keys from key 0: the softmax's running max moves per 32
 //   keys, as mla_attend_x's. A stage holds MLA_XW_BK (64) keys: S = q K^T for the 64 on one
-//   m64n64 wgmma chain (the (nope + rope) / 16 k16 steps in order, the first starting the sum:
-//   scale-d 0 rather than mma.sync's + 0, which can differ only in a zero score's sign, and a
-//   score's sign of zero reaches no output bit: it is scaled, maxed and subtracted into exp2,
-//   and exp2(+-0) = 1; each score its own sum, whatever N), then the two order tiles in turn: softmax, the output
-//   rescaled, P V as 2 k16 steps of m64n128 (keys in order). The second tile's rescale waits for
-//   the first's P V to retire (the output is the wgmma's meanwhile); its max and P do not.
+//   m64n64 wgmma chain (each score its own sum, whatever N: the (nope + rope) / 16 k16 steps in
+//   order, then steps of zeros up to 192, which add exact zeros; the first step starts the sum,
+//   scale-d 0, where mma.sync adds its zeroed accumulator: the two can differ only in a zero
+//   score's sign, which reaches no output bit, since a score is scaled, maxed and subtracted into
+//   exp2, and exp2(+-0) = 1), then the two order tiles in turn: softmax, the output rescaled, P V
+//   as 2 k16 steps of m64n128 (keys in order). The second tile's rescale waits for the first's
+//   P V to retire (the output is the wgmma's meanwhile); its max and P do not.
 // - q (64 rows x nope + rope a warpgroup) lives in registers (the RS form's A: 48 a thread), so
 //   shared memory holds keys alone: a stage's K as 3 blocks of 64 channels and V as 2 atoms of
 //   64 dims, each 64 keys of 128-byte rows, 128-byte swizzled (the GEMM's K-major tile; V's same
@@ -715,11 +716,12 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
 //   (168; blocks are counted in whole warpgroups, so 64 rows and a producer warp, two blocks an
 //   SM, cap there too and spill): the producer gives registers back (setmaxnreg, MLA_XW_PREGS)
 //   and the consumers take them (MLA_XW_CREGS), FlashAttention-3's split. One block an SM, its
-//   two warpgroups' softmax and wgmma interleaved by the warp schedulers. Shared memory ~122 KB.
+//   two warpgroups' softmax and wgmma interleaved by the warp schedulers. Shared memory 121 KiB.
 // - Rows that see no key of an order tile pass it unchanged (attention_tc.cuh), so both
 //   warpgroups walk every stage the producer loads (to the block's last row's position; the
 //   first group's rows at most 64 keys fewer): a branch around a wgmma made ptxas serialize
-//   them all (C7513), and the wasted stage is one in (prompt length / 64).
+//   them all (C7513, as did the output's zeros set after the loop began, C7515), and the wasted
+//   stage is one in (prompt length / 64).
 #include "mla_wg.cuh"
 
 #define MLA_XW_BM 128                                    // prompt rows a block (2 warpgroups x 64)
@@ -801,7 +803,7 @@ __device__ __forceinline__ void mla_xw_softmax(AttnRun<MLA_X_ND> &st, float *sc,
 // copies of a key one run of 512 bytes at Kimi's shape), then the cached k_rope (8 copies a key
 // at Kimi's). Keys at or past
 // kend zero-filled (their P is 0, and a stale NaN never meets it); V's chunks past v_dim are
-// zeroed once, before the first stage.
+// zeroed once, before the first stage, as K's past nope + rope.
 __device__ __forceinline__ void mla_xw_load(char *sk, const bf16 *__restrict__ kx, const char *__restrict__ kv,
                                             const int *__restrict__ table, int kb, int kend, int kbase, int h,
                                             int layer, int heads, int nope, int rope, int kv_lora, int v_dim,
@@ -878,12 +880,16 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
         }
         mbar_init_fence();
     }
-    // V's chunks past v_dim: zero in every stage (no copy writes them; P V reads them)
-    for (int i = threadIdx.x; i < MLA_XW_STAGES * MLA_XW_BK * 16; i += MLA_XW_THREADS) {
-        const int st = i / (MLA_XW_BK * 16), tt = i / 16 % MLA_XW_BK, c = i % 16;
-        if (8 * c >= v_dim)
-            *reinterpret_cast<uint4 *>(ring + st * MLA_XW_STAGE + MLA_XW_KBYTES + (c >> 3) * (MLA_XW_BK * MLA_XW_ROW) +
-                                       sw128(tt, c & 7)) = make_uint4(0, 0, 0, 0);
+    // K's chunks past nope + rope and V's past v_dim: zero in every stage (no copy writes them;
+    // q K^T's steps past nk and P V read them)
+    constexpr int CK = MLA_X_MAX_QK / 8, CV = MLA_X_MAX_V / 8;
+    for (int i = threadIdx.x; i < MLA_XW_STAGES * MLA_XW_BK * (CK + CV); i += MLA_XW_THREADS) {
+        const int st = i / (MLA_XW_BK * (CK + CV)), tt = i / (CK + CV) % MLA_XW_BK, c = i % (CK + CV);
+        const bool k = c < CK;
+        const int cc = k ? c : c - CK;
+        if (8 * cc >= (k ? qk : v_dim))
+            *reinterpret_cast<uint4 *>(ring + st * MLA_XW_STAGE + (k ? 0 : MLA_XW_KBYTES) + (cc >> 3) * (MLA_XW_BK * MLA_XW_ROW) +
+                                       sw128(tt, cc & 7)) = make_uint4(0, 0, 0, 0);
     }
     fence_async_smem();
     __syncthreads();
@@ -925,6 +931,7 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
     AttnRun<MLA_X_ND> st;
     st.reset();
     float(&acc)[4 * MLA_X_ND] = *reinterpret_cast<float(*)[4 * MLA_X_ND]>(&st.acc[0][0]);  // wgmma's d[4d + e] = acc[d][e]
+    wgmma_reg_fence(acc);  // the zeros set here, before any wgmma (else ptxas serializes them all, C7515)
     for (int t = 0; t < n_t; ++t) {
         const int stage = t % MLA_XW_STAGES;
         const char *sk = ring + stage * MLA_XW_STAGE, *sv = sk + MLA_XW_KBYTES;
@@ -933,10 +940,9 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
         float S[MLA_XW_BK / 2];
         wgmma_fence();
 #pragma unroll
-        for (int kc = 0; kc < MLA_X_KC; ++kc)
-            if (kc < nk)  // the first step starts the sum (scale-d 0; see the header on its sign of zero)
-                wgmma_rs_n64(S, qf[kc], mla_xw_desc(sk + (kc >> 2) * (MLA_XW_BK * MLA_XW_ROW) + 32 * (kc & 3), 16,
-                                                    8 * MLA_XW_ROW), kc > 0);
+        for (int kc = 0; kc < MLA_X_KC; ++kc)  // steps past nk add q's zeros times K's zeros (no branch for ptxas)
+            wgmma_rs_n64(S, qf[kc], mla_xw_desc(sk + (kc >> 2) * (MLA_XW_BK * MLA_XW_ROW) + 32 * (kc & 3), 16,
+                                                8 * MLA_XW_ROW), kc > 0);
         wgmma_commit();
         wgmma_wait<0>();  // S, and the previous stage's P V: that stage is free
         wgmma_reg_fence(S);
