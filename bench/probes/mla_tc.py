@@ -11,8 +11,9 @@ same kernel unsplit (chunk = the context: one block a (row, head group) walks it
 before the split, other bits), and a prefill of 1 x 8,192 at offset 24,576 (positions 24,576 ..
 32,767). Each long sequence has its own pages (the 8 rows do not share keys), their contents
 a repeated random block. Then the default build's prompt rows in the expanded form (case_x:
-mla_gather, the GEMM through kv_b, mla_attend_x) for 4 x 512, 1 x 8,192 at 24,576 and the last
-2,048-row chunk of a 131,072-token prompt. Writes $OUT/mla_tc.json (and prints it).
+mla_gather, the GEMM through kv_b, mla_attend_x, and its wgmma twin mla_attend_x_wg timed beside it,
+not in the total) for 4 x 512, 1 x 8,192 at 24,576 and the last 2,048-row chunk of a
+131,072-token prompt. Writes $OUT/mla_tc.json (and prints it).
 
     python3 -m bench.probes.mla_tc   (from the repository root, on the H200; a few minutes)"""
 
@@ -103,7 +104,9 @@ def case_x(gpu, rng, seqs: int, rows_of, ctx: int, reps: int = REPS) -> dict:
     """The expanded form of the same prefill rows (every row a prompt row): mla_gather (the keys
     numbered and their latents copied), the GEMM through kv_b into kx (linear_rows), and
     mla_attend_x; ms each, and attend_x's TFLOP/s of the expanded form (2 x heads x (nope + rope +
-    v_dim) a (row, key))."""
+    v_dim) a (row, key)). Then mla_attend_x_wg, its wgmma twin (not in a build yet), timed the same
+    way over the same kx: its ms, TFLOP/s, speed-up, and whether its o has attend_x's bits (it
+    should: the same order, op for op)."""
     long = ctx > 4096
     cache = (LongCache if long else M.Cache)(rng, [ctx] * seqs, LORA, ROPE, page_tokens=PAGE, layers=1)
     rows, V = len(rows_of), NOPE
@@ -124,13 +127,20 @@ def case_x(gpu, rng, seqs: int, rows_of, ctx: int, reps: int = REPS) -> dict:
     gemm = dict(x=named["lat"], W=W, y=named["kx"], rows=keys, N=n_out, K=LORA)
     out = {"keys": keys}
     pairs = sum(p + 1 for _, p in rows_of)
+    o = {}
     for name, spec, args in (("gather", ops["mla_gather"], named), ("gemm", ops["linear_rows"], gemm),
-                             ("attend_x", Op(("mla_attend_x",)).to_manifest(table.BY_ENTRY), named)):
+                             ("attend_x", Op(("mla_attend_x",)).to_manifest(table.BY_ENTRY), named),
+                             ("attend_x_wg", Op(("mla_attend_x_wg",)).to_manifest(table.BY_ENTRY), named)):
         launches = op_launches(gpu, spec, args) * (reps if name != "gemm" else 1)
         launch_all(launches[:len(spec["impl"]["launches"])], gpu.stream)  # outside the graph: attributes set
         gpu.stream.synchronize()
         out[name] = {"ms": round(gpu.graph_ms(launches, per=reps if name != "gemm" else 1), 4)}
-    out["attend_x"]["tflops"] = round(2 * HEADS * (NOPE + ROPE + V) * pairs / out["attend_x"]["ms"] / 1e9, 2)
+        if name.startswith("attend"):
+            o[name] = gpu.get(named["o"], np.uint16, (rows, HEADS, V))
+    for name in ("attend_x", "attend_x_wg"):
+        out[name]["tflops"] = round(2 * HEADS * (NOPE + ROPE + V) * pairs / out[name]["ms"] / 1e9, 2)
+    out["attend_x_wg"]["speedup"] = round(out["attend_x"]["ms"] / out["attend_x_wg"]["ms"], 2)
+    out["attend_x_wg"]["same_bits"] = bool(np.array_equal(o["attend_x"], o["attend_x_wg"]))
     out["gemm"]["tflops"] = round(2 * keys * n_out * LORA / out["gemm"]["ms"] / 1e9, 2)
     out["total_ms"] = round(sum(out[n]["ms"] for n in ("gather", "gemm", "attend_x")), 4)
     return out

@@ -6,6 +6,7 @@ kv_lora 512) and a small one (9 heads: partial row tiles; v_dim 24: output tiles
 1. the keys numbered for the prompt rows alone and their latents gathered exactly;
 2. mla_attend_x over given expanded keys against float64, within bf16's rounding of P and o;
    a prompt whole, cut (beside another sequence's prompt and generated rows): the same bits;
+   its wgmma twin mla_attend_x_wg (not in a build yet) the same, and mla_attend_x's bits;
 3. the whole op chain as the manifest calls it (mla_gather, linear_rows' GEMM through kv_b,
    mla_attention): prompt rows within rounding of float64's expanded attention over the same
    bf16 keys, generated rows the bytes decode's absorbed form gives them (mla_attention_decode).
@@ -72,8 +73,9 @@ class Setup:
         koff = gpu.get(named["koff"], np.int32, (len(seqs) + 1,))
         return named, koff, gpu.get(named["lat"], np.uint16, (keys, self.kv_lora)), Op, table
 
-    def attend_x(self, seqs):
-        """mla_attend_x alone over the setup's own expanded keys: o [rows, heads, v_dim] as f32 (NaN: unwritten)."""
+    def attend_x(self, seqs, entry="mla_attend_x"):
+        """mla_attend_x (or entry: its wgmma twin) alone over the setup's own expanded keys: o [rows,
+        heads, v_dim] as f32 (NaN: unwritten)."""
         named, koff, _, Op, table = self.gather(seqs)
         gpu, keys = self.gpu, named["keys"]
         kx = np.zeros((keys, self.heads * (self.nope + self.v_dim)), np.uint16)
@@ -82,7 +84,7 @@ class Setup:
                 kx[koff[i] + t] = self.kx[s][t].reshape(-1)
         rows = named["rows"]
         named |= dict(kx=gpu.put(kx), o=gpu.put(np.full(rows * self.heads * self.v_dim, 0x7FC0, np.uint16)))
-        self.run(Op(("mla_attend_x",)).to_manifest(table.BY_ENTRY), named)
+        self.run(Op((entry,)).to_manifest(table.BY_ENTRY), named)
         return M.from_bits(gpu.get(named["o"], np.uint16, (rows, self.heads, self.v_dim)))
 
     def reference(self, s, p, kx) -> np.ndarray:
@@ -124,6 +126,27 @@ def test_a_prompt_row_gets_float64_s_attention_whole_or_cut(setup):
         skip = sum(r for _, _, r, _ in other)
         assert np.isnan(got[:other[0][2]]).all(), "a generated row written by the expanded form"
         pieces.append(got[skip:])
+    assert np.array_equal(np.concatenate(pieces), whole), "a cut prompt's rows != the whole prompt's"
+
+
+def test_mla_attend_x_wg_gets_float64_s_attention_and_mla_attend_x_s_bits_whole_or_cut(setup):
+    """The wgmma twin (128-row tiles: the 150-row prompt is two) against float64, against
+    mla_attend_x bit for bit (the same order op for op; a k16 step sums alike through wgmma and
+    mma.sync, wgmma.cuh), and cut beside other rows: the same bits."""
+    n = LENGTHS[0]
+    whole = setup.attend_x([(0, 0, n, n)], "mla_attend_x_wg")
+    assert not np.isnan(whole).any()
+    kx = M.from_bits(setup.kx[0])
+    worst = max(float(np.abs(whole[p] - setup.reference(0, p, kx)).max())
+                for p in (0, 1, 31, 32, 63, 64, 100, 127, 128, n - 1))
+    assert worst < 2e-2, worst
+    assert np.array_equal(whole, setup.attend_x([(0, 0, n, n)])), "mla_attend_x_wg's bits != mla_attend_x's"
+    pieces = []
+    for i, (lo, hi) in enumerate([(0, 1), (1, 33), (33, 129), (129, n)]):
+        other = [(1, 10 + i, 1 + i % 3, 12), (2, 0, 5 + i, 40)]  # a sequence's generated rows, another's prompt rows
+        got = setup.attend_x(other + [(0, lo, hi - lo, n)], "mla_attend_x_wg")
+        assert np.isnan(got[:other[0][2]]).all(), "a generated row written by the expanded form"
+        pieces.append(got[sum(r for _, _, r, _ in other):])
     assert np.array_equal(np.concatenate(pieces), whole), "a cut prompt's rows != the whole prompt's"
 
 

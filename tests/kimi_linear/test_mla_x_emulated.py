@@ -37,20 +37,23 @@ def emu(tmp_path_factory):
 
 
 class Prompts:
-    """A paged cache of three sequences, every position's query and every key's expanded row."""
+    """A paged cache of sequences of the given lengths (three by default), every position's query
+    and every key's expanded row, at the given shape (the module's tiny one by default)."""
 
-    def __init__(self, lib, seed=0):
+    def __init__(self, lib, seed=0, lengths=LENGTHS, heads=HEADS, nope=NOPE, rope=ROPE, v_dim=V_DIM, kv_lora=KV_LORA):
         rng = np.random.default_rng(seed)
         self.lib = lib
-        self.cache = M.Cache(rng, LENGTHS, KV_LORA, ROPE)
-        self.q = [M.bf16_bits((rng.standard_normal((n, HEADS, NOPE + ROPE)) * 0.5).astype(np.float32)) for n in LENGTHS]
-        self.kx = [M.bf16_bits(rng.standard_normal((n, HEADS, NOPE + V_DIM)).astype(np.float32)) for n in LENGTHS]
+        self.heads, self.nope, self.rope, self.v_dim, self.kv_lora = heads, nope, rope, v_dim, kv_lora
+        self.cache = M.Cache(rng, lengths, kv_lora, rope)
+        self.q = [M.bf16_bits((rng.standard_normal((n, heads, nope + rope)) * 0.5).astype(np.float32)) for n in lengths]
+        self.kx = [M.bf16_bits(rng.standard_normal((n, heads, nope + v_dim)).astype(np.float32)) for n in lengths]
 
-    def step(self, seqs, block_order=0):
+    def step(self, seqs, block_order=0, entry="emu_mla_attend_x"):
         """One prefill step: seqs = [(sequence, first position, rows, prompt_len)]. Returns o
         [rows, heads, v_dim] (f32 of the bf16 written; NaN where the kernel wrote nothing), koff
-        and lat."""
+        and lat. entry: the emulated attention kernel (mla_attend_x or its wgmma twin)."""
         c, lib = self.cache, self.lib
+        HEADS, NOPE, ROPE, V_DIM, KV_LORA = self.heads, self.nope, self.rope, self.v_dim, self.kv_lora
         cu = np.cumsum([0] + [n for _, _, n, _ in seqs]).astype(np.int32)
         pos = np.concatenate([np.arange(p, p + n) for _, p, n, _ in seqs]).astype(np.int32)
         plen = np.asarray([pl for *_, pl in seqs], np.int32)
@@ -71,15 +74,16 @@ class Prompts:
         o = np.full((rows, HEADS, V_DIM), 0x7FC0, np.uint16)  # NaN: what no launch wrote
         lib.emu_block_order(block_order)
         try:
-            lib.emu_mla_attend_x(ptr(q), ptr(c.bits), ptr(table), ptr(cu), ptr(pos), ptr(plen), ptr(koff), ptr(kx), ptr(o),
-                                 *map(ctypes.c_int, (c.pages_per_seq, rows, len(seqs), keys, LAYER, c.layers, HEADS, NOPE,
-                                                     ROPE, KV_LORA, V_DIM, c.page_tokens, c.token_bytes)))
+            getattr(lib, entry)(ptr(q), ptr(c.bits), ptr(table), ptr(cu), ptr(pos), ptr(plen), ptr(koff), ptr(kx), ptr(o),
+                                *map(ctypes.c_int, (c.pages_per_seq, rows, len(seqs), keys, LAYER, c.layers, HEADS, NOPE,
+                                                    ROPE, KV_LORA, V_DIM, c.page_tokens, c.token_bytes)))
         finally:
             lib.emu_block_order(0)
         return M.from_bits(o), koff, lat
 
     def reference(self, s, p) -> np.ndarray:
         """float64 attention of (s, p) over its keys 0 .. p: [heads, v_dim]."""
+        HEADS, NOPE, ROPE, V_DIM, KV_LORA = self.heads, self.nope, self.rope, self.v_dim, self.kv_lora
         q = M.from_bits(self.q[s][p]).astype(np.float64)
         kx = M.from_bits(self.kx[s][:p + 1]).astype(np.float64)
         rope = self.cache.tokens(s, LAYER, p + 1)[:, KV_LORA:].astype(np.float64)

@@ -5,9 +5,10 @@
 // lacks for them is here: cp.async (copied at once: a stage is read only after the barrier the
 // kernel waits at), ldmatrix (x4 and its transpose, through a per-warp table of the lanes'
 // row addresses, the PTX fragment layouts), the f32 atomics' int cousins, fences and loads.
-// C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode, emu_mla_absorb_tc,
-// emu_mla_expand_tc, emu_mla_keys, emu_mla_gather, emu_mla_attend_x (the kernels' arguments),
-// emu_block_order.
+// mla_attend_x_wg's wgmma, mbarriers and setmaxnreg come from the stand-ins wgmma.cuh and
+// mla_wg.cuh beside common.cuh. C entry points for ctypes: emu_mla_attend_tc,
+// emu_mla_attend_tc_decode, emu_mla_absorb_tc, emu_mla_expand_tc, emu_mla_keys, emu_mla_gather,
+// emu_mla_attend_x, emu_mla_attend_x_wg (the kernels' arguments), emu_block_order.
 #include "common.cuh"
 
 #define __align__(n) __attribute__((aligned(n)))
@@ -91,7 +92,10 @@ inline void ldsm_x4_t(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, true); }
 thread_local Dim3 threadIdx;
 Dim3 blockIdx, blockDim;
 EmuBlock *emu;
-alignas(16) unsigned char mla_smem[MLA_TC_SMEM(2)];
+// 1024-byte aligned: mla_attend_x_wg's swizzled tiles sit where the hardware's would (wgmma.cuh)
+constexpr size_t EMU_SMEM = MLA_TC_SMEM(2) > MLA_XW_SMEM ? MLA_TC_SMEM(2) : MLA_XW_SMEM;
+alignas(1024) unsigned char mla_smem[EMU_SMEM];
+static const bool emu_shared_set = (emu_shared = mla_smem, true);
 
 extern "C" void emu_mla_attend_tc(const float *q_lat, const uint16_t *q, char *kv, const int *page_table,
                                   const int *cu_seqlens, const int *pos, const int *prompt_len, float *o_lat,
@@ -130,6 +134,20 @@ extern "C" void emu_mla_attend_x(const uint16_t *q, const char *kv, const int *p
         mla_attend_x(reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, prompt_len, koff,
                      reinterpret_cast<const bf16 *>(kx), reinterpret_cast<bf16 *>(o), pages_per_seq, rows, n_seqs,
                      keys, layer, layers, heads, nope, rope, kv_lora, v_dim, page_tokens, token_bytes);
+    });
+}
+
+// mla_attend_x's wgmma twin: its grid (tiles of MLA_XW_BM rows), MLA_XW_THREADS threads (a block's
+// producer and consumer warpgroups at once, meeting at the mbarriers)
+extern "C" void emu_mla_attend_x_wg(const uint16_t *q, const char *kv, const int *page_table, const int *cu_seqlens,
+                                    const int *pos, const int *prompt_len, const int *koff, const uint16_t *kx,
+                                    uint16_t *o, int pages_per_seq, int rows, int n_seqs, int keys, int layer,
+                                    int layers, int heads, int nope, int rope, int kv_lora, int v_dim, int page_tokens,
+                                    int token_bytes) {
+    run_grid(heads, (rows + MLA_XW_BM - 1) / MLA_XW_BM + n_seqs, 1, MLA_XW_THREADS, mla_smem, sizeof(mla_smem), [&] {
+        mla_attend_x_wg(reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, prompt_len, koff,
+                        reinterpret_cast<const bf16 *>(kx), reinterpret_cast<bf16 *>(o), pages_per_seq, rows, n_seqs,
+                        keys, layer, layers, heads, nope, rope, kv_lora, v_dim, page_tokens, token_bytes);
     });
 }
 

@@ -685,3 +685,309 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
                     pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
     }
 }
+
+
+// ---- the expanded form on wgmma (sm_90a): mla_attend_x_wg ------------------------------------
+// mla_attend_x's order, op for op, on Hopper's warpgroup MMA, so a prompt row gets the SAME BITS
+// from either kernel (the emulated and the GPU tests compare them): a k16 step's sum has the same
+// bits through wgmma as through mma.sync (wgmma.cuh), and wgmma's accumulator fragments are
+// mma.sync's (a warp's 16 rows, d[4j + 2h + e] = sc[j][2h + e]), so attention_tc.cuh's softmax
+// runs unchanged on them and its packed P is the RS form's A operand in place (mla_wg.cuh).
+// - The order tile stays MLA_X_BN (32) keys from key 0: the softmax's running max moves per 32
+//   keys, as mla_attend_x's. A stage holds MLA_XW_BK (64) keys: S = q K^T for the 64 on one
+//   m64n64 wgmma chain (each score its own sum, whatever N: the (nope + rope) / 16 k16 steps in
+//   order, then steps of zeros up to 192, which add exact zeros; the first step starts the sum,
+//   scale-d 0, where mma.sync adds its zeroed accumulator: the two can differ only in a zero
+//   score's sign, which reaches no output bit, since a score is scaled, maxed and subtracted into
+//   exp2, and exp2(+-0) = 1), then the two order tiles in turn: softmax, the output rescaled, P V
+//   as 2 k16 steps of m64n128 (keys in order). The second tile's rescale waits for the first's
+//   P V to retire (the output is the wgmma's meanwhile); its max and P do not.
+// - q (64 rows x nope + rope a warpgroup) lives in registers (the RS form's A: 48 a thread), so
+//   shared memory holds keys alone: a stage's K as 3 blocks of 64 channels and V as 2 atoms of
+//   64 dims, each 64 keys of 128-byte rows, 128-byte swizzled (the GEMM's K-major tile; V's same
+//   rows read N-major). A k16 step of q K^T is 32 bytes into a K block (wgmma.cuh's advance); a
+//   k16 step of P V is 16 keys (2 KiB) into V, its two atoms LBO = 8 KiB apart.
+// - A block: MLA_XW_BM (128) prompt rows of one head (mla_attend_x's tiles, twice as tall), two
+//   consumer warpgroups (warps 0-3 rows 0-63, warps 4-7 rows 64-127; warp w of a group its 16
+//   rows w, as mla_attend_x's warps) sharing each stage, and a producer warpgroup (warps 8-11)
+//   filling MLA_XW_STAGES stages with cp.async, completing on the stage's `full` mbarrier; a
+//   consumer releases a stage (`empty`) once the wgmma reading it retired. Registers: a consumer
+//   thread holds q (48), the output (64), S (32), P (8), ~180 in all, more than 384 threads get
+//   (168; blocks are counted in whole warpgroups, so 64 rows and a producer warp, two blocks an
+//   SM, cap there too and spill): the producer gives registers back (setmaxnreg, MLA_XW_PREGS)
+//   and the consumers take them (MLA_XW_CREGS), FlashAttention-3's split. One block an SM, its
+//   two warpgroups' softmax and wgmma interleaved by the warp schedulers. Shared memory 121 KiB.
+// - Rows that see no key of an order tile pass it unchanged (attention_tc.cuh), so both
+//   warpgroups walk every stage the producer loads (to the block's last row's position; the
+//   first group's rows at most 64 keys fewer): a branch around a wgmma made ptxas serialize
+//   them all (C7513, as did the output's zeros set after the loop began, C7515), and the wasted
+//   stage is one in (prompt length / 64).
+#include "mla_wg.cuh"
+
+#define MLA_XW_BM 128                                    // prompt rows a block (2 warpgroups x 64)
+#define MLA_XW_BK 64                                     // keys a stage (the S wgmma's N)
+#define MLA_XW_STAGES 3
+#define MLA_XW_ROW 128                                   // bytes a swizzled row (64 bf16)
+#define MLA_XW_KBYTES (MLA_X_MAX_QK / 64 * MLA_XW_BK * MLA_XW_ROW)  // a stage's K: 3 blocks, 24 KiB
+#define MLA_XW_VBYTES (MLA_X_MAX_V / 64 * MLA_XW_BK * MLA_XW_ROW)   // its V: 2 atoms, 16 KiB
+#define MLA_XW_STAGE (MLA_XW_KBYTES + MLA_XW_VBYTES)
+#define MLA_XW_THREADS 384                               // two consumer warpgroups and a producer one
+#define MLA_XW_PREGS 72                                  // registers a producer thread (setmaxnreg; 64 spill)
+#define MLA_XW_CREGS 216                                 // a consumer's (176 spill): 128 x 72 + 256 x 216 <= 65,536
+// mla_attend_x_wg's dynamic shared memory (bytes): the stages, their 1024-byte alignment, the
+// full and empty barriers, the warps' maxima (table.py MLA_XW_SMEM)
+#define MLA_XW_SMEM (MLA_XW_STAGES * MLA_XW_STAGE + 1024 + 2 * MLA_XW_STAGES * 8 + 32)
+
+// The descriptor of a 128-byte-swizzled operand at p: lbo, sbo in bytes (wgmma's fields: 16-byte
+// units, bits 16 and 32); 8 rows of 128 bytes are sbo apart. K-major (q K^T's keys): lbo unused.
+// N-major (P V's values): lbo the step from one 64-wide atom of n to the next.
+__device__ __forceinline__ uint64_t mla_xw_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62;  // 128-byte swizzle
+    return d;
+}
+
+// attention_tc.cuh's attn_softmax_pv for one order tile of MLA_X_BN keys kb .., up to P: the same
+// ops on the same values in the same order (mask, max, corr, m, l rescaled, p, l summed), the
+// output's rescale by corr and P V left to the caller (the output is the wgmma's until it
+// retires). sc: the tile's scores as attn_softmax_pv's sc[j][e] (= sc[4j + e]); P packed as it
+// packs it, pa[kk] the A fragments of k16 step kk.
+__device__ __forceinline__ void mla_xw_softmax(AttnRun<MLA_X_ND> &st, float *sc, int kb, int lim_a, int lim_b,
+                                               float sl2, float (&corr)[2], unsigned (&pa)[2][4]) {
+    constexpr int NT = MLA_X_BN / 8;
+    const int t4 = threadIdx.x & 3;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = __fmul_rn(sc[4 * j + e], sl2);
+            if (kb + 8 * j + 2 * t4 + (e & 1) > ((e >> 1) ? lim_b : lim_a)) v = -INFINITY;
+            sc[4 * j + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(st.m[h], mx[h]);
+        const float mu = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at (-inf, 0, 0)
+        corr[h] = exp2f(__fsub_rn(st.m[h], mu));
+        st.m[h] = mn;
+        mx[h] = mu;
+        st.l[h] = __fmul_rn(st.l[h], corr[h]);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(__fsub_rn(sc[4 * j + e], mx[e >> 1]));
+            sc[4 * j + e] = p;
+            st.l[e >> 1] = __fadd_rn(st.l[e >> 1], p);
+        }
+#pragma unroll
+    for (int kk = 0; kk < MLA_X_BN / 16; ++kk) {
+        const float *s = sc + 8 * kk;
+        pa[kk][0] = pack_bf2(s[0], s[1]);
+        pa[kk][1] = pack_bf2(s[2], s[3]);
+        pa[kk][2] = pack_bf2(s[4], s[5]);
+        pa[kk][3] = pack_bf2(s[6], s[7]);
+    }
+}
+
+// The producer warpgroup: keys kb .. kb + MLA_XW_BK - 1 of the block's sequence into a stage, 16-byte
+// cp.async copies into the swizzled rows (key tt's chunk c of a 64-channel block at sw128(tt, c)):
+// kx's [k_nope | v] of head h, consecutive in a key's row (warp w the keys w, w + 4, ..., its
+// copies of a key one run of 512 bytes at Kimi's shape), then the cached k_rope (8 copies a key
+// at Kimi's). Keys at or past
+// kend zero-filled (their P is 0, and a stale NaN never meets it); V's chunks past v_dim are
+// zeroed once, before the first stage, as K's past nope + rope.
+__device__ __forceinline__ void mla_xw_load(char *sk, const bf16 *__restrict__ kx, const char *__restrict__ kv,
+                                            const int *__restrict__ table, int kb, int kend, int kbase, int h,
+                                            int layer, int heads, int nope, int rope, int kv_lora, int v_dim,
+                                            int page_tokens, int token_bytes) {
+    const int lane = threadIdx.x & 31, pw = (threadIdx.x >> 5) & 3, n8 = nope >> 3, nx = (nope + v_dim) >> 3,
+              nr = rope >> 3;
+    const size_t ldx = (size_t)heads * (nope + v_dim);
+    char *sv = sk + MLA_XW_KBYTES;
+    for (int tt = pw; tt < MLA_XW_BK; tt += 4) {
+        const int t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *row = kx + (size_t)(kbase + (on ? t : 0)) * ldx + (size_t)h * (nope + v_dim);
+        for (int c = lane; c < nx; c += 32) {
+            const int cc = c < n8 ? c : c - n8;
+            char *dst = (c < n8 ? sk : sv) + (cc >> 3) * (MLA_XW_BK * MLA_XW_ROW) + sw128(tt, cc & 7);
+            cp_async16_zfill(dst, on ? row + 8 * c : kx, on ? 16 : 0);
+        }
+    }
+    for (int i = threadIdx.x & 127; i < MLA_XW_BK * nr; i += 128) {
+        const int tt = i / nr, c = n8 + i % nr, t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *src = on ? mla_tc_row(kv, table[t / page_tokens], layer, t % page_tokens, page_tokens,
+                                          kv_lora + rope, token_bytes) + kv_lora + 8 * (c - n8)
+                             : kx;
+        cp_async16_zfill(sk + (c >> 3) * (MLA_XW_BK * MLA_XW_ROW) + sw128(tt, c & 7), src, on ? 16 : 0);
+    }
+}
+
+// mla_attend_x on wgmma: its parameters; tiles of MLA_XW_BM prompt rows of one sequence, block
+// (x, y) head x and tile T - 1 - y of the T numbered over the sequences in order (y >= T exits),
+// hence grid (heads, ceil(rows / MLA_XW_BM) + n_seqs), block MLA_XW_THREADS, dynamic shared
+// memory MLA_XW_SMEM. Rows past a tile's end repeat its last row, never stored.
+extern "C" __global__ void __launch_bounds__(MLA_XW_THREADS, 1)
+mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const int *__restrict__ page_table,
+                const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+                const int *__restrict__ koff, const bf16 *__restrict__ kx, bf16 *__restrict__ o, int pages_per_seq,
+                int rows, int n_seqs, int keys, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+                int v_dim, int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    char *ring = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(mla_smem) + 1023) & ~uintptr_t(1023));
+    uint64_t *full = reinterpret_cast<uint64_t *>(ring + MLA_XW_STAGES * MLA_XW_STAGE), *empty = full + MLA_XW_STAGES;
+    int *s_max = reinterpret_cast<int *>(empty + MLA_XW_STAGES);
+    const int h = blockIdx.x, qk = nope + rope;
+    if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
+    int total = 0;
+    for (int s = 0; s < n_seqs; ++s) total += (mla_x_rows(cu_seqlens, pos, prompt_len, s) + MLA_XW_BM - 1) / MLA_XW_BM;
+    if ((int)blockIdx.y >= total) return;
+    const int tile = total - 1 - (int)blockIdx.y;
+    int s = 0, first = 0, np = 0;
+    for (;; ++s) {
+        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
+        const int n = (np + MLA_XW_BM - 1) / MLA_XW_BM;
+        if (tile < first + n) break;
+        first += n;
+    }
+    const int r0 = cu_seqlens[s] + (tile - first) * MLA_XW_BM, nrows = min(MLA_XW_BM, cu_seqlens[s] + np - r0);
+    const int kbase = koff[s], kneed = koff[s + 1] - kbase;
+    if (r0 + nrows > rows || kbase + kneed > keys) return;  // the host's bounds say it never is
+    const int *table = page_table + (size_t)s * pages_per_seq;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
+    const int ra = 16 * warp + g, rb = ra + 8;  // a consumer thread's rows of the tile (warp < 8)
+    const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
+    int pa = 0, pb = 0;
+    if (wg < 2) {
+        pa = pos[rra], pb = pos[rrb];
+        const int wmax = warp_max(max(pa, pb));
+        if (lane == 0) s_max[warp] = wmax;
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < MLA_XW_STAGES; ++i) {
+            mbar_init(&full[i], 128);   // the producer's threads, each once its copies landed
+            mbar_init(&empty[i], 256);  // every consumer thread
+        }
+        mbar_init_fence();
+    }
+    // K's chunks past nope + rope and V's past v_dim: zero in every stage (no copy writes them;
+    // q K^T's steps past nk and P V read them)
+    constexpr int CK = MLA_X_MAX_QK / 8, CV = MLA_X_MAX_V / 8;
+    for (int i = threadIdx.x; i < MLA_XW_STAGES * MLA_XW_BK * (CK + CV); i += MLA_XW_THREADS) {
+        const int st = i / (MLA_XW_BK * (CK + CV)), tt = i / (CK + CV) % MLA_XW_BK, c = i % (CK + CV);
+        const bool k = c < CK;
+        const int cc = k ? c : c - CK;
+        if (8 * cc >= (k ? qk : v_dim))
+            *reinterpret_cast<uint4 *>(ring + st * MLA_XW_STAGE + (k ? 0 : MLA_XW_KBYTES) + (cc >> 3) * (MLA_XW_BK * MLA_XW_ROW) +
+                                       sw128(tt, cc & 7)) = make_uint4(0, 0, 0, 0);
+    }
+    fence_async_smem();
+    __syncthreads();
+    int bmax = s_max[0];
+    for (int w = 1; w < 8; ++w) bmax = max(bmax, s_max[w]);
+    const int kend = min(bmax + 1, kneed);  // keys [0, kend) are read
+    const int n_t = (kend + MLA_XW_BK - 1) / MLA_XW_BK;
+
+    if (wg == 2) {  // the producer
+        wg_regs_dec<MLA_XW_PREGS>();
+        for (int t = 0; t < n_t; ++t) {
+            const int st = t % MLA_XW_STAGES;
+            if (t >= MLA_XW_STAGES) mbar_wait(&empty[st], (t / MLA_XW_STAGES - 1) & 1);
+            mla_xw_load(ring + st * MLA_XW_STAGE, kx, kv, table, t * MLA_XW_BK, kend, kbase, h, layer, heads, nope,
+                        rope, kv_lora, v_dim, page_tokens, token_bytes);
+            cp_async_arrive(&full[st]);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // a consumer warpgroup
+    wg_regs_inc<MLA_XW_CREGS>();
+    const int nk = qk >> 4;
+    unsigned qf[MLA_X_KC][4];
+    {
+        const bf16 *qa = q + (size_t)rra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rrb * heads * qk + (size_t)h * qk;
+#pragma unroll
+        for (int kc = 0; kc < MLA_X_KC; ++kc) {
+            const bool on = kc < nk;
+            qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
+            qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
+            qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
+            qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
+        }
+    }
+    // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
+    const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
+    AttnRun<MLA_X_ND> st;
+    st.reset();
+    float(&acc)[4 * MLA_X_ND] = *reinterpret_cast<float(*)[4 * MLA_X_ND]>(&st.acc[0][0]);  // wgmma's d[4d + e] = acc[d][e]
+    wgmma_reg_fence(acc);  // the zeros set here, before any wgmma (else ptxas serializes them all, C7515)
+    for (int t = 0; t < n_t; ++t) {
+        const int stage = t % MLA_XW_STAGES;
+        const char *sk = ring + stage * MLA_XW_STAGE, *sv = sk + MLA_XW_KBYTES;
+        mbar_wait(&full[stage], (t / MLA_XW_STAGES) & 1);
+        fence_async_smem();
+        float S[MLA_XW_BK / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < MLA_X_KC; ++kc)  // steps past nk add q's zeros times K's zeros (no branch for ptxas)
+            wgmma_rs_n64(S, qf[kc], mla_xw_desc(sk + (kc >> 2) * (MLA_XW_BK * MLA_XW_ROW) + 32 * (kc & 3), 16,
+                                                8 * MLA_XW_ROW), kc > 0);
+        wgmma_commit();
+        wgmma_wait<0>();  // S, and the previous stage's P V: that stage is free
+        wgmma_reg_fence(S);
+        wgmma_reg_fence(acc);
+        if (t > 0) mbar_arrive(&empty[(t - 1) % MLA_XW_STAGES]);
+        // the two tiles' P apart: the first's is the wgmma's while the second's is computed
+        unsigned p[MLA_XW_BK / MLA_X_BN][2][4];
+#pragma unroll
+        for (int u = 0; u < MLA_XW_BK / MLA_X_BN; ++u) {
+            const int kb = t * MLA_XW_BK + u * MLA_X_BN;
+            float corr[2];
+            mla_xw_softmax(st, S + u * (MLA_X_BN / 2), kb, pa, pb, sl2, corr, p[u]);
+            wgmma_wait<0>();  // the previous tile's P V retired: the output is this thread's again
+            wgmma_reg_fence(acc);
+            if (u > 0) wgmma_reg_fence(p[u - 1][0]), wgmma_reg_fence(p[u - 1][1]);
+            if (corr[0] != 1.f || corr[1] != 1.f)  // times 1 keeps every bit: skipped
+#pragma unroll
+                for (int d = 0; d < MLA_X_ND; ++d) {
+                    st.acc[d][0] = __fmul_rn(st.acc[d][0], corr[0]);
+                    st.acc[d][1] = __fmul_rn(st.acc[d][1], corr[0]);
+                    st.acc[d][2] = __fmul_rn(st.acc[d][2], corr[1]);
+                    st.acc[d][3] = __fmul_rn(st.acc[d][3], corr[1]);
+                }
+            wgmma_reg_fence(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < MLA_X_BN / 16; ++kk)
+                wgmma_rs_n128_t(acc, p[u][kk], mla_xw_desc(sv + (u * MLA_X_BN + 16 * kk) * MLA_XW_ROW,
+                                                        MLA_XW_BK * MLA_XW_ROW, 8 * MLA_XW_ROW));
+            wgmma_commit();
+        }
+    }
+    wgmma_wait<0>();
+    wgmma_reg_fence(acc);
+    const size_t o_stride = (size_t)heads * v_dim;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float l = st.row_l(hh);
+        const int rr = hh ? rb : ra;
+        if (rr >= nrows) continue;
+        bf16 *orow = o + (size_t)(r0 + rr) * o_stride + (size_t)h * v_dim + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_X_ND; ++d)
+            if (8 * d < v_dim)
+                *reinterpret_cast<unsigned *>(orow + 8 * d) =
+                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
+    }
+}

@@ -50,6 +50,12 @@ MLA_PT_BM, MLA_PT_BN, MLA_PT_EBN, MLA_PT_SMEM = 64, 128, 64, 64 * (128 + 8) * 2
 # v_dim values (at most MLA_X_MAX_V, a multiple of 8); mla_keys' block a thread a sequence
 MLA_X_BM, MLA_X_MAX_QK, MLA_X_MAX_V, MLA_X_KEYS_THREADS = 64, 192, 128, 256
 MLA_X_SMEM = 2 * 32 * (MLA_X_MAX_QK + 8 + MLA_X_MAX_V + 8) * 2 + 16  # mla_tc.cu MLA_X_SMEM: two stages of 32 keys' K and V, 4 ints
+# its wgmma twin mla_attend_x_wg (not launched by a build yet: measured on the GPU first): a block
+# 128 prompt rows of one head, two consumer warpgroups and a producer one (384 threads); dynamic
+# shared memory MLA_XW_SMEM: three stages of 64 keys' K (3 x 64 channels) and V (2 x 64 dims),
+# 128-byte rows, the 1024-byte alignment, six mbarriers, 8 ints
+MLA_XW_BM, MLA_XW_THREADS = 128, 384
+MLA_XW_SMEM = 3 * 64 * 128 * (MLA_X_MAX_QK // 64 + MLA_X_MAX_V // 64) + 1024 + 2 * 3 * 8 + 32
 
 _KDA = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
 _STATE = "state: inout state"
@@ -75,6 +81,12 @@ _MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i3
 _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
            "eps: f32")
 _KV = "kv: inout state"
+# mla_attend_x's parameters (and its wgmma twin's)
+_ATTEND_X = (buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
+             buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), buffer_param("koff", "i32"), buffer_param("kx"),
+             buffer_param("o", direction="out"),
+             *int_params("pages_per_seq", "rows", "n_seqs", "keys", "layer", "layers", "heads", "nope", "rope", "kv_lora",
+                         "v_dim", "page_tokens", "token_bytes"))
 _LINEAR = (buffer_param("x"), buffer_param("W"), buffer_param("y", direction="out"), *int_params("rows", "N", "K"))
 
 KERNELS: tuple[Kernel, ...] = (
@@ -168,12 +180,10 @@ KERNELS: tuple[Kernel, ...] = (
                                     buffer_param("lat", direction="out"),
                                     *int_params("pages_per_seq", "n_seqs", "keys", "layer", "layers", "kv_lora", "rope",
                                                 "page_tokens", "token_bytes")), ("keys",), (64,), writes=("lat",)),
-    Kernel("mla_tc", "mla_attend_x", (buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
-                                      buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), buffer_param("koff", "i32"),
-                                      buffer_param("kx"), buffer_param("o", direction="out"),
-                                      *int_params("pages_per_seq", "rows", "n_seqs", "keys", "layer", "layers", "heads", "nope",
-                                                  "rope", "kv_lora", "v_dim", "page_tokens", "token_bytes")),
-           ("heads", {"add": [{"ceil_div": ["rows", MLA_X_BM]}, "n_seqs"]}), (128,), shared_mem=MLA_X_SMEM),
+    Kernel("mla_tc", "mla_attend_x", _ATTEND_X, ("heads", {"add": [{"ceil_div": ["rows", MLA_X_BM]}, "n_seqs"]}), (128,),
+           shared_mem=MLA_X_SMEM),
+    Kernel("mla_tc", "mla_attend_x_wg", _ATTEND_X, ("heads", {"add": [{"ceil_div": ["rows", MLA_XW_BM]}, "n_seqs"]}),
+           (MLA_XW_THREADS,), shared_mem=MLA_XW_SMEM),
     Kernel("route", "kimi_route", (buffer_param("logits", "f32"), buffer_param("bias"), buffer_param("ids", "i32", "out"),
                                    buffer_param("weights", "f32", "out"), *int_params("rows", "experts", "top_k"), "scaling: f32",
                                    *int_params("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
