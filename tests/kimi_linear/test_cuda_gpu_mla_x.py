@@ -143,7 +143,7 @@ def test_mla_attend_x_wg_gets_float64_s_attention_and_mla_attend_x_s_bits_whole_
     assert np.array_equal(whole, setup.attend_x([(0, 0, n, n)])), "mla_attend_x_wg's bits != mla_attend_x's"
     pieces = []
     for i, (lo, hi) in enumerate([(0, 1), (1, 33), (33, 129), (129, n)]):
-        other = [(1, 10 + i, 1 + i % 3, 12), (2, 0, 5 + i, 40)]  # a sequence's generated rows, another's prompt rows
+        other = [(1, 10 + i, 1 + i % 3, 5), (2, 0, 5 + i, 40)]  # a sequence's generated rows (past its prompt of 5), another's prompt rows
         got = setup.attend_x(other + [(0, lo, hi - lo, n)], "mla_attend_x_wg")
         assert np.isnan(got[:other[0][2]]).all(), "a generated row written by the expanded form"
         pieces.append(got[sum(r for _, _, r, _ in other):])
