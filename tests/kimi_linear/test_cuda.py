@@ -165,10 +165,10 @@ def test_the_kernel_table_matches_the_sources():
 
 def test_every_kernel_of_the_family_is_launched_by_one_build_or_the_other(published, faster):
     """... or by the prompt form either build takes on request (kda_tokens: kda_form="tokens"), or
-    awaits its GPU measurement before it replaces a launched kernel (mla_attend_x_wg, mla_attend_x's
-    wgmma twin: the same bits, bench/probes/mla_tc.py times both)."""
+    is the mma.sync reference of a launched wgmma twin's order (mla_attend_x: mla_attend_x_wg
+    gives its bits, test_cuda_gpu_mla_x.py and test_mla_x_wg_emulated.py compare them)."""
     launched = {e for m in (published, faster) for p in m["programs"] for e in _entries(m, p)}
-    assert {k.entry for k in table.KERNELS} - launched == {"kda_tokens", "mla_attend_x_wg"}
+    assert {k.entry for k in table.KERNELS} - launched == {"kda_tokens", "mla_attend_x"}
     assert table.ops("tokens")["kda_chunked"]["impl"]["launches"][0]["entry"] == "kda_tokens"
 
 

@@ -50,7 +50,8 @@ MLA_PT_BM, MLA_PT_BN, MLA_PT_EBN, MLA_PT_SMEM = 64, 128, 64, 64 * (128 + 8) * 2
 # v_dim values (at most MLA_X_MAX_V, a multiple of 8); mla_keys' block a thread a sequence
 MLA_X_BM, MLA_X_MAX_QK, MLA_X_MAX_V, MLA_X_KEYS_THREADS = 64, 192, 128, 256
 MLA_X_SMEM = 2 * 32 * (MLA_X_MAX_QK + 8 + MLA_X_MAX_V + 8) * 2 + 16  # mla_tc.cu MLA_X_SMEM: two stages of 32 keys' K and V, 4 ints
-# its wgmma twin mla_attend_x_wg (not launched by a build yet: measured on the GPU first): a block
+# its wgmma twin mla_attend_x_wg (the default build's: the same bits, 2.0-2.2x faster on the H100,
+# docs/perf.md; mla_attend_x stays as the order's mma.sync reference its tests compare to): a block
 # 128 prompt rows of one head, two consumer warpgroups and a producer one (384 threads); dynamic
 # shared memory MLA_XW_SMEM: three stages of 64 keys' K (3 x 64 channels) and V (2 x 64 dims),
 # 128-byte rows, the 1024-byte alignment, six mbarriers, 8 ints
@@ -220,9 +221,10 @@ def _attention(attend: str, absorb: str = "mla_absorb", expand: str = "mla_expan
 
 def _attention_roles() -> Op:
     """The default build's prefill MLA: the absorbed form's three launches for the generated
-    rows (mla_attend_tc skips a prompt row), then mla_attend_x over the expanded keys (koff, kx:
-    the mla_gather op and the expansion GEMM before it) writes the prompt rows' o."""
-    return Op(("mla_absorb_tc", "mla_attend_tc", "mla_expand_tc", "mla_attend_x"), (
+    rows (mla_attend_tc skips a prompt row), then mla_attend_x_wg (wgmma; mla_attend_x's bits)
+    over the expanded keys (koff, kx: the mla_gather op and the expansion GEMM before it) writes
+    the prompt rows' o."""
+    return Op(("mla_absorb_tc", "mla_attend_tc", "mla_expand_tc", "mla_attend_x_wg"), (
         buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
         buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
         buffer_param("q_lat", "f32", "out"), buffer_param("o_lat", "f32", "out"), buffer_param("koff", "i32"), buffer_param("kx"),
