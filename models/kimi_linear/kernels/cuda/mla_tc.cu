@@ -500,6 +500,29 @@ __device__ __forceinline__ int mla_x_rows(const int *__restrict__ cu_seqlens, co
     return n <= 0 ? 0 : max(0, min(n, prompt_len[s] - pos[r0]));
 }
 
+// The block's tile of prompt rows: tiles of BM prompt rows of one sequence numbered over the
+// sequences in order, block y taking tile T - 1 - y of the T (later tiles see more keys: the
+// heavy ones start first). False where y >= T (the grid's spare blocks) or the host's bounds
+// would be broken (they never are); else the sequence s, its first row r0 and the tile's rows.
+__device__ __forceinline__ bool mla_x_tile(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                           const int *__restrict__ prompt_len, const int *__restrict__ koff,
+                                           int n_seqs, int rows, int keys, int BM, int &s, int &r0, int &nrows) {
+    int total = 0;
+    for (int i = 0; i < n_seqs; ++i) total += (mla_x_rows(cu_seqlens, pos, prompt_len, i) + BM - 1) / BM;
+    if ((int)blockIdx.y >= total) return false;
+    const int tile = total - 1 - (int)blockIdx.y;
+    int first = 0, np = 0;
+    for (s = 0;; ++s) {
+        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
+        const int n = (np + BM - 1) / BM;
+        if (tile < first + n) break;
+        first += n;
+    }
+    r0 = cu_seqlens[s] + (tile - first) * BM;
+    nrows = min(BM, cu_seqlens[s] + np - r0);
+    return r0 + nrows <= rows && koff[s + 1] <= keys;
+}
+
 // koff[s] = the keys sequences 0 .. s - 1 need (koff[n_seqs]: the step's total; the host sets
 // the `keys` var to at least that). One block of MLA_X_KEYS_THREADS, a thread a sequence, an
 // inclusive scan in shared memory (dynamic, MLA_X_KEYS_THREADS ints) a round of them.
@@ -594,20 +617,9 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
     int *s_max = reinterpret_cast<int *>(sV + 2 * MLA_X_BN * MLA_X_VP);
     const int h = blockIdx.x, qk = nope + rope;
     if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
-    int total = 0;
-    for (int s = 0; s < n_seqs; ++s) total += (mla_x_rows(cu_seqlens, pos, prompt_len, s) + MLA_X_BM - 1) / MLA_X_BM;
-    if ((int)blockIdx.y >= total) return;
-    const int tile = total - 1 - (int)blockIdx.y;
-    int s = 0, first = 0, np = 0;
-    for (;; ++s) {
-        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
-        const int n = (np + MLA_X_BM - 1) / MLA_X_BM;
-        if (tile < first + n) break;
-        first += n;
-    }
-    const int r0 = cu_seqlens[s] + (tile - first) * MLA_X_BM, nrows = min(MLA_X_BM, cu_seqlens[s] + np - r0);
+    int s, r0, nrows;
+    if (!mla_x_tile(cu_seqlens, pos, prompt_len, koff, n_seqs, rows, keys, MLA_X_BM, s, r0, nrows)) return;
     const int kbase = koff[s], kneed = koff[s + 1] - kbase;
-    if (r0 + nrows > rows || kbase + kneed > keys) return;  // the host's bounds say it never is
     const int *table = page_table + (size_t)s * pages_per_seq;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
@@ -848,20 +860,9 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
     int *s_max = reinterpret_cast<int *>(empty + MLA_XW_STAGES);
     const int h = blockIdx.x, qk = nope + rope;
     if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
-    int total = 0;
-    for (int s = 0; s < n_seqs; ++s) total += (mla_x_rows(cu_seqlens, pos, prompt_len, s) + MLA_XW_BM - 1) / MLA_XW_BM;
-    if ((int)blockIdx.y >= total) return;
-    const int tile = total - 1 - (int)blockIdx.y;
-    int s = 0, first = 0, np = 0;
-    for (;; ++s) {
-        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
-        const int n = (np + MLA_XW_BM - 1) / MLA_XW_BM;
-        if (tile < first + n) break;
-        first += n;
-    }
-    const int r0 = cu_seqlens[s] + (tile - first) * MLA_XW_BM, nrows = min(MLA_XW_BM, cu_seqlens[s] + np - r0);
+    int s, r0, nrows;
+    if (!mla_x_tile(cu_seqlens, pos, prompt_len, koff, n_seqs, rows, keys, MLA_XW_BM, s, r0, nrows)) return;
     const int kbase = koff[s], kneed = koff[s + 1] - kbase;
-    if (r0 + nrows > rows || kbase + kneed > keys) return;  // the host's bounds say it never is
     const int *table = page_table + (size_t)s * pages_per_seq;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
