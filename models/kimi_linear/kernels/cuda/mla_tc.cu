@@ -523,6 +523,22 @@ __device__ __forceinline__ bool mla_x_tile(const int *__restrict__ cu_seqlens, c
     return r0 + nrows <= rows && koff[s + 1] <= keys;
 }
 
+// A thread's q fragments (the A operand of mma.sync m16n8k16, and of wgmma's RS form: the same
+// layout) of rows ra and rb, head h: k16 steps past nope + rope zero.
+__device__ __forceinline__ void mla_x_load_q(unsigned (&qf)[MLA_X_KC][4], const bf16 *__restrict__ q, int ra, int rb,
+                                             int h, int heads, int qk) {
+    const int t4 = threadIdx.x & 3, nk = qk >> 4;
+    const bf16 *qa = q + (size_t)ra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rb * heads * qk + (size_t)h * qk;
+#pragma unroll
+    for (int kc = 0; kc < MLA_X_KC; ++kc) {
+        const bool on = kc < nk;
+        qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
+        qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
+        qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
+        qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
+    }
+}
+
 // koff[s] = the keys sequences 0 .. s - 1 need (koff[n_seqs]: the step's total; the host sets
 // the `keys` var to at least that). One block of MLA_X_KEYS_THREADS, a thread a sequence, an
 // inclusive scan in shared memory (dynamic, MLA_X_KEYS_THREADS ints) a round of them.
@@ -633,17 +649,7 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
 
     const int nk = qk >> 4;
     unsigned qf[MLA_X_KC][4];
-    {
-        const bf16 *qa = q + (size_t)rra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rrb * heads * qk + (size_t)h * qk;
-#pragma unroll
-        for (int kc = 0; kc < MLA_X_KC; ++kc) {
-            const bool on = kc < nk;
-            qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
-            qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
-            qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
-            qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
-        }
-    }
+    mla_x_load_q(qf, q, rra, rrb, h, heads, qk);
     // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
     const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
     AttnRun<MLA_X_ND> st;
@@ -914,19 +920,8 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
 
     // a consumer warpgroup
     wg_regs_inc<MLA_XW_CREGS>();
-    const int nk = qk >> 4;
     unsigned qf[MLA_X_KC][4];
-    {
-        const bf16 *qa = q + (size_t)rra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rrb * heads * qk + (size_t)h * qk;
-#pragma unroll
-        for (int kc = 0; kc < MLA_X_KC; ++kc) {
-            const bool on = kc < nk;
-            qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
-            qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
-            qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
-            qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
-        }
-    }
+    mla_x_load_q(qf, q, rra, rrb, h, heads, qk);
     // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
     const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
     AttnRun<MLA_X_ND> st;
