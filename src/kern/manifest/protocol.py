@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import KernError
 from .expr import evaluate
 from .schema import INPUT_ROLES, BufArg
@@ -210,13 +212,14 @@ def derive(v: Verified) -> ServingProtocol:
 def prompt_keys(cu_seqlens, positions, prompt_len) -> int:
     """The prompt keys a step's rows attend over (a Batch.keys var's value): for each sequence
     with a prompt row (its rows are consecutive positions; a prompt row's is below its
-    prompt_len), the positions up to its last prompt row, summed."""
-    total = 0
-    for s in range(len(prompt_len)):
-        r0, r1 = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if r1 > r0 and int(positions[r0]) < int(prompt_len[s]):
-            total += min(int(positions[r1 - 1]) + 1, int(prompt_len[s]))
-    return total
+    prompt_len), the positions up to its last prompt row, summed. Every prefill step counts it
+    on the host: array operations, no loop over the sequences."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    pos, plen = np.asarray(positions, np.int64), np.asarray(prompt_len, np.int64)
+    first, end = cu[:-1], cu[1:]
+    some = end > first
+    first, last, plen = pos[first[some]], pos[end[some] - 1], plen[some]
+    return int(np.where(first < plen, np.minimum(last + 1, plen), 0).sum())
 
 
 # What a verify program reads and writes: each sequence's rows are its last token and the k

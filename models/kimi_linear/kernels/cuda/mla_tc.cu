@@ -539,6 +539,26 @@ __device__ __forceinline__ void mla_x_load_q(unsigned (&qf)[MLA_X_KC][4], const 
     }
 }
 
+// A thread's two rows' outputs, o = acc / l (l its quad's parts added in attention_tc.cuh's
+// order) rounded to bf16, rows ra, rb of the tile from r0 (those past nrows repeat the last row:
+// not stored), head h's v_dim columns (the zero tiles past them not stored).
+__device__ __forceinline__ void mla_x_store(const AttnRun<MLA_X_ND> &st, bf16 *__restrict__ o, int r0, int ra, int rb,
+                                            int nrows, int h, int heads, int v_dim) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float l = st.row_l(hh);
+        const int rr = hh ? rb : ra;
+        if (rr >= nrows) continue;
+        bf16 *orow = o + (size_t)(r0 + rr) * heads * v_dim + (size_t)h * v_dim + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_X_ND; ++d)
+            if (8 * d < v_dim)
+                *reinterpret_cast<unsigned *>(orow + 8 * d) =
+                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
+    }
+}
+
 // koff[s] = the keys sequences 0 .. s - 1 need (koff[n_seqs]: the step's total; the host sets
 // the `keys` var to at least that). One block of MLA_X_KEYS_THREADS, a thread a sequence, an
 // inclusive scan in shared memory (dynamic, MLA_X_KEYS_THREADS ints) a round of them.
@@ -638,7 +658,7 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
     const int kbase = koff[s], kneed = koff[s + 1] - kbase;
     const int *table = page_table + (size_t)s * pages_per_seq;
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     const int ra = 16 * warp + g, rb = ra + 8;
     const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
     const int pa = pos[rra], pb = pos[rrb];
@@ -689,19 +709,7 @@ mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int 
         }
         __syncthreads();  // the next iteration's loads overwrite this stage
     }
-    const size_t o_stride = (size_t)heads * v_dim;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const float l = st.row_l(hh);
-        const int rr = hh ? rb : ra;
-        if (rr >= nrows) continue;
-        bf16 *orow = o + (size_t)(r0 + rr) * o_stride + (size_t)h * v_dim + 2 * t4;
-#pragma unroll
-        for (int d = 0; d < MLA_X_ND; ++d)
-            if (8 * d < v_dim)
-                *reinterpret_cast<unsigned *>(orow + 8 * d) =
-                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
-    }
+    mla_x_store(st, o, r0, ra, rb, nrows, h, heads, v_dim);
 }
 
 
@@ -871,7 +879,7 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
     const int kbase = koff[s], kneed = koff[s + 1] - kbase;
     const int *table = page_table + (size_t)s * pages_per_seq;
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, g = lane >> 2;
     const int ra = 16 * warp + g, rb = ra + 8;  // a consumer thread's rows of the tile (warp < 8)
     const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
     int pa = 0, pb = 0;
@@ -973,17 +981,5 @@ mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const i
     }
     wgmma_wait<0>();
     wgmma_reg_fence(acc);
-    const size_t o_stride = (size_t)heads * v_dim;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const float l = st.row_l(hh);
-        const int rr = hh ? rb : ra;
-        if (rr >= nrows) continue;
-        bf16 *orow = o + (size_t)(r0 + rr) * o_stride + (size_t)h * v_dim + 2 * t4;
-#pragma unroll
-        for (int d = 0; d < MLA_X_ND; ++d)
-            if (8 * d < v_dim)
-                *reinterpret_cast<unsigned *>(orow + 8 * d) =
-                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
-    }
+    mla_x_store(st, o, r0, ra, rb, nrows, h, heads, v_dim);
 }
