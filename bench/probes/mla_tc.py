@@ -10,7 +10,10 @@ of 1 and 8 rows at context 32,768 and 131,072 at the deployment's split (MLA_CHU
 same kernel unsplit (chunk = the context: one block a (row, head group) walks it all, the order
 before the split, other bits), and a prefill of 1 x 8,192 at offset 24,576 (positions 24,576 ..
 32,767). Each long sequence has its own pages (the 8 rows do not share keys), their contents
-a repeated random block. Writes $OUT/mla_tc.json (and prints it).
+a repeated random block. Then the default build's prompt rows in the expanded form (case_x:
+mla_gather, the GEMM through kv_b, mla_attend_x, and its wgmma twin mla_attend_x_wg timed beside it,
+not in the total) for 4 x 512, 1 x 8,192 at 24,576 and the last 2,048-row chunk of a
+131,072-token prompt. Writes $OUT/mla_tc.json (and prints it).
 
     python3 -m bench.probes.mla_tc   (from the repository root, on the H200; a few minutes)"""
 
@@ -64,7 +67,8 @@ def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool, forms=("cores", 
                  rope=ROPE, kv_lora=LORA, page_tokens=PAGE, token_bytes=cache.token_bytes)
     if prefill:
         named |= dict(page_table=gpu.put(cache.table), n_seqs=seqs,
-                      cu_seqlens=gpu.put(np.arange(seqs + 1, dtype=np.int32) * (rows // seqs)))
+                      cu_seqlens=gpu.put(np.arange(seqs + 1, dtype=np.int32) * (rows // seqs)),
+                      prompt_len=gpu.put(np.zeros(seqs, np.int32)))  # generated rows: the absorbed form times them all
     else:
         named |= dict(page_table=gpu.put(cache.table[[s for s, _ in rows_of]]))
     keys = sum(p + 1 for _, p in rows_of)
@@ -96,6 +100,52 @@ def case(gpu, rng, seqs: int, rows_of, ctx: int, prefill: bool, forms=("cores", 
     return out
 
 
+def case_x(gpu, rng, seqs: int, rows_of, ctx: int, reps: int = REPS) -> dict:
+    """The expanded form of the same prefill rows (every row a prompt row): mla_gather (the keys
+    numbered and their latents copied), the GEMM through kv_b into kx (linear_rows), and
+    mla_attend_x; ms each, and attend_x's TFLOP/s of the expanded form (2 x heads x (nope + rope +
+    v_dim) a (row, key)). Then mla_attend_x_wg, its wgmma twin (not in a build yet), timed the same
+    way over the same kx: its ms, TFLOP/s, speed-up, and whether its o has attend_x's bits (it
+    should: the same order, op for op)."""
+    long = ctx > 4096
+    cache = (LongCache if long else M.Cache)(rng, [ctx] * seqs, LORA, ROPE, page_tokens=PAGE, layers=1)
+    rows, V = len(rows_of), NOPE
+    per_seq = rows // seqs
+    keys = sum(max(p for s2, p in rows_of if s2 == s) + 1 for s in range(seqs))
+    n_out = HEADS * (NOPE + V)
+    cu = np.arange(seqs + 1, dtype=np.int32) * per_seq
+    named = dict(q=gpu.put(M.bf16_bits((rng.standard_normal((rows, HEADS, NOPE + ROPE)) * 0.6).astype(np.float32))),
+                 kv=gpu.put(cache.bits), pos=gpu.put(np.asarray([p for _, p in rows_of], np.int32)),
+                 page_table=gpu.put(cache.table), cu_seqlens=gpu.put(cu), n_seqs=seqs,
+                 prompt_len=gpu.put(np.full(seqs, ctx, np.int32)), keys=keys,
+                 koff=gpu.empty((seqs + 1) * 4), lat=gpu.empty(keys * LORA * 2), kx=gpu.empty(keys * n_out * 2),
+                 o=gpu.empty(rows * HEADS * V * 2), pages_per_seq=cache.pages_per_seq, rows=rows, layer=0,
+                 layers=cache.layers, heads=HEADS, nope=NOPE, rope=ROPE, kv_lora=LORA, v_dim=V, page_tokens=PAGE,
+                 token_bytes=cache.token_bytes)
+    W = gpu.put(M.bf16_bits((rng.standard_normal((n_out, LORA)) / np.sqrt(LORA)).astype(np.float32)))
+    ops = table.ops("tc", "tensor")
+    gemm = dict(x=named["lat"], W=W, y=named["kx"], rows=keys, N=n_out, K=LORA)
+    out = {"keys": keys}
+    pairs = sum(p + 1 for _, p in rows_of)
+    o = {}
+    for name, spec, args in (("gather", ops["mla_gather"], named), ("gemm", ops["linear_rows"], gemm),
+                             ("attend_x", Op(("mla_attend_x",)).to_manifest(table.BY_ENTRY), named),
+                             ("attend_x_wg", Op(("mla_attend_x_wg",)).to_manifest(table.BY_ENTRY), named)):
+        launches = op_launches(gpu, spec, args) * (reps if name != "gemm" else 1)
+        launch_all(launches[:len(spec["impl"]["launches"])], gpu.stream)  # outside the graph: attributes set
+        gpu.stream.synchronize()
+        out[name] = {"ms": round(gpu.graph_ms(launches, per=reps if name != "gemm" else 1), 4)}
+        if name.startswith("attend"):
+            o[name] = gpu.get(named["o"], np.uint16, (rows, HEADS, V))
+    for name in ("attend_x", "attend_x_wg"):
+        out[name]["tflops"] = round(2 * HEADS * (NOPE + ROPE + V) * pairs / out[name]["ms"] / 1e9, 2)
+    out["attend_x_wg"]["speedup"] = round(out["attend_x"]["ms"] / out["attend_x_wg"]["ms"], 2)
+    out["attend_x_wg"]["same_bits"] = bool(np.array_equal(o["attend_x"], o["attend_x_wg"]))
+    out["gemm"]["tflops"] = round(2 * keys * n_out * LORA / out["gemm"]["ms"] / 1e9, 2)
+    out["total_ms"] = round(sum(out[n]["ms"] for n in ("gather", "gemm", "attend_x")), 4)
+    return out
+
+
 def main() -> None:
     gpu = Gpu.of_family(CUBINS, Path(tempfile.mkdtemp()))
     rng = np.random.default_rng(0)
@@ -110,6 +160,10 @@ def main() -> None:
                                                forms=("tensor",), chunks=(MLA_CHUNK, ctx))
     res["prefill_1x8192_at24576"] = case(gpu, rng, 1, [(0, p) for p in range(24576, 32768)], 32768, True,
                                          forms=("tensor",), reps=1)
+    # the default build's prompt rows: the expanded form (mla_gather, the GEMM, mla_attend_x)
+    res["expanded_prefill_4x512"] = case_x(gpu, rng, 4, [(s, p) for s in range(4) for p in range(512)], 512)
+    res["expanded_prefill_1x8192_at24576"] = case_x(gpu, rng, 1, [(0, p) for p in range(24576, 32768)], 32768, reps=1)
+    res["expanded_prefill_1x2048_at129024"] = case_x(gpu, rng, 1, [(0, p) for p in range(129024, 131072)], 131072, reps=1)
     gpu.close()
     report(res, "mla_tc")
 

@@ -46,3 +46,13 @@ def test_bad_limits_are_refused():
 def test_held_tokens_bisects_to_the_largest_page_multiple():
     assert held_tokens(lambda n: n <= 1000, 16, 4096) == 992
     assert held_tokens(lambda n: True, 16, 4096) == 4096
+
+
+def test_a_deployment_that_counts_prompt_keys_serves_a_context_of_at_most_its_bound():
+    """A prompt of the whole context must fit one step's keys (Batch.keys), so the context is at
+    most the ragged program's keys bound, and the scheduler gets that bound."""
+    decode = Stepper("d", "seqs", 32, 1, None, 32, {}, {}, ())
+    ragged = Stepper("p", "seqs", 32, None, "tokens", 256, {}, {}, (), keys_var="keys", keys_max=3000)
+    lim = limits_for(ServingProtocol((ragged, decode), (), {"kv": 16}, 4096), lambda n: True, 16, None, None, 1)
+    assert lim.context == 2992 and lim.keys == 3000 and lim.note is None  # a whole page's positions
+    assert limits_for(_protocol(4096), lambda n: True, 16, None, None, 1).keys is None

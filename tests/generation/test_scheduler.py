@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kern.generation.scheduler import Row, Running, admissions, schedule, victim
+from kern.generation.scheduler import Row, Running, admissions, keys_of, schedule, victim
 
 
 def test_decode_rows_come_first_then_prefill_chunks_in_admission_order():
@@ -67,3 +67,34 @@ def test_captured_sizes_step_by_8_to_64_and_run_ahead_sizes_thin_out_past_32():
     assert sizes == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, *range(80, 257, 16)]
     assert ahead_buckets(sizes) == [1, 2, 4, 8, 16, 24, 32, 64, 128, 256]
     assert buckets(12, 8) == [1, 2, 4, 8, 12] and ahead_buckets(buckets(12, 8)) == [1, 2, 4, 8, 12]
+
+
+# Where the deployment counts the prompt keys a step attends over (a Batch.keys var: Kimi's
+# expanded MLA prefill), a prompt chunk of n rows from position w of a prompt of P tokens
+# attends over min(w + n, P) keys; a generated row over none.
+
+def test_prompt_chunks_are_cut_to_the_keys_a_step_may_attend_over():
+    running = [Running("a", 300, written=900, prompt_len=1200), Running("b", 500, written=100, prompt_len=600),
+               Running("c", 1, written=2000, prompt_len=10)]
+    # c decodes (no keys); a's chunk attends over keys 0 .. 1,199 (its prompt's end); 300 keys are left for
+    # b: its chunk is cut to positions 100 .. 299 (keys 0 .. 299)
+    rows = schedule(running, budget=2048, chunk_max=2048, decode_groups=8, mixed_groups=8, keys=1500)
+    assert rows == [Row("c", 1), Row("a", 300), Row("b", 200)]
+    # a chunk that cannot take even one row waits; a later, shorter prompt may go
+    running = [Running("a", 300, written=900, prompt_len=1200), Running("b", 50, written=400, prompt_len=450),
+               Running("c", 20, written=0, prompt_len=20)]
+    assert schedule(running, budget=2048, chunk_max=2048, decode_groups=8, mixed_groups=8, keys=1300) == [
+        Row("a", 300), Row("c", 20)]
+
+
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 900), st.integers(1, 1200)), min_size=1, max_size=30),
+       st.integers(1, 512), st.integers(1, 256), st.integers(1200, 3000))
+def test_a_step_s_prompt_keys_stay_within_the_bound(seqs, budget, chunk_max, keys):
+    running = [Running(str(i), p, written=w, prompt_len=pl) for i, (p, w, pl) in enumerate(seqs)]
+    rows = schedule(running, budget, chunk_max, 64, 64, keys=keys)
+    by_id = {r.id: r for r in running}
+    assert sum(keys_of(by_id[r.id], r.tokens) for r in rows) <= keys
+    # the first prompt chunk always goes (the context is at most the bound: a prompt fits alone)
+    first = next((r for r in running if r.pending > 1), None)
+    if first is not None and first.prompt_len <= keys and not any(r.pending == 1 for r in running):
+        assert rows and rows[0].id == first.id

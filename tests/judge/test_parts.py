@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import ml_dtypes
@@ -106,6 +108,23 @@ def test_workload_lengths_pages_and_steps():
             fed[c.seq] = c.start + len(c.tokens)
     assert all(fed[i] == len(s.prompt) + 3 for i, s in enumerate(wl.seqs))
     assert make(3, LIM, seqs=8, decode_steps=3) == wl and make(4, LIM, seqs=8, decode_steps=3) != wl
+
+
+def test_a_workload_s_ragged_steps_keep_within_the_prompt_keys_bound():
+    """Where the manifest counts the prompt keys a ragged step attends over (Batch.keys), a
+    script's chunk of k rows from position at counts at + k; every step stays within the bound
+    and every prompt is still fed whole, in order."""
+    lim = dataclasses.replace(LIM, keys=100)  # prompts of up to a chunk and two pages: 96
+    wl = make(3, lim, seqs=8, decode_steps=2)
+    fed = {}
+    for step in wl.steps:
+        if step.ragged:
+            assert sum(c.start + len(c.tokens) for c in step.chunks) <= 100
+        for c in step.chunks:
+            assert c.start == fed.get(c.seq, 0)
+            fed[c.seq] = c.start + len(c.tokens)
+    assert all(fed[i] == len(s.prompt) + 2 for i, s in enumerate(wl.seqs))
+    assert wl.steps != make(3, LIM, seqs=8, decode_steps=2).steps  # the bound cut some chunk
 
 
 def test_feed_fills_roles_and_page_tables():

@@ -145,7 +145,9 @@ MOE_SPANS = {  # the decode program's routed experts against the cpu reference's
 def test_every_kda_and_mla_call_pairs_with_the_reference_s(batch_invariant, tmp_path):
     """kern test names a span by its calls: each of this family's kernels must sit alone in
     its span against the cpu call of the same op over the same buffers, and every span replays
-    on its own (no buffer one side lacks)."""
+    on its own (no buffer one side lacks). The default build's prefill MLA is one span of three
+    calls against the reference's one: the prompt keys gathered and expanded by the GEMM before
+    the attention (their workspaces only it reads)."""
     from kern.judge.diff import diff
     from kern.manifest import load_verified
     from kern_models.kimi_linear.generator import generate
@@ -155,9 +157,11 @@ def test_every_kda_and_mla_call_pairs_with_the_reference_s(batch_invariant, tmp_
     b = load_verified(generate(cfg, tmp_path / "cuda", target="cuda", context=256, batch_invariant=batch_invariant))
     d = diff(a, b)
     spans = [s.ops for s in d.spans]
-    for op in ("kda_conv", "kda_gate", "kda_chunked", "kda_out_norm", "mla_append", "mla_attention", "kimi_route",
+    for op in ("kda_conv", "kda_gate", "kda_chunked", "kda_out_norm", "mla_append", "kimi_route",
                "kda_conv_decode", "kda_step", "mla_append_decode", "mla_attention_decode"):
         assert f"{op} -> {op}" in spans, op
+    mla = "mla_attention -> mla_gather+linear_rows+mla_attention" if batch_invariant else "mla_attention -> mla_attention"
+    assert mla in spans
     assert MOE_SPANS[batch_invariant] in spans
     assert [s.ops for s in d.spans if s.missing] == []
 
@@ -167,9 +171,11 @@ def test_the_kernel_table_matches_the_sources():
 
 
 def test_every_kernel_of_the_family_is_launched_by_one_build_or_the_other(published, faster):
-    """... or by the prompt form either build takes on request (kda_tokens: kda_form="tokens")."""
+    """... or by the prompt form either build takes on request (kda_tokens: kda_form="tokens"), or
+    is the mma.sync reference of a launched wgmma twin's order (mla_attend_x: mla_attend_x_wg
+    gives its bits, test_cuda_gpu_mla_x.py and test_mla_x_wg_emulated.py compare them)."""
     launched = {e for m in (published, faster) for p in m["programs"] for e in _entries(m, p)}
-    assert {k.entry for k in table.KERNELS} - launched == {"kda_tokens"}
+    assert {k.entry for k in table.KERNELS} - launched == {"kda_tokens", "mla_attend_x"}
     assert table.ops("tokens")["kda_chunked"]["impl"]["launches"][0]["entry"] == "kda_tokens"
 
 

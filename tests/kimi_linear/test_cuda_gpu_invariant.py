@@ -210,7 +210,10 @@ def test_a_prompt_s_last_rows_decoded_among_others_get_the_bytes_they_get_in_pre
 def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, mla_form, heads, nope, rope, v_dim, kv_lora):
     """Cached latents of three sequences (random, in shuffled pages); prefill's attention over a
     ragged batch of their rows, then each row again through decode's, alone and beside others;
-    the attention on tensor cores (the default build's) and on CUDA cores (the faster build's)."""
+    the attention on tensor cores (the default build's) and on CUDA cores (the faster build's).
+    The default build's prefill gives a generated row (a preempted request's, recomputed) decode's
+    absorbed form, so every row here is a generated one (prompt_len 0); a prompt row's expanded
+    form is test_cuda_gpu_mla_x.py's."""
     from kern_models.kimi_linear.kernels.cuda import table
 
     ops = table.ops("tokens", mla_form)
@@ -235,6 +238,9 @@ def test_an_mla_prompt_row_gets_the_bytes_it_gets_decoded(gpu, mla_form, heads, 
                      o_lat=gpu.empty(rows * heads * kv_lora * 4), rows=rows, **geo)
         if cu is not None:
             named |= dict(cu_seqlens=gpu.put(np.asarray(cu, np.int32)), n_seqs=len(cu) - 1)
+            if mla_form == "tensor":  # no prompt row: no keys to expand, mla_attend_x's blocks all leave
+                named |= dict(prompt_len=gpu.put(np.zeros(len(cu) - 1, np.int32)), keys=1,
+                              koff=gpu.put(np.zeros(len(cu), np.int32)), kx=gpu.empty(heads * (nope + v_dim) * 2))
         if mla_form == "tensor":  # mla_tc's split; decode: a block a (row, head group, chunk), the last folds
             named["chunk"] = SPLIT
             if cu is None:

@@ -78,7 +78,8 @@ class Attend:
             seqs = [s for i, (s, _) in enumerate(picks) if i == 0 or picks[i - 1][0] != s]
             assert len(seqs) == len(set(seqs)), "prefill's rows: each sequence's together"
             cu = np.cumsum([0] + [sum(1 for s2, _ in picks if s2 == s) for s in seqs]).astype(np.int32)
-            named |= dict(page_table=gpu.put(c.table[seqs]), cu_seqlens=gpu.put(cu), n_seqs=len(seqs))
+            named |= dict(page_table=gpu.put(c.table[seqs]), cu_seqlens=gpu.put(cu), n_seqs=len(seqs),
+                          prompt_len=gpu.put(np.zeros(len(seqs), np.int32)))  # every row generated: the absorbed form's
         else:
             named |= dict(page_table=gpu.put(c.table[[s for s, _ in picks]]))
         spec = Op((entry,)).to_manifest(table.BY_ENTRY)

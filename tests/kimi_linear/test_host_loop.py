@@ -163,3 +163,29 @@ def test_kern_run_generates_on_the_hybrid(kimi_dep, kimi_ckpt, kimi_model, capsy
                  "--max-tokens", "8"]) == 0
     ref = greedy(kimi_model, tok.encode("w5 w6 w7 w8"), 8)
     assert capsys.readouterr().out.strip() == tok.decode(ref).strip()
+
+
+def test_a_step_s_prompt_keys_are_counted_from_its_rows_and_bounded(kimi_model):
+    """The prefill program's `keys` var (Batch.keys: the sm_90a build sizes its expanded-key
+    workspaces by it) is set by the engine from the step's own rows: each sequence with a prompt
+    row attends over positions up to its last prompt row. A step past the var's bound is refused
+    before launch, in one line; the loop's scheduler never builds one (test_scheduler.py)."""
+    from kern.errors import BoundsError
+
+    eng = kimi_model.engine
+    st = eng.protocol.for_rows(1, None)
+    assert st.keys_var == "keys" and st.keys_max >= eng.m.vars["context"].max
+
+    def step(seqs):  # [(first position, rows, prompt_len)]
+        cu = np.cumsum([0] + [n for _, n, _ in seqs]).astype(np.int32)
+        pos = np.concatenate([np.arange(p, p + n) for p, n, _ in seqs]).astype(np.int32)
+        inputs = {st.inputs["cu_seqlens"]: cu, st.inputs["position"]: pos,
+                  st.inputs["prompt_len"]: np.asarray([pl for *_, pl in seqs], np.int32)}
+        return eng.checked(st.program, st.vars_for(len(seqs), int(cu[-1])), inputs).env["keys"]
+
+    # 40 prompt rows from 10 (keys 0 .. 49); a prompt's last 3 rows and 2 generated (keys 0 .. 99); generated alone
+    assert step([(10, 40, 200), (97, 5, 100), (120, 1, 100)]) == 50 + 100
+    assert step([(120, 1, 100)]) == 1  # none: the var's least
+    n = -(-st.keys_max // 200) + 1  # sequences of 200 prompt keys each, past the bound
+    with pytest.raises(BoundsError, match=rf"attend over {200 * n} keys, above the var bound keys <= {st.keys_max}"):
+        step([(199, 1, 1000)] * n)

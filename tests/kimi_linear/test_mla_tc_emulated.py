@@ -71,7 +71,8 @@ class Emu:
         table = np.ascontiguousarray(c.table[seqs])
         q_lat, q, pos, o = self._inputs(picks)
         layer, layers, *rest = self._geo()
-        self.lib.emu_mla_attend_tc(ptr(q_lat), ptr(q), ptr(c.bits), ptr(table), ptr(cu), ptr(pos), ptr(o),
+        generated = np.zeros(len(seqs), np.int32)  # prompt_len 0: every row a generated token, this kernel's
+        self.lib.emu_mla_attend_tc(ptr(q_lat), ptr(q), ptr(c.bits), ptr(table), ptr(cu), ptr(pos), ptr(generated), ptr(o),
                                    *map(ctypes.c_int, (c.pages_per_seq, len(picks), len(seqs), layer, layers, *rest,
                                                        chunk)))
         assert not np.isnan(o).any()

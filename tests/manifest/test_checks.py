@@ -353,6 +353,15 @@ def test_9_batch_reach_names_a_var(m):
     reported(m, "programs.decode.batch.reach", "names no var: 'span'")
 
 
+def test_9_batch_keys_names_a_var_and_needs_the_roles_it_counts_from(m):
+    m["programs"]["prefill"]["batch"]["keys"] = "span"
+    reported(m, "programs.prefill.batch.keys", "names no var: 'span'")
+    # the tiny llama's prefill has cu_seqlens and position but no prompt_len input
+    m["vars"]["span"] = {"max": 64}
+    reported(m, "programs.prefill.batch.keys", "needs inputs of roles cu_seqlens, position and prompt_len "
+                                                  "(missing: prompt_len)")
+
+
 # 10. nothing declared and unused; topology and peer rules hold -----------------------------
 
 def test_10_unused_buffer(m):

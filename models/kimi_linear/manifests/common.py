@@ -105,7 +105,7 @@ def padded(raw: int) -> int:
     return 1 << (raw - 1).bit_length() if raw <= SLOT_ALIGN else -(-raw // SLOT_ALIGN) * SLOT_ALIGN
 
 
-CHUNK_SPAN = 64 << 20  # the common multiple of the units an unpadded MLA token may bring, at most
+CHUNK_SPAN = 64 << 20  # the pool's largest chunk (runtime/paging.py MAX_CHUNK): an unpadded token's units tile it
 
 
 def token_padded(raw: int, slot: int) -> int:
@@ -148,3 +148,18 @@ def states(s: KimiShape) -> dict:
     if s.kda_layers:
         out["kda"] = {"bytes_per_seq": "kda_slot_bytes"}
     return out
+
+
+# The expanded form's keys a prefill step (the var `keys`: the sm_90a build's workspaces, kx 16
+# KiB a key at Kimi's shape; the cpu build declares it too, so its host loop schedules as the
+# device's): the context, so that one sequence's prompt always fits, and at least
+# KEYS_PER_ROW times the step's rows, so that short prompts pack a step whole (the serve
+# workload's 4 prompts of 512 past a cached 256: 3,072 keys for 2,048 rows). The scheduler
+# keeps a step's within it (Batch.keys); below the context (kx past 32-bit indexing: 262,144
+# keys at Kimi's width), the host clips the context to it.
+KEYS_PER_ROW = 8
+
+
+def prompt_keys(s: KimiShape, context: int, tokens: int) -> int:
+    cap = ((1 << 31) - 1) // (s.heads * (s.nope + s.v_dim)) // 16 * 16
+    return min(max(context, KEYS_PER_ROW * tokens), cap)

@@ -17,7 +17,7 @@ from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, st
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
 from ..config import KDA, KimiShape
-from .common import constants, state_constants, states, weight_buffers
+from .common import constants, prompt_keys, state_constants, states, weight_buffers
 
 F = "f32"
 MODULE = "kimi"
@@ -195,13 +195,16 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
                                                          value_arg(s.eps)]})
             calls += _mlp(s, p, l)
         programs[prog] = stepping_program(calls + head_calls(p, decode, s.eps), decode)
+        if not decode and s.mla_layers:
+            programs[prog]["batch"]["keys"] = "keys"  # as the sm_90a build's (manifests/common.py prompt_keys)
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     all_ops = {**llama_ops(), **moe_ops(), **ops(kda_form)}
     return {
         "schema_version": 1, "model": model, "target": {"device": "cpu"},
         "constants": {**constants(s), **state_constants(s, 4)},
         "vars": {"tokens": {"max": tokens}, "seqs": {"max": seqs}, "context": {"max": context},
-                 "reach": {"max": context}, MASK_ROWS: {"max": seqs}},
+                 "reach": {"max": context}, MASK_ROWS: {"max": seqs},
+                 **({"keys": {"max": prompt_keys(s, context, tokens)}} if s.mla_layers else {})},
         "buffers": buffers,
         "states": states(s),
         "modules": {name: {"source": f"kernels/{file}", "sha256": ""} for name, (file, _) in MODULES.items()},

@@ -38,7 +38,7 @@ from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
 from ..config import KDA, KimiShape
 from ..kernels.cuda import table
-from .common import constants, state_constants, states, weight_buffers
+from .common import constants, prompt_keys, state_constants, states, weight_buffers
 
 BF = "bf16"
 # The faster build's chunk of the prompt's recurrence (kda_chunked: S and six chunk tiles in
@@ -98,6 +98,11 @@ def check_shape(s: KimiShape, batch_invariant: bool = True, kda_form: str = "chu
             problems.append(f"qk_nope_head_dim {s.nope}, qk_rope_head_dim {s.rope}, v_head_dim {s.v_dim}: the tensor-core "
                             "up-projections take a nope part that is a multiple of 16, an even rope part and a value "
                             "head that is a multiple of 8")
+        # mla_attend_x (a prompt's rows, expanded): q K^T in k16 steps over nope + rope, 16-byte rows
+        elif batch_invariant and (s.nope + s.rope > t.MLA_X_MAX_QK or s.rope % 8 or s.v_dim > t.MLA_X_MAX_V):
+            problems.append(f"qk_nope_head_dim {s.nope} + qk_rope_head_dim {s.rope}, v_head_dim {s.v_dim}: the expanded "
+                            f"prefill attention takes a query head of at most {t.MLA_X_MAX_QK} channels with a rope part "
+                            f"that is a multiple of 8, and a value head of at most {t.MLA_X_MAX_V}")
     if any(s.sparse):
         if s.experts > t.MAX_EXPERTS or s.groups > t.MAX_GROUPS:
             problems.append(f"{s.experts} experts in {s.groups} groups: kimi_route takes at most {t.MAX_EXPERTS} "
@@ -248,15 +253,45 @@ class _Program:
                 self.buffers.setdefault(p + "mla_sem", buffer([R, "heads"], "carry", "i32"))
                 scratch.append(buffer_arg(p + "mla_sem"))
                 split.append(value_arg({"ceil_div": ["reach", MLA_CHUNK]}))
+        append = {"op": "mla_append_decode" if self.decode else "mla_append",
+                  "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *where, *counts, value_arg(k), value_arg("mla_layers"), *geo,
+                           value_arg(s.eps)]}
+        heads = [value_arg("heads"), value_arg("nope"), value_arg("rope"), value_arg("kv_lora")]
+        if self.batch_invariant and not self.decode:
+            return [*q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"), append, *self.mla_prompt(l, k, kv, q_lat, o_lat, heads, geo),
+                    self.lin("attn", f"o_w.{l}", "attn_out", "hidden", {"mul": ["heads", "v_dim"]})]
         return [
-            *q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"),
-            {"op": "mla_append_decode" if self.decode else "mla_append",
-             "args": [buffer_arg(p + "ckv"), buffer_arg(f"kv_a_norm.{l}"), kv, *where, *counts, value_arg(k), value_arg("mla_layers"), *geo, value_arg(s.eps)]},
+            *q, self.lin("h", f"kv_a_w.{l}", "ckv", "latent", "hidden"), append,
             {"op": "mla_attention_decode" if self.decode else "mla_attention",
              "args": [buffer_arg(p + "q"), kv, *where, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"), q_lat, o_lat, *scratch, *counts,
-                      value_arg(k), value_arg("mla_layers"), value_arg("heads"), value_arg("nope"), value_arg("rope"), value_arg("kv_lora"),
-                      value_arg("page_tokens"), value_arg("kv_token_bytes"), *split, value_arg("v_dim")]},
+                      value_arg(k), value_arg("mla_layers"), *heads, value_arg("page_tokens"), value_arg("kv_token_bytes"), *split,
+                      value_arg("v_dim")]},
             self.lin("attn", f"o_w.{l}", "attn_out", "hidden", {"mul": ["heads", "v_dim"]}),
+        ]
+
+    def mla_prompt(self, l: int, k: int, kv: dict, q_lat: dict, o_lat: dict, heads: list, geo: list) -> list[dict]:
+        """The default build's prefill MLA, a token's form fixed by its role (docs/hybrid.md): the
+        keys the step's prompt rows attend over numbered and their latents gathered (mla_gather),
+        expanded through kv_b by the invariant GEMM (a key a row: its bits whatever step expands
+        it) into kx, then mla_attention: the absorbed form for the generated rows, mla_attend_x
+        over kx for the prompt rows. The keys var bounds the workspaces: the host sets it each
+        step and keeps it within its maximum (Batch.keys)."""
+        p, R, G = self.p, self.rows, self.seqs
+        pages = {"ceil_div": ["context", "page_tokens"]}
+        koff = self.ws("mla_koff", [{"add": [G, 1]}], "i32")
+        lat = self.ws("mla_lat", ["keys", "kv_lora"])
+        kx = self.ws("mla_kx", ["keys", {"mul": ["heads", {"add": ["nope", "v_dim"]}]}])
+        rows = [buffer_arg(p + "cu_seqlens"), buffer_arg(p + "pos"), buffer_arg(p + "prompt_len")]
+        return [
+            {"op": "mla_gather", "args": [*rows, kv, buffer_arg(p + "page_table"), koff, lat, value_arg(pages), value_arg(G),
+                                          value_arg("keys"), value_arg(k), value_arg("mla_layers"), *geo]},
+            {"op": "linear_rows", "args": [lat, buffer_arg(f"kv_b_w.{l}"), kx, value_arg("keys"),
+                                           value_arg({"mul": ["heads", {"add": ["nope", "v_dim"]}]}), value_arg("kv_lora")]},
+            {"op": "mla_attention",
+             "args": [buffer_arg(p + "q"), kv, buffer_arg(p + "page_table"), *rows, buffer_arg(f"kv_b_w.{l}"), buffer_arg(p + "attn"),
+                      q_lat, o_lat, koff, kx, value_arg(pages), value_arg(R), value_arg(G), value_arg("keys"), value_arg(k),
+                      value_arg("mla_layers"), *heads, value_arg("page_tokens"), value_arg("kv_token_bytes"), value_arg(MLA_CHUNK),
+                      value_arg("v_dim")]},
         ]
 
     def mlp(self, l: int) -> list[dict]:
@@ -395,6 +430,8 @@ class _Program:
             self.buffers[p + "cu_seqlens"] = buffer([{"add": [G, 1]}], "input", "i32", fill="cu_seqlens",
                                                  domain={"range": [0, {"add": [R, 1]}]})
             self.buffers[p + "last"] = buffer([G, "hidden"], dtype=BF)
+            if s.mla_layers and self.batch_invariant:  # a prompt token attends in the expanded form, a generated one absorbed
+                self.buffers[p + "prompt_len"] = buffer([G], "input", "i32", fill="prompt_len")
 
 
 def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SEQS, prefill_seqs: int = PREFILL_SEQS,
@@ -434,6 +471,8 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
             buffers[p + "gpart"] = buffer([{"mul": [tiles, dense_table.GEMM_SPLIT * dense_table.TILES["WG_SPLIT_PART"]]}],
                                           "workspace", "f32")
             buffers[p + "gsem"] = buffer([tiles], "carry", "i32")
+        if kind == "prefill" and s.mla_layers and batch_invariant:
+            programs[prog]["batch"]["keys"] = "keys"  # the expanded form's keys a step (Batch.keys)
     used = {c["op"] for prog in programs.values() for c in prog["calls"]}
     ops = {n: op for n, op in _ops(kda_form, batch_invariant).items() if n in used}
     modules = sorted({ln["module"] for op in ops.values() for ln in op["impl"]["launches"] if "module" in ln})
@@ -444,6 +483,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
         "constants": {**constants(s), **sizes},
         "vars": {"tokens": {"max": tokens}, "prefill_seqs": {"max": prefill_seqs}, "seqs": {"max": seqs},
                  "wide_seqs": {"max": wide_seqs}, "context": {"max": context}, "reach": {"max": context},
+                 **({"keys": {"max": prompt_keys(s, context, tokens)}} if s.mla_layers and batch_invariant else {}),
                  MASK_ROWS: {"max": max(seqs, prefill_seqs, wide_seqs)}},
         "buffers": buffers,
         # Declared by their sizes' values, not the constants' names the cpu manifest uses: the

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed
+from ..drive.script import Chunk, Bounds, Seq, ScriptStep, feed, pack
 from ..manifest.expr import evaluate
 from ..manifest.protocol import ServingProtocol, ProtocolError, Stepper, verify_problem
 from ..manifest.verify import Verified
@@ -111,17 +111,16 @@ def plan(shape: Shape, protocol: ServingProtocol, lim: Bounds, seed: int) -> Sce
                                                                                          (i + 1) * pages_each)),
                      "bench") for i in range(g))
     prefix: list[ScriptStep] = []
+    if st.ragged and st.keys_var and g * (c + r) > st.keys_max:
+        return (f"{g} sequences at context {c} + {r} rows attend over {g * (c + r)} prompt keys a step, past the "
+                f"program's bound {st.keys_var} <= {st.keys_max}")
     if c:
         done = [0] * g
+        bounds = replace(lim, chunk=pre.rows_max, ragged_groups=pre.groups_max,
+                         keys=pre.keys_max if pre.keys_var else None)
         while any(d < c for d in done):
-            budget, chunks = pre.rows_max, []
-            for i in range(g):
-                if done[i] < c and budget > 0 and len(chunks) < pre.groups_max:
-                    k = min(budget, c - done[i])
-                    chunks.append(Chunk(i, done[i], seqs[i].prompt[done[i]:done[i] + k]))
-                    done[i] += k
-                    budget -= k
-            prefix.append(ScriptStep(True, tuple(chunks)))
+            prefix.append(ScriptStep(True, tuple(pack([(i, done[i], c) for i in range(g)], bounds,
+                                                      lambda i, at, k: seqs[i].prompt[at:at + k], done))))
     measured = ScriptStep(st.ragged, tuple(Chunk(i, c, seqs[i].prompt[c:c + r]) for i in range(g)), shape.round)
     return Scenario(shape, st, seqs, tuple(prefix), measured)
 

@@ -297,7 +297,7 @@ def _prune_names(doc: dict) -> dict:
             exprs += [a.value for a in l.args or () if not isinstance(a, str) and not isinstance(a.value, float)]
     for pr in m.programs.values():
         if pr.batch is not None:
-            exprs += [pr.batch.groups, pr.batch.rows, pr.batch.reach]
+            exprs += [pr.batch.groups, pr.batch.rows, pr.batch.reach, pr.batch.keys]
     used: set[str] = set()
     todo = [e for e in exprs if e is not None]
     while todo:

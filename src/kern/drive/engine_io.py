@@ -153,7 +153,8 @@ class EngineIO:
         return Bounds(vocab, page_tokens, ragged[0].rows_max if ragged else 1,
                       ragged[0].groups_max if ragged else 1,
                       single[0].groups_max if single else any_st.groups_max, context, width, pages,
-                      v.groups_max if v else 0, v.rows_max if v else 0)
+                      v.groups_max if v else 0, v.rows_max if v else 0,
+                      ragged[0].keys_max if ragged and ragged[0].keys_var else None)
 
     def table_widths(self) -> dict[str, int]:
         return {pt.buffer: self.e.shapes[pt.buffer][-1] for st in self.e.protocol.every for pt in st.page_tables}

@@ -34,6 +34,7 @@ class Bounds:
     pages: int  # pages of the paged state
     round_groups: int = 0  # sequences one verify step takes (0: no verify program)
     round_rows: int = 0  # rows one verify step takes
+    keys: int | None = None  # prompt keys one ragged step may attend over (Batch.keys; None: no bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,18 +137,34 @@ def make(seed: int, lim: Bounds, *, seqs: int = 6, decode_steps: int = 4, max_pr
     return Script(seed, tuple(out), _schedule(out, lim, steps_in, rounds), sum(need), natural)
 
 
+def pack(todo: list[tuple[int, int, int]], lim: Bounds, tokens, done: list[int]) -> list[Chunk]:
+    """One ragged step's prompt chunks, in order: todo [(sequence, fed so far, prompt length)],
+    within the step's rows, sequences and (where the manifest counts them) prompt keys: a chunk
+    of k rows from position at attends over at + k keys (every row a prompt row). `tokens(i,
+    at, k)`: its tokens; `done` advanced. The first chunk always goes (one prompt fits a step's
+    keys: the context is at most the bound)."""
+    budget, keys, chunks = lim.chunk, lim.keys, []
+    for i, at, n in todo:
+        if at < n and budget > 0 and len(chunks) < lim.ragged_groups:
+            k = min(budget, n - at)
+            if keys is not None:
+                k = min(k, keys - at)
+                if k < 1 and chunks:
+                    continue
+                k = max(k, 1)
+                keys -= at + k
+            chunks.append(Chunk(i, at, tokens(i, at, k)))
+            done[i] += k
+            budget -= k
+    return chunks
+
+
 def _schedule(seqs: list[Seq], lim: Bounds, decode_steps: int, rounds: int) -> tuple[ScriptStep, ...]:
     steps: list[ScriptStep] = []
     done = [0] * len(seqs)
     while any(d < len(s.prompt) for d, s in zip(done, seqs)):
-        budget, chunks = lim.chunk, []
-        for i, s in enumerate(seqs):
-            if done[i] < len(s.prompt) and budget > 0 and len(chunks) < lim.ragged_groups:
-                k = min(budget, len(s.prompt) - done[i])
-                chunks.append(Chunk(i, done[i], s.prompt[done[i]:done[i] + k]))
-                done[i] += k
-                budget -= k
-        steps.append(ScriptStep(True, tuple(chunks)))
+        steps.append(ScriptStep(True, tuple(pack([(i, done[i], len(s.prompt)) for i, s in enumerate(seqs)], lim,
+                                                 lambda i, at, k: seqs[i].prompt[at:at + k], done))))
     for d in range(decode_steps):
         rows = [Chunk(i, len(s.prompt) + d, (s.decode[d],)) for i, s in enumerate(seqs)]
         for g in range(0, len(rows), lim.decode_groups):

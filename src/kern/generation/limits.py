@@ -26,6 +26,7 @@ class Limits:
     run_ahead: int  # greedy decode steps a host wait when one sequence runs alone
     headroom: int | None = HEADROOM  # tokens promised past the prompt at admission (None: all of max_tokens)
     note: str | None = None  # why the context is less than asked, for the user
+    keys: int | None = None  # prompt keys a step's rows may attend over (the ragged program's Batch.keys; None: no bound)
 
 
 def held_tokens(fits, page_tokens: int, hi: int) -> int:
@@ -53,6 +54,9 @@ def limits_for(protocol: ServingProtocol, fits, page_tokens: int, context: int |
         raise BoundsError(f"max_seqs {max_seqs} is above the manifest's bound of {seqs_max} sequences a step")
     if context is not None and context < 2:
         raise BoundsError(f"context must be at least 2 positions (a prompt token and a generated one), got {context}")
+    keys = ragged.keys_max if ragged.keys_var else None
+    if keys is not None:
+        bound = min(bound, keys - keys % page_tokens)  # a prompt of the whole context fits one step's keys
     want = min(context or bound, bound)
     held = held_tokens(lambda n: fits(n + scratch_tokens), page_tokens, want)
     note = None
@@ -66,4 +70,4 @@ def limits_for(protocol: ServingProtocol, fits, page_tokens: int, context: int |
         want = held
     if max_seqs is None:
         max_seqs = seqs_max if capacity is None else max(1, min(seqs_max, capacity // SEQ_TOKENS))
-    return Limits(want, max_seqs, ragged.rows_max, run_ahead, note=note)
+    return Limits(want, max_seqs, ragged.rows_max, run_ahead, note=note, keys=keys)

@@ -110,7 +110,7 @@ class Runner:
         # ... and under a token mask (roles mask and mask_row): a grammar's rows draw there too
         self.masks = all({"mask", "mask_row"} <= s.inputs.keys() for s in protocol.steppers)
         # prompt and generated tokens take different forms (role prompt_len): decodes()
-        self.roles = any("prompt_len" in s.inputs for s in [*protocol.steppers, protocol.verify] if s)
+        self.roles = any("prompt_len" in s.inputs for s in protocol.every)
 
     def scratch_feed(self, position: int, steps: int = 1) -> Feed:
         """A row whose every page is the scratch page, for `steps` steps from `position`: it

@@ -17,6 +17,8 @@ class Running:
     id: str
     pending: int  # tokens to feed before its next token (1: a decode row)
     prompt: bool = False  # its next row is a prompt token of a deployment whose roles differ: a prefill row
+    written: int = 0  # tokens already in its state (its next row's position)
+    prompt_len: int = 0  # its prompt's tokens (the keys a chunk's prompt rows attend over: keys_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,21 +34,37 @@ def admissions(waiting: int, running: int, max_seqs: int) -> int:
     return max(0, min(waiting, max_seqs - running))
 
 
+def keys_of(r: Running, n: int) -> int:
+    """The prompt keys a chunk of n rows of r attends over (Batch.keys): positions up to its last
+    prompt row, if it has one."""
+    return min(r.written + n, r.prompt_len) if r.written < r.prompt_len else 0
+
+
 def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_groups: int,
-             mixed_groups: int) -> list[Row]:
+             mixed_groups: int, keys: int | None = None) -> list[Row]:
     """This step's rows: every decoding sequence's one token first (decode latency does not wait
     on prefill), then prefill chunks in admission order while the token budget lasts. At most
     `decode_groups` sequences in a step of decode rows only, `mixed_groups` in a step with
-    prefill chunks; chunks at most `chunk_max` tokens."""
+    prefill chunks; chunks at most `chunk_max` tokens; where the deployment counts the prompt
+    keys a step attends over (`keys`, Limits.keys), chunks within that too: one that does not
+    fit is cut to fit, or waits for a later step (a chunk alone always fits: the context is at
+    most `keys`)."""
     rows: list[Row] = []
     left = budget
     for r in running:
         if r.pending == 1 and not r.prompt and left > 0 and len(rows) < decode_groups:
             rows.append(Row(r.id, 1))
             left -= 1
+    keys_left = keys
     for r in running:
         if (r.pending > 1 or r.prompt) and left > 0 and len(rows) < mixed_groups:
             n = min(r.pending, left, chunk_max)
+            if keys_left is not None and keys_of(r, n) > keys_left:
+                n = keys_left - r.written  # its last prompt row the last key that fits
+                if n < 1:
+                    continue
+            if keys_left is not None:
+                keys_left -= keys_of(r, n)
             rows.append(Row(r.id, n))
             left -= n
     return rows
@@ -100,9 +118,9 @@ class Scheduler:
         k = self._ahead(host_draws)
         if k > 1:
             return StepPlan([(s, 1) for s in self.running], k)
-        rows = schedule([Running(s.id, s.pending, s.roles and s.written < len(s.prompt)) for s in self.running],
-                        self.limits.budget, self.chunk_max,
-                        self.decode_groups, self.mixed_groups)
+        rows = schedule([Running(s.id, s.pending, s.roles and s.written < len(s.prompt), s.written, len(s.prompt))
+                         for s in self.running], self.limits.budget, self.chunk_max,
+                        self.decode_groups, self.mixed_groups, self.limits.keys)
         by_id = {s.id: s for s in self.running}
         return StepPlan(self._grow([(by_id[r.id], _upto_snapshot(by_id[r.id], r.tokens)) for r in rows]))
 

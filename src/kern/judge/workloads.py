@@ -28,6 +28,10 @@ def limits(io: EngineIO, opts: Options, candidate: Verified | None = None) -> sc
     lim = dataclasses.replace(lim, chunk=min(lim.chunk, opts.chunk))
     if candidate is not None and derive(candidate).verify is None:
         lim = dataclasses.replace(lim, round_groups=0, round_rows=0)
+    if candidate is not None:  # a step's prompt keys within both sides' bounds
+        bounds = [k for k in [lim.keys] + [s.keys_max for s in derive(candidate).steppers if s.ragged and s.keys_var]
+                  if k is not None]
+        lim = dataclasses.replace(lim, keys=min(bounds) if bounds else None)
     return lim
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import KernError
 from .expr import evaluate
 from .schema import INPUT_ROLES, BufArg
@@ -53,6 +55,8 @@ class Stepper:
     reach_max: int = 0
     mask_var: str | None = None  # the var set to the rows of the `mask` input a step fills (bucketed)
     mask_max: int = 0  # the most rows the `mask` input holds (0: no mask input)
+    keys_var: str | None = None  # the var set to the prompt keys a step's rows attend over (prompt_keys)
+    keys_max: int = 0
 
     @property
     def ragged(self) -> bool:
@@ -194,6 +198,7 @@ def derive(v: Verified) -> ServingProtocol:
             rows_max=evaluate(r, env_max) if rvar else evaluate(g, env_max) * fixed_rows,
             inputs=inputs, outputs=outputs, page_tables=tuple(tables), slots=tuple(slots),
             reach_var=reach, reach_max=env_max[reach] if reach else 0,
+            keys_var=prog.batch.keys, keys_max=env_max[prog.batch.keys] if prog.batch.keys else 0,
             mask_var=mask_var, mask_max=evaluate(mask, env_max) if mask is not None else 0))
     once = tuple(n for n, p in m.programs.items() if p.once)
     verify = _verifier(steppers)
@@ -202,6 +207,19 @@ def derive(v: Verified) -> ServingProtocol:
               if "position" in s.inputs and m.buffers[s.inputs["position"]].domain is not None
               and m.buffers[s.inputs["position"]].domain.range is not None]
     return ServingProtocol(tuple(steppers), once, paged, min(bounds) if bounds else None, slot_buffers, verify)
+
+
+def prompt_keys(cu_seqlens, positions, prompt_len) -> int:
+    """The prompt keys a step's rows attend over (a Batch.keys var's value): for each sequence
+    with a prompt row (its rows are consecutive positions; a prompt row's is below its
+    prompt_len), the positions up to its last prompt row, summed. Every prefill step counts it
+    on the host: array operations, no loop over the sequences."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    pos, plen = np.asarray(positions, np.int64), np.asarray(prompt_len, np.int64)
+    first, end = cu[:-1], cu[1:]
+    some = end > first
+    first, last, plen = pos[first[some]], pos[end[some] - 1], plen[some]
+    return int(np.where(first < plen, np.minimum(last + 1, plen), 0).sum())
 
 
 # What a verify program reads and writes: each sequence's rows are its last token and the k

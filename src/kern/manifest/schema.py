@@ -87,8 +87,8 @@ DTYPE_BYTES: dict[str, int] = {
 INPUT_ROLES = ("token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row",
                "prompt_len")
 OUTPUT_ROLES = ("tokens", "logits", "accepted")
-Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row", "prompt_len", "tokens",
-               "logits", "accepted"]
+Role = Literal["token", "position", "slot", "seq_len", "cu_seqlens", "temperature", "rng", "mask", "mask_row",
+               "prompt_len", "tokens", "logits", "accepted"]
 BufferKind = Literal["input", "output", "weight", "workspace", "carry", "peer", "pointers"]
 
 
@@ -248,6 +248,12 @@ class Batch(_Strict):
     """A var the host sets each step to the positions its rows reach (the largest position + 1,
     rounded up to a power of two): launches sized by the context a step really has (decode
     attention's splits), one graph a bucket. Unset, it stays at its maximum."""
+    keys: str | None = None
+    """A var the host sets each step to the prompt keys its rows attend over: for each sequence
+    with a prompt row in the step (role prompt_len), the positions up to its last prompt row,
+    summed. Launches and workspaces sized by it (a model that expands a prompt's keys before
+    attending, as MLA's non-absorbed form does); the scheduler keeps each step within its
+    maximum, and a deployment's context is at most that maximum (one prompt always fits)."""
 
 
 class Program(_Strict):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..manifest.expr import evaluate
 from ..manifest.schema import DTYPE_BYTES
-from ..manifest.protocol import ServingProtocol, derive
+from ..manifest.protocol import ServingProtocol, derive, prompt_keys
 from ..manifest.verify import Verified
 from ..pool import Pool
 from .device import Device, Program
@@ -238,7 +238,26 @@ class Engine:
         for buf, host in (inputs or {}).items():
             self._known(program, buf)
             arrays[buf] = self.check_input(program, buf, host, env)
+        self._keys(program, vars, env, arrays)
         return Checked(program, env, arrays)
+
+    def _keys(self, program: str, vars: dict[str, int], env: dict[str, int], arrays: dict[str, np.ndarray]) -> None:
+        """A program whose batch has a keys var (Batch.keys) gets it from the step's own inputs
+        unless the caller set it: whoever drives the program, its launches are sized by the
+        keys its prompt rows really attend over, and a step past the var's bound is refused here
+        rather than overrunning a workspace."""
+        st = next((s for s in self.protocol.every if s.program == program), None)
+        if st is None or st.keys_var is None or st.keys_var in vars:
+            return
+        roles = [st.inputs.get(r) for r in ("cu_seqlens", "position", "prompt_len")]
+        if not all(b in arrays for b in roles):
+            return  # inputs already on the device: the var stays at its bound
+        cu, pos, plen = (arrays[b] for b in roles)
+        keys = prompt_keys(cu, pos, plen)
+        if keys > st.keys_max:
+            raise BoundsError(f"program {program!r}: its prompt rows attend over {keys} keys, above the var bound "
+                              f"{st.keys_var} <= {st.keys_max}; refused before launch (fewer or shorter sequences a step)")
+        env[st.keys_var] = max(1, keys)
 
     def run_checked(self, step: "Checked", wait: bool = True) -> dict[str, int]:
         for buf, arr in step.inputs.items():

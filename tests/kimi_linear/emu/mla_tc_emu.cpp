@@ -5,8 +5,10 @@
 // lacks for them is here: cp.async (copied at once: a stage is read only after the barrier the
 // kernel waits at), ldmatrix (x4 and its transpose, through a per-warp table of the lanes'
 // row addresses, the PTX fragment layouts), the f32 atomics' int cousins, fences and loads.
-// C entry points for ctypes: emu_mla_attend_tc, emu_mla_attend_tc_decode, emu_mla_absorb_tc,
-// emu_mla_expand_tc (the kernels' arguments), emu_block_order.
+// mla_attend_x_wg's wgmma, mbarriers and setmaxnreg come from the stand-ins wgmma.cuh and
+// mla_wg.cuh beside common.cuh. C entry points for ctypes: emu_mla_attend_tc,
+// emu_mla_attend_tc_decode, emu_mla_absorb_tc, emu_mla_expand_tc, emu_mla_keys, emu_mla_gather,
+// emu_mla_attend_x, emu_mla_attend_x_wg (the kernels' arguments), emu_block_order.
 #include "common.cuh"
 
 #define __align__(n) __attribute__((aligned(n)))
@@ -33,6 +35,16 @@ inline int atomicExch(int *p, int v) {
     const int old = *p;
     *p = v;
     return old;
+}
+
+inline int warp_max(int v) {  // through the warp's exchange buffer, as the shuffles
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu->a[w][l][0] = (unsigned)v;
+    __syncwarp();
+    int m = (int)emu->a[w][0][0];
+    for (int i = 1; i < 32; ++i) m = std::max(m, (int)emu->a[w][i][0]);
+    __syncwarp();
+    return m;
 }
 
 inline int seq_of_row(const int *cu_seqlens, int n_seqs, int r) {
@@ -80,16 +92,62 @@ inline void ldsm_x4_t(unsigned (&r)[4], const bf16 *p) { emu_ldsm(r, p, true); }
 thread_local Dim3 threadIdx;
 Dim3 blockIdx, blockDim;
 EmuBlock *emu;
-alignas(16) unsigned char mla_smem[MLA_TC_SMEM(2)];
+// 1024-byte aligned: mla_attend_x_wg's swizzled tiles sit where the hardware's would (wgmma.cuh)
+constexpr size_t EMU_SMEM = MLA_TC_SMEM(2) > MLA_XW_SMEM ? MLA_TC_SMEM(2) : MLA_XW_SMEM;
+alignas(1024) unsigned char mla_smem[EMU_SMEM];
+static const bool emu_shared_set = (emu_shared = mla_smem, true);
 
 extern "C" void emu_mla_attend_tc(const float *q_lat, const uint16_t *q, char *kv, const int *page_table,
-                                  const int *cu_seqlens, const int *pos, float *o_lat, int pages_per_seq, int rows,
-                                  int n_seqs, int layer, int layers, int heads, int nope, int rope, int kv_lora,
-                                  int page_tokens, int token_bytes, int chunk) {
+                                  const int *cu_seqlens, const int *pos, const int *prompt_len, float *o_lat,
+                                  int pages_per_seq, int rows, int n_seqs, int layer, int layers, int heads, int nope,
+                                  int rope, int kv_lora, int page_tokens, int token_bytes, int chunk) {
     run_grid(rows, (heads + 31) / 32, 1, 256, mla_smem, sizeof(mla_smem), [&] {
-        mla_attend_tc(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, o_lat,
+        mla_attend_tc(q_lat, reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, prompt_len, o_lat,
                       pages_per_seq, rows, n_seqs, layer, layers, heads, nope, rope, kv_lora, page_tokens,
                       token_bytes, chunk);
+    });
+}
+
+// the expanded form of a prompt's rows: mla_keys, mla_gather, mla_attend_x
+static_assert(MLA_X_SMEM <= sizeof(mla_smem), "the emulator's shared memory holds mla_attend_x's");
+
+extern "C" void emu_mla_keys(const int *cu_seqlens, const int *pos, const int *prompt_len, int *koff, int n_seqs) {
+    run_grid(1, 1, 1, MLA_X_KEYS_THREADS, mla_smem, sizeof(mla_smem),
+             [&] { mla_keys(cu_seqlens, pos, prompt_len, koff, n_seqs); });
+}
+
+extern "C" void emu_mla_gather(const char *kv, const int *page_table, const int *koff, uint16_t *lat, int pages_per_seq,
+                               int n_seqs, int keys, int layer, int layers, int kv_lora, int rope, int page_tokens,
+                               int token_bytes) {
+    run_grid(keys, 1, 1, 64, mla_smem, sizeof(mla_smem), [&] {
+        mla_gather(kv, page_table, koff, reinterpret_cast<bf16 *>(lat), pages_per_seq, n_seqs, keys, layer, layers,
+                   kv_lora, rope, page_tokens, token_bytes);
+    });
+}
+
+extern "C" void emu_mla_attend_x(const uint16_t *q, const char *kv, const int *page_table, const int *cu_seqlens,
+                                 const int *pos, const int *prompt_len, const int *koff, const uint16_t *kx,
+                                 uint16_t *o, int pages_per_seq, int rows, int n_seqs, int keys, int layer, int layers,
+                                 int heads, int nope, int rope, int kv_lora, int v_dim, int page_tokens,
+                                 int token_bytes) {
+    run_grid(heads, (rows + MLA_X_BM - 1) / MLA_X_BM + n_seqs, 1, 128, mla_smem, sizeof(mla_smem), [&] {
+        mla_attend_x(reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, prompt_len, koff,
+                     reinterpret_cast<const bf16 *>(kx), reinterpret_cast<bf16 *>(o), pages_per_seq, rows, n_seqs,
+                     keys, layer, layers, heads, nope, rope, kv_lora, v_dim, page_tokens, token_bytes);
+    });
+}
+
+// mla_attend_x's wgmma twin: its grid (tiles of MLA_XW_BM rows), MLA_XW_THREADS threads (a block's
+// producer and consumer warpgroups at once, meeting at the mbarriers)
+extern "C" void emu_mla_attend_x_wg(const uint16_t *q, const char *kv, const int *page_table, const int *cu_seqlens,
+                                    const int *pos, const int *prompt_len, const int *koff, const uint16_t *kx,
+                                    uint16_t *o, int pages_per_seq, int rows, int n_seqs, int keys, int layer,
+                                    int layers, int heads, int nope, int rope, int kv_lora, int v_dim, int page_tokens,
+                                    int token_bytes) {
+    run_grid(heads, (rows + MLA_XW_BM - 1) / MLA_XW_BM + n_seqs, 1, MLA_XW_THREADS, mla_smem, sizeof(mla_smem), [&] {
+        mla_attend_x_wg(reinterpret_cast<const bf16 *>(q), kv, page_table, cu_seqlens, pos, prompt_len, koff,
+                        reinterpret_cast<const bf16 *>(kx), reinterpret_cast<bf16 *>(o), pages_per_seq, rows, n_seqs,
+                        keys, layer, layers, heads, nope, rope, kv_lora, v_dim, page_tokens, token_bytes);
     });
 }
 

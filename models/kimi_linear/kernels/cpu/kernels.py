@@ -261,36 +261,59 @@ def _mla_row(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_
     o[:] = np.einsum("hc,hdc->hd", a @ lat, wb[:, nope:]).reshape(-1)
 
 
-def _mla_row_expanded(q, pages, table, p, wb, o, layer, heads, nope, rope, kv_lora, page_tokens):
-    """One prompt row at position p in the expanded form (transformers'): the first p + 1
-    latents mapped through kv_b into each head's keys and values, scores of the query against
-    them plus the key part's, the weighted values out. A third of the absorbed form's
-    arithmetic a key (nope + rope + v_dim against kv_lora + rope + kv_lora a head), what a long
-    prompt's prefill wants; every call's shape set by p and the weights alone, as _mla_row's."""
-    lat, kr = _cached(pages, table, layer, p + 1, page_tokens, kv_lora)
+EXPAND_KEYS = 16  # keys expanded a call of the einsum: the block is fixed, so is each key's expansion
+
+
+def _mla_expanded(pages, table, layer, ctx, wb, nope, kv_lora, page_tokens):
+    """A sequence's first ctx latents expanded through kv_b into each head's keys and values:
+    k [heads, ctx, nope], v [heads, ctx, v_dim], and its key parts [ctx, rope]. The latents
+    go in blocks of EXPAND_KEYS keys from key 0 (the last block zero-padded), one einsum a
+    block, so a key's expansion is the same bits whatever ctx a call expands (an output row of
+    the einsum sums that key's latent alone) and each key is expanded once a call."""
+    lat, kr = _cached(pages, table, layer, ctx, page_tokens, kv_lora)
+    blocks = -(-ctx // EXPAND_KEYS)
+    padded = np.zeros((blocks * EXPAND_KEYS, kv_lora), F32)
+    padded[:ctx] = lat
+    kvx = np.concatenate([np.einsum("tc,hdc->htd", padded[b * EXPAND_KEYS:(b + 1) * EXPAND_KEYS], wb)
+                          for b in range(blocks)], axis=1)[:, :ctx]
+    return kvx[..., :nope], kvx[..., nope:], kr
+
+
+def _mla_row_expanded(q, k, v, kr, p, o, heads, nope, rope):
+    """One prompt row at position p in the expanded form (transformers'): its query against
+    the first p + 1 expanded keys (_mla_expanded) plus the key parts, the weighted values out.
+    A third of the absorbed form's arithmetic a key (nope + rope + v_dim against kv_lora +
+    rope + kv_lora a head), what a long prompt's prefill wants; every call's shape set by p."""
     qh = q.reshape(heads, nope + rope)
-    k = np.einsum("tc,hdc->htd", lat, wb[:, :nope])                                          # [heads, ctx, nope]
-    v = np.einsum("tc,hdc->htd", lat, wb[:, nope:])                                          # [heads, ctx, v_dim]
-    a = _softmax_rows((np.einsum("hd,htd->ht", qh[:, :nope], k) + qh[:, nope:] @ kr.T) * F32((nope + rope) ** -0.5))
-    o[:] = np.einsum("ht,htd->hd", a, v).reshape(-1)
+    a = _softmax_rows((np.einsum("hd,htd->ht", qh[:, :nope], k[:, :p + 1]) + qh[:, nope:] @ kr[:p + 1].T)
+                      * F32((nope + rope) ** -0.5))
+    o[:] = np.einsum("ht,htd->hd", a, v[:, :p + 1]).reshape(-1)
 
 
 def mla_attention(q, kv, page_table, cu_seqlens, pos, prompt_len, kv_b, o, layer, layers, heads, nope, rope, v_dim,
                   kv_lora, page_tokens, token_bytes):
     """Prefill: each sequence's rows (q [rows, heads * (nope + rope)]) attend causally to its
     cached rows, o [rows, heads * v_dim], a row at a time in the form its role fixes: a prompt
-    token (a position below its sequence's prompt_len) expanded (_mla_row_expanded), a
-    generated one fed again (a preempted request recomputed) absorbed through decode's
-    arithmetic (_mla_row). So a token's bits are the same in a chunk of any size, beside any
-    rows, and a generated token's are decode's; a prompt token's differ from what decode would
-    give it, and the prefix cache keys the roles apart (kern.generation.sequence.GENERATED)."""
+    token (a position below its sequence's prompt_len) expanded (_mla_row_expanded, over the
+    sequence's keys expanded once for the call), a generated one fed again (a preempted request
+    recomputed) absorbed through decode's arithmetic (_mla_row). So a token's bits are the same
+    in a chunk of any size, beside any rows, and a generated token's are decode's; a prompt
+    token's differ from what decode would give it, and the prefix cache keys the roles apart
+    (kern.generation.sequence.GENERATED)."""
     pages = _mla_pages(kv, layers, page_tokens, kv_lora + rope, token_bytes)
     wb = kv_b.reshape(heads, nope + v_dim, kv_lora)
     for s in range(len(cu_seqlens) - 1):
-        for r in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
+        rows = range(int(cu_seqlens[s]), int(cu_seqlens[s + 1]))
+        prompt = [r for r in rows if int(pos[r]) < int(prompt_len[s])]
+        if prompt:
+            k, v, kr = _mla_expanded(pages, page_table[s], layer, int(pos[prompt[-1]]) + 1, wb, nope, kv_lora,
+                                     page_tokens)
+        for r in rows:
             p = int(pos[r])
-            row = _mla_row_expanded if p < int(prompt_len[s]) else _mla_row
-            row(q[r], pages, page_table[s], p, wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
+            if p < int(prompt_len[s]):
+                _mla_row_expanded(q[r], k, v, kr, p, o[r], heads, nope, rope)
+            else:
+                _mla_row(q[r], pages, page_table[s], p, wb, o[r], layer, heads, nope, rope, kv_lora, page_tokens)
 
 
 def mla_attention_decode(q, kv, page_table, pos, kv_b, o, layer, layers, heads, nope, rope, v_dim, kv_lora,

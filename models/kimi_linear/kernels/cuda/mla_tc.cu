@@ -265,17 +265,20 @@ __device__ __forceinline__ void attend_tc(const float *__restrict__ q_lat, const
                                            kv_lora, d0, splits, s_last);
 }
 
-// Prefill: a block a (row, 32 heads), two groups sharing the key tiles. Grid (rows,
-// ceil(heads / 32)), block 256.
+// Prefill's generated rows (a preempted request's, recomputed: decode's form), a block a (row,
+// 32 heads), two groups sharing the key tiles; a prompt row (pos < its sequence's prompt_len)
+// exits: mla_attend_x computes it. Grid (rows, ceil(heads / 32)), block 256.
 extern "C" __global__ void __launch_bounds__(256, 1)
 mla_attend_tc(const float *__restrict__ q_lat, const bf16 *__restrict__ q, char *__restrict__ kv,
               const int *__restrict__ page_table, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
-              float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs, int layer, int layers, int heads,
-              int nope, int rope, int kv_lora, int page_tokens, int token_bytes, int chunk) {
+              const int *__restrict__ prompt_len, float *__restrict__ o_lat, int pages_per_seq, int rows, int n_seqs,
+              int layer, int layers, int heads, int nope, int rope, int kv_lora, int page_tokens, int token_bytes,
+              int chunk) {
     extern __shared__ __align__(16) unsigned char mla_smem[];
     const int r = blockIdx.x;
     if (r >= rows || chunk <= 0 || chunk % MLA_BN) return;
     const int s = seq_of_row(cu_seqlens, n_seqs, r);
+    if (pos[r] < prompt_len[s]) return;  // a prompt token: the expanded form's (mla_attend_x)
     attend_tc<2, false>(q_lat, q, kv, page_table + (size_t)s * pages_per_seq, o_lat, nullptr, nullptr, nullptr, r,
                         blockIdx.y * 32, pos[r] + 1, layer, heads, nope, rope, kv_lora, page_tokens, token_bytes,
                         chunk, 1, mla_smem, nullptr);
@@ -443,4 +446,540 @@ mla_expand_tc(const float *__restrict__ o_lat, const bf16 *__restrict__ kv_b, bf
             if (n0 + 8 * j < v_dim)
                 *reinterpret_cast<unsigned *>(out + 8 * j) = pack_bf2(acc[j][2 * hh], acc[j][2 * hh + 1]);
     }
+}
+
+// ---- the expanded form: a prompt's rows ---------------------------------------------------------
+// A prompt token attends in the non-absorbed form, whatever step carries it (a generated token
+// always in the absorbed one above: the form is fixed by the token's role, so its bits are too;
+// docs/hybrid.md). Per (row, head) the query [q_nope | q_rope] (nope + rope channels, as q
+// holds them) against each key's [k_nope (nope, expanded) | k_rope (rope, the cache's key
+// part)], the softmax-weighted values (v_dim, expanded) out: a third of the absorbed form's
+// arithmetic at Kimi's shape (192 + 128 against 576 + 512 a (query, key, head)).
+//
+// The keys' expansion is a GEMM before this op (kx = latent x kv_b^T through the invariant
+// linear_gemm, a key a row: the same bits for a key whatever step expands it). A step's
+// sequences with a prompt row need their keys 0 .. the last prompt row's position: `mla_keys`
+// numbers them (koff, each sequence's first key in kx), `mla_gather` copies their latents
+// from the pages into lat, the GEMM's x. kx [keys, heads x (nope + v_dim)]: a head's k_nope
+// then its value, kv_b's row order.
+//
+// The order of one (prompt row, head) over its keys 0 .. pos: tiles of MLA_X_BN keys from key
+// 0; a tile's scores S = q K^T on mma.sync m16n8k16, the (nope + rope) / 16 k16 steps in order
+// from 0 into one accumulator; then attention_tc.cuh's softmax and P V (attn_softmax_pv: scale
+// 1 / sqrt(nope + rope) in log2 units, running max, exp2, P rounded to bf16 times V on mma,
+// l a thread's columns added in the quad's xor order at the end); o = acc / l rounded to bf16.
+// One running (m, l, acc) a row (no chunks: nothing else computes a prompt row, so no split
+// to agree with). A tile past a row's position passes it unchanged (attention_tc.cuh), so a
+// block may walk more keys than a row needs; the mma's sums of a row depend on that row alone.
+// So a prompt token's bits depend on its sequence's tokens alone: not the batch, the cut, the cache.
+#define MLA_X_BM 64                         // query rows a block (4 warps x 16)
+#define MLA_X_BN 32                         // keys a tile
+#define MLA_X_MAX_QK 192                    // nope + rope, a multiple of 16
+#define MLA_X_MAX_V 128                     // v_dim, a multiple of 8
+#define MLA_X_KP (MLA_X_MAX_QK + 8)         // padded K row (bf16): 400 bytes, ldmatrix conflict-free
+#define MLA_X_VP (MLA_X_MAX_V + 8)          // padded V row: 272 bytes
+#define MLA_X_KC (MLA_X_MAX_QK / 16)        // k16 steps of q K^T, at most
+#define MLA_X_ND (MLA_X_MAX_V / 8)          // 8-dim output tiles (past v_dim: zero V columns, never stored)
+#define MLA_X_KEYS_THREADS 256
+// mla_attend_x's dynamic shared memory (bytes): two stages of K and V tiles, the warps' maxima
+#define MLA_X_SMEM (2 * MLA_X_BN * (MLA_X_KP + MLA_X_VP) * 2 + 16)
+
+// The keys sequence s needs in the expanded form: 0 .. its last prompt row's position, if the
+// step holds a prompt row of it (its rows are consecutive positions from pos[cu_seqlens[s]]).
+__device__ __forceinline__ int mla_x_keys(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                          const int *__restrict__ prompt_len, int s) {
+    const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
+    if (r1 <= r0 || pos[r0] >= prompt_len[s]) return 0;
+    return min(pos[r1 - 1] + 1, prompt_len[s]);
+}
+
+// The prompt rows of sequence s in this step (a prefix of its rows).
+__device__ __forceinline__ int mla_x_rows(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                          const int *__restrict__ prompt_len, int s) {
+    const int r0 = cu_seqlens[s], n = cu_seqlens[s + 1] - r0;
+    return n <= 0 ? 0 : max(0, min(n, prompt_len[s] - pos[r0]));
+}
+
+// The block's tile of prompt rows: tiles of BM prompt rows of one sequence numbered over the
+// sequences in order, block y taking tile T - 1 - y of the T (later tiles see more keys: the
+// heavy ones start first). False where y >= T (the grid's spare blocks) or the host's bounds
+// would be broken (they never are); else the sequence s, its first row r0 and the tile's rows.
+__device__ __forceinline__ bool mla_x_tile(const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
+                                           const int *__restrict__ prompt_len, const int *__restrict__ koff,
+                                           int n_seqs, int rows, int keys, int BM, int &s, int &r0, int &nrows) {
+    int total = 0;
+    for (int i = 0; i < n_seqs; ++i) total += (mla_x_rows(cu_seqlens, pos, prompt_len, i) + BM - 1) / BM;
+    if ((int)blockIdx.y >= total) return false;
+    const int tile = total - 1 - (int)blockIdx.y;
+    int first = 0, np = 0;
+    for (s = 0;; ++s) {
+        np = mla_x_rows(cu_seqlens, pos, prompt_len, s);
+        const int n = (np + BM - 1) / BM;
+        if (tile < first + n) break;
+        first += n;
+    }
+    r0 = cu_seqlens[s] + (tile - first) * BM;
+    nrows = min(BM, cu_seqlens[s] + np - r0);
+    return r0 + nrows <= rows && koff[s + 1] <= keys;
+}
+
+// A thread's q fragments (the A operand of mma.sync m16n8k16, and of wgmma's RS form: the same
+// layout) of rows ra and rb, head h: k16 steps past nope + rope zero.
+__device__ __forceinline__ void mla_x_load_q(unsigned (&qf)[MLA_X_KC][4], const bf16 *__restrict__ q, int ra, int rb,
+                                             int h, int heads, int qk) {
+    const int t4 = threadIdx.x & 3, nk = qk >> 4;
+    const bf16 *qa = q + (size_t)ra * heads * qk + (size_t)h * qk, *qb = q + (size_t)rb * heads * qk + (size_t)h * qk;
+#pragma unroll
+    for (int kc = 0; kc < MLA_X_KC; ++kc) {
+        const bool on = kc < nk;
+        qf[kc][0] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 2 * t4) : 0u;
+        qf[kc][1] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 2 * t4) : 0u;
+        qf[kc][2] = on ? *reinterpret_cast<const unsigned *>(qa + kc * 16 + 8 + 2 * t4) : 0u;
+        qf[kc][3] = on ? *reinterpret_cast<const unsigned *>(qb + kc * 16 + 8 + 2 * t4) : 0u;
+    }
+}
+
+// A thread's two rows' outputs, o = acc / l (l its quad's parts added in attention_tc.cuh's
+// order) rounded to bf16, rows ra, rb of the tile from r0 (those past nrows repeat the last row:
+// not stored), head h's v_dim columns (the zero tiles past them not stored).
+__device__ __forceinline__ void mla_x_store(const AttnRun<MLA_X_ND> &st, bf16 *__restrict__ o, int r0, int ra, int rb,
+                                            int nrows, int h, int heads, int v_dim) {
+    const int t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float l = st.row_l(hh);
+        const int rr = hh ? rb : ra;
+        if (rr >= nrows) continue;
+        bf16 *orow = o + (size_t)(r0 + rr) * heads * v_dim + (size_t)h * v_dim + 2 * t4;
+#pragma unroll
+        for (int d = 0; d < MLA_X_ND; ++d)
+            if (8 * d < v_dim)
+                *reinterpret_cast<unsigned *>(orow + 8 * d) =
+                    pack_bf2(__fdiv_rn(st.acc[d][2 * hh], l), __fdiv_rn(st.acc[d][2 * hh + 1], l));
+    }
+}
+
+// koff[s] = the keys sequences 0 .. s - 1 need (koff[n_seqs]: the step's total; the host sets
+// the `keys` var to at least that). One block of MLA_X_KEYS_THREADS, a thread a sequence, an
+// inclusive scan in shared memory (dynamic, MLA_X_KEYS_THREADS ints) a round of them.
+extern "C" __global__ void __launch_bounds__(MLA_X_KEYS_THREADS)
+mla_keys(const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+         int *__restrict__ koff, int n_seqs) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    int *sc = reinterpret_cast<int *>(mla_smem);
+    int base = 0;
+    if (threadIdx.x == 0) koff[0] = 0;
+    for (int s0 = 0; s0 < n_seqs; s0 += MLA_X_KEYS_THREADS) {
+        const int s = s0 + threadIdx.x;
+        sc[threadIdx.x] = s < n_seqs ? mla_x_keys(cu_seqlens, pos, prompt_len, s) : 0;
+        __syncthreads();
+        for (int d = 1; d < MLA_X_KEYS_THREADS; d <<= 1) {
+            const int v = threadIdx.x >= d ? sc[threadIdx.x - d] : 0;
+            __syncthreads();
+            sc[threadIdx.x] += v;
+            __syncthreads();
+        }
+        if (s < n_seqs) koff[s + 1] = base + sc[threadIdx.x];
+        base += sc[MLA_X_KEYS_THREADS - 1];
+        __syncthreads();
+    }
+}
+
+// lat[j] = the latent (kv_lora bf16, as cached) of key j of the numbering above: a block a key,
+// 16 bytes a thread. Keys past the step's total (or past `keys`) are left as they are: the
+// GEMM's rows for them are never read.
+extern "C" __global__ void __launch_bounds__(64)
+mla_gather(const char *__restrict__ kv, const int *__restrict__ page_table, const int *__restrict__ koff,
+           bf16 *__restrict__ lat, int pages_per_seq, int n_seqs, int keys, int layer, int layers, int kv_lora,
+           int rope, int page_tokens, int token_bytes) {
+    const int j = blockIdx.x;
+    if (j >= keys || j >= koff[n_seqs] || (int)threadIdx.x * 8 >= kv_lora) return;
+    int lo = 0, hi = n_seqs - 1;  // the sequence whose keys hold j: koff[s] <= j < koff[s + 1]
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (koff[mid] <= j) lo = mid; else hi = mid - 1;
+    }
+    const int t = j - koff[lo];
+    const bf16 *src = mla_tc_row(kv, page_table[(size_t)lo * pages_per_seq + t / page_tokens], layer, t % page_tokens,
+                                 page_tokens, kv_lora + rope, token_bytes);
+    *reinterpret_cast<uint4 *>(lat + (size_t)j * kv_lora + threadIdx.x * 8) =
+        *reinterpret_cast<const uint4 *>(src + threadIdx.x * 8);
+}
+
+// Keys kb .. kb + MLA_X_BN - 1 of the block's sequence (its first key kbase in kx) into a stage:
+// K [k_nope | k_rope] (nope + rope channels), V (v_dim, the columns past it zero); keys at or
+// past kend zero-filled (their P is 0, and a stale row's NaN never meets it).
+__device__ __forceinline__ void mla_x_load(bf16 *sK, bf16 *sV, const bf16 *__restrict__ kx,
+                                           const char *__restrict__ kv, const int *__restrict__ table, int kb,
+                                           int kend, int kbase, int h, int layer, int heads, int nope, int rope,
+                                           int kv_lora, int v_dim, int page_tokens, int token_bytes) {
+    constexpr int CK = MLA_X_MAX_QK / 8, CV = MLA_X_MAX_V / 8;  // 16-byte copies of a K and a V row, at most
+    const int qk8 = (nope + rope) >> 3, ldx = heads * (nope + v_dim);
+    for (int c = threadIdx.x; c < MLA_X_BN * (CK + CV); c += blockDim.x) {
+        const int tt = c / (CK + CV), ch = c % (CK + CV), t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *row = kx + (size_t)(kbase + (on ? t : 0)) * ldx + (size_t)h * (nope + v_dim);
+        if (ch < CK) {
+            if (ch >= qk8) continue;  // past nope + rope: no k16 step reads it
+            const int d = ch * 8;
+            const bf16 *src = !on ? kx
+                              : d < nope ? row + d
+                                         : mla_tc_row(kv, table[t / page_tokens], layer, t % page_tokens, page_tokens,
+                                                      kv_lora + rope, token_bytes) + kv_lora + (d - nope);
+            cp_async16_zfill(sK + tt * MLA_X_KP + d, src, on ? 16 : 0);
+        } else {
+            const int d = (ch - CK) * 8;
+            const bool ok = on && d < v_dim;
+            cp_async16_zfill(sV + tt * MLA_X_VP + d, ok ? row + nope + d : kx, ok ? 16 : 0);
+        }
+    }
+}
+
+// The prompt rows' attention, o [rows, heads x v_dim] bf16 (the absorbed path's mla_expand_tc
+// wrote every row before; this overwrites the prompt rows). Tiles of MLA_X_BM prompt rows of one
+// sequence, a block per (head, tile): block (x, y) takes head x and tile T - 1 - y of the T
+// tiles numbered over the sequences in order (later tiles see more keys: the heavy ones start
+// first); y >= T exits, hence grid (heads, ceil(rows / MLA_X_BM) + n_seqs), block 128, dynamic
+// shared memory MLA_X_SMEM. Warp w owns
+// the tile's rows 16 w .. 16 w + 15 (rows past its end repeat its last row, never stored).
+extern "C" __global__ void __launch_bounds__(128)
+mla_attend_x(const bf16 *__restrict__ q, const char *__restrict__ kv, const int *__restrict__ page_table,
+             const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+             const int *__restrict__ koff, const bf16 *__restrict__ kx, bf16 *__restrict__ o, int pages_per_seq,
+             int rows, int n_seqs, int keys, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+             int v_dim, int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(mla_smem), *sV = sK + 2 * MLA_X_BN * MLA_X_KP;
+    int *s_max = reinterpret_cast<int *>(sV + 2 * MLA_X_BN * MLA_X_VP);
+    const int h = blockIdx.x, qk = nope + rope;
+    if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
+    int s, r0, nrows;
+    if (!mla_x_tile(cu_seqlens, pos, prompt_len, koff, n_seqs, rows, keys, MLA_X_BM, s, r0, nrows)) return;
+    const int kbase = koff[s], kneed = koff[s + 1] - kbase;
+    const int *table = page_table + (size_t)s * pages_per_seq;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+    const int ra = 16 * warp + g, rb = ra + 8;
+    const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
+    const int pa = pos[rra], pb = pos[rrb];
+    const int wmax = warp_max(max(pa, pb));
+    if (lane == 0) s_max[warp] = wmax;
+    __syncthreads();
+    const int kend = min(max(max(s_max[0], s_max[1]), max(s_max[2], s_max[3])) + 1, kneed);  // keys [0, kend) are read
+
+    const int nk = qk >> 4;
+    unsigned qf[MLA_X_KC][4];
+    mla_x_load_q(qf, q, rra, rrb, h, heads, qk);
+    // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
+    const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
+    AttnRun<MLA_X_ND> st;
+    st.reset();
+    const int n_kt = (kend + MLA_X_BN - 1) / MLA_X_BN;
+    mla_x_load(sK, sV, kx, kv, table, 0, kend, kbase, h, layer, heads, nope, rope, kv_lora, v_dim, page_tokens,
+               token_bytes);
+    cp_async_commit();
+    const bf16 *kofs = sK + ((lane & 7) + 8 * (lane >> 4)) * MLA_X_KP + 8 * ((lane >> 3) & 1);
+    for (int kt = 0; kt < n_kt; ++kt) {
+        const int stage = kt & 1, kb = kt * MLA_X_BN;
+        if (kt + 1 < n_kt)
+            mla_x_load(sK + (stage ^ 1) * MLA_X_BN * MLA_X_KP, sV + (stage ^ 1) * MLA_X_BN * MLA_X_VP, kx, kv, table,
+                       kb + MLA_X_BN, kend, kbase, h, layer, heads, nope, rope, kv_lora, v_dim, page_tokens,
+                       token_bytes);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (kb <= wmax) {  // some row of this warp sees a key of the tile
+            float sc[MLA_X_BN / 8][4];
+#pragma unroll
+            for (int j = 0; j < MLA_X_BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+            const bf16 *kbp = kofs + stage * MLA_X_BN * MLA_X_KP;
+#pragma unroll
+            for (int kc = 0; kc < MLA_X_KC; ++kc)
+                if (kc < nk)
+#pragma unroll
+                    for (int j = 0; j < MLA_X_BN / 8; j += 2) {
+                        unsigned b[4];
+                        ldsm_x4(b, kbp + 8 * j * MLA_X_KP + kc * 16);
+                        mma_bf16(sc[j], qf[kc], b[0], b[1]);
+                        mma_bf16(sc[j + 1], qf[kc], b[2], b[3]);
+                    }
+            attn_softmax_pv<MLA_X_BN, MLA_X_VP, MLA_X_ND>(st, sc, sV + stage * MLA_X_BN * MLA_X_VP, kb, pa, pb, 0, sl2);
+        }
+        __syncthreads();  // the next iteration's loads overwrite this stage
+    }
+    mla_x_store(st, o, r0, ra, rb, nrows, h, heads, v_dim);
+}
+
+
+// ---- the expanded form on wgmma (sm_90a): mla_attend_x_wg ------------------------------------
+// mla_attend_x's order, op for op, on Hopper's warpgroup MMA, so a prompt row gets the SAME BITS
+// from either kernel (the emulated and the GPU tests compare them): a k16 step's sum has the same
+// bits through wgmma as through mma.sync (wgmma.cuh), and wgmma's accumulator fragments are
+// mma.sync's (a warp's 16 rows, d[4j + 2h + e] = sc[j][2h + e]), so attention_tc.cuh's softmax
+// runs unchanged on them and its packed P is the RS form's A operand in place (mla_wg.cuh).
+// - The order tile stays MLA_X_BN (32) keys from key 0: the softmax's running max moves per 32
+//   keys, as mla_attend_x's. A stage holds MLA_XW_BK (64) keys: S = q K^T for the 64 on one
+//   m64n64 wgmma chain (each score its own sum, whatever N: the (nope + rope) / 16 k16 steps in
+//   order, then steps of zeros up to 192, which add exact zeros; the first step starts the sum,
+//   scale-d 0, where mma.sync adds its zeroed accumulator: the two can differ only in a zero
+//   score's sign, which reaches no output bit, since a score is scaled, maxed and subtracted into
+//   exp2, and exp2(+-0) = 1), then the two order tiles in turn: softmax, the output rescaled, P V
+//   as 2 k16 steps of m64n128 (keys in order). The second tile's rescale waits for the first's
+//   P V to retire (the output is the wgmma's meanwhile); its max and P do not.
+// - q (64 rows x nope + rope a warpgroup) lives in registers (the RS form's A: 48 a thread), so
+//   shared memory holds keys alone: a stage's K as 3 blocks of 64 channels and V as 2 atoms of
+//   64 dims, each 64 keys of 128-byte rows, 128-byte swizzled (the GEMM's K-major tile; V's same
+//   rows read N-major). A k16 step of q K^T is 32 bytes into a K block (wgmma.cuh's advance); a
+//   k16 step of P V is 16 keys (2 KiB) into V, its two atoms LBO = 8 KiB apart.
+// - A block: MLA_XW_BM (128) prompt rows of one head (mla_attend_x's tiles, twice as tall), two
+//   consumer warpgroups (warps 0-3 rows 0-63, warps 4-7 rows 64-127; warp w of a group its 16
+//   rows w, as mla_attend_x's warps) sharing each stage, and a producer warpgroup (warps 8-11)
+//   filling MLA_XW_STAGES stages with cp.async, completing on the stage's `full` mbarrier; a
+//   consumer releases a stage (`empty`) once the wgmma reading it retired. Registers: a consumer
+//   thread holds q (48), the output (64), S (32), P (8), ~180 in all, more than 384 threads get
+//   (168; blocks are counted in whole warpgroups, so 64 rows and a producer warp, two blocks an
+//   SM, cap there too and spill): the producer gives registers back (setmaxnreg, MLA_XW_PREGS)
+//   and the consumers take them (MLA_XW_CREGS), FlashAttention-3's split. One block an SM, its
+//   two warpgroups' softmax and wgmma interleaved by the warp schedulers. Shared memory 121 KiB.
+// - Rows that see no key of an order tile pass it unchanged (attention_tc.cuh), so both
+//   warpgroups walk every stage the producer loads (to the block's last row's position; the
+//   first group's rows at most 64 keys fewer): a branch around a wgmma made ptxas serialize
+//   them all (C7513, as did the output's zeros set after the loop began, C7515), and the wasted
+//   stage is one in (prompt length / 64).
+#include "mla_wg.cuh"
+
+#define MLA_XW_BM 128                                    // prompt rows a block (2 warpgroups x 64)
+#define MLA_XW_BK 64                                     // keys a stage (the S wgmma's N)
+#define MLA_XW_STAGES 3
+#define MLA_XW_ROW 128                                   // bytes a swizzled row (64 bf16)
+#define MLA_XW_KBYTES (MLA_X_MAX_QK / 64 * MLA_XW_BK * MLA_XW_ROW)  // a stage's K: 3 blocks, 24 KiB
+#define MLA_XW_VBYTES (MLA_X_MAX_V / 64 * MLA_XW_BK * MLA_XW_ROW)   // its V: 2 atoms, 16 KiB
+#define MLA_XW_STAGE (MLA_XW_KBYTES + MLA_XW_VBYTES)
+#define MLA_XW_THREADS 384                               // two consumer warpgroups and a producer one
+#define MLA_XW_PREGS 72                                  // registers a producer thread (setmaxnreg; 64 spill)
+#define MLA_XW_CREGS 216                                 // a consumer's (176 spill): 128 x 72 + 256 x 216 <= 65,536
+// mla_attend_x_wg's dynamic shared memory (bytes): the stages, their 1024-byte alignment, the
+// full and empty barriers, the warps' maxima (table.py MLA_XW_SMEM)
+#define MLA_XW_SMEM (MLA_XW_STAGES * MLA_XW_STAGE + 1024 + 2 * MLA_XW_STAGES * 8 + 32)
+
+// The descriptor of a 128-byte-swizzled operand at p: lbo, sbo in bytes (wgmma's fields: 16-byte
+// units, bits 16 and 32); 8 rows of 128 bytes are sbo apart. K-major (q K^T's keys): lbo unused.
+// N-major (P V's values): lbo the step from one 64-wide atom of n to the next.
+__device__ __forceinline__ uint64_t mla_xw_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62;  // 128-byte swizzle
+    return d;
+}
+
+// attention_tc.cuh's attn_softmax_pv for one order tile of MLA_X_BN keys kb .., up to P: the same
+// ops on the same values in the same order (mask, max, corr, m, l rescaled, p, l summed), the
+// output's rescale by corr and P V left to the caller (the output is the wgmma's until it
+// retires). sc: the tile's scores as attn_softmax_pv's sc[j][e] (= sc[4j + e]); P packed as it
+// packs it, pa[kk] the A fragments of k16 step kk.
+__device__ __forceinline__ void mla_xw_softmax(AttnRun<MLA_X_ND> &st, float *sc, int kb, int lim_a, int lim_b,
+                                               float sl2, float (&corr)[2], unsigned (&pa)[2][4]) {
+    constexpr int NT = MLA_X_BN / 8;
+    const int t4 = threadIdx.x & 3;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = __fmul_rn(sc[4 * j + e], sl2);
+            if (kb + 8 * j + 2 * t4 + (e & 1) > ((e >> 1) ? lim_b : lim_a)) v = -INFINITY;
+            sc[4 * j + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(st.m[h], mx[h]);
+        const float mu = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at (-inf, 0, 0)
+        corr[h] = exp2f(__fsub_rn(st.m[h], mu));
+        st.m[h] = mn;
+        mx[h] = mu;
+        st.l[h] = __fmul_rn(st.l[h], corr[h]);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(__fsub_rn(sc[4 * j + e], mx[e >> 1]));
+            sc[4 * j + e] = p;
+            st.l[e >> 1] = __fadd_rn(st.l[e >> 1], p);
+        }
+#pragma unroll
+    for (int kk = 0; kk < MLA_X_BN / 16; ++kk) {
+        const float *s = sc + 8 * kk;
+        pa[kk][0] = pack_bf2(s[0], s[1]);
+        pa[kk][1] = pack_bf2(s[2], s[3]);
+        pa[kk][2] = pack_bf2(s[4], s[5]);
+        pa[kk][3] = pack_bf2(s[6], s[7]);
+    }
+}
+
+// The producer warpgroup: keys kb .. kb + MLA_XW_BK - 1 of the block's sequence into a stage, 16-byte
+// cp.async copies into the swizzled rows (key tt's chunk c of a 64-channel block at sw128(tt, c)):
+// kx's [k_nope | v] of head h, consecutive in a key's row (warp w the keys w, w + 4, ..., its
+// copies of a key one run of 512 bytes at Kimi's shape), then the cached k_rope (8 copies a key
+// at Kimi's). Keys at or past
+// kend zero-filled (their P is 0, and a stale NaN never meets it); V's chunks past v_dim are
+// zeroed once, before the first stage, as K's past nope + rope.
+__device__ __forceinline__ void mla_xw_load(char *sk, const bf16 *__restrict__ kx, const char *__restrict__ kv,
+                                            const int *__restrict__ table, int kb, int kend, int kbase, int h,
+                                            int layer, int heads, int nope, int rope, int kv_lora, int v_dim,
+                                            int page_tokens, int token_bytes) {
+    const int lane = threadIdx.x & 31, pw = (threadIdx.x >> 5) & 3, n8 = nope >> 3, nx = (nope + v_dim) >> 3,
+              nr = rope >> 3;
+    const size_t ldx = (size_t)heads * (nope + v_dim);
+    char *sv = sk + MLA_XW_KBYTES;
+    for (int tt = pw; tt < MLA_XW_BK; tt += 4) {
+        const int t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *row = kx + (size_t)(kbase + (on ? t : 0)) * ldx + (size_t)h * (nope + v_dim);
+        for (int c = lane; c < nx; c += 32) {
+            const int cc = c < n8 ? c : c - n8;
+            char *dst = (c < n8 ? sk : sv) + (cc >> 3) * (MLA_XW_BK * MLA_XW_ROW) + sw128(tt, cc & 7);
+            cp_async16_zfill(dst, on ? row + 8 * c : kx, on ? 16 : 0);
+        }
+    }
+    for (int i = threadIdx.x & 127; i < MLA_XW_BK * nr; i += 128) {
+        const int tt = i / nr, c = n8 + i % nr, t = kb + tt;
+        const bool on = t < kend;
+        const bf16 *src = on ? mla_tc_row(kv, table[t / page_tokens], layer, t % page_tokens, page_tokens,
+                                          kv_lora + rope, token_bytes) + kv_lora + 8 * (c - n8)
+                             : kx;
+        cp_async16_zfill(sk + (c >> 3) * (MLA_XW_BK * MLA_XW_ROW) + sw128(tt, c & 7), src, on ? 16 : 0);
+    }
+}
+
+// mla_attend_x on wgmma: its parameters; tiles of MLA_XW_BM prompt rows of one sequence, block
+// (x, y) head x and tile T - 1 - y of the T numbered over the sequences in order (y >= T exits),
+// hence grid (heads, ceil(rows / MLA_XW_BM) + n_seqs), block MLA_XW_THREADS, dynamic shared
+// memory MLA_XW_SMEM. Rows past a tile's end repeat its last row, never stored.
+extern "C" __global__ void __launch_bounds__(MLA_XW_THREADS, 1)
+mla_attend_x_wg(const bf16 *__restrict__ q, const char *__restrict__ kv, const int *__restrict__ page_table,
+                const int *__restrict__ cu_seqlens, const int *__restrict__ pos, const int *__restrict__ prompt_len,
+                const int *__restrict__ koff, const bf16 *__restrict__ kx, bf16 *__restrict__ o, int pages_per_seq,
+                int rows, int n_seqs, int keys, int layer, int layers, int heads, int nope, int rope, int kv_lora,
+                int v_dim, int page_tokens, int token_bytes) {
+    extern __shared__ __align__(16) unsigned char mla_smem[];
+    char *ring = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(mla_smem) + 1023) & ~uintptr_t(1023));
+    uint64_t *full = reinterpret_cast<uint64_t *>(ring + MLA_XW_STAGES * MLA_XW_STAGE), *empty = full + MLA_XW_STAGES;
+    int *s_max = reinterpret_cast<int *>(empty + MLA_XW_STAGES);
+    const int h = blockIdx.x, qk = nope + rope;
+    if (h >= heads || qk > MLA_X_MAX_QK || qk % 16 || nope % 8 || v_dim > MLA_X_MAX_V || v_dim % 8) return;
+    int s, r0, nrows;
+    if (!mla_x_tile(cu_seqlens, pos, prompt_len, koff, n_seqs, rows, keys, MLA_XW_BM, s, r0, nrows)) return;
+    const int kbase = koff[s], kneed = koff[s + 1] - kbase;
+    const int *table = page_table + (size_t)s * pages_per_seq;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, g = lane >> 2;
+    const int ra = 16 * warp + g, rb = ra + 8;  // a consumer thread's rows of the tile (warp < 8)
+    const int rra = r0 + min(ra, nrows - 1), rrb = r0 + min(rb, nrows - 1);
+    int pa = 0, pb = 0;
+    if (wg < 2) {
+        pa = pos[rra], pb = pos[rrb];
+        const int wmax = warp_max(max(pa, pb));
+        if (lane == 0) s_max[warp] = wmax;
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < MLA_XW_STAGES; ++i) {
+            mbar_init(&full[i], 128);   // the producer's threads, each once its copies landed
+            mbar_init(&empty[i], 256);  // every consumer thread
+        }
+        mbar_init_fence();
+    }
+    // K's chunks past nope + rope and V's past v_dim: zero in every stage (no copy writes them;
+    // q K^T's steps past nk and P V read them)
+    constexpr int CK = MLA_X_MAX_QK / 8, CV = MLA_X_MAX_V / 8;
+    for (int i = threadIdx.x; i < MLA_XW_STAGES * MLA_XW_BK * (CK + CV); i += MLA_XW_THREADS) {
+        const int st = i / (MLA_XW_BK * (CK + CV)), tt = i / (CK + CV) % MLA_XW_BK, c = i % (CK + CV);
+        const bool k = c < CK;
+        const int cc = k ? c : c - CK;
+        if (8 * cc >= (k ? qk : v_dim))
+            *reinterpret_cast<uint4 *>(ring + st * MLA_XW_STAGE + (k ? 0 : MLA_XW_KBYTES) + (cc >> 3) * (MLA_XW_BK * MLA_XW_ROW) +
+                                       sw128(tt, cc & 7)) = make_uint4(0, 0, 0, 0);
+    }
+    fence_async_smem();
+    __syncthreads();
+    int bmax = s_max[0];
+    for (int w = 1; w < 8; ++w) bmax = max(bmax, s_max[w]);
+    const int kend = min(bmax + 1, kneed);  // keys [0, kend) are read
+    const int n_t = (kend + MLA_XW_BK - 1) / MLA_XW_BK;
+
+    if (wg == 2) {  // the producer
+        wg_regs_dec<MLA_XW_PREGS>();
+        for (int t = 0; t < n_t; ++t) {
+            const int st = t % MLA_XW_STAGES;
+            if (t >= MLA_XW_STAGES) mbar_wait(&empty[st], (t / MLA_XW_STAGES - 1) & 1);
+            mla_xw_load(ring + st * MLA_XW_STAGE, kx, kv, table, t * MLA_XW_BK, kend, kbase, h, layer, heads, nope,
+                        rope, kv_lora, v_dim, page_tokens, token_bytes);
+            cp_async_arrive(&full[st]);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // a consumer warpgroup
+    wg_regs_inc<MLA_XW_CREGS>();
+    unsigned qf[MLA_X_KC][4];
+    mla_x_load_q(qf, q, rra, rrb, h, heads, qk);
+    // the scale 1 / sqrt(nope + rope) (the model's, as the absorbed form's), in log2 units
+    const float sl2 = __fmul_rn(__fdiv_rn(1.f, __fsqrt_rn((float)qk)), LOG2E);
+    AttnRun<MLA_X_ND> st;
+    st.reset();
+    float(&acc)[4 * MLA_X_ND] = *reinterpret_cast<float(*)[4 * MLA_X_ND]>(&st.acc[0][0]);  // wgmma's d[4d + e] = acc[d][e]
+    wgmma_reg_fence(acc);  // the zeros set here, before any wgmma (else ptxas serializes them all, C7515)
+    for (int t = 0; t < n_t; ++t) {
+        const int stage = t % MLA_XW_STAGES;
+        const char *sk = ring + stage * MLA_XW_STAGE, *sv = sk + MLA_XW_KBYTES;
+        mbar_wait(&full[stage], (t / MLA_XW_STAGES) & 1);
+        fence_async_smem();
+        float S[MLA_XW_BK / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < MLA_X_KC; ++kc)  // steps past nk add q's zeros times K's zeros (no branch for ptxas)
+            wgmma_rs_n64(S, qf[kc], mla_xw_desc(sk + (kc >> 2) * (MLA_XW_BK * MLA_XW_ROW) + 32 * (kc & 3), 16,
+                                                8 * MLA_XW_ROW), kc > 0);
+        wgmma_commit();
+        wgmma_wait<0>();  // S, and the previous stage's P V: that stage is free
+        wgmma_reg_fence(S);
+        wgmma_reg_fence(acc);
+        if (t > 0) mbar_arrive(&empty[(t - 1) % MLA_XW_STAGES]);
+        // the two tiles' P apart: the first's is the wgmma's while the second's is computed
+        unsigned p[MLA_XW_BK / MLA_X_BN][2][4];
+#pragma unroll
+        for (int u = 0; u < MLA_XW_BK / MLA_X_BN; ++u) {
+            const int kb = t * MLA_XW_BK + u * MLA_X_BN;
+            float corr[2];
+            mla_xw_softmax(st, S + u * (MLA_X_BN / 2), kb, pa, pb, sl2, corr, p[u]);
+            wgmma_wait<0>();  // the previous tile's P V retired: the output is this thread's again
+            wgmma_reg_fence(acc);
+            if (u > 0) wgmma_reg_fence(p[u - 1][0]), wgmma_reg_fence(p[u - 1][1]);
+            if (corr[0] != 1.f || corr[1] != 1.f)  // times 1 keeps every bit: skipped
+#pragma unroll
+                for (int d = 0; d < MLA_X_ND; ++d) {
+                    st.acc[d][0] = __fmul_rn(st.acc[d][0], corr[0]);
+                    st.acc[d][1] = __fmul_rn(st.acc[d][1], corr[0]);
+                    st.acc[d][2] = __fmul_rn(st.acc[d][2], corr[1]);
+                    st.acc[d][3] = __fmul_rn(st.acc[d][3], corr[1]);
+                }
+            wgmma_reg_fence(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < MLA_X_BN / 16; ++kk)
+                wgmma_rs_n128_t(acc, p[u][kk], mla_xw_desc(sv + (u * MLA_X_BN + 16 * kk) * MLA_XW_ROW,
+                                                        MLA_XW_BK * MLA_XW_ROW, 8 * MLA_XW_ROW));
+            wgmma_commit();
+        }
+    }
+    wgmma_wait<0>();
+    wgmma_reg_fence(acc);
+    mla_x_store(st, o, r0, ra, rb, nrows, h, heads, v_dim);
 }

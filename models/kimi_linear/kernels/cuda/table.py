@@ -46,6 +46,19 @@ MLA_PT_BM, MLA_PT_BN, MLA_PT_EBN, MLA_PT_SMEM = 64, 128, 64, 64 * (128 + 8) * 2
 # [rows, heads, splits, kv_lora] and part_ml [rows, heads, splits, 2] (f32), sem [rows, heads]
 # (i32, zero between launches) counting a (row, head group)'s finished blocks
 
+# mla_tc.cu's expanded form (a prompt's rows): a block 64 rows of one head (4 warps x 16), q K^T
+# over nope + rope channels (at most MLA_X_MAX_QK, a multiple of 16; nope a multiple of 8) and
+# v_dim values (at most MLA_X_MAX_V, a multiple of 8); mla_keys' block a thread a sequence
+MLA_X_BM, MLA_X_MAX_QK, MLA_X_MAX_V, MLA_X_KEYS_THREADS = 64, 192, 128, 256
+MLA_X_SMEM = 2 * 32 * (MLA_X_MAX_QK + 8 + MLA_X_MAX_V + 8) * 2 + 16  # mla_tc.cu MLA_X_SMEM: two stages of 32 keys' K and V, 4 ints
+# its wgmma twin mla_attend_x_wg (the default build's: the same bits, 2.0-2.2x faster on the H100,
+# docs/perf.md; mla_attend_x stays as the order's mma.sync reference its tests compare to): a block
+# 128 prompt rows of one head, two consumer warpgroups and a producer one (384 threads); dynamic
+# shared memory MLA_XW_SMEM: three stages of 64 keys' K (3 x 64 channels) and V (2 x 64 dims),
+# 128-byte rows, the 1024-byte alignment, six mbarriers, 8 ints
+MLA_XW_BM, MLA_XW_THREADS = 128, 384
+MLA_XW_SMEM = 3 * 64 * 128 * (MLA_X_MAX_QK // 64 + MLA_X_MAX_V // 64) + 1024 + 2 * 3 * 8 + 32
+
 _KDA = ("layer: i32", "layers: i32", "heads: i32", "dim: i32", "conv: i32", "slot_bytes: i32")
 _STATE = "state: inout state"
 _CONV_GRID = {"ceil_div": [{"mul": [3, "heads", "dim"]}, 128]}
@@ -70,6 +83,12 @@ _MLA = ("heads: i32", "nope: i32", "rope: i32", "kv_lora: i32", "page_tokens: i3
 _APPEND = ("layer: i32", "layers: i32", "kv_lora: i32", "rope: i32", "page_tokens: i32", "token_bytes: i32",
            "eps: f32")
 _KV = "kv: inout state"
+# mla_attend_x's parameters (and its wgmma twin's)
+_ATTEND_X = (buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
+             buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), buffer_param("koff", "i32"), buffer_param("kx"),
+             buffer_param("o", direction="out"),
+             *int_params("pages_per_seq", "rows", "n_seqs", "keys", "layer", "layers", "heads", "nope", "rope", "kv_lora",
+                         "v_dim", "page_tokens", "token_bytes"))
 _LINEAR = (buffer_param("x"), buffer_param("W"), buffer_param("y", direction="out"), *int_params("rows", "N", "K"))
 
 KERNELS: tuple[Kernel, ...] = (
@@ -127,7 +146,8 @@ KERNELS: tuple[Kernel, ...] = (
            ("rows", {"ceil_div": ["heads", MLA_HEADS]}), (32 * MLA_HEADS,)),
     # the same attention on tensor cores (mla_tc.cu), the default build's: the same parameters
     Kernel("mla_tc", "mla_attend_tc", (buffer_param("q_lat", "f32"), buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"),
-                                       buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("o_lat", "f32", "out"),
+                                       buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"),
+                                       buffer_param("o_lat", "f32", "out"),
                                        *int_params("pages_per_seq", "rows", "n_seqs", "layer", "layers"), *_MLA, "chunk: i32"),
            ("rows", {"ceil_div": ["heads", MLA_TC_HEADS["mla_attend_tc"]]}), (8 * MLA_TC_HEADS["mla_attend_tc"],),
            shared_mem=MLA_TC_SMEM["mla_attend_tc"]),
@@ -153,6 +173,19 @@ KERNELS: tuple[Kernel, ...] = (
                                        *int_params("rows", "heads", "nope", "v_dim", "kv_lora")),
            ({"ceil_div": ["rows", MLA_PT_BM]}, "heads", {"ceil_div": ["v_dim", MLA_PT_EBN]}), (128,),
            shared_mem=MLA_PT_SMEM),
+    # the expanded form of a prompt's rows (mla_tc.cu): the keys a step's sequences need numbered
+    # (koff), their latents gathered (lat, the expansion GEMM's x), the attention over kx
+    Kernel("mla_tc", "mla_keys", (buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"),
+                                  buffer_param("koff", "i32", "out"), *int_params("n_seqs")), (1,), (MLA_X_KEYS_THREADS,),
+           writes=("koff",), shared_mem=4 * MLA_X_KEYS_THREADS),
+    Kernel("mla_tc", "mla_gather", ("kv: in state", buffer_param("page_table", "i32"), buffer_param("koff", "i32"),
+                                    buffer_param("lat", direction="out"),
+                                    *int_params("pages_per_seq", "n_seqs", "keys", "layer", "layers", "kv_lora", "rope",
+                                                "page_tokens", "token_bytes")), ("keys",), (64,), writes=("lat",)),
+    Kernel("mla_tc", "mla_attend_x", _ATTEND_X, ("heads", {"add": [{"ceil_div": ["rows", MLA_X_BM]}, "n_seqs"]}), (128,),
+           shared_mem=MLA_X_SMEM),
+    Kernel("mla_tc", "mla_attend_x_wg", _ATTEND_X, ("heads", {"add": [{"ceil_div": ["rows", MLA_XW_BM]}, "n_seqs"]}),
+           (MLA_XW_THREADS,), shared_mem=MLA_XW_SMEM),
     Kernel("route", "kimi_route", (buffer_param("logits", "f32"), buffer_param("bias"), buffer_param("ids", "i32", "out"),
                                    buffer_param("weights", "f32", "out"), *int_params("rows", "experts", "top_k"), "scaling: f32",
                                    *int_params("norm_topk", "groups", "topk_groups")), ("rows",), (32,)),
@@ -182,12 +215,25 @@ def _attention(attend: str, absorb: str = "mla_absorb", expand: str = "mla_expan
     order, then the two f32 workspaces, the attend kernel's own scratch (decode's split
     partials and counters, mla_attend_tc_decode) and the sizes."""
     a = BY_ENTRY[attend].params
-    table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos"))]
+    table = [p for p in a if p.startswith(("page_table", "cu_seqlens", "pos", "prompt_len"))]
     scratch = [p for p in a if p.startswith(("part_o", "part_ml", "sem"))]
     ints = [p for p in a if p.endswith("i32")]
     return Op((absorb, attend, expand), (
         buffer_param("q"), "kv: in state", *table, buffer_param("kv_b"), buffer_param("o", direction="out"), buffer_param("q_lat", "f32", "out"),
         buffer_param("o_lat", "f32", "out"), *scratch, *ints, "v_dim: i32"))
+
+
+def _attention_roles() -> Op:
+    """The default build's prefill MLA: the absorbed form's three launches for the generated
+    rows (mla_attend_tc skips a prompt row), then mla_attend_x_wg (wgmma; mla_attend_x's bits)
+    over the expanded keys (koff, kx: the mla_gather op and the expansion GEMM before it) writes
+    the prompt rows' o."""
+    return Op(("mla_absorb_tc", "mla_attend_tc", "mla_expand_tc", "mla_attend_x_wg"), (
+        buffer_param("q"), "kv: in state", buffer_param("page_table", "i32"), buffer_param("cu_seqlens", "i32"),
+        buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), buffer_param("kv_b"), buffer_param("o", direction="out"),
+        buffer_param("q_lat", "f32", "out"), buffer_param("o_lat", "f32", "out"), buffer_param("koff", "i32"), buffer_param("kx"),
+        *int_params("pages_per_seq", "rows", "n_seqs", "keys", "layer", "layers", "heads", "nope", "rope", "kv_lora",
+                    "page_tokens", "token_bytes", "chunk", "v_dim")))
 
 
 OPS = {
@@ -228,7 +274,13 @@ def ops(kda_form: str = "chunked", mla_form: str = "tensor") -> dict:
     # the tc form's prefill: the first chunk's rows a sequence continues (kda_tc_head), then the rest
     prefill_kda = Op(("kda_tc_prep", "kda_tc_head", "kda_tc"), _TC_PREFILL) if kda_form == "tc" else Op(("kda_" + kda_form,))
     table = {**OPS, "kda_chunked": prefill_kda, "kda_step": Op(("kda_tc_decode" if kda_form == "tc" else "kda_step",)),
-             "mla_attention": _attention(prefill, absorb, expand), "mla_attention_decode": _attention(decode, absorb, expand)}
+             "mla_attention": _attention_roles() if mla_form == "tensor" else _attention(prefill, absorb, expand),
+             "mla_attention_decode": _attention(decode, absorb, expand),
+             "mla_gather": Op(("mla_keys", "mla_gather"), (
+                 buffer_param("cu_seqlens", "i32"), buffer_param("pos", "i32"), buffer_param("prompt_len", "i32"), "kv: in state",
+                 buffer_param("page_table", "i32"), buffer_param("koff", "i32", "out"), buffer_param("lat", direction="out"),
+                 *int_params("pages_per_seq", "n_seqs", "keys", "layer", "layers", "kv_lora", "rope", "page_tokens",
+                             "token_bytes")))}
     out = {name: op.to_manifest(BY_ENTRY) for name, op in table.items()}
     for op in out.values():
         for launch in op["impl"]["launches"]:

@@ -36,10 +36,19 @@ def programs(c: Context) -> Iterator[Problem]:
                 r = c.bounds(getattr(prog.batch, key), f"programs.{pname}.batch.{key}")
                 if r is not None and r[0] < 1:
                     yield Problem(f"programs.{pname}.batch.{key}", f"must be >= 1 at the var minima, got {r[0]}")
-            reach = prog.batch.reach
-            if reach is not None and reach not in m.vars and c.missing("vars", reach):
-                yield Problem(f"programs.{pname}.batch.reach", f"names no var: {reach!r} "
-                              f"(vars: {', '.join(m.vars) or 'none'})")
+            for key in ("reach", "keys"):
+                var = getattr(prog.batch, key)
+                if var is not None and var not in m.vars and c.missing("vars", var):
+                    yield Problem(f"programs.{pname}.batch.{key}", f"names no var: {var!r} "
+                                  f"(vars: {', '.join(m.vars) or 'none'})")
+            if prog.batch.keys is not None:
+                fills = {c.m.buffers[a.buf].fill for call in prog.calls for a in call.args
+                         if isinstance(a, BufArg) and a.buf in c.m.buffers}
+                missing = [r for r in ("cu_seqlens", "position", "prompt_len") if r not in fills]
+                if missing:
+                    yield Problem(f"programs.{pname}.batch.keys", "counts each sequence's prompt keys from its rows: "
+                                  f"the program needs inputs of roles cu_seqlens, position and prompt_len "
+                                  f"(missing: {', '.join(missing)})")
             yield from _roles(c, pname, accesses[pname])
             yield from _role_axes(c, pname, accesses[pname])
         ready = {n for n, k in kind_of.items() if k in ("input", "weight", "pointers", "peer")}

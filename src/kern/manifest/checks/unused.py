@@ -49,8 +49,7 @@ def unused(c: Context) -> Iterator[Problem]:
     for p in m.programs.values():
         if p.batch is not None:
             exprs.extend((p.batch.groups, p.batch.rows))
-            if p.batch.reach is not None:
-                exprs.append(p.batch.reach)
+            exprs.extend(v for v in (p.batch.reach, p.batch.keys) if v is not None)
     exprs.extend(m.constants.values())
     used_names = {e for e in exprs if type(e) is str}
     used_names.update(n for e in exprs if type(e) is not str and type(e) is not int for n in names(e))
