@@ -29,7 +29,7 @@ Steps, each a process of its own with its own timeout (the tests run beside ckpt
          tokens: its 2,048-row budget; one prompt's 256 uncached rows beside 31 decode rows as
          one ragged step, as the CPU's loop runs a mixed step; that prompt alone, which with a
          decode step of 32 rows is how kern serve runs a mixed step on the device, its decode
-         rows on the decode graphs) and the widest decode step, each launch's device time summed
+         rows on the decode graphs) and each --batch's decode step, each launch's device time summed
          by kernel
   serve  `kern serve` with no flags but the checkpoint (bench/hybrid_serve.py): the serve
          workload at c=32 and c=128, then 64 streams at once with /metrics' pool gauges (pages
@@ -232,7 +232,7 @@ for b in (batches if "decode" in parts else []):
            "prefill_ms": round(g.prefill_s * 1e3, 1), "seq0_same_as_first_batch": seq0[:16] == first[:16]}
     emit(decode=row)
     say("decode", row)
-    if "profile" in parts and b == max(batches):
+    if "profile" in parts:  # every batch: where a narrow step (a serve at 16-32 streams) spends differs from the widest
         emit(profile={"step": f"decode {b} rows", "program": g.program, "host_step_ms": row["step_ms"],
                       **by_kernel(g.env, g.program)})
 print("KERN OK")
