@@ -102,8 +102,9 @@ FAM="python3 $SCRIPT --layers $LAYERS --shape $SHAPE --device $DEVICE --target $
 
 measure() {  # $1 label, $2 url: decode at 1/16/64 streams, then serving at 32 and 128 (JSON lines)
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > $R/$1_gpu_apps.txt 2>&1
-  for c in 1 16 64; do
-    timeout 60 python3 bench/serve.py --url $2 --label $1 $DECODE --requests $c --concurrency $c \
+  for c in 1 16 64; do  # the first run's warm-up is a server's first requests: vLLM autotunes its
+    # Triton kernels there (flash-linear-attention's KDA: past a minute on 2026-12-06, no line came)
+    timeout $([ $c = 1 ] && echo 300 || echo 60) python3 bench/serve.py --url $2 --label $1 $DECODE --requests $c --concurrency $c \
       >> $R/$1_decode.jsonl 2>> $R/$1_bench.log
   done
   for c in 32 128; do
