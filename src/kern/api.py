@@ -104,6 +104,17 @@ class Model:
         self._n = 0
         self.loop.speculator = speculator_for(speculate, self) if speculate is not None else None
 
+    def close(self) -> None:
+        """Give the model's device memory back (weights, states, graphs: Engine.close); a
+        generation afterwards is refused. `with Model(...) as m:` closes at the block's end."""
+        self.engine.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def run_ahead(self) -> int:
         """Greedy decode steps a host wait when one sequence runs alone (the loop's limit)."""

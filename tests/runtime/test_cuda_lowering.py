@@ -202,6 +202,9 @@ def test_pooled_states_live_in_virtual_ranges_over_one_set_of_chunks(monkeypatch
             calls.append(("chunks", chunk_bytes, n_chunks))
             self.chunk_bytes, self.n_chunks = chunk_bytes, n_chunks
 
+        def release(self):
+            calls.append(("release chunks",))
+
     class FakePool:
         def __init__(self, device, n_slots, chunks):
             calls.append(("range", n_slots, id(chunks)))
@@ -209,6 +212,9 @@ def test_pooled_states_live_in_virtual_ranges_over_one_set_of_chunks(monkeypatch
 
         def apply(self, unmap=(), map=()):
             calls.append(("apply", self.base, list(unmap), list(map)))
+
+        def release(self):
+            calls.append(("release range", self.base))
 
     monkeypatch.setattr(vmm, "PhysicalChunks", FakeChunks)
     monkeypatch.setattr(vmm, "VirtualPool", FakePool)

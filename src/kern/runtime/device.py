@@ -169,3 +169,7 @@ class Device(Protocol):
     def memory(self) -> tuple[int, int] | None:
         """(free, total) bytes of the device's own memory, or None where the device shares the
         host's (a state budget is then the caller's to choose)."""
+
+    def close(self) -> None:
+        """Give back everything the device holds (its work done first); once, and nothing may be
+        allocated or lowered on it afterwards."""

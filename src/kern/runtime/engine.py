@@ -93,6 +93,7 @@ class Engine:
         self.consts = v.constants
         self.protocol: ServingProtocol = derive(v)
         self.device: Device = device or make_device(v)
+        self._own_device, self.closed = device is None, False  # close() gives back a device it made
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
@@ -227,10 +228,31 @@ class Engine:
         of its inputs before then: another program's launches may go meanwhile)."""
         return self.run_checked(self.checked(program, vars, inputs), wait)
 
+    def close(self) -> None:
+        """Give the device memory back: everything the device this engine made holds (weights,
+        buffers, states, graphs; a device handed in is its maker's to close). Once; a step
+        afterwards is refused in one line. kern's device memory is freed only so: an engine
+        dropped without close() keeps it until the process ends."""
+        if not self.closed:
+            self.closed = True
+            if self._own_device:
+                self.device.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        if self.closed:
+            raise DeviceError("this engine is closed (its device memory given back): open a new one")
+
     def checked(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None) -> "Checked":
         """A step's env and inputs checked against their bounds and domains, nothing written: what
         run_checked runs, on this engine or any of the same manifest (the ranks of a split
         deployment check once and each run it)."""
+        self._open()
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)
@@ -290,6 +312,7 @@ class Engine:
                       steps: list[dict[str, np.ndarray]], feedback: dict[str, str],
                       collect: list[str]) -> "CheckedSteps":
         """run_steps' arguments checked, nothing written (as checked() for run)."""
+        self._open()
         if program not in self.programs:
             raise BoundsError(f"no program named {program!r}; the manifest has {', '.join(self.programs)}")
         env = self.env(program, vars)

@@ -145,6 +145,19 @@ class RankedEngine:
         # rank's states, which have the same layout (the ranks' manifests declare the same sizes)
         self.paging = Paging(e0.pool, self) if e0.pool else None
 
+    def close(self) -> None:
+        """Every rank's device memory given back, each on its rank's thread (Engine.close: the
+        ranks' devices are this engine's, made by rank_device). NCCL communicators stay."""
+        if not getattr(self, "closed", False):
+            self.closed = True
+            self.workers.each(lambda r: (self.ranks[r].close(), self.ranks[r].device.close()))
+
+    def __enter__(self) -> "RankedEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- stepping: every rank ---------------------------------------------------------------
     # The step is checked once, here (the ranks' manifests agree on every buffer a step writes),
     # and each rank's thread only writes and launches: the threads share one interpreter lock,

@@ -126,6 +126,18 @@ class StagedEngine:
         self._gathered: dict[tuple[int, str], object] = {}  # (stage, output) -> a step-sized buffer
         self._last: dict[str, tuple[int, object | None]] = {}  # output -> (stage, gathered buffer or None)
 
+    def close(self) -> None:
+        """Every stage's device memory given back, each on its stage's thread (as RankedEngine)."""
+        if not getattr(self, "closed", False):
+            self.closed = True
+            self.workers.each(lambda k: (self.stages[k].close(), self.stages[k].device.close()))
+
+    def __enter__(self) -> "StagedEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- the face's arithmetic: the uncut manifest's ---------------------------------------
     env = Engine.env
     shape = Engine.shape

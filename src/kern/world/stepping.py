@@ -53,6 +53,8 @@ class StepEngine(Protocol):
 
     def write_state(self, state: str, offset: int, data: np.ndarray) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def open_engine(v: Verified, weights: str | Path | None, *, device: Device | None = None,
                 state_budget: int | None = DEFAULT_STATE_BUDGET, paged: bool = False,

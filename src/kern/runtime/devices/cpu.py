@@ -23,6 +23,12 @@ class CpuDevice:
 
     def __init__(self) -> None:
         self.modules: dict[str, types.ModuleType] = {}
+        self.closed = False
+
+    def close(self) -> None:
+        """Host memory is the engine's numpy arrays, freed with them: only the modules go."""
+        self.closed = True
+        self.modules.clear()
 
     def load_module(self, name: str, data: bytes) -> None:
         mod = types.ModuleType(f"kern_module_{name}")

@@ -81,6 +81,19 @@ class CublasLt:
         self.workspace: DeviceBuffer = alloc(WORKSPACE_BYTES, "cublaslt workspace")
         self._plans: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 
+    def close(self) -> None:
+        """Each plan's descriptors, the handle and the workspace given back (CudaDevice.close)."""
+        for desc, a, b, c, pref, _result in self._plans.values():
+            _check(self.lib.cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy")
+            for lay in (a, b, c):
+                _check(self.lib.cublasLtMatrixLayoutDestroy(lay), "cublasLtMatrixLayoutDestroy")
+            _check(self.lib.cublasLtMatmulDescDestroy(desc), "cublasLtMatmulDescDestroy")
+        self._plans.clear()
+        if self.handle is not None:
+            _check(self.lib.cublasLtDestroy(self.handle), "cublasLtDestroy")
+            self.handle = None
+        self.workspace.free()
+
     def _layout(self, rows: int, cols: int, ld: int, dtype: int = CUDA_R_16BF) -> ctypes.c_void_p:
         lay = ctypes.c_void_p()
         _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype,

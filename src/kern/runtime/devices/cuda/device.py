@@ -31,6 +31,7 @@ EXTERN_OUT = {"extern:cublaslt_bf16_tn": CUDA_R_16BF, "extern:cublaslt_bf16_tn_f
 
 class CudaDevice:
     kind = "cuda"
+    closed = False  # close() sets it
 
     def __init__(self, arch: str | None = None, ordinal: int = 0):
         from .driver import open_device
@@ -53,6 +54,9 @@ class CudaDevice:
         self._bounce_bytes = 1 << 20  # reads up to this size go through pinned memory
         self._bounce = memory.PinnedHost(self._bounce_bytes, "read bounce")
         self.communicator = None  # NCCL, set by kern.world.ranks for a split deployment
+        # what close() gives back, a release call an allocation in the order they were made (the
+        # driver frees nothing of a dropped object: every buffer is freed by name or never)
+        self._owned: list = []
 
     @property
     def blas(self):
@@ -60,6 +64,7 @@ class CudaDevice:
             from .cublaslt import CublasLt
 
             self._blas = CublasLt()
+            self._own(self._blas.close)
         return self._blas
 
     def load_module(self, name: str, data: bytes) -> None:
@@ -70,10 +75,13 @@ class CudaDevice:
         counter that each launch leaves as it found it). A `staged` buffer (one only the caller
         writes: an input) is written through a pinned host mirror that each program reading it
         copies up first, inside its graph: a step's inputs cost no copy call of their own."""
+        self._open()
         buf = memory.alloc(max(nelems * DTYPE_BYTES[dtype], 16), dtype)
+        self._own(buf.free)
         memory.memset(buf.ptr, 0, buf.nbytes)
         if staged:
             host = memory.PinnedHost(buf.nbytes, dtype)
+            self._own(host.free)
             host.array[:] = 0
             return memory.StagedBuffer(buf, host)
         return buf
@@ -92,15 +100,21 @@ class CudaDevice:
         if chunk_bytes:
             from .vmm import PhysicalChunks, VirtualPool
 
+            self._open()
             n = nbytes // chunk_bytes
             shared = getattr(self, "physical", None)
             if shared is None:
                 shared = self.physical = PhysicalChunks(self.dev, chunk_bytes, n)
+                self._own(shared.release)  # after every range mapping its chunks (released first)
             elif (shared.chunk_bytes, shared.n_chunks) != (chunk_bytes, n):
                 raise DeviceError(f"a pooled state of {n} chunks of {chunk_bytes} bytes: this device's states share "
                                   f"{shared.n_chunks} chunks of {shared.chunk_bytes} bytes")
-            return MappedState(VirtualPool(self.dev, n_slots=n, chunks=shared))
+            pool = VirtualPool(self.dev, n_slots=n, chunks=shared)
+            self._own(pool.release)
+            return MappedState(pool)
+        self._open()
         buf = memory.alloc(nbytes, "state")
+        self._own(buf.free)
         memory.memset(buf.ptr, 0, nbytes)
         return buf
 
@@ -153,7 +167,10 @@ class CudaDevice:
         return lambda s, comm=self.communicator: comm.all_reduce_sum_bf16(x, n, s.handle)
 
     def lower(self, launches: list[LoweredLaunch], buffers, states, graph: bool = False) -> "CudaProgram":
-        return CudaProgram(self, launches, buffers, states, graph)
+        self._open()
+        program = CudaProgram(self, launches, buffers, states, graph)
+        self._own(program.close)
+        return program
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -161,6 +178,35 @@ class CudaDevice:
     def memory(self) -> tuple[int, int]:
         free, total = call("cuMemGetInfo", where="device memory")
         return int(free), int(total)
+
+    def _own(self, release) -> None:
+        self.__dict__.setdefault("_owned", []).append(release)  # (a device made without __init__: tests' stand-ins)
+
+    def _open(self) -> None:
+        if self.closed:
+            raise DeviceError(f"device {self.name}: closed (its memory given back); open a new engine")
+
+    def close(self) -> None:
+        """Give back everything this device holds, once its work is done: programs (their graphs
+        and pinned slots), buffers, states (the ranges before the chunks they map), cuBLASLt,
+        the tensor maps, the modules, the stream. Newest first, each release once; a second
+        close does nothing, and an allocation or a lowering afterwards is refused."""
+        if self.closed:
+            return
+        self.closed = True
+        # the context is current per thread: the thread closing may not be the one that built it
+        call("cuCtxSetCurrent", self.dev.context, where="device close")
+        self.stream.synchronize()
+        owned = self.__dict__.get("_owned", [])
+        while owned:
+            owned.pop()()
+        self.physical = None
+        self.tensor_maps.free()
+        self._bounce.free()
+        for m in self.modules.values():
+            m.unload()
+        self.modules.clear()
+        self.stream.destroy()
 
 
 class MappedState:
@@ -362,6 +408,23 @@ class CudaProgram:
                 if progress[0] <= j:
                     self.dev.stream.synchronize()
                 return
+
+    def close(self) -> None:
+        """Its graphs destroyed and its own device and pinned memory freed (CudaDevice.close:
+        the buffers and states it reads are the device's to free)."""
+        for g in self._graphs.values():
+            g.destroy()
+        self._graphs.clear()
+        for slot in self._slots.values():
+            slot.free()
+        self._slots.clear()
+        for b in [self._mark_buf, *self._old_marks]:
+            if b is not None:
+                b.free()
+        self._mark_buf, self._old_marks = None, []
+        if self._progress is not None:
+            self._progress.free()
+            self._progress = None
 
     def _marks(self, k: int) -> memory.DeviceBuffer:
         """Device int32s 1..k (what each step copies into the progress word), made before any

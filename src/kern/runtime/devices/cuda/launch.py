@@ -59,6 +59,12 @@ class Module:
         self._image = np.frombuffer(bytes(image), dtype=np.uint8)  # alive while the driver reads it
         self.handle = call("cuModuleLoadData", int(self._image.ctypes.data), where=f"module {name!r}")
 
+    def unload(self) -> None:
+        """The module out of the context (its kernels unusable after: CudaDevice.close)."""
+        if self.handle is not None:
+            call("cuModuleUnload", self.handle, where=f"module {self.name!r}")
+            self.handle = None
+
     def kernel(self, entry: str, kinds: Sequence[str | ParamKind]) -> Kernel:
         declared = parse_kinds(kinds)
         try:
