@@ -140,3 +140,16 @@ def test_a_cuda_device_gives_back_everything_it_made_once(driver):
         dev.alloc("bf16", 8)
     with pytest.raises(DeviceError, match="closed"):
         dev.alloc_state(4096)
+
+
+def test_a_load_that_fails_gives_back_what_it_took(tiny, monkeypatch):
+    from kern.manifest import load_verified
+    from kern.runtime import engine
+
+    made = []
+    real = engine.make_device
+    monkeypatch.setattr(engine, "make_device", lambda v: made.append(real(v)) or made[-1])
+    ckpt, manifest = tiny
+    with pytest.raises(DeviceError, match="give the checkpoint folder"):
+        engine.Engine(load_verified(manifest), None)  # its modules loaded, then no weights
+    assert len(made) == 1 and made[0].closed

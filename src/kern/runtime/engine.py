@@ -94,6 +94,15 @@ class Engine:
         self.protocol: ServingProtocol = derive(v)
         self.device: Device = device or make_device(v)
         self._own_device, self.closed = device is None, False  # close() gives back a device it made
+        try:
+            self._load(weights, state_budget, paged, host_bytes, own_paging)
+        except BaseException:  # a load that fails (a bad checkpoint, the memory short) holds nothing after
+            self.close()
+            raise
+
+    def _load(self, weights: str | Path | None, state_budget: int | None, paged: bool, host_bytes: int | None,
+              own_paging: bool) -> None:
+        v = self.v
         self.max_env = {**self.consts, **{n: var.max for n, var in self.m.vars.items()}}
         for name, mod in self.m.modules.items():
             self.device.load_module(name, fetch(name, mod.source, mod.sha256, v.base_dir))
