@@ -192,11 +192,26 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
     for (int r = r0; r < r1;) {
         const int n = min(C - t0, r1 - r), t1 = t0 + n;
         __syncthreads();
-        for (int idx = tid; idx < n * D; idx += nt) {
-            const int i = t0 + idx / D, d = idx % D;
-            const size_t row = (size_t)(r + idx / D) * 3 * W + (size_t)h * D + d;
-            m.K[i * D + d] = to_f(mix[row + W]);
-            m.G[i * D + d] = g[(size_t)(r + idx / D) * W + (size_t)h * D + d];
+        // the new rows' k and g, four elements a thread in flight at once: a chunk's few rows cost
+        // a load's latency each round, not its bytes (one element a round took 8 rounds at 16 x 128)
+        for (int base = tid; base < n * D; base += 4 * nt) {
+            float kv[4], gv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
+                if (idx < n * D) {
+                    kv[u] = to_f(mix[(size_t)(r + rr) * 3 * W + W + (size_t)h * D + d]);
+                    gv[u] = g[(size_t)(r + rr) * W + (size_t)h * D + d];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
+                if (idx < n * D) {
+                    m.K[(t0 + rr) * D + d] = kv[u];
+                    m.G[(t0 + rr) * D + d] = gv[u];
+                }
+            }
         }
         for (int idx = tid; idx < n * dv; idx += nt) {
             const int i = t0 + idx / dv, d = idx % dv;
@@ -218,11 +233,19 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
         __syncthreads();
         // X: the new rows' k exp(gc) and q exp(gc), every other row zero; A and P of the new rows:
         // kda_tc_prep's, computed for every prompt row at once as this routine computed them
-        for (int idx = tid; idx < 2 * C * D; idx += nt) {
-            const int rr = idx / D, d = idx % D, i = rr % C;
-            float x = 0.f;
-            if (i >= t0 && i < t1) x = pre[((size_t)(r + i - t0) * heads + h) * PS + 2 * C + (rr < C ? 0 : D) + d];
-            m.X[rr * DS + d] = x;
+        for (int base = tid; base < 2 * C * D; base += 4 * nt) {  // four loads in flight, as k and g's
+            float xv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D, i = rr % C;
+                const bool on = idx < 2 * C * D && i >= t0 && i < t1;
+                xv[u] = on ? pre[((size_t)(r + i - t0) * heads + h) * PS + 2 * C + (rr < C ? 0 : D) + d] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
+                if (idx < 2 * C * D) m.X[rr * DS + d] = xv[u];
+            }
         }
         for (int idx = tid; idx < n * C; idx += nt) {
             const int i = t0 + idx / C, j = idx % C;
