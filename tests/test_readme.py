@@ -32,7 +32,7 @@ def api() -> dict[str, object]:
     from kern.mega import MegaModel
 
     return {"kern.load": kern.api.load, "model.generate": Model.generate,
-            "model.generate_batch": Model.generate_batch, "SamplingParams": SamplingParams,
+            "model.generate_batch": Model.generate_batch, "model.close": Model.close, "SamplingParams": SamplingParams,
             "kern.MegaModel.from_pretrained": MegaModel.from_pretrained, "mega.generate": MegaModel.generate,
             "print": print}
 
