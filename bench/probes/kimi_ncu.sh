@@ -9,13 +9,18 @@
 #   source bench/device_env.sh; bash bench/probes/kimi_ncu.sh
 set -u
 : "${OUT:?set OUT}"
-NCU="ncu --clock-control none --launch-count ${NCU_LAUNCHES:-3} --section SpeedOfLight --section LaunchStats
+NCU="ncu --clock-control none --launch-count ${NCU_LAUNCHES:-3} --kill yes --section SpeedOfLight --section LaunchStats
      --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats"
 command -v ncu > /dev/null || { echo "no ncu on this machine"; exit 1; }
-# KDA's chunked recurrence (the prefill of 4 x 512 and one of 2,048) and its one-row decode step
-timeout ${NCU_S:-240} $NCU -k 'regex:^kda_tc(_decode|_prep)?$' python3 -m bench.probes.kda_tc > "$OUT/ncu_kda_tc.txt" 2>&1
-# MLA's prompt rows in the expanded form on wgmma, and the absorbed decode
-timeout ${NCU_S:-240} $NCU -k 'regex:^mla_attend_(x_wg|tc_decode)$' python3 -m bench.probes.mla_tc > "$OUT/ncu_mla.txt" 2>&1
+# each kernel its own run (--launch-count counts the launches the filter matches, all kernels
+# together): KDA's chunked recurrence, its scores, its one-row decode step (the kda_tc probe's
+# cases), then MLA's prompt rows on wgmma and its absorbed decode (the mla_tc probe's)
+# (--kill yes: the probe ends once its launches are profiled; mla_attend_x_wg's case comes last in
+# its probe, after a few minutes of the others: KERNELS picks which, for a call's 600 s)
+for k in ${KERNELS:-kda_tc kda_tc_prep kda_tc_decode mla_attend_tc_decode mla_attend_x_wg}; do
+  case $k in kda*) probe=bench.probes.kda_tc ;; *) probe=bench.probes.mla_tc ;; esac
+  timeout ${NCU_S:-240} $NCU -k "regex:^$k\$" python3 -m $probe > "$OUT/ncu_$k.txt" 2>&1
+done
 for f in "$OUT"/ncu_*.txt; do
   echo "== $f"
   grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall' "$f" | head -60
