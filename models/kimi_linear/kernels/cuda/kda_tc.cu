@@ -213,12 +213,23 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
                 }
             }
         }
-        for (int idx = tid; idx < n * dv; idx += nt) {
-            const int i = t0 + idx / dv, d = idx % dv;
-            m.V[i * VS + d] = to_f(mix[(size_t)(r + idx / dv) * 3 * W + 2 * W + (size_t)h * D + col0 + d]);
+        {  // v's group columns two a thread and beta's logit, their loads in flight together
+            const float bl = tid < n ? b[(size_t)(r + tid) * heads + h] : 0.f;
+            for (int base = tid; base < n * dv; base += 2 * nt) {
+                float vv[2];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int idx = base + u * nt, rr = idx / dv, d = idx - rr * dv;
+                    if (idx < n * dv) vv[u] = to_f(mix[(size_t)(r + rr) * 3 * W + 2 * W + (size_t)h * D + col0 + d]);
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int idx = base + u * nt, rr = idx / dv, d = idx - rr * dv;
+                    if (idx < n * dv) m.V[(t0 + rr) * VS + d] = vv[u];
+                }
+            }
+            if (tid < n) m.beta[t0 + tid] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-bl)));  // n <= C < nt
         }
-        for (int i = tid; i < n; i += nt)
-            m.beta[t0 + i] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-b[(size_t)(r + i) * heads + h])));
         __syncthreads();
         // k's L2 norms, a warp a row (the kept rows and the update need k; q's part is kda_tc_prep's)
         for (int i = t0 + warp; i < t1; i += nw) {
