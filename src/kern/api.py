@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Self
 
 from .generation.limits import limits_for
 from .generation.loop import Loop
@@ -109,7 +110,7 @@ class Model:
         generation afterwards is refused. `with Model(...) as m:` closes at the block's end."""
         self.engine.close()
 
-    def __enter__(self) -> "Model":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -96,13 +96,13 @@ class Driver:
 
 @pytest.fixture
 def driver(monkeypatch):
-    from kern.runtime.devices.cuda import device, driver as drvmod, graphs, launch, memory, tensormap, vmm
+    from kern.runtime.devices.cuda import device, driver as drvmod, graphs, launch, memory, program, tensormap, vmm
 
     d = Driver()
-    for mod in (device, memory, vmm, graphs, launch, tensormap):
+    for mod in (device, program, memory, vmm, graphs, launch, tensormap):
         monkeypatch.setattr(mod, "call", d, raising=False)
     fake = mock.MagicMock()  # the bindings' enums and structs: any attribute, any value
-    for mod in (device, memory, vmm, graphs, drvmod):
+    for mod in (device, program, memory, vmm, graphs, drvmod):
         monkeypatch.setattr(mod, "drv", lambda: fake, raising=False)
     dev = SimpleNamespace(name="stand-in", compute_capability=(9, 0), context=object(), ordinal=0)
     monkeypatch.setattr(drvmod, "open_device", lambda ordinal: dev)

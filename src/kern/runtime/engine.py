@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -17,12 +18,12 @@ from ..manifest.expr import evaluate
 from ..manifest.schema import DTYPE_BYTES
 from ..manifest.protocol import ServingProtocol, derive, prompt_keys
 from ..manifest.verify import Verified
-from ..pool import Pool
 from .device import Device, Program
 from ..errors import BoundsError
 from .errors import DeviceError
 from .lower import LoweredLaunch, lower_program
-from .paging import DEFAULT_STATE_BUDGET, Paging, auto_budget, host_budget, plan_pool, state_sizes
+from .paging import DEFAULT_STATE_BUDGET, Paging, auto_budget, host_budget, state_sizes
+from .placement import alloc_named, alloc_states, make_device, pool_for
 from .pointers import fill_pointers, pointer_tables
 from ..files.modules import fetch
 from ..files.safetensors import WeightFiles
@@ -49,30 +50,6 @@ class CheckedSteps:
     varying: list[str]
     feedback: dict[str, str]
     collect: list[str]
-
-
-def make_device(v: Verified) -> Device:
-    target = v.manifest.target
-    if target.device == "cpu":
-        from .devices.cpu import CpuDevice
-
-        return CpuDevice()
-    try:
-        from .devices.cuda.device import CudaDevice
-    except ImportError as exc:
-        raise DeviceError(f"manifest targets cuda {target.arch or ''}, but the CUDA device cannot load: {exc}. "
-                          "Install kern with the cuda extra (pip install 'kern-engine[cuda]') on a machine "
-                          "with an NVIDIA GPU and driver.") from None
-    return CudaDevice(arch=target.arch)
-
-
-def _alloc(where: str, nbytes: int, alloc, *args, **kw):
-    """`alloc(*args, **kw)`; memory the device cannot give is a DeviceError naming the buffer."""
-    try:
-        return alloc(*args, **kw)
-    except MemoryError:
-        raise DeviceError(f"{where}: the device cannot allocate its {nbytes} bytes "
-                          f"({nbytes / 2**30:.1f} GiB)") from None
 
 
 class Engine:
@@ -120,14 +97,14 @@ class Engine:
             for dt, group in by_dtype.items():
                 host_weights.update(bind_all(group, ckpt, NP[dt]))
         for n, b in self.m.buffers.items():
-            self.buffers[n] = _alloc(f"buffers.{n}", prod(self.shapes[n]) * DTYPE_BYTES[b.dtype], self.device.alloc,
+            self.buffers[n] = alloc_named(f"buffers.{n}", prod(self.shapes[n]) * DTYPE_BYTES[b.dtype], self.device.alloc,
                                      b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
         self.state_budget, self.memory_note = auto_budget(self.device, state_budget)
-        pool = self._plan_pool(self.state_budget, host_budget(self.state_budget, host_bytes)) if paged else None
-        self._alloc_states(self.state_budget, state_sizes(pool) if pool else {},
-                           pool.layout.chunk_bytes if pool else None)
+        pool = pool_for(self, self.state_budget, host_budget(self.state_budget, host_bytes)) if paged else None
+        self.states, self.pages, self.slots, self.state_bytes = alloc_states(
+            self, self.state_budget, state_sizes(pool) if pool else {}, pool.layout.chunk_bytes if pool else None)
         fill_pointers(pointer_tables(self.m, self.shapes),
                       lambda e: self.device.address(self.buffers[e] if e in self.buffers else self.states[e]),
                       lambda n, table: self.device.write(self.buffers[n], table))
@@ -141,39 +118,6 @@ class Engine:
             self.run(p, {})
         self.pool = pool
         self.paging = Paging(pool, self) if pool and own_paging else None
-
-    def _plan_pool(self, budget: int, host_bytes: int) -> Pool:
-        page_tokens = set(self.protocol.paged_states.values())
-        if len(page_tokens) != 1:
-            raise DeviceError(f"paging needs one page size for every paged state; the manifest's page tables give "
-                              f"{sorted(page_tokens)}")
-        return plan_pool(self.v, page_tokens.pop(), budget, self.device.chunk_granularity, host_bytes)
-
-    def _alloc_states(self, budget: int, sizes: dict[str, int], chunk_bytes: int | None) -> None:
-        """Each state's memory: `sizes[name]` bytes when given (the pool's layout: a virtual
-        range of `chunk_bytes` chunks that the pool's plans map), else what the budget holds
-        (pages of a paged state, slots of a per-sequence state), fully backed."""
-        self.states = {}
-        self.pages: dict[str, int] = {}
-        self.slots: dict[str, int] = {}  # per-sequence state -> the slots its memory holds
-        self.state_bytes: dict[str, int] = {}
-        paged = self.protocol.paged_states
-        for name, st in self.m.states.items():
-            if st.bytes_per_token is not None:
-                per_page = evaluate(st.bytes_per_token, self.consts) * max(paged.get(name, 1), 1)
-                size = sizes.get(name, max(budget // per_page, 1) * per_page)
-                self.pages[name] = size // per_page
-                self.state_bytes[name] = per_page
-            elif st.bytes_per_seq is not None:
-                per = evaluate(st.bytes_per_seq, self.consts)
-                size = sizes.get(name, max(budget // per, 1) * per)
-                self.slots[name] = size // per
-                self.state_bytes[name] = per
-            else:
-                size = evaluate(st.bytes, self.consts)
-                self.state_bytes[name] = size
-            chunked = chunk_bytes if name in sizes and st.bytes is None else None
-            self.states[name] = _alloc(f"states.{name}", size, self.device.alloc_state, size, chunk_bytes=chunked)
 
     # ---- stepping ----------------------------------------------------------------------
     def env(self, program: str, vars: dict[str, int]) -> dict[str, int]:
@@ -247,7 +191,7 @@ class Engine:
             if self._own_device:
                 self.device.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

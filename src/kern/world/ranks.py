@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -120,7 +120,32 @@ def address(storage: Any) -> int:
     return int(storage.ctypes.data) if isinstance(storage, np.ndarray) else int(storage.ptr)
 
 
-class RankedEngine:
+class OnThreads:
+    """close() and `with` for an engine over engines of its own, one worker thread each
+    (RankedEngine's ranks, StagedEngine's stages): each one's device memory given back on its
+    own thread (Engine.close; the devices are rank_device's, made for this engine). NCCL
+    communicators stay."""
+
+    workers: Workers
+    closed = False
+
+    def _parts(self) -> list[Engine]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            parts = self._parts()
+            self.workers.each(lambda k: (parts[k].close(), parts[k].device.close()))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RankedEngine(OnThreads):
     """N ranks' engines behind the Engine's face (what the host loop, the API and the benches use)."""
 
     def __init__(self, verified: list[Verified], weights: str | Path | None, *,
@@ -145,18 +170,8 @@ class RankedEngine:
         # rank's states, which have the same layout (the ranks' manifests declare the same sizes)
         self.paging = Paging(e0.pool, self) if e0.pool else None
 
-    def close(self) -> None:
-        """Every rank's device memory given back, each on its rank's thread (Engine.close: the
-        ranks' devices are this engine's, made by rank_device). NCCL communicators stay."""
-        if not getattr(self, "closed", False):
-            self.closed = True
-            self.workers.each(lambda r: (self.ranks[r].close(), self.ranks[r].device.close()))
-
-    def __enter__(self) -> "RankedEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _parts(self) -> list[Engine]:
+        return self.ranks
 
     # ---- stepping: every rank ---------------------------------------------------------------
     # The step is checked once, here (the ranks' manifests agree on every buffer a step writes),

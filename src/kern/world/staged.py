@@ -42,7 +42,7 @@ from ..runtime.dtypes import NP
 from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
 from ..errors import BoundsError
 from ..runtime.paging import Paging
-from .ranks import Workers, rank_device
+from .ranks import OnThreads, Workers, rank_device
 from . import stage_links
 from .stage_links import StageError, link, micro_inputs, peer_copy
 
@@ -88,7 +88,7 @@ def _layout(e: Engine):
     return tuple(lay.kinds), lay.chunk_bytes, lay.page_tokens
 
 
-class StagedEngine:
+class StagedEngine(OnThreads):
     """N stages' engines, one device and one thread each, behind the Engine's face."""
 
     def __init__(self, v: Verified, weights: str | Path | None, stages: int, *,
@@ -126,17 +126,8 @@ class StagedEngine:
         self._gathered: dict[tuple[int, str], object] = {}  # (stage, output) -> a step-sized buffer
         self._last: dict[str, tuple[int, object | None]] = {}  # output -> (stage, gathered buffer or None)
 
-    def close(self) -> None:
-        """Every stage's device memory given back, each on its stage's thread (as RankedEngine)."""
-        if not getattr(self, "closed", False):
-            self.closed = True
-            self.workers.each(lambda k: (self.stages[k].close(), self.stages[k].device.close()))
-
-    def __enter__(self) -> "StagedEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _parts(self) -> list[Engine]:
+        return self.stages
 
     # ---- the face's arithmetic: the uncut manifest's ---------------------------------------
     env = Engine.env
