@@ -97,8 +97,9 @@ class Engine:
             for dt, group in by_dtype.items():
                 host_weights.update(bind_all(group, ckpt, NP[dt]))
         for n, b in self.m.buffers.items():
-            self.buffers[n] = alloc_named(f"buffers.{n}", prod(self.shapes[n]) * DTYPE_BYTES[b.dtype], self.device.alloc,
-                                     b.dtype, prod(self.shapes[n]), staged=b.kind == "input")
+            nbytes = prod(self.shapes[n]) * DTYPE_BYTES[b.dtype]
+            self.buffers[n] = alloc_named(f"buffers.{n}", nbytes, self.device.alloc, b.dtype, prod(self.shapes[n]),
+                                          staged=b.kind == "input")
             if n in host_weights:
                 self.device.write(self.buffers[n], host_weights.pop(n))
         self.state_budget, self.memory_note = auto_budget(self.device, state_budget)
