@@ -10,6 +10,7 @@ import ctypes
 from types import SimpleNamespace
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from kern.api import Model
@@ -24,6 +25,15 @@ def test_a_closed_model_refuses_to_generate_in_one_line(tiny):
     with pytest.raises(DeviceError, match="closed") as err:
         m.generate([1, 2, 3], max_tokens=4, temperature=0.0)
     assert "\n" not in str(err.value)
+    # Every engine call that touches device memory refuses, not only a step: a cached prompt's
+    # page copy comes before the step (on the GPU that copy once read freed memory).
+    e = m.engine
+    state = next(iter(e.states))
+    for call in (lambda: e.copy_state(state, 0, 64, 64), lambda: e.read_state(state, 0, 64),
+                 lambda: e.write_state(state, 0, np.zeros(64, np.uint8)), lambda: e.remap_state(state, [0], []),
+                 lambda: e.read(next(iter(e.buffers)), {})):
+        with pytest.raises(DeviceError, match="closed"):
+            call()
     m.close()  # a second close is nothing
     with Model(manifest, ckpt) as again:  # what the first held is not needed by the next
         assert again.generate([1, 2, 3], max_tokens=4, temperature=0.0).tokens == before

@@ -173,6 +173,7 @@ class Engine:
         return np.ascontiguousarray(arr, dtype=NP[b.dtype])
 
     def write_input(self, program: str, buffer: str, host: np.ndarray, env: dict[str, int]) -> None:
+        self._open()
         self.device.write(self.buffers[buffer], self.check_input(program, buffer, host, env))
 
     def run(self, program: str, vars: dict[str, int], inputs: dict[str, np.ndarray] | None = None,
@@ -327,6 +328,7 @@ class Engine:
             raise BoundsError(f"program {program!r}: no buffer named {buf!r}")
 
     def read(self, buffer: str, env: dict[str, int]) -> np.ndarray:
+        self._open()
         b = self.m.buffers[buffer]
         return self.device.read(self.buffers[buffer], b.dtype, self.shape(buffer, env))
 
@@ -334,6 +336,7 @@ class Engine:
         """Some rows of an output, a copy each: [len(rows), *row shape]. A step whose host reads
         the logits of a few rows (a grammar's, a logprobs request's) copies only theirs, not
         every row's vocabulary."""
+        self._open()
         b = self.m.buffers[buffer]
         shape = self.shape(buffer, env)
         width = prod(shape[1:])
@@ -344,10 +347,12 @@ class Engine:
 
     def remap_state(self, state: str, unmap: list[int], map: list[tuple[int, int]]) -> None:
         """Unmap chunks of a state's virtual range, then map (physical chunk, place) pairs."""
+        self._open()
         self.device.remap(self.states[state], unmap, map)
 
     def copy_state(self, state: str, dst: int, src: int, nbytes: int) -> None:
         """Copy bytes within a state's memory (a pool plan's page copy)."""
+        self._open()
         self.device.copy_bytes(self.states[state], dst, src, nbytes)
 
     def domain(self, buffer: str) -> tuple[int, int]:
@@ -359,10 +364,12 @@ class Engine:
 
     def read_state(self, state: str, offset: int, nbytes: int) -> np.ndarray:
         """Bytes of a state's memory (a checkpoint's page parked to host memory)."""
+        self._open()
         return self.device.read(self.states[state], "u8", (nbytes,), offset)
 
     def write_state(self, state: str, offset: int, data: np.ndarray) -> None:
         """Write bytes into a state's memory (a parked page woken)."""
+        self._open()
         self.device.write(self.states[state], data, offset)
 
     def page_bytes(self, state: str) -> int:
