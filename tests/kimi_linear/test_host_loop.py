@@ -189,3 +189,19 @@ def test_a_step_s_prompt_keys_are_counted_from_its_rows_and_bounded(kimi_model):
     n = -(-st.keys_max // 200) + 1  # sequences of 200 prompt keys each, past the bound
     with pytest.raises(BoundsError, match=rf"attend over {200 * n} keys, above the var bound keys <= {st.keys_max}"):
         step([(199, 1, 1000)] * n)
+
+
+def test_warm_up_runs_decode_rows_never_prompt_rows(kimi_dep, kimi_ckpt):
+    """warm_up's scratch rows are generated tokens: with prompt_len a role (the hybrid's MLA
+    takes prompt and generated rows in different forms) they take the decode program, never the
+    ragged prefill, whose prompt rows at the top reach bucket plus a batch's padding rows at
+    position 0 counted context + n - 1 keys, past the keys var's bound (kern serve refused its
+    own warm-up at a 132096-position checkpoint). CPU has no graphs: the runner is told it has."""
+    model = Model(kimi_dep / "manifest.json", kimi_ckpt, run_ahead=4)
+    loop, runner = model.loop, model.loop.runner
+    runner.graphs = True
+    ran = []
+    model.loop.engine.observers.append(lambda program, env, inputs: ran.append(program))
+    assert loop.warm_up(sizes=[1, 2], progress=False) > 0
+    assert ran and runner.ragged.program not in ran
+    assert set(ran) <= {d.program for d in runner.decoders}

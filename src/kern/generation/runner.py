@@ -115,10 +115,13 @@ class Runner:
     def scratch_feed(self, position: int, steps: int = 1) -> Feed:
         """A row whose every page is the scratch page, for `steps` steps from `position`: it
         reads and writes nothing of anyone's. Its table holds the pages those steps reach and
-        no more (a long context's full width would cost the host a list of thousands a row)."""
+        no more (a long context's full width would cost the host a list of thousands a row).
+        Its rows are generated tokens (prompt_len = position): a warm-up row is a decode row,
+        so it takes the decode program (its graphs) and never the ragged one, whose prompt rows
+        would count position + 1 keys each against the keys var's bound."""
         pages = -(-(position + steps) // self._page_tokens)
         tables = {state: self.scratch.page_table(state)[:1] * pages for state in self.protocol.paged_states}
-        return Feed([0], position, Units(tables, Units.of(self.scratch).slots))
+        return Feed([0], position, Units(tables, Units.of(self.scratch).slots), prompt=position)
 
     def reach_buckets(self, reach: int) -> list[int]:
         """The decode program's reach buckets up to the one holding `reach` positions."""
