@@ -374,7 +374,11 @@ def kern_sampler(url: str, mem: dict, base: dict):
 
 
 def measure(args, url: str, server: str, cfg: dict, result: dict, write) -> None:
-    vocab = cfg["vocab_size"]
+    # Prompt words w3..w9999 (at most 6 characters and a space a token), for both servers: vLLM
+    # refuses a text prompt of more characters than 7 a token of --max-model-len before it
+    # tokenizes, and the vocabulary's longer words ("w163839 ") left 131,072 tokens 959,943
+    # characters, over its 924,224 (2026-12-06, H100)
+    vocab = min(cfg["vocab_size"], 10_000)
     if server == "kern":
         from kern.deployments import deployment_for
 
@@ -444,7 +448,10 @@ def start(args, server: str) -> tuple[subprocess.Popen, float]:
         # vLLM's wheels over the image's site-packages, as bench/moe_serve_gpu.sh starts it: neither
         # kern's carried wheels nor kern (whose vLLM plugin would then load) on its path; from /tmp,
         # as a server whose working directory goes dies at its first Path.resolve
-        env, cwd = {**os.environ, "PYTHONPATH": args.vllm_site, "HF_HUB_OFFLINE": "1"}, "/tmp"
+        # expandable segments: on an 80 GB card vLLM's MLA profiling otherwise asks for one 29.5 GiB
+        # block and fails (2026-12-06, H100, docs/perf-history.md)
+        env, cwd = {**os.environ, "PYTHONPATH": args.vllm_site, "HF_HUB_OFFLINE": "1",
+                    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "/tmp"
     log = Path(args.server_log)
     with log.open("w") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,

@@ -6,9 +6,11 @@
 # Run from the repository root with OUT set; results under $OUT: long_kern.json, long_vllm.json,
 # long_summary.{txt,json}, the servers' logs.
 #
-# One device call is at most 600 s and vLLM's wheels come in seven parts (vp1..vp7, a call each:
-# bench/serve_gpu.sh's header), so kern runs in the background while the parts are copied:
-#   1. carry [".whl", "vp7"]: `mkdir -p /tmp/vw && cp vp7/* /tmp/vw/ && mkdir -p /tmp/longtree &&
+# One device call is at most 600 s and vLLM's wheels come in eight parts (vp1..vp8 of 46 MB, a call
+# each, `bash bench/wheels.sh vllm`), so kern runs in the background while the parts are copied.
+# On an 80 GB H100 add VLLM_MEM=0.85 to the vllm phase (--gpu-memory-utilization; 0.9 leaves vLLM's
+# profiling too little):
+#   1. carry [".whl", "vp8"]: `mkdir -p /tmp/vw && cp vp8/* /tmp/vw/ && mkdir -p /tmp/longtree &&
 #      cp -a $(ls -A | grep -v '^vp') /tmp/longtree/ && cd /tmp/longtree &&
 #      (PHASE=kern setsid nohup bash bench/kimi_long_gpu.sh > /tmp/long-kern.out 2>&1 < /dev/null &)`
 #      (returns at once). In the background, ~450-600 s (estimates, nothing here is measured yet):
@@ -22,16 +24,16 @@
 #      layers x 2 x (192 + 128)), ~2-3 s at the ~150 TFLOP/s llama's mma.sync attention reaches,
 #      plus its keys expanded again each 2,048-row step (~0.07 PFLOP through the GEMM);
 #      --case-s 600 bounds each.
-#   2-7. carry ["vpN"] (N = 1..6): `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/`; in the 7th, after the
+#   2-8. carry ["vpN"] (N = 1..7): `mkdir -p /tmp/vw && cp vpN/* /tmp/vw/`; in the 8th, after the
 #      copy: `cd /tmp/longtree && PHASE=wheels bash bench/kimi_long_gpu.sh` (join and install,
 #      ~60 s; the GPU is kern's meanwhile, this is CPU and disk)
-#   8. `cd /tmp/longtree && PHASE=wait bash bench/kimi_long_gpu.sh` where the kern phase may not
+#   9. `cd /tmp/longtree && PHASE=wait bash bench/kimi_long_gpu.sh` where the kern phase may not
 #      be done: waits for it (at most WAIT_S, default 580) and brings its results back
-#   9. `cd /tmp/longtree && PHASE=vllm bash bench/kimi_long_gpu.sh`: kern's results (waiting at
+#   10. `cd /tmp/longtree && PHASE=vllm bash bench/kimi_long_gpu.sh`: kern's results (waiting at
 #      most WAIT_S=20 more), then vLLM started by kimi_long.py (its start-up ~250 s as on
 #      2026-12-01, UP_S=420 bounds it), the same requests (~60 s), the table: ~350 s
-# Where a warm machine already holds vLLM's wheels (/tmp/vsite.ok), calls 2-8 go: call 1's
-# command in the foreground with PHASE=kern (then the call is ~500 s), then call 9.
+# Where a warm machine already holds vLLM's wheels (/tmp/vsite.ok), calls 2-9 go: call 1's
+# command in the foreground with PHASE=kern (then the call is ~500 s), then call 10.
 # A dry run on a laptop (the tiny shape on the CPU, no vLLM): OUT=/tmp/o DRY=1 PHASE=kern bash bench/kimi_long_gpu.sh
 : "${OUT:?set OUT (the device tool sets it)}"
 PHASE=${PHASE:?PHASE=kern|wheels|wait|vllm}
@@ -65,7 +67,7 @@ wait|vllm)
   [ -f /tmp/vsite.ok ] || { echo "vLLM's wheels are not installed (PHASE=wheels)"; exit 1; }
   export PYTHONPATH="/tmp/kern-install:/tmp/site" PYTHONUNBUFFERED=1 KERN_CACHE=/tmp/kern-cache  # device_env's
   # vLLM alone on the GPU: the kern phase's server is stopped before its done mark
-  $LONG --server vllm --out $OUT --vllm-site /tmp/vsite --up-s ${UP_S:-420} --case-s ${CASE_S:-120} \
+  $LONG --server vllm --out $OUT --vllm-site /tmp/vsite --vllm-util ${VLLM_MEM:-0.9} --up-s ${UP_S:-420} --case-s ${CASE_S:-120} \
     --deadline-s ${VLLM_S:-540} 2>&1 | tail -4
   python3 bench/kimi_long.py --table $OUT
   ;;
