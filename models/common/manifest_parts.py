@@ -87,3 +87,17 @@ def context_of(s, context: int | None, limit: int | None = None) -> int:
         why = f"max_position_embeddings {s.max_pos}" + (f", the kernels {limit}" if limit else "")
         raise ConfigError(f"context {context!r}: must be an integer in [1, {top}] ({why})")
     return context
+
+
+# The most rows a CUDA step may have: workspaces hold a step's rows times a row's widest
+# intermediate (Kimi-Linear's 8 experts x 2,048 gate/up columns, Llama-3.1-8B's 28,672), indexed
+# in 32 bits: 65,536 rows keep them under 2^31 at every shipped shape.
+MAX_STEP_TOKENS = 65536
+
+
+def tokens_of(tokens, limit: int | None = None) -> int:
+    """A manifest's prompt rows a step (its `tokens` var: kern's --step-tokens), checked."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1 or (limit and tokens > limit):
+        top = f"[1, {limit:,}] (the kernels' 32-bit workspace offsets)" if limit else "at least 1"
+        raise ConfigError(f"tokens {tokens!r}: a step's prompt rows must be an integer in {top}")
+    return tokens

@@ -26,7 +26,7 @@ from .world.stepping import open_engine
 from .errors import KernError
 from .errors import BoundsError
 from .files.jsonfiles import read_object, token_ids
-from .deployments import default_model, deployment_for, refuse_faster_build
+from .deployments import default_model, deployment_for, refuse_faster_build, refuse_step_tokens
 from .tokenizer import Tokenizer
 
 
@@ -259,7 +259,7 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
          target: str = "cpu",
          context: int | None = None, max_seqs: int | None = None, state_budget: int | None = None,
          progress: bool = True, tp: int = 1, ep: int = 1, pp: int = 1, batch_invariant: bool = True,
-         speculate: str | Speculate | None = None, **model_kw) -> Model:
+         speculate: str | Speculate | None = None, step_tokens: int | None = None, **model_kw) -> Model:
     """Load a model: None = the embedded default; a checkpoint folder (with or without its own
     manifest.json); a deployment folder (manifest.json and kernels, no weights) binding the
     checkpoint folder `weights` (default: the embedded model's); or a deployment folder's
@@ -274,9 +274,10 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     stages (kern cut) on as many devices, micro-batches in flight (docs/pipeline.md); not with
     tp or ep above 1. `batch_invariant=False`: a generated GPU deployment
     whose many-row programs are faster but whose bytes depend on the batch (docs/determinism.md).
-    `speculate`: `"ngram[:K]"` or `"draft:DIR[:K]"` (docs/speculative.md)."""
+    `speculate`: `"ngram[:K]"` or `"draft:DIR[:K]"` (docs/speculative.md). `step_tokens`: the
+    most prompt tokens a step feeds, a generated deployment's prefill rows (None: the family's)."""
     for name, v in (("context", context), ("max_seqs", max_seqs), ("state_budget", state_budget), ("tp", tp),
-                    ("ep", ep), ("pp", pp)):
+                    ("ep", ep), ("pp", pp), ("step_tokens", step_tokens)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise BoundsError(f"{name} must be a positive integer, got {v!r}")
     if pp > 1 and max(tp, ep) > 1:
@@ -302,8 +303,11 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
     if manifest and target != "cpu":
         refuse_faster_build(f"{manifest}: a manifest is given", batch_invariant,
                             "leave out --manifest, or give a manifest built with batch_invariant=False")
+    if manifest:
+        refuse_step_tokens(f"{manifest}: a manifest is given", step_tokens,
+                           "leave out --manifest, or give one generated with those prefill rows")
     man = Path(manifest) if manifest else deployment_for(ckpt, target, context=context, tp=tp, ep=ep,
-                                                                  batch_invariant=batch_invariant)
+                                                         batch_invariant=batch_invariant, step_tokens=step_tokens)
     if pp > 1:
         model_kw["pp"] = pp
     return Model(man, ckpt, context=context, max_seqs=max_seqs,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kern_models.common.errors import ConfigError
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, sampling_inputs, tokens_of, value_arg
 from kern_models.llama.manifests.cpu import head_calls, ops_cpu as llama_ops, stepping_program
 from kern_models.qwen3_moe.manifests.cpu import MODULE as MOE_MODULE, ops as moe_ops
 
@@ -180,6 +180,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 256, seqs: int = 32, contex
     if kda_form not in KDA_FORMS:
         raise ConfigError(f"kda_form {kda_form!r}: the cpu recurrence's prompt form is one of {', '.join(KDA_FORMS)}")
     context = context_of(s, context)
+    tokens = tokens_of(tokens)
     buffers: dict = weight_buffers(s, F)
     programs: dict = {}
     for prog, rows in (("prefill", "tokens"), ("decode", "seqs")):

@@ -32,7 +32,7 @@ from math import prod
 from kern_models.common.errors import ConfigError
 from kern_models.llama.kernels.cuda import table as dense_table
 from kern_models.llama.manifests.cuda import SPLIT_BELOW_TILES
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, MAX_STEP_TOKENS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, tokens_of, value_arg
 from kern_models.qwen3_moe.kernels.cuda import table as moe_table
 from kern_models.qwen3_moe.manifests.cuda import expert_problems
 
@@ -457,6 +457,7 @@ def build(s: KimiShape, model: str, *, tokens: int = 2048, seqs: int = NARROW_SE
         raise ConfigError(f"seqs {seqs}: the gathered-experts decode program steps at most {DECODE_SEQS} sequences "
                           f"(larger batches step through decode_wide, up to {WIDE_SEQS})")
     context = context_of(s, context, MAX_CONTEXT)
+    tokens = tokens_of(tokens, MAX_STEP_TOKENS)
     buffers: dict = weight_buffers(s, BF)
     programs: dict = {}
     for prog, p, rows, groups, kind in (("prefill", "p_", "tokens", "prefill_seqs", "prefill"),

@@ -10,7 +10,7 @@ the one a decode step would draw."""
 from __future__ import annotations
 
 from ..config import Shape
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, tokens_of, value_arg
 
 from .common import PAGE_TOKENS, weight_buffers
 
@@ -77,6 +77,7 @@ def stepping_program(calls: list[dict], decode: bool) -> dict:
 
 def build(s: Shape, model: str, *, tokens: int = 256, seqs: int = 32, context: int | None = None) -> dict:
     context = context_of(s, context)
+    tokens = tokens_of(tokens)
     pages = {"ceil_div": ["context", "page_tokens"]}
     qkv_dim = s.q_dim + 2 * s.kv_dim
     buffers: dict = {"rope": buffer(["context", "head_dim"], "carry"), **weight_buffers(s, F)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import ConfigError, Shape
 from ..kernels.cuda import table
-from kern_models.common.manifest_parts import MASK_ROWS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, value_arg
+from kern_models.common.manifest_parts import MASK_ROWS, MAX_STEP_TOKENS, buffer, buffer_arg, context_of, program_batch, sampling_args, sampling_inputs, tokens_of, value_arg
 
 from .common import PAGE_TOKENS, weight_buffers
 
@@ -308,6 +308,7 @@ def build(s: Shape, model: str, *, tokens: int = 2048, seqs: int = GEMV_SEQS, pr
         raise ConfigError(f"seqs {seqs}: the graph-captured decode program steps at most {DECODE_SEQS} sequences "
                           f"(larger batches step through the prefill program, up to prefill_seqs)")
     context = context_of(s, context, MAX_CONTEXT)
+    tokens = tokens_of(tokens, MAX_STEP_TOKENS)
     pages = {"ceil_div": ["context", "page_tokens"]}
     buffers: dict = {"rope": buffer(["context", "head_dim"], "carry"), **weight_buffers(s, BF)}
 

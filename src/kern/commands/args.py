@@ -104,6 +104,10 @@ def loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", dest="state_budget", type=memory, default=None,
                    help="state (KV cache) budget, e.g. 512M or 8G (default: on a GPU 90%% of its memory less "
                         "what the weights take, on the cpu 512M)")
+    p.add_argument("--step-tokens", type=positive, default=None, metavar="N",
+                   help="prompt tokens a step feeds at most: a generated deployment's prefill rows (default: the "
+                        "model family's, 2048 on cuda). More reads the weights once for more prompt tokens; "
+                        "fewer keeps a step short for the sequences decoding beside it")
     p.add_argument("--tp", type=positive, default=1,
                    help="tensor-parallel ranks: the model split over N devices, one thread a rank (default 1)")
     p.add_argument("--no-batch-invariance", dest="batch_invariant", action="store_false",

@@ -47,7 +47,8 @@ def main(args) -> int:
         target = MEGA_TARGET if args.mega else pick_target(args.target, "running")
         model = load(args.model, manifest=args.manifest, weights=args.weights, target=target, context=args.context,
                      max_seqs=args.max_seqs, state_budget=args.state_budget, run_ahead=args.run_ahead, tp=args.tp,
-                     ep=args.ep, pp=args.pp, batch_invariant=args.batch_invariant, speculate=args.speculate)
+                     ep=args.ep, pp=args.pp, batch_invariant=args.batch_invariant, speculate=args.speculate,
+                     step_tokens=args.step_tokens)
         dev = model.engine.device.kind + (f" x {args.tp} (tensor parallel)" if args.tp > 1 else "") + \
             (f" x {args.ep} (expert parallel)" if args.ep > 1 else "") + \
             (f" x {args.pp} (pipeline stages)" if args.pp > 1 else "")

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: str | None, tp: int = 1, ep: int = 1,
                batch_invariant: bool = True, host_bytes: int | None = None, weights: str | None = None,
-               speculate: str | None = None, pp: int = 1):
+               speculate: str | None = None, pp: int = 1, step_tokens: int | None = None):
     """In the engine process: load, then capture every decode graph (never inside a request);
     with `trace`, record the served steps to that file."""
     from ..api import load
@@ -39,7 +39,7 @@ def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: 
 
     model = load(model, manifest=manifest, weights=weights, target=pick_target(target, "serving"), context=context,
                  max_seqs=max_seqs, state_budget=state_budget, progress=True, tp=tp, ep=ep, pp=pp,
-                 batch_invariant=batch_invariant, host_bytes=host_bytes, speculate=speculate)
+                 batch_invariant=batch_invariant, host_bytes=host_bytes, speculate=speculate, step_tokens=step_tokens)
     loop = model.loop  # decoding batches run ahead as kern run's (8 steps: docs/perf.md, 2026-12-01)
     t0 = time.monotonic()
     if loop.warm_up(progress=True):
@@ -71,7 +71,7 @@ def main(args) -> int:
         return 1
     make_loop = partial(build_loop, args.model, args.manifest, args.target, args.context, args.max_seqs,
                         args.state_budget, args.trace, args.tp, args.ep, args.batch_invariant, args.host_bytes, args.weights,
-                        args.speculate, args.pp)
+                        args.speculate, args.pp, args.step_tokens)
     try:
         # the model id a request gives: the served name, or the path exactly as given here
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
