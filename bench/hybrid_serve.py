@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("ckpt", type=Path)
     ap.add_argument("--target", default=None, help="passed to kern serve and kern run only when given (a dry run)")
     ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--step-tokens", type=int, default=None, help="kern serve --step-tokens (default: the deployment's)")
     ap.add_argument("--log", type=Path, default=Path("kern_serve.log"), help="kern serve's output")
     ap.add_argument("--concurrency", default="32,128")
     ap.add_argument("--requests", type=int, default=256, help="requests a concurrency level")
@@ -134,6 +135,7 @@ def main() -> int:
         signal.signal(signal.SIGALRM, late)
         signal.alarm(args.deadline_s)
     target = ["--target", args.target] if args.target else []
+    target += ["--step-tokens", str(args.step_tokens)] if args.step_tokens else []
     vocab = json.loads((args.ckpt / "config.json").read_text())["vocab_size"]
     subprocess.run([sys.executable, str(ROOT / "bench/serve.py"), "--prepare", str(args.ckpt)], check=True)
     url = f"http://127.0.0.1:{args.port}"

@@ -384,7 +384,7 @@ def measure(args, url: str, server: str, cfg: dict, result: dict, write) -> None
 
         target = args.target or "cuda"
         # the deployment kern serve generated for this checkpoint (the same key: a cache hit)
-        mem = kern_memory(deployment_for(args.long_ckpt, target))
+        mem = kern_memory(deployment_for(args.long_ckpt, target, step_tokens=args.step_tokens))
         raw = raw_state(cfg, elem=2 if target == "cuda" else 4, kda_rows=kda_rows(target))
         result["memory"] = {"kern": mem, "raw": raw}
         first = kern_gauges(url)
@@ -439,7 +439,8 @@ def start(args, server: str) -> tuple[subprocess.Popen, float]:
     """The server, in a session of its own (vLLM's engine processes go with it when it stops)."""
     if server == "kern":
         cmd = [sys.executable, "-m", "kern.cli", "serve", str(args.long_ckpt), "--port", str(args.port),
-               *(["--target", args.target] if args.target else [])]
+               *(["--target", args.target] if args.target else []),
+               *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
         env, cwd = os.environ, None
     else:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.long_ckpt),
@@ -472,11 +473,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 def run_server(args) -> int:
     server = args.server
+    if args.step_tokens and server != "kern":
+        raise SystemExit("--step-tokens is kern serve's (vLLM's chunk is its own --max-num-batched-tokens)")
+    label = server + (f"-s{args.step_tokens}" if args.step_tokens else "")  # kern at another step size beside
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    args.server_log = args.server_log or str(out / f"long_{server}_serve.log")
-    result: dict = {"server": server, "positions": args.positions, "cases": [], "notes": []}
-    path = out / f"long_{server}.json"
+    args.server_log = args.server_log or str(out / f"long_{label}_serve.log")
+    result: dict = {"server": server, "label": label, "step_tokens": args.step_tokens, "positions": args.positions,
+                    "cases": [], "notes": []}
+    path = out / f"long_{label}.json"
 
     def write():
         path.write_text(json.dumps(result, indent=1) + "\n")
@@ -544,7 +549,7 @@ def table(results: dict) -> tuple[dict, str]:
         lines.append(f"{name}: up in {r.get('startup_s')} s, context {r.get('positions'):,}"
                      + (f"; notes: {' | '.join(r['notes'])}" if r.get("notes") else ""))
     names = list(dict.fromkeys(c["case"] for r in results.values() for c in r["cases"]))  # as run
-    lines.append(f"{'case':12s} {'server':6s} {'done':>6s} {'TTFT p50':>11s} {'out tok/s':>10s} {'decode':>9s} "
+    lines.append(f"{'case':12s} {'server':12s} {'done':>6s} {'TTFT p50':>11s} {'out tok/s':>10s} {'decode':>9s} "
                  f"{'measured/seq':>14s} {'computed/seq':>14s} {'raw/seq':>12s}")
     for case in names:
         got = {}
@@ -562,20 +567,22 @@ def table(results: dict) -> tuple[dict, str]:
                                "raw_bytes_a_seq": st.get("raw_bytes_a_seq")}
             rows.append(row)
             ttft = f"{row['ttft_p50_ms'] / 1e3:,.2f} s" if row["ttft_p50_ms"] else "-"
-            lines.append(f"{case:12s} {name:6s} {row['completed'] or 0:>3}/{row['requests'] or '?':<2} {ttft:>11s} "
+            lines.append(f"{case:12s} {name:12s} {row['completed'] or 0:>3}/{row['requests'] or '?':<2} {ttft:>11s} "
                          f"{row['output_tok_s'] or '-':>10} {row['decode_tok_s'] or '-':>9} "
                          f"{mib(row['measured_bytes_a_seq']):>14s} {mib(row['computed_bytes_a_seq']):>14s} "
                          f"{mib(row['raw_bytes_a_seq']):>12s}" + (f"  {row['error']}" if row["error"] else ""))
-        k, v = got.get("kern"), got.get("vllm")
-        if k and v:
-            def ratio(a, b):
-                return round(a / b, 3) if a and b else None
-            vs = {"case": case, "server": "kern/vllm", "output_tok_s": ratio(k["output_tok_s"], v["output_tok_s"]),
+        def ratio(a, b):
+            return round(a / b, 3) if a and b else None
+        v = got.get("vllm")
+        for kname, k in got.items():  # kern at each step size against vLLM
+            if kname == "vllm" or not v:
+                continue
+            vs = {"case": case, "server": f"{kname}/vllm", "output_tok_s": ratio(k["output_tok_s"], v["output_tok_s"]),
                   "decode_tok_s": ratio(k["decode_tok_s"], v["decode_tok_s"]),
                   "ttft_vllm_over_kern": ratio(v["ttft_p50_ms"], k["ttft_p50_ms"]),
                   "bytes_vllm_over_kern": ratio(v["measured_bytes_a_seq"], k["measured_bytes_a_seq"])}
             rows.append(vs)
-            lines.append(f"{case:12s} kern vs vLLM: output tok/s {vs['output_tok_s']}x, decode {vs['decode_tok_s']}x, "
+            lines.append(f"{case:12s} {kname} vs vLLM: output tok/s {vs['output_tok_s']}x, decode {vs['decode_tok_s']}x, "
                          f"TTFT {vs['ttft_vllm_over_kern']}x (vLLM's over kern's), state a sequence "
                          f"{vs['bytes_vllm_over_kern']}x (vLLM's over kern's; above 1: kern holds less)")
     return {"rows": rows, "servers": {n: {k: r.get(k) for k in ("startup_s", "positions", "notes", "memory")}
@@ -583,8 +590,8 @@ def table(results: dict) -> tuple[dict, str]:
 
 
 def write_table(folder: Path) -> str:
-    results = {n: json.loads((folder / f"long_{n}.json").read_text()) for n in ("kern", "vllm")
-               if (folder / f"long_{n}.json").is_file()}
+    files = sorted(folder.glob("long_*.json"), key=lambda f: (f.stem == "long_vllm", f.stem))  # kern's, vLLM's last
+    results = {f.stem[len("long_"):]: json.loads(f.read_text()) for f in files if f.stem != "long_summary"}
     summary, text = table(results)
     (folder / "long_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (folder / "long_summary.txt").write_text(text + "\n")
@@ -609,6 +616,8 @@ def main() -> int:
     ap.add_argument("--up-s", type=float, default=420, help="the server's start-up, at most")
     ap.add_argument("--case-s", type=float, default=420, help="each case's serve.py run, at most (a 131k prefill)")
     ap.add_argument("--deadline-s", type=int, default=0, help="stop everything (the server too) after this long")
+    ap.add_argument("--step-tokens", type=int, default=None,
+                    help="kern serve --step-tokens (its results then long_kern-sN.json, beside the default's)")
     ap.add_argument("--vllm-util", type=float, default=0.9, help="vLLM's --gpu-memory-utilization")
     ap.add_argument("--vllm-site", default="/tmp/vsite", help="vLLM's PYTHONPATH (its wheels)")
     ap.add_argument("--attach", default=None, metavar="URL", help="measure a server already up (not stopped)")

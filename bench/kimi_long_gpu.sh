@@ -34,6 +34,8 @@
 #      2026-12-01, UP_S=420 bounds it), the same requests (~60 s), the table: ~350 s
 # Where a warm machine already holds vLLM's wheels (/tmp/vsite.ok), calls 2-9 go: call 1's
 # command in the foreground with PHASE=kern (then the call is ~500 s), then call 10.
+# STEPS="0 8192" (the kern phase): kern serve at its default step and with --step-tokens 8192,
+# each alone (~60 s more each at these cases on the H100 of 2026-12-06).
 # A dry run on a laptop (the tiny shape on the CPU, no vLLM): OUT=/tmp/o DRY=1 PHASE=kern bash bench/kimi_long_gpu.sh
 : "${OUT:?set OUT (the device tool sets it)}"
 PHASE=${PHASE:?PHASE=kern|wheels|wait|vllm}
@@ -49,7 +51,11 @@ kern)
   rm -rf $BG && mkdir -p $BG
   [ "${DRY:-0}" = 1 ] || OUT=$BG . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $BG/gpu.txt 2>&1
-  $LONG --server kern --out $BG --case-s ${CASE_S:-600} --up-s ${UP_S:-300} > $BG/kern.out 2>&1
+  # STEPS="2048 8192": kern at each --step-tokens too (0: the default), one server after another
+  for st in ${STEPS:-0}; do
+    $LONG --server kern --out $BG --case-s ${CASE_S:-600} --up-s ${UP_S:-300} \
+      $([ "$st" = 0 ] || echo --step-tokens $st) >> $BG/kern.out 2>&1
+  done
   touch $BG/done
   bring
   ;;
