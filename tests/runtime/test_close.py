@@ -106,7 +106,16 @@ class Driver:
 
 @pytest.fixture
 def driver(monkeypatch):
-    from kern.runtime.devices.cuda import device, driver as drvmod, graphs, launch, memory, program, tensormap, vmm
+    from kern.runtime.devices.cuda import (
+        device,
+        graphs,
+        launch,
+        memory,
+        program,
+        tensormap,
+        vmm,
+    )
+    from kern.runtime.devices.cuda import driver as drvmod
 
     d = Driver()
     for mod in (device, program, memory, vmm, graphs, launch, tensormap):
@@ -163,3 +172,37 @@ def test_a_load_that_fails_gives_back_what_it_took(tiny, monkeypatch):
     with pytest.raises(DeviceError, match="give the checkpoint folder"):
         engine.Engine(load_verified(manifest), None)  # its modules loaded, then no weights
     assert len(made) == 1 and made[0].closed
+
+
+def test_a_split_load_that_fails_on_one_rank_gives_back_every_rank_s_memory(tmp_path, monkeypatch):
+    """Rank 1's engine fails (its weights damaged, say): rank 0's, which loaded, is closed and both
+    ranks' devices given back before rank 1's error reaches the caller (they used to stay held)."""
+    from kern_models.llama.generator import generate
+
+    from kern.world import ranks
+    from tests.tp.test_split_manifests import LLAMA
+
+    generate(LLAMA, tmp_path, target="cpu", tp=2)
+    devices, real_device = [], ranks.rank_device
+    monkeypatch.setattr(ranks, "rank_device", lambda v, o: devices.append(real_device(v, o)) or devices[-1])
+
+    class Loaded:  # rank 0's engine, as far as closing goes
+        def __init__(self, device):
+            self.device, self.closed = device, False
+
+        def close(self):
+            self.closed = True
+
+    loaded = []
+
+    def engine(v, weights, *, device, **kw):
+        if v.manifest.topology.rank == 1:
+            raise DeviceError("rank 1: planted")
+        loaded.append(Loaded(device))
+        return loaded[-1]
+
+    monkeypatch.setattr(ranks, "Engine", engine)
+    with pytest.raises(DeviceError, match="rank 1: planted"):
+        ranks.RankedEngine(ranks.rank_manifests(tmp_path / "rank0.json"), None)
+    assert len(devices) == 2 and all(d.closed for d in devices)
+    assert len(loaded) == 1 and loaded[0].closed

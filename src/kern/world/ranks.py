@@ -123,8 +123,8 @@ def address(storage: Any) -> int:
 class OnThreads:
     """close() and `with` for an engine over engines of its own, one worker thread each
     (RankedEngine's ranks, StagedEngine's stages): each one's device memory given back on its
-    own thread (Engine.close; the devices are rank_device's, made for this engine). NCCL
-    communicators stay."""
+    own thread (Engine.close; the devices are rank_device's, made for this engine); so does a
+    load that fails on any rank. NCCL communicators stay (not yet destroyed on close)."""
 
     workers: Workers
     closed = False
@@ -158,10 +158,32 @@ class RankedEngine(OnThreads):
         n = len(verified)
         ordinals = ordinals or list(range(n))
         self.workers = Workers(n)
-        self.ranks: list[Engine] = self.workers.each(lambda r: Engine(
-            verified[r], weights, device=rank_device(verified[r], ordinals[r]), state_budget=state_budget,
-            paged=paged, own_paging=False))
-        link(self.ranks, self.workers)
+
+        def load(r: int) -> tuple[Engine | None, BaseException | None]:
+            """Rank r's engine, or what stopped it (its device given back): never raised here, so
+            the ranks that did load are known and closed when another did not."""
+            try:
+                device = rank_device(verified[r], ordinals[r])
+            except BaseException as exc:  # noqa: BLE001 - raised below, once every rank is done
+                return None, exc
+            try:
+                return Engine(verified[r], weights, device=device, state_budget=state_budget, paged=paged,
+                              own_paging=False), None
+            except BaseException as exc:  # noqa: BLE001
+                device.close()
+                return None, exc
+
+        loaded = self.workers.each(load)
+        failed = [exc for _, exc in loaded if exc is not None]
+        if failed:  # the ranks that loaded give their memory back: a failed load holds nothing
+            self.workers.each(lambda r: loaded[r][0] and (loaded[r][0].close(), loaded[r][0].device.close()))
+            raise failed[0]
+        self.ranks: list[Engine] = [e for e, _ in loaded]
+        try:
+            link(self.ranks, self.workers)
+        except BaseException:
+            self.close()
+            raise
         e0 = self.ranks[0]
         self.v, self.m, self.consts, self.protocol = e0.v, e0.m, e0.consts, e0.protocol
         self.shapes, self.launches, self.max_env, self.device = e0.shapes, e0.launches, e0.max_env, e0.device
