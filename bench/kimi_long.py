@@ -24,7 +24,7 @@ default context is the model's own, clipped to the deployment's bound), vLLM thr
 --max-model-len. The checkpoint: CKPT-long beside CKPT, its weights linked and config.json saying
 POSITIONS, or, without CKPT's config.json, the seeded random 8-layer checkpoint made there.
 
-    python3 bench/kimi_long.py CKPT --server kern|vllm [--out DIR] [--cases 8x32768,1x131072]
+    python3 bench/kimi_long.py CKPT --server kern|vllm [--out DIR] [--cases 8x32768,1x131072] [--serve-streams 32,128]
     python3 bench/kimi_long.py CKPT --server vllm --attach URL --server-log LOG   # a server already up
     python3 bench/kimi_long.py --table DIR   # long_kern.json and long_vllm.json side by side
     python3 bench/kimi_long.py --plan        # kern's default context and pool on an H200, on the CPU
@@ -433,6 +433,26 @@ def measure(args, url: str, server: str, cfg: dict, result: dict, write) -> None
         result["cases"].append(case)
         emit(long=case)
         write()
+    # the serve workload on the same server (one start-up each, vLLM's ~290 s): 512-token
+    # prompts sharing 256, 128 out, 256 requests at each concurrency, as bench/serve.py's defaults
+    for c in [int(x) for x in args.serve_streams.split(",") if x]:
+        row = serve_workload(url, server, c, vocab, args.case_s)
+        result.setdefault("serve", []).append(row)
+        emit(serve=row)
+        write()
+
+
+def serve_workload(url: str, label: str, concurrency: int, vocab: int, timeout: float) -> dict:
+    """bench/serve.py's default workload (docs/perf.md's serve rows) at one concurrency."""
+    cmd = [sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", label, "--concurrency",
+           str(concurrency), "--warmup", "4", "--vocab", str(vocab)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"concurrency": concurrency, "error": f"serve.py timed out after {timeout:.0f} s"}
+    rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return rows[-1] if rows else {"concurrency": concurrency,
+                                  "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
 
 
 def start(args, server: str) -> tuple[subprocess.Popen, float]:
@@ -585,8 +605,33 @@ def table(results: dict) -> tuple[dict, str]:
             lines.append(f"{case:12s} {kname} vs vLLM: output tok/s {vs['output_tok_s']}x, decode {vs['decode_tok_s']}x, "
                          f"TTFT {vs['ttft_vllm_over_kern']}x (vLLM's over kern's), state a sequence "
                          f"{vs['bytes_vllm_over_kern']}x (vLLM's over kern's; above 1: kern holds less)")
-    return {"rows": rows, "servers": {n: {k: r.get(k) for k in ("startup_s", "positions", "notes", "memory")}
-                                      for n, r in results.items()}}, "\n".join(lines)
+    serve = serve_table(results, lines)
+    return {"rows": rows, "serve": serve, "servers": {n: {k: r.get(k) for k in ("startup_s", "positions", "notes", "memory")}
+                                                      for n, r in results.items()}}, "\n".join(lines)
+
+
+def serve_table(results: dict, lines: list[str]) -> list[dict]:
+    """The serve workload's rows (--serve-streams): output tok/s, TTFT and TPOT p50 a server, and
+    each kern's output tok/s over vLLM's at the same concurrency."""
+    rows = []
+    for name, r in results.items():
+        for x in r.get("serve", []):
+            rows.append({"server": name, "concurrency": x.get("concurrency"), "error": x.get("error"),
+                         "output_tok_s": x.get("output_throughput"), "ttft_p50_ms": (x.get("ttft_ms") or {}).get("p50"),
+                         "tpot_p50_ms": (x.get("tpot_ms") or {}).get("p50")})
+    if rows:
+        lines.append(f"{'serve':12s} {'server':12s} {'streams':>7s} {'out tok/s':>10s} {'TTFT p50':>10s} {'TPOT p50':>9s}")
+    for x in rows:
+        lines.append(f"{'':12s} {x['server']:12s} {x['concurrency'] or '?':>7} {x['output_tok_s'] or '-':>10} "
+                     f"{x['ttft_p50_ms'] or '-':>10} {x['tpot_p50_ms'] or '-':>9}" + (f"  {x['error']}" if x["error"] else ""))
+    vllm = {x["concurrency"]: x for x in rows if x["server"] == "vllm"}
+    for x in [x for x in rows if x["server"] != "vllm"]:
+        v = vllm.get(x["concurrency"])
+        if v and x["output_tok_s"] and v["output_tok_s"]:
+            ratio = round(x["output_tok_s"] / v["output_tok_s"], 3)
+            x["over_vllm"] = ratio
+            lines.append(f"{'serve':12s} {x['server']} vs vLLM at {x['concurrency']} streams: output tok/s {ratio}x")
+    return rows
 
 
 def write_table(folder: Path) -> str:
@@ -616,6 +661,9 @@ def main() -> int:
     ap.add_argument("--up-s", type=float, default=420, help="the server's start-up, at most")
     ap.add_argument("--case-s", type=float, default=420, help="each case's serve.py run, at most (a 131k prefill)")
     ap.add_argument("--deadline-s", type=int, default=0, help="stop everything (the server too) after this long")
+    ap.add_argument("--serve-streams", default="", metavar="C,C",
+                    help="after the long cases, the serve workload (bench/serve.py's defaults) at these "
+                         "concurrencies on the same server, e.g. 32,128 (default: none)")
     ap.add_argument("--step-tokens", type=int, default=None,
                     help="kern serve --step-tokens (its results then long_kern-sN.json, beside the default's)")
     ap.add_argument("--vllm-util", type=float, default=0.9, help="vLLM's --gpu-memory-utilization")

@@ -41,7 +41,8 @@
 PHASE=${PHASE:?PHASE=kern|wheels|wait|vllm}
 BG=/tmp/long-bg  # the kern phase's results and its done mark, outliving the call that started it
 CKPT=${CKPT:-/tmp/kimi/ckpt}  # served as $CKPT-long (bench/kimi_long.py makes or links it)
-LONG="python3 bench/kimi_long.py $CKPT"
+# SERVE_STREAMS=32,128: the serve workload too, on each server after the long cases (one start-up each)
+LONG="python3 bench/kimi_long.py $CKPT ${SERVE_STREAMS:+--serve-streams $SERVE_STREAMS}"
 [ "${DRY:-0}" = 1 ] && { CKPT=/tmp/kimi-dry/ckpt; LONG="python3 bench/kimi_long.py $CKPT --shape tiny --layers 4 \
   --device cpu --target cpu --positions 8192 --cases 2x1500,1x3000 --output 16 --warm-prompt 256"; }
 bring() { cp $BG/long_kern* $OUT/ 2> /dev/null; tail -3 $BG/kern.out 2> /dev/null; }
