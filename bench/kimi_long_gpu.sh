@@ -45,13 +45,15 @@ CKPT=${CKPT:-/tmp/kimi/ckpt}  # served as $CKPT-long (bench/kimi_long.py makes o
 LONG="python3 bench/kimi_long.py $CKPT ${SERVE_STREAMS:+--serve-streams $SERVE_STREAMS}"
 [ "${DRY:-0}" = 1 ] && { CKPT=/tmp/kimi-dry/ckpt; LONG="python3 bench/kimi_long.py $CKPT --shape tiny --layers 4 \
   --device cpu --target cpu --positions 8192 --cases 2x1500,1x3000 --output 16 --warm-prompt 256"; }
-bring() { cp $BG/long_kern* $OUT/ 2> /dev/null; tail -3 $BG/kern.out 2> /dev/null; }
+bring() { cp $BG/long_kern* $BG/kda_tc* $OUT/ 2> /dev/null; tail -3 $BG/kern.out 2> /dev/null; }
 
 case $PHASE in
 kern)
   rm -rf $BG && mkdir -p $BG
   [ "${DRY:-0}" = 1 ] || OUT=$BG . bench/device_env.sh  # the carried wheels into /tmp/site, kern installed from this tree
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $BG/gpu.txt 2>&1
+  # PROBE=1: KDA's recurrence launch alone first (bench/probes/kda_tc.py, ~1 min), into $BG/kda_tc.json
+  [ "${PROBE:-0}" = 1 ] && OUT=$BG timeout 180 python3 -m bench.probes.kda_tc > $BG/kda_tc_probe.txt 2>&1
   # STEPS="2048 8192": kern at each --step-tokens too (0: the default), one server after another
   for st in ${STEPS:-0}; do
     $LONG --server kern --out $BG --case-s ${CASE_S:-600} --up-s ${UP_S:-300} \
