@@ -636,7 +636,8 @@ def serve_table(results: dict, lines: list[str]) -> list[dict]:
 
 def write_table(folder: Path) -> str:
     files = sorted(folder.glob("long_*.json"), key=lambda f: (f.stem == "long_vllm", f.stem))  # kern's, vLLM's last
-    results = {f.stem[len("long_"):]: json.loads(f.read_text()) for f in files if f.stem != "long_summary"}
+    results = {f.stem[len("long_"):]: r for f in files if "server" in (r := json.loads(f.read_text()))}  # not the
+    # summary's or kern bench's JSON beside them
     summary, text = table(results)
     (folder / "long_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (folder / "long_summary.txt").write_text(text + "\n")
