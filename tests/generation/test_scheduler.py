@@ -3,7 +3,7 @@ device, no pool. Decode rows go first, prefill chunks share what is left of the 
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kern.generation.scheduler import Row, Running, admissions, keys_of, schedule, victim
@@ -89,6 +89,8 @@ def test_prompt_chunks_are_cut_to_the_keys_a_step_may_attend_over():
 
 @given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 900), st.integers(1, 1200)), min_size=1, max_size=30),
        st.integers(1, 512), st.integers(1, 256), st.integers(1200, 3000))
+# four prompts each at its last token, fed as one-token rows: their keys count too (1,201 went)
+@example([(1, 194, 195), (1, 300, 301), (1, 335, 336), (1, 368, 369)], 4, 1, 1200)
 def test_a_step_s_prompt_keys_stay_within_the_bound(seqs, budget, chunk_max, keys):
     running = [Running(str(i), p, written=w, prompt_len=pl) for i, (p, w, pl) in enumerate(seqs)]
     rows = schedule(running, budget, chunk_max, 64, 64, keys=keys)

@@ -50,12 +50,17 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
     fit is cut to fit, or waits for a later step (a chunk alone always fits: the context is at
     most `keys`)."""
     rows: list[Row] = []
-    left = budget
+    left, keys_left = budget, keys
     for r in running:
         if r.pending == 1 and not r.prompt and left > 0 and len(rows) < decode_groups:
+            # a one-token row is a prompt token where its family's roles do not differ (its keys
+            # count all the same, where the deployment counts them)
+            if keys_left is not None and keys_of(r, 1) > keys_left:
+                continue
+            if keys_left is not None:
+                keys_left -= keys_of(r, 1)
             rows.append(Row(r.id, 1))
             left -= 1
-    keys_left = keys
     for r in running:
         if (r.pending > 1 or r.prompt) and left > 0 and len(rows) < mixed_groups:
             n = min(r.pending, left, chunk_max)
