@@ -346,9 +346,20 @@ def serve_py(url: str, label: str, n: int, length: int, output: int, vocab: int,
     """One bench/serve.py run: n requests of `length`-token prompts (nothing shared), all at
     once; its JSON line, or {"error"}. Its own --seed a case, so that no case's prompt starts
     with another's (a prefix cache would serve it)."""
-    cmd = [sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", label, "--prompt", str(length),
-           "--shared", "0", "--output", str(output), "--requests", str(n), "--concurrency", str(n),
-           "--warmup", str(warmup), "--vocab", str(vocab), "--seed", str(seed)]
+    return run_serve(url, label, ["--prompt", str(length), "--shared", "0", "--output", str(output), "--requests",
+                                  str(n), "--concurrency", str(n), "--warmup", str(warmup), "--vocab", str(vocab),
+                                  "--seed", str(seed)], timeout)
+
+
+def serve_workload(url: str, label: str, concurrency: int, vocab: int, timeout: float) -> dict:
+    """bench/serve.py's default workload (docs/perf.md's serve rows) at one concurrency."""
+    return {"concurrency": concurrency, **run_serve(url, label, ["--concurrency", str(concurrency), "--warmup", "4",
+                                                                 "--vocab", str(vocab)], timeout)}
+
+
+def run_serve(url: str, label: str, flags: list[str], timeout: float) -> dict:
+    """bench/serve.py's last JSON line, or {"error"}."""
+    cmd = [sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", label, *flags]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -441,18 +452,6 @@ def measure(args, url: str, server: str, cfg: dict, result: dict, write) -> None
         emit(serve=row)
         write()
 
-
-def serve_workload(url: str, label: str, concurrency: int, vocab: int, timeout: float) -> dict:
-    """bench/serve.py's default workload (docs/perf.md's serve rows) at one concurrency."""
-    cmd = [sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", label, "--concurrency",
-           str(concurrency), "--warmup", "4", "--vocab", str(vocab)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"concurrency": concurrency, "error": f"serve.py timed out after {timeout:.0f} s"}
-    rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
-    return rows[-1] if rows else {"concurrency": concurrency,
-                                  "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
 
 
 def start(args, server: str) -> tuple[subprocess.Popen, float]:

@@ -168,25 +168,27 @@ def test_a_load_that_fails_gives_back_what_it_took(tiny, monkeypatch):
     made = []
     real = engine.make_device
     monkeypatch.setattr(engine, "make_device", lambda v: made.append(real(v)) or made[-1])
-    ckpt, manifest = tiny
+    _, manifest = tiny
     with pytest.raises(DeviceError, match="give the checkpoint folder"):
         engine.Engine(load_verified(manifest), None)  # its modules loaded, then no weights
     assert len(made) == 1 and made[0].closed
 
 
-def test_a_split_load_that_fails_on_one_rank_gives_back_every_rank_s_memory(tmp_path, monkeypatch):
-    """Rank 1's engine fails (its weights damaged, say): rank 0's, which loaded, is closed and both
-    ranks' devices given back before rank 1's error reaches the caller (they used to stay held)."""
+@pytest.mark.parametrize("split", ["tp", "pp"])
+def test_a_split_load_that_fails_on_one_part_gives_back_every_part_s_memory(tmp_path, monkeypatch, split):
+    """The second rank's (tp) or stage's (pp) engine fails (its weights damaged, say): the first's,
+    which loaded, is closed and both devices given back before the error reaches the caller (they
+    used to stay held)."""
     from kern_models.llama.generator import generate
 
-    from kern.world import ranks
+    from kern.manifest import load_verified
+    from kern.world import ranks, staged
     from tests.tp.test_split_manifests import LLAMA
 
-    generate(LLAMA, tmp_path, target="cpu", tp=2)
     devices, real_device = [], ranks.rank_device
     monkeypatch.setattr(ranks, "rank_device", lambda v, o: devices.append(real_device(v, o)) or devices[-1])
 
-    class Loaded:  # rank 0's engine, as far as closing goes
+    class Loaded:  # the first part's engine, as far as closing goes
         def __init__(self, device):
             self.device, self.closed = device, False
 
@@ -196,13 +198,17 @@ def test_a_split_load_that_fails_on_one_rank_gives_back_every_rank_s_memory(tmp_
     loaded = []
 
     def engine(v, weights, *, device, **kw):
-        if v.manifest.topology.rank == 1:
-            raise DeviceError("rank 1: planted")
+        if device is not devices[0]:
+            raise DeviceError("part 1: planted")
         loaded.append(Loaded(device))
         return loaded[-1]
 
     monkeypatch.setattr(ranks, "Engine", engine)
-    with pytest.raises(DeviceError, match="rank 1: planted"):
-        ranks.RankedEngine(ranks.rank_manifests(tmp_path / "rank0.json"), None)
+    with pytest.raises(DeviceError, match="part 1: planted"):
+        if split == "tp":
+            generate(LLAMA, tmp_path, target="cpu", tp=2)
+            ranks.RankedEngine(ranks.rank_manifests(tmp_path / "rank0.json"), None)
+        else:
+            staged.StagedEngine(load_verified(generate(LLAMA, tmp_path, target="cpu")), None, 2)
     assert len(devices) == 2 and all(d.closed for d in devices)
     assert len(loaded) == 1 and loaded[0].closed

@@ -53,11 +53,9 @@ def schedule(running: Sequence[Running], budget: int, chunk_max: int, decode_gro
     left, keys_left = budget, keys
     for r in running:
         if r.pending == 1 and not r.prompt and left > 0 and len(rows) < decode_groups:
-            # a one-token row is a prompt token where its family's roles do not differ (its keys
-            # count all the same, where the deployment counts them)
-            if keys_left is not None and keys_of(r, 1) > keys_left:
-                continue
-            if keys_left is not None:
+            if keys_left is not None:  # a one-token row not flagged `prompt` may still be a prompt token
+                if keys_of(r, 1) > keys_left:
+                    continue
                 keys_left -= keys_of(r, 1)
             rows.append(Row(r.id, 1))
             left -= 1

@@ -135,14 +135,44 @@ class OnThreads:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            parts = self._parts()
-            self.workers.each(lambda k: (parts[k].close(), parts[k].device.close()))
+            close_parts(self.workers, self._parts())
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def close_parts(workers: Workers, parts: list[Engine | None]) -> None:
+    """Each part's engine and its device (rank_device's) closed on the part's own thread."""
+    workers.each(lambda k: parts[k] is not None and (parts[k].close(), parts[k].device.close()))
+
+
+def open_parts(workers: Workers, part: Callable[[int], tuple[Verified, int, dict]],
+               weights: str | Path | None) -> list[Engine]:
+    """Each part's engine on its own thread, on rank_device of its (manifest, ordinal) with its
+    Engine options (`part(k)`). A load that fails on any part holds nothing after it: the parts
+    that loaded are closed and every device given back before the first error is raised."""
+    def load(k: int) -> tuple[Engine | None, BaseException | None]:  # never raises: every part reports
+        v, ordinal, kw = part(k)
+        try:
+            device = rank_device(v, ordinal)
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every part is done
+            return None, exc
+        try:
+            return Engine(v, weights, device=device, **kw), None
+        except BaseException as exc:  # noqa: BLE001
+            device.close()
+            return None, exc
+
+    loaded = workers.each(load)
+    engines = [e for e, _ in loaded]
+    failed = [exc for _, exc in loaded if exc is not None]
+    if failed:
+        close_parts(workers, engines)
+        raise failed[0]
+    return engines
 
 
 class RankedEngine(OnThreads):
@@ -158,27 +188,8 @@ class RankedEngine(OnThreads):
         n = len(verified)
         ordinals = ordinals or list(range(n))
         self.workers = Workers(n)
-
-        def load(r: int) -> tuple[Engine | None, BaseException | None]:
-            """Rank r's engine, or what stopped it (its device given back): never raised here, so
-            the ranks that did load are known and closed when another did not."""
-            try:
-                device = rank_device(verified[r], ordinals[r])
-            except BaseException as exc:  # noqa: BLE001 - raised below, once every rank is done
-                return None, exc
-            try:
-                return Engine(verified[r], weights, device=device, state_budget=state_budget, paged=paged,
-                              own_paging=False), None
-            except BaseException as exc:  # noqa: BLE001
-                device.close()
-                return None, exc
-
-        loaded = self.workers.each(load)
-        failed = [exc for _, exc in loaded if exc is not None]
-        if failed:  # the ranks that loaded give their memory back: a failed load holds nothing
-            self.workers.each(lambda r: loaded[r][0] and (loaded[r][0].close(), loaded[r][0].device.close()))
-            raise failed[0]
-        self.ranks: list[Engine] = [e for e, _ in loaded]
+        self.ranks: list[Engine] = open_parts(self.workers, lambda r: (verified[r], ordinals[r], {
+            "state_budget": state_budget, "paged": paged, "own_paging": False}), weights)
         try:
             link(self.ranks, self.workers)
         except BaseException:

@@ -42,7 +42,7 @@ from ..runtime.dtypes import NP
 from ..runtime.engine import DEFAULT_STATE_BUDGET, Engine
 from ..errors import BoundsError
 from ..runtime.paging import Paging
-from .ranks import OnThreads, Workers, rank_device
+from .ranks import OnThreads, Workers, open_parts
 from . import stage_links
 from .stage_links import StageError, link, micro_inputs, peer_copy
 
@@ -106,16 +106,20 @@ class StagedEngine(OnThreads):
         ordinals = ordinals or stage_links.ordinals(sv[0], stages)
         self.micro_batches = micro_batches or stages
         self.workers = Workers(stages)
-        self.stages: list[Engine] = self.workers.each(lambda k: Engine(
-            sv[k], weights, device=rank_device(sv[k], ordinals[k]), state_budget=state_budget,
-            paged=paged and bool(sv[k].manifest.states), own_paging=False))
-        link(self.stages, self.workers)
-        held = [e for e in self.stages if e.pool is not None]
-        for k, e in enumerate(self.stages):
-            if e.pool is not None and _layout(e) != _layout(held[0]):
-                raise StageError(f"--pp {stages}: stage {k} keeps states {sorted(e.m.states)}, stage "
-                                 f"{self.stages.index(held[0])} {sorted(held[0].m.states)}: one pool needs every "
-                                 "stage's alike (cut elsewhere, or this family does not pipeline yet)")
+        self.stages: list[Engine] = open_parts(self.workers, lambda k: (sv[k], ordinals[k], {
+            "state_budget": state_budget, "paged": paged and bool(sv[k].manifest.states), "own_paging": False}),
+            weights)
+        try:  # a refusal here gives the stages' memory back, as a failed load does
+            link(self.stages, self.workers)
+            held = [e for e in self.stages if e.pool is not None]
+            for k, e in enumerate(self.stages):
+                if e.pool is not None and _layout(e) != _layout(held[0]):
+                    raise StageError(f"--pp {stages}: stage {k} keeps states {sorted(e.m.states)}, stage "
+                                     f"{self.stages.index(held[0])} {sorted(held[0].m.states)}: one pool needs every "
+                                     "stage's alike (cut elsewhere, or this family does not pipeline yet)")
+        except BaseException:
+            self.close()
+            raise
         e0 = held[0] if held else self.stages[0]
         self.device = self.stages[0].device
         self.memory_note = getattr(e0, "memory_note", "state memory")
