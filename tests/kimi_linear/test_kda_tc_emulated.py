@@ -117,7 +117,8 @@ def _bits_equal_slots(a: list, b: list, n: int) -> bool:
                                                 for f in ("K", "G", "VN")) for x, y in zip(a, b))
 
 
-# dim 48: a group of 32 value columns and a partial one of 16 (grid z)
+# a sequence alone: groups of 16 value columns (grid z; dim 48: three), beside others 32 (dim 48:
+# one of 32 and a partial one of 16)
 @pytest.mark.parametrize("heads,dim", [(2, 16), (1, 32), (1, 48)])
 def test_the_emulated_kernel_matches_the_model(emu, heads, dim):
     e = Emu(emu, heads, dim, [37, 16], seed=dim)
@@ -138,7 +139,8 @@ def test_the_emulated_kernel_matches_the_model(emu, heads, dim):
 
 
 def test_the_emulated_kernel_for_the_real_head_dim(emu):
-    """dim 128: four groups of 32 value columns, the update's eight m tiles (a chunk and a half)."""
+    """dim 128: eight groups of 16 value columns (one sequence), the update's eight m tiles (a chunk
+    and a half)."""
     e = Emu(emu, 1, 128, [24], seed=3)
     got = e.prefill([(0, 0, 24)])[0]
     want = M.bf16_round(M.run(M.Slot(128), 0, *e.head(0, 0, 0, 24)))
@@ -146,8 +148,10 @@ def test_the_emulated_kernel_for_the_real_head_dim(emu):
     assert np.mean(got == want) > 0.97
 
 
-# 64: two groups of value columns; order: the launch's blocks from the first, or from the last
-@pytest.mark.parametrize("heads,dim,order", [(2, 16, 0), (1, 64, 0), (1, 64, 1)])
+# 64: four groups of 16 value columns whole (one sequence), two of 32 where a piece has another
+# sequence beside it (48: three of 16, or 32 and a partial 16): the columns never meet, so the
+# same bits; order: the launch's blocks from the first, or from the last
+@pytest.mark.parametrize("heads,dim,order", [(2, 16, 0), (1, 64, 0), (1, 64, 1), (1, 48, 1)])
 def test_whole_cut_and_decoded_give_the_same_bits(emu, heads, dim, order):
     emu.emu_block_order(order)
     e = Emu(emu, heads, dim, [40, 23, 9], seed=5)

@@ -24,11 +24,11 @@ extern "C" void emu_kda_tc(const uint16_t *mix, const float *g, const float *b, 
         kda_tc_prep(reinterpret_cast<const bf16 *>(mix), g, state, slot, cu_seqlens, pos, pre.data(), rows, n_seqs, layer,
                     layers, heads, dim, conv, slot_bytes);
     });
-    run_grid(n_seqs, heads, (dim + KDA_TC_DV - 1) / KDA_TC_DV, KDA_TC_THREADS, sm, sizeof(sm), [&] {
+    run_grid(n_seqs, heads, (dim + KDA_TC_DV / 2 - 1) / (KDA_TC_DV / 2), KDA_TC_THREADS, sm, sizeof(sm), [&] {
         kda_tc_head(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos, pre.data(),
                     reinterpret_cast<bf16 *>(o), n_seqs, layer, layers, heads, dim, conv, slot_bytes);
     });
-    run_grid(n_seqs, heads, (dim + KDA_TC_DV - 1) / KDA_TC_DV, KDA_TC_THREADS, sm, sizeof(sm), [&] {
+    run_grid(n_seqs, heads, (dim + KDA_TC_DV / 2 - 1) / (KDA_TC_DV / 2), KDA_TC_THREADS, sm, sizeof(sm), [&] {
         kda_tc(reinterpret_cast<const bf16 *>(mix), g, b, state, slot, cu_seqlens, pos, pre.data(),
                reinterpret_cast<bf16 *>(o), n_seqs, layer, layers, heads, dim, conv, slot_bytes);
     });

@@ -23,8 +23,9 @@
 // only, and rows not computed are zeros. Every scalar step is an explicitly rounded intrinsic
 // in a fixed order (no contraction), each row's sums over its own channels (a warp: lane l
 // takes l, l + 32, ..., then the xor butterfly) and over the chunk's rows before it (j from 0).
-// A value column of S (and of v', o) never meets another, so a block takes KDA_TC_DV of them
-// (grid z: dim / 32 groups); A and P, which every column needs, each group computes alike.
+// A value column of S (and of v', o) never meets another, so a block takes a group of them:
+// KDA_TC_DV (32), or half that when the step has one sequence (tc_cols; grid z: dim / 16);
+// A and P, which every column needs, each group reads alike.
 #include "common.cuh"
 
 #define KDA_TC_C 16
@@ -32,6 +33,15 @@
 #define KDA_TC_VS (KDA_TC_DV + 4)  // the row stride of S's, XS's, V's and v''s group columns
 #define KDA_TC_MAX_DIM 128
 #define KDA_TC_THREADS 256
+
+// A prefill block's value columns. A sequence's chunks are a chain (each needs the state the one
+// before it left), so a step's KDA time is its longest chain's, and a step of one sequence (a
+// long prompt's part) has heads x dim / 32 blocks, 128 at Kimi's 32 heads of 128: half the
+// H100's and H200's 2 x 132 block slots, each block's chain waiting on its loads. Half the
+// columns give it 256 blocks, each a chunk's substitution and update over half the columns; more
+// sequences keep 32 (their blocks already fill the slots), the grid's upper half returning at
+// once. Columns never meet: the same bits either way.
+__device__ __forceinline__ int tc_cols(int n_seqs) { return n_seqs == 1 ? KDA_TC_DV / 2 : KDA_TC_DV; }
 
 // Shared memory (f32), dim D, VS = KDA_TC_DV + 4: S [D][VS] (the group's columns), X [2C][D + 4]
 // (then the update's k factors), XS [2C][VS], K G [C][D], V VN [C][VS], A P [C][C + 1],
@@ -171,9 +181,9 @@ __device__ __forceinline__ void product_update(const TcSmem &m, int D, int dv) {
 // (KDA_TC_THREADS) calls it.
 __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const float *b, char *state, int slot,
                                         int r0, int r1, int pos0, const float *pre, bf16 *o, int layer, int layers,
-                                        int h, int heads, int D, int conv, int slot_bytes, int col0, float *sm) {
+                                        int h, int heads, int D, int conv, int slot_bytes, int col0, int cols, float *sm) {
     const int C = KDA_TC_C, DS = D + 4, W = heads * D, SS = KDA_TC_VS, VS = KDA_TC_VS, PS = 2 * C + 2 * D;
-    const int dv = min(KDA_TC_DV, D - col0);
+    const int dv = min(cols, D - col0);
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const TcSmem m(sm, D);
     const size_t per = (size_t)heads * D * D + (size_t)(conv - 1) * 3 * heads * D;
@@ -412,22 +422,22 @@ kda_tc_prep(const bf16 *__restrict__ mix, const float *__restrict__ g, const cha
 // (keeping that one's rows in the same place) would race. kda_tc_head computes a sequence's rows
 // of its first chunk when an earlier call began that chunk (reading its kept rows, keeping rows
 // after them or completing it); kda_tc the rest, from the first chunk boundary (reading no
-// kept rows). A block a (sequence, head, group of KDA_TC_DV value columns). Grid (n_seqs, heads,
-// ceil(dim / KDA_TC_DV)), block KDA_TC_THREADS, each.
+// kept rows). A block a (sequence, head, group of tc_cols value columns). Grid (n_seqs, heads,
+// ceil(dim / (KDA_TC_DV / 2))), block KDA_TC_THREADS, each.
 extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
 kda_tc_head(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *__restrict__ b,
             char *__restrict__ state, const int *__restrict__ slot, const int *__restrict__ cu_seqlens,
             const int *__restrict__ pos, const float *__restrict__ pre, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim,
             int conv, int slot_bytes) {
     extern __shared__ float sm[];
-    const int s = blockIdx.x, h = blockIdx.y;
-    if (s >= n_seqs || h >= heads) return;
+    const int s = blockIdx.x, h = blockIdx.y, cols = tc_cols(n_seqs), col0 = blockIdx.z * cols;
+    if (s >= n_seqs || h >= heads || col0 >= dim) return;
     const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
     if (r1 == r0) return;
     const int p0 = pos[r0], t0 = p0 % KDA_TC_C;
     if (t0 == 0) return;
     tc_rows(mix, g, b, state, slot[s], r0, min(r1, r0 + KDA_TC_C - t0), p0, pre, o, layer, layers, h, heads, dim, conv,
-            slot_bytes, blockIdx.z * KDA_TC_DV, sm);
+            slot_bytes, col0, cols, sm);
 }
 
 extern "C" __global__ void __launch_bounds__(KDA_TC_THREADS, 2)
@@ -435,13 +445,13 @@ kda_tc(const bf16 *__restrict__ mix, const float *__restrict__ g, const float *_
        const int *__restrict__ slot, const int *__restrict__ cu_seqlens, const int *__restrict__ pos,
        const float *__restrict__ pre, bf16 *__restrict__ o, int n_seqs, int layer, int layers, int heads, int dim, int conv, int slot_bytes) {
     extern __shared__ float sm[];
-    const int s = blockIdx.x, h = blockIdx.y;
-    if (s >= n_seqs || h >= heads) return;
+    const int s = blockIdx.x, h = blockIdx.y, cols = tc_cols(n_seqs), col0 = blockIdx.z * cols;
+    if (s >= n_seqs || h >= heads || col0 >= dim) return;
     const int r0 = cu_seqlens[s], r1 = cu_seqlens[s + 1];
     const int p0 = r1 > r0 ? pos[r0] : 0, t0 = p0 % KDA_TC_C, skip = t0 ? KDA_TC_C - t0 : 0;
     if (r0 + skip >= r1) return;
     tc_rows(mix, g, b, state, slot[s], r0 + skip, r1, p0 + skip, pre, o, layer, layers, h, heads, dim, conv, slot_bytes,
-            blockIdx.z * KDA_TC_DV, sm);
+            col0, cols, sm);
 }
 
 // Decode: tc_rows' arithmetic for one row, every step of it as tc_rows takes it (so a decoded

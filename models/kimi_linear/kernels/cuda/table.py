@@ -72,7 +72,9 @@ _CHUNK_SMEM = {"mul": [4, {"add": [{"mul": ["dim", {"add": ["dim", {"mul": [6, "
 _TC_VS = KDA_TC_DV + 4
 _TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 4 * KDA_TC_C + 1]},
                                 2 * KDA_TC_C ** 2 + 11 * KDA_TC_C + 4 * KDA_TC_C * _TC_VS]}]}
-_TC_GROUPS = {"ceil_div": ["dim", KDA_TC_DV]}
+# kda_tc's grid z: groups of 16 value columns, a step of one sequence's (kda_tc.cu tc_cols: more
+# sequences take 32 a group, the upper half of the groups returning at once)
+_TC_GROUPS = {"ceil_div": ["dim", KDA_TC_DV // 2]}
 # kda_tc_prep's (a block a (row, head)): the chunk's rows' k and gc [C][dim] and the row's q
 _TC_PREP_SMEM = {"mul": [4 * (2 * KDA_TC_C + 1), "dim"]}
 _TC_PREP_THREADS = 128  # kda_tc.cu kda_tc_prep's __launch_bounds__
