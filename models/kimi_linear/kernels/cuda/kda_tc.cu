@@ -64,6 +64,20 @@ struct TcSmem {
     }
 };
 
+// The staging area after TcSmem (16-byte aligned: TcSmem is 101 D + 2992 f32, D a multiple of 16):
+// a chunk's rows as they come from global memory, k and v's group columns bf16 [C][D] and
+// [C][KDA_TC_DV], g f32 [C][D], kda_tc_prep's rows f32 [C][2C + 2D]: 56 D + 768 f32 at C = 16.
+struct TcStage {
+    bf16 *k, *v;
+    float *g, *pre;
+    __device__ TcStage(float *at, int D) {
+        k = reinterpret_cast<bf16 *>(at);
+        g = at + KDA_TC_C * D / 2;
+        v = reinterpret_cast<bf16 *>(g + KDA_TC_C * D);
+        pre = g + KDA_TC_C * D + KDA_TC_C * KDA_TC_DV / 2;
+    }
+};
+
 // f32 pair -> bf16 hi pair and lo pair (x = hi + lo to about 16 bits)
 __device__ __forceinline__ void split2(float x0, float x1, unsigned &hi, unsigned &lo) {
     const float h0 = rbf(x0), h1 = rbf(x1);
@@ -199,48 +213,61 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
     }
     for (int i = tid; i < t0 * dv; i += nt) m.VN[(i / dv) * VS + i % dv] = rows[2 * C * D + (i / dv) * D + col0 + i % dv];
     bool moved = fresh;
+    // A chunk's inputs come into the staging area by cp.async while the chunk before it computes:
+    // they depend on no state, and a chain of chunks waiting on each chunk's loads paid their
+    // latency once a chunk (the chain is the step's KDA time where one long prompt is in it).
+    const TcStage st(m.decay + D, D);
+    const float *beta_in = b + h;
+    auto stage = [&](int rs, int n) {  // rows [rs, rs + n) into the staging area's rows 0 .. n - 1
+        for (int i = tid; i < n * (D / 8); i += nt) {  // k: D / 8 pieces of 16 bytes a row
+            const int rr = i / (D / 8), c = (i - rr * (D / 8)) * 8;
+            cp_async16(st.k + rr * D + c, mix + (size_t)(rs + rr) * 3 * W + W + (size_t)h * D + c);
+        }
+        for (int i = tid; i < n * (D / 4); i += nt) {  // g
+            const int rr = i / (D / 4), c = (i - rr * (D / 4)) * 4;
+            cp_async16(st.g + rr * D + c, g + (size_t)(rs + rr) * W + (size_t)h * D + c);
+        }
+        for (int i = tid; i < n * (dv / 8); i += nt) {  // v's group columns
+            const int rr = i / (dv / 8), c = (i - rr * (dv / 8)) * 8;
+            cp_async16(st.v + rr * KDA_TC_DV + c, mix + (size_t)(rs + rr) * 3 * W + 2 * W + (size_t)h * D + col0 + c);
+        }
+        for (int i = tid; i < n * (PS / 4); i += nt) {  // kda_tc_prep's row: A | P | k exp(gc) | q exp(gc)
+            const int rr = i / (PS / 4), c = (i - rr * (PS / 4)) * 4;
+            cp_async16(st.pre + rr * PS + c, pre + ((size_t)(rs + rr) * heads + h) * PS + c);
+        }
+        cp_async_commit();
+    };
+    stage(r0, min(C - t0, r1 - r0));
     for (int r = r0; r < r1;) {
         const int n = min(C - t0, r1 - r), t1 = t0 + n;
-        __syncthreads();
-        // the new rows' k and g, four elements a thread in flight at once: a chunk's few rows cost
-        // a load's latency each round, not its bytes (one element a round took 8 rounds at 16 x 128)
-        for (int base = tid; base < n * D; base += 4 * nt) {
-            float kv[4], gv[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
-                if (idx < n * D) {
-                    kv[u] = to_f(mix[(size_t)(r + rr) * 3 * W + W + (size_t)h * D + d]);
-                    gv[u] = g[(size_t)(r + rr) * W + (size_t)h * D + d];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
-                if (idx < n * D) {
-                    m.K[(t0 + rr) * D + d] = kv[u];
-                    m.G[(t0 + rr) * D + d] = gv[u];
-                }
+        const float bl = tid < n ? beta_in[(size_t)(r + tid) * heads] : 0.f;  // beta's logit, beside the wait
+        cp_async_wait<0>();
+        __syncthreads();  // the staged rows landed, and the chunk before is done with m's tiles
+        // the staged rows into the chunk's tiles: k, g, v to f32; X the new rows' k exp(gc) and
+        // q exp(gc), every other row zero; A and P of the new rows (kda_tc_prep's, computed for
+        // every prompt row at once as this routine computed them)
+        for (int i = tid; i < n * D; i += nt) {
+            m.K[t0 * D + i] = to_f(st.k[i]);
+            m.G[t0 * D + i] = st.g[i];
+        }
+        for (int i = tid; i < n * dv; i += nt) {
+            const int rr = i / dv, d = i - rr * dv;
+            m.V[(t0 + rr) * VS + d] = to_f(st.v[rr * KDA_TC_DV + d]);
+        }
+        if (tid < n) m.beta[t0 + tid] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-bl)));  // n <= C < nt
+        for (int idx = tid; idx < 2 * C * D; idx += nt) {
+            const int rr = idx / D, d = idx - rr * D, i = rr % C;
+            m.X[rr * DS + d] = i >= t0 && i < t1 ? st.pre[(i - t0) * PS + 2 * C + (rr < C ? 0 : D) + d] : 0.f;
+        }
+        for (int idx = tid; idx < n * C; idx += nt) {
+            const int i = t0 + idx / C, j = idx % C;
+            if (j <= i) {
+                m.A[i * (C + 1) + j] = st.pre[(idx / C) * PS + j];
+                m.P[i * (C + 1) + j] = st.pre[(idx / C) * PS + C + j];
             }
         }
-        {  // v's group columns two a thread and beta's logit, their loads in flight together
-            const float bl = tid < n ? b[(size_t)(r + tid) * heads + h] : 0.f;
-            for (int base = tid; base < n * dv; base += 2 * nt) {
-                float vv[2];
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int idx = base + u * nt, rr = idx / dv, d = idx - rr * dv;
-                    if (idx < n * dv) vv[u] = to_f(mix[(size_t)(r + rr) * 3 * W + 2 * W + (size_t)h * D + col0 + d]);
-                }
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int idx = base + u * nt, rr = idx / dv, d = idx - rr * dv;
-                    if (idx < n * dv) m.V[(t0 + rr) * VS + d] = vv[u];
-                }
-            }
-            if (tid < n) m.beta[t0 + tid] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-bl)));  // n <= C < nt
-        }
-        __syncthreads();
+        __syncthreads();  // the staging area is free: the next chunk's rows go in while this one computes
+        if (r + n < r1) stage(r + n, min(C, r1 - r - n));
         // k's L2 norms, a warp a row (the kept rows and the update need k; q's part is kda_tc_prep's)
         for (int i = t0 + warp; i < t1; i += nw) {
             float *ki = m.K + i * D;
@@ -251,31 +278,6 @@ __device__ __forceinline__ void tc_rows(const bf16 *mix, const float *g, const f
         // gc, a thread a channel
         for (int d = tid; d < D; d += nt)
             for (int i = max(t0, 1); i < t1; ++i) m.G[i * D + d] = __fadd_rn(m.G[(i - 1) * D + d], m.G[i * D + d]);
-        __syncthreads();
-        // X: the new rows' k exp(gc) and q exp(gc), every other row zero; A and P of the new rows:
-        // kda_tc_prep's, computed for every prompt row at once as this routine computed them
-        for (int base = tid; base < 2 * C * D; base += 4 * nt) {  // four loads in flight, as k and g's
-            float xv[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D, i = rr % C;
-                const bool on = idx < 2 * C * D && i >= t0 && i < t1;
-                xv[u] = on ? pre[((size_t)(r + i - t0) * heads + h) * PS + 2 * C + (rr < C ? 0 : D) + d] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * nt, rr = idx / D, d = idx - rr * D;
-                if (idx < 2 * C * D) m.X[rr * DS + d] = xv[u];
-            }
-        }
-        for (int idx = tid; idx < n * C; idx += nt) {
-            const int i = t0 + idx / C, j = idx % C;
-            if (j <= i) {
-                const float *src = pre + ((size_t)(r + idx / C) * heads + h) * PS;
-                m.A[i * (C + 1) + j] = src[j];
-                m.P[i * (C + 1) + j] = src[C + j];
-            }
-        }
         __syncthreads();
         product_xs(m, D, dv);
         __syncthreads();

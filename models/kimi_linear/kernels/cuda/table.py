@@ -67,11 +67,15 @@ _CONV_GRID = {"ceil_div": [{"mul": [3, "heads", "dim"]}, 128]}
 _CHUNK_SMEM = {"mul": [4, {"add": [{"mul": ["dim", {"add": ["dim", {"mul": [6, "chunk"]}]}]},
                                    {"mul": ["chunk", {"add": [{"mul": [2, "chunk"]}, 3]}]}]}]}
 # kda_tc's dynamic shared memory (f32), VS = DV + 4: S [dim, VS] (a group's columns), X [2C, dim + 4],
-# XS [2C, VS], q k gc [C, dim], v v' [C, VS], A and P [C, C + 1], beta [C], decay [dim]:
-# dim (VS + 5C + 1) + 2C^2 + 11C + 4C VS (71,872 bytes at dim 128: three blocks an SM)
+# XS [2C, VS], k gc [C, dim], v v' [C, VS], A and P [C, C + 1], beta [C], decay [dim]:
+# dim (VS + 4C + 1) + 2C^2 + 11C + 4C VS; then the staging area the next chunk's rows land in
+# (kda_tc.cu TcStage): k bf16 [C, dim], g [C, dim], v bf16 [C, DV], kda_tc_prep's rows
+# [C, 2C + 2 dim]: dim 7C/2 + C DV / 2 + 2C^2 (95,424 bytes at dim 128: two blocks an SM, as
+# the registers allow)
 _TC_VS = KDA_TC_DV + 4
-_TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 4 * KDA_TC_C + 1]},
-                                2 * KDA_TC_C ** 2 + 11 * KDA_TC_C + 4 * KDA_TC_C * _TC_VS]}]}
+_TC_SMEM = {"mul": [4, {"add": [{"mul": ["dim", _TC_VS + 4 * KDA_TC_C + 1 + 7 * KDA_TC_C // 2]},
+                                2 * KDA_TC_C ** 2 + 11 * KDA_TC_C + 4 * KDA_TC_C * _TC_VS
+                                + KDA_TC_C * KDA_TC_DV // 2 + 2 * KDA_TC_C ** 2]}]}
 # kda_tc's grid z: groups of 16 value columns, a step of one sequence's (kda_tc.cu tc_cols: more
 # sequences take 32 a group, the upper half of the groups returning at once)
 _TC_GROUPS = {"ceil_div": ["dim", KDA_TC_DV // 2]}
