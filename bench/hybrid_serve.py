@@ -49,6 +49,15 @@ def pool(url: str) -> dict:
 
 
 def up(url: str, proc: subprocess.Popen, seconds: float) -> bool:
+    """The server just started answers /health within `seconds`. A port that already answers
+    before it starts belongs to another server (one a killed bench left running): measuring that
+    one under this one's name is what this refuses (2026-12-06: a run timed out, its server
+    outlived it, and the next run's figures were the old server's)."""
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2)
+        raise SystemExit(f"{url} already answers before this bench's server is up: another server holds the port")
+    except OSError:
+        pass
     end = time.monotonic() + seconds
     while time.monotonic() < end and proc.poll() is None:
         try:
@@ -63,7 +72,7 @@ def bench(url: str, flags: list[str], timeout: float) -> list[dict]:
     """bench/serve.py's JSON lines (or one {"error"} line)."""
     try:
         p = subprocess.run([sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", "kern", *flags],
-                           capture_output=True, text=True, timeout=timeout)
+                           capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return [{"error": f"serve.py timed out after {timeout} s"}]
     rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -97,7 +106,7 @@ def streams(url: str, n: int, vocab: int, timeout: float) -> dict:
     while (after["kern_running_sequences"] or after["kern_queue_depth"]) and time.monotonic() < end:
         time.sleep(0.2)
         after = pool(url)
-    chunks = lambda m: m["kern_pool_chunks"]  # noqa: E731
+    chunks = lambda m: m["kern_pool_chunks"]
     one_budget = all(chunks(m) and sum(chunks(m).values()) == m["kern_pool_chunks_total"] for m in (before, after))
     return {"streams": n, "run": rows[-1], "before": before, "peak": peak, "after": after,
             "idle_after": not (after["kern_running_sequences"] or after["kern_queue_depth"]),
@@ -171,7 +180,7 @@ def main() -> int:
     prompt = " ".join(f"w{3 + i * 7 % (vocab - 3)}" for i in range(16))
     try:
         p = subprocess.run([sys.executable, "-m", "kern.cli", "run", str(args.ckpt), "--prompt", prompt,
-                            "--max-tokens", "32", *target], capture_output=True, text=True, timeout=args.up_s)
+                            "--max-tokens", "32", *target], capture_output=True, text=True, timeout=args.up_s, check=False)
         emit(run={"rc": p.returncode, "wall_s": round(time.monotonic() - t0, 1), "stdout": p.stdout.strip()[-300:],
                   "stderr_tail": p.stderr.replace("\r", "\n").strip().splitlines()[-3:]})
     except subprocess.TimeoutExpired:
@@ -181,4 +190,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # a caller's `timeout` (SIGTERM) unwinds like an error, so the server this started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

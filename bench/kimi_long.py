@@ -48,7 +48,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from hybrid_serve import emit, pool as kern_gauges, up  # the sibling scripts' helpers (run as a script: bench/ is its path)
+from hybrid_serve import (  # the sibling scripts' helpers (run as a script: bench/ is its path)
+    emit,
+    up,
+)
+from hybrid_serve import pool as kern_gauges
 from serve import prepare
 
 CASES = "8x32768,1x131072"
@@ -104,7 +108,6 @@ def make_checkpoint(dst: Path, *, shape: str = SHAPE, layers: int = LAYERS, devi
     """The seeded random checkpoint as bench/kimi_gpu.py's ckpt step makes it (bf16 from the
     start, seed 0, sharpened: the same weights), saying `positions`, prepared for bench/serve.py."""
     import torch
-
     from kern_models.kimi_linear.random_checkpoint import model_of, save
 
     torch.set_default_dtype(torch.bfloat16)
@@ -195,9 +198,8 @@ def kern_plan(manifest: Path, device_bytes: int = H200, overhead: int = 1 << 30,
     lay = paging.pool.layout
     at_once = {}
     for n in lengths:  # every such sequence's pages and slot, whole chunks of each (remapped between them)
-        kinds = {k.name: k for k in lay.kinds}
-        def chunks(seqs):
-            return sum(-(-(seqs * (-(-n // page_tokens) if k.paged else 1)) // k.per_chunk) for k in kinds.values())
+        def chunks(seqs, n=n):
+            return sum(-(-(seqs * (-(-n // page_tokens) if k.paged else 1)) // k.per_chunk) for k in lay.kinds)
         lo, hi = 0, 1 << 20
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -361,7 +363,7 @@ def run_serve(url: str, label: str, flags: list[str], timeout: float) -> dict:
     """bench/serve.py's last JSON line, or {"error"}."""
     cmd = [sys.executable, str(ROOT / "bench/serve.py"), "--url", url, "--label", label, *flags]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"serve.py timed out after {timeout:.0f} s"}
     rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -562,7 +564,7 @@ def table(results: dict) -> tuple[dict, str]:
     """Each case on each server side by side (TTFT p50, output tok/s, decode tok/s, the bytes a
     sequence holds: measured, computed, raw) with kern against vLLM (speed: kern / vLLM, so
     above 1 is kern ahead; TTFT and memory: vLLM / kern, likewise)."""
-    mib = lambda b: f"{b / 2**20:,.2f} MiB" if b else "-"  # noqa: E731
+    mib = lambda b: f"{b / 2**20:,.2f} MiB" if b else "-"
     rows, lines = [], []
     for name, r in results.items():
         lines.append(f"{name}: up in {r.get('startup_s')} s, context {r.get('positions'):,}"
@@ -697,4 +699,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # a caller's `timeout` (SIGTERM) unwinds like an error, so the server this started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
