@@ -25,6 +25,7 @@ from .manifest import load_verified
 from .world.stepping import open_engine
 from .errors import KernError
 from .errors import BoundsError
+from .manifest.problems import ManifestError
 from .files.jsonfiles import read_object, token_ids
 from .deployments import default_model, deployment_for, refuse_faster_build, refuse_step_tokens
 from .tokenizer import Tokenizer
@@ -310,5 +311,13 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
                                                          batch_invariant=batch_invariant, step_tokens=step_tokens)
     if pp > 1:
         model_kw["pp"] = pp
-    return Model(man, ckpt, context=context, max_seqs=max_seqs,
-                 state_budget=state_budget, speculate=speculate, **model_kw)
+    try:
+        return Model(man, ckpt, context=context, max_seqs=max_seqs,
+                     state_budget=state_budget, speculate=speculate, **model_kw)
+    except ManifestError as exc:
+        # a step so wide that its buffers outgrow the device: the option is what to name, not a buffer
+        over = [p for p in exc.problems if "budget of" in p.what and p.what.startswith("needs ")]
+        if step_tokens is None or not over:
+            raise
+        raise KernError(f"--step-tokens {step_tokens}: the deployment it sizes "
+                        f"{over[0].what.split('; largest')[0]}; give fewer") from None

@@ -89,3 +89,32 @@ def test_the_commands_take_the_option(command):
     assert parser().parse_args([command, "--step-tokens", "8192"]).step_tokens == 8192
     with pytest.raises(SystemExit):
         parser().parse_args([command, "--step-tokens", "0"])
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_step_too_wide_for_the_device_is_one_line_naming_the_option(tiny, command, capsys):
+    """A step whose buffers (a logits row a prompt token, ...) outgrow the device's memory: the
+    verifier's budget problem said of the option that caused it, not of a buffer the user never
+    named, and before any weight is read."""
+    from kern.cli import main
+
+    argv = [command, str(tiny), "--target", "cpu", "--step-tokens", str(10**9)]
+    assert main(argv + (["--prompt", "hi"] if command == "run" else ["--port", "0"])) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith(f"kern {command}: --step-tokens 1000000000: the deployment it sizes needs ") and "give fewer" in err
+
+
+def test_a_deployment_that_fails_verification_is_one_line_in_kern_run(tmp_path, capsys):
+    """kern run and kern serve say a manifest's first problem in one line, as kern bench, cut and
+    kernels do (kern verify lists them all)."""
+    from kern.cli import main
+
+    ckpt = _write(tmp_path, LLAMA)
+    man = json.loads(deployments.deployment_for(ckpt, "cpu").read_text())
+    man["buffers"][next(iter(man["buffers"]))]["dtype"] = "bf17"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(man))
+    assert main(["run", str(ckpt), "--manifest", str(bad), "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"kern run: {bad}: manifest failed verification: "), err

@@ -38,6 +38,7 @@ def main(args) -> int:
     from ..errors import KernError
     from ..mega import TARGET as MEGA_TARGET
     from ..runtime.target import pick_target
+    from .say import failed
 
     if args.mega and args.target == "cpu":
         print("kern run: --mega decodes with a CUDA kernel (sm_90a); it does not run with --target cpu",
@@ -61,9 +62,8 @@ def main(args) -> int:
         gen = model.generate(prompt, chat=args.chat, max_tokens=args.max_tokens,
                              temperature=args.temperature, seed=args.seed,
                              on_text=lambda s: print(s, end="", flush=True))
-    except KernError as exc:
-        print(f"kern run: {exc}", file=sys.stderr)
-        return 1
+    except KernError as exc:  # a manifest that fails verification: its first problem, one line
+        return failed("run", exc)
     print()
     sp = gen.speculation
     spec = (f" | speculative ({args.speculate}): {sp.tokens_per_round:.2f} tokens a round, "

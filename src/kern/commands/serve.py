@@ -60,6 +60,7 @@ def build_loop(model, manifest, target, context, max_seqs, state_budget, trace: 
 def main(args) -> int:
     from ..errors import KernError
     from ..serve.server import serve_forever
+    from .say import failed
 
     if args.host_bytes and max(args.tp, args.ep, args.pp) > 1:  # one rank's pages cannot stand for the others'
         print("kern serve: --host-memory: a split or pipelined deployment (--tp, --ep or --pp above 1) has no "
@@ -76,9 +77,8 @@ def main(args) -> int:
         # the model id a request gives: the served name, or the path exactly as given here
         serve_forever(make_loop, host=args.host, port=args.port, api_key=args.api_key,
                       aliases=(args.model,) if args.model else ())
-    except KernError as exc:
-        print(f"kern serve: {exc}", file=sys.stderr)
-        return 1
+    except KernError as exc:  # a manifest that fails verification: its first problem, one line
+        return failed("serve", exc)
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped; uvicorn has shut down cleanly
         print("[kern] stopped", file=sys.stderr)
     except SystemExit as exc:  # SIGTERM exits 0 (a socket that cannot bind is a KernError, before the load)
