@@ -25,7 +25,7 @@ from .manifest import load_verified
 from .world.stepping import open_engine
 from .errors import KernError
 from .errors import BoundsError
-from .manifest.problems import ManifestError
+from .manifest.problems import ManifestError, OverBudget
 from .files.jsonfiles import read_object, token_ids
 from .deployments import default_model, deployment_for, refuse_faster_build, refuse_step_tokens
 from .tokenizer import Tokenizer
@@ -316,8 +316,7 @@ def load(model: str | Path | None = None, *, manifest: str | Path | None = None,
                      state_budget=state_budget, speculate=speculate, **model_kw)
     except ManifestError as exc:
         # a step so wide that its buffers outgrow the device: the option is what to name, not a buffer
-        over = [p for p in exc.problems if "budget of" in p.what and p.what.startswith("needs ")]
+        over = [p for p in exc.problems if isinstance(p, OverBudget)]
         if step_tokens is None or not over:
             raise
-        raise KernError(f"--step-tokens {step_tokens}: the deployment it sizes "
-                        f"{over[0].what.split('; largest')[0]}; give fewer") from None
+        raise KernError(f"--step-tokens {step_tokens}: the deployment it sizes {over[0].need}; give fewer") from None

@@ -105,7 +105,8 @@ def test_a_step_too_wide_for_the_device_is_one_line_naming_the_option(tiny, comm
     assert err.startswith(f"kern {command}: --step-tokens 1000000000: the deployment it sizes needs ") and "give fewer" in err
 
 
-def test_a_deployment_that_fails_verification_is_one_line_in_kern_run(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_deployment_that_fails_verification_is_one_line(tmp_path, command, capsys):
     """kern run and kern serve say a manifest's first problem in one line, as kern bench, cut and
     kernels do (kern verify lists them all)."""
     from kern.cli import main
@@ -115,6 +116,7 @@ def test_a_deployment_that_fails_verification_is_one_line_in_kern_run(tmp_path, 
     man["buffers"][next(iter(man["buffers"]))]["dtype"] = "bf17"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(man))
-    assert main(["run", str(ckpt), "--manifest", str(bad), "--prompt", "hi"]) == 1
+    argv = [command, str(ckpt), "--manifest", str(bad), "--target", "cpu"]
+    assert main(argv + (["--prompt", "hi"] if command == "run" else ["--port", "0"])) == 1
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith(f"kern run: {bad}: manifest failed verification: "), err
+    assert "\n" not in err and err.startswith(f"kern {command}: {bad}: manifest failed verification: "), err

@@ -16,6 +16,14 @@ class Problem:
         return f"{self.where}: {self.what}" if self.where else self.what
 
 
+@dataclass(frozen=True, slots=True)
+class OverBudget(Problem):
+    """What a deployment allocates at load outgrows its device's memory. `need` says how much
+    against which budget, without `what`'s list of the largest allocations: an option that sized
+    the deployment (kern's --step-tokens) is named with it instead of a buffer."""
+    need: str = ""
+
+
 class ManifestError(KernError):
     """A manifest failed to parse or verify; carries every problem found."""
 

@@ -10,7 +10,7 @@ from math import prod
 from ..context import Context
 from ..limits import INT32_MAX, MAX_BYTES, MAX_DIMS, MEMORY
 from ..schema import DTYPE_BYTES, INPUT_ROLES
-from ..problems import Problem
+from ..problems import OverBudget, Problem
 
 _ROLE_DTYPES = {"token": ("i32",), "position": ("i32",), "slot": ("i32",), "seq_len": ("i32",),
                 "cu_seqlens": ("i32",), "temperature": ("f32",), "rng": ("i32",), "mask": ("i32",),
@@ -161,9 +161,9 @@ def memory(c: Context) -> Iterator[Problem]:
     total = sum(sizes.values())
     if total > budget:
         top = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
-        yield Problem(top[0][0], f"needs {_gib(total)} at load (buffers at the var maxima, one page or slot of each "
-                      f"state), over the {c.device} budget of {_gib(budget)}; largest: "
-                      + ", ".join(f"{n} {_gib(s)}" for n, s in top))
+        need = (f"needs {_gib(total)} at load (buffers at the var maxima, one page or slot of each state), "
+                f"over the {c.device} budget of {_gib(budget)}")
+        yield OverBudget(top[0][0], f"{need}; largest: " + ", ".join(f"{n} {_gib(s)}" for n, s in top), need)
 
 
 def _gib(n: int) -> str:
